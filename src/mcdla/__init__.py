@@ -1,0 +1,20 @@
+"""mcdla: deep-learning training past the device-memory wall.
+
+Four parts share one model of workloads (:mod:`mcdla.workload`) and hardware (:mod:`mcdla.hardware`):
+:mod:`mcdla.sim` simulates multi-accelerator training with memory virtualization, :mod:`mcdla.plan` decides
+what to offload, prefetch or recompute, :mod:`mcdla.runtime` executes such plans on real PyTorch models and
+:mod:`mcdla.profile` measures real models back into the workload model.
+"""
+
+from mcdla.errors import McdlaError
+
+__all__ = ["McdlaError", "__version__", "virtualize"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):  # lazy: importing mcdla must not import torch
+    if name == "virtualize":
+        from mcdla.runtime import virtualize
+
+        return virtualize
+    raise AttributeError(f"module 'mcdla' has no attribute {name!r}")

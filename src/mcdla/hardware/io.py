@@ -1,0 +1,238 @@
+"""Load and save system descriptions (YAML or JSON) and look up the bundled presets.
+
+Files say units in strings ("16GiB", "25GB/s", "125TFLOP/s", "1us"); they are converted to base units here
+and nowhere else. Every figure has a ``source``. YAML anchors and merge keys (``<<: *nvlink2``) keep a
+preset's repeated figures (and their sources) in one place. Format: ``docs/hardware-format.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mcdla.errors import HardwareError
+from mcdla.hardware.model import Device, Link, LinkKind, Memory, MemoryKind, Switch, System
+from mcdla.hardware.topology import Topology
+from mcdla.units import parse_bytes, parse_bytes_per_s, parse_flops_per_s, parse_seconds
+
+__all__ = ["preset_names", "load_system", "system_from_dict", "system_to_dict", "save_system"]
+
+_PRESET_PACKAGE = "mcdla.hardware.presets"
+_Quantity = str | float | int
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _DeviceSpec(_Spec):
+    name: str
+    peak_flops_per_s: dict[str, _Quantity]
+    hbm: _Quantity = Field(description="device-memory capacity, e.g. 16GiB or inf")
+    hbm_bandwidth: _Quantity
+    compute_efficiency: float = 0.7
+    memory_efficiency: float = 0.8
+    source: str
+
+    @field_validator("peak_flops_per_s")
+    @classmethod
+    def _flops(cls, v: dict[str, _Quantity]) -> dict[str, float]:
+        return {k: parse_flops_per_s(x, f"peak_flops_per_s.{k}") for k, x in v.items()}
+
+    @field_validator("hbm")
+    @classmethod
+    def _hbm(cls, v: _Quantity) -> float:
+        return parse_bytes(v, "hbm")
+
+    @field_validator("hbm_bandwidth")
+    @classmethod
+    def _hbm_bw(cls, v: _Quantity) -> float:
+        return parse_bytes_per_s(v, "hbm_bandwidth")
+
+
+class _MemorySpec(_Spec):
+    name: str
+    kind: Literal["host", "memory-node"]
+    capacity: _Quantity
+    dram_bandwidth: _Quantity
+    source: str
+
+    @field_validator("capacity")
+    @classmethod
+    def _cap(cls, v: _Quantity) -> float:
+        return parse_bytes(v, "capacity")
+
+    @field_validator("dram_bandwidth")
+    @classmethod
+    def _bw(cls, v: _Quantity) -> float:
+        return parse_bytes_per_s(v, "dram_bandwidth")
+
+
+class _SwitchSpec(_Spec):
+    name: str
+    source: str = ""
+
+
+class _LinkSpec(_Spec):
+    a: str
+    b: str
+    bandwidth: _Quantity = Field(description="per direction, e.g. 25GB/s")
+    latency: _Quantity = 0.0
+    kind: Literal["nvlink", "pcie", "cpu-interconnect", "network", "other"] = "other"
+    source: str
+
+    @field_validator("bandwidth")
+    @classmethod
+    def _bw(cls, v: _Quantity) -> float:
+        return parse_bytes_per_s(v, "bandwidth")
+
+    @field_validator("latency")
+    @classmethod
+    def _lat(cls, v: _Quantity) -> float:
+        return parse_seconds(v, "latency")
+
+
+class _SystemSpec(_Spec):
+    format: Literal["mcdla-system/1"]
+    name: str
+    description: str = ""
+    figures: dict[str, Any] = Field(default_factory=dict, description="anchors only; ignored after parsing")
+    devices: list[_DeviceSpec]
+    memories: list[_MemorySpec] = Field(default_factory=list)
+    switches: list[_SwitchSpec] = Field(default_factory=list)
+    links: list[_LinkSpec] = Field(default_factory=list)
+    pools: dict[str, list[str]] = Field(default_factory=dict)
+    rings: list[list[str]] = Field(default_factory=list)
+
+
+def _one_line(exc: ValidationError, where: str) -> HardwareError:
+    err = exc.errors()[0]
+    path = ".".join(str(p) for p in err["loc"])
+    got = err.get("input")
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        return HardwareError(f"{where}: {path}: missing; this field is required")
+    if err["type"] == "extra_forbidden":
+        return HardwareError(f"{where}: {path}: unknown field")
+    return HardwareError(f"{where}: {path}: got {got!r}; {msg}")
+
+
+def system_from_dict(data: Any, where: str = "system") -> System:
+    """Validate a parsed system file and build a :class:`System`; checks routes too (one-line errors)."""
+    if not isinstance(data, dict):
+        raise HardwareError(f"{where}: got {type(data).__name__}; must be a mapping with format: mcdla-system/1")
+    try:
+        spec = _SystemSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _one_line(exc, where) from None
+    except HardwareError as exc:
+        raise HardwareError(f"{where}: {exc}") from None
+    system = System(
+        name=spec.name,
+        description=spec.description,
+        devices=tuple(
+            Device(
+                name=d.name,
+                peak_flops_per_s=d.peak_flops_per_s,
+                hbm_bytes=d.hbm,
+                hbm_bytes_per_s=d.hbm_bandwidth,
+                compute_efficiency=d.compute_efficiency,
+                memory_efficiency=d.memory_efficiency,
+                source=d.source,
+            )
+            for d in spec.devices
+        ),
+        memories=tuple(
+            Memory(name=m.name, kind=MemoryKind(m.kind), capacity_bytes=m.capacity, dram_bytes_per_s=m.dram_bandwidth, source=m.source)
+            for m in spec.memories
+        ),
+        switches=tuple(Switch(name=s.name, source=s.source) for s in spec.switches),
+        links=tuple(
+            Link(a=l.a, b=l.b, bytes_per_s=l.bandwidth, latency_s=l.latency, kind=LinkKind(l.kind), source=l.source)
+            for l in spec.links
+        ),
+        pools={k: tuple(v) for k, v in spec.pools.items()},
+        rings=tuple(tuple(r) for r in spec.rings),
+    )
+    Topology(system)  # validates connectivity and pool routes
+    return system
+
+
+def _quantity(value: float, unit: str) -> str | float:
+    return "inf" if value == float("inf") else f"{value:g}{unit}"
+
+
+def system_to_dict(system: System) -> dict[str, Any]:
+    """The file form of ``system`` (units spelled out), loadable by :func:`system_from_dict`."""
+    return {
+        "format": "mcdla-system/1",
+        "name": system.name,
+        "description": system.description,
+        "devices": [
+            {
+                "name": d.name,
+                "peak_flops_per_s": {k: _quantity(v, "FLOP/s") for k, v in d.peak_flops_per_s.items()},
+                "hbm": _quantity(d.hbm_bytes, "B"),
+                "hbm_bandwidth": _quantity(d.hbm_bytes_per_s, "B/s"),
+                "compute_efficiency": d.compute_efficiency,
+                "memory_efficiency": d.memory_efficiency,
+                "source": d.source,
+            }
+            for d in system.devices
+        ],
+        "memories": [
+            {"name": m.name, "kind": m.kind.value, "capacity": _quantity(m.capacity_bytes, "B"),
+             "dram_bandwidth": _quantity(m.dram_bytes_per_s, "B/s"), "source": m.source}
+            for m in system.memories
+        ],
+        "switches": [{"name": s.name, "source": s.source} for s in system.switches],
+        "links": [
+            {"a": l.a, "b": l.b, "bandwidth": _quantity(l.bytes_per_s, "B/s"), "latency": f"{l.latency_s:g}s",
+             "kind": l.kind.value, "source": l.source}
+            for l in system.links
+        ],
+        "pools": {k: list(v) for k, v in system.pools.items()},
+        "rings": [list(r) for r in system.rings],
+    }
+
+
+def save_system(system: System, path: str | Path) -> None:
+    """Write ``system`` as YAML or JSON, by the file's suffix."""
+    p = Path(path)
+    data = system_to_dict(system)
+    p.write_text(json.dumps(data, indent=2) + "\n" if p.suffix == ".json" else yaml.safe_dump(data, sort_keys=False))
+
+
+def preset_names() -> tuple[str, ...]:
+    """Names of the bundled presets (``dc-dla``, ``mc-dla``, ...)."""
+    files = resources.files(_PRESET_PACKAGE).iterdir()
+    return tuple(sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml")))
+
+
+def _read(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise HardwareError(f"system file: got {str(path)!r}; no such file") from None
+    try:
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        first = str(exc).splitlines()[0]
+        raise HardwareError(f"system file {str(path)!r}: not valid YAML/JSON ({first})") from None
+
+
+def load_system(name_or_path: str | Path) -> System:
+    """A preset by name (``"mc-dla"``) or a system file by path; one-line HardwareError otherwise."""
+    text = str(name_or_path)
+    if text in preset_names():
+        ref = resources.files(_PRESET_PACKAGE).joinpath(f"{text}.yaml")
+        return system_from_dict(yaml.safe_load(ref.read_text()), where=f"preset {text!r}")
+    path = Path(text)
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+        return system_from_dict(_read(path), where=f"system file {text!r}")
+    raise HardwareError(f"system: got {text!r}; must be a preset ({', '.join(preset_names())}) or a .yaml/.json file")

@@ -1,0 +1,225 @@
+"""Plans: what happens to each layer's saved tensor (keep, offload to a tier, recompute) and when
+each prefetch starts.
+
+A plan is plain data shared by the simulator (which predicts it), the planners (which make it) and the
+runtime (which executes it). It lives beside the workload because it is a statement about one workload at
+one budget; it names layers by name (qualified module names for profiled models) so a plan made from a
+profile can be executed on the real model. Semantics: ``docs/timing-model.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from mcdla.errors import PlanError
+
+__all__ = ["Action", "Decision", "Plan"]
+
+
+class Action(str, Enum):
+    """What happens to a layer's saved tensor between its forward and its backward."""
+
+    KEEP = "keep"
+    OFFLOAD = "offload"
+    RECOMPUTE = "recompute"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """The plan for one layer's saved tensor.
+
+    Attributes:
+        layer: layer name.
+        action: keep, offload or recompute.
+        tier: for offload, the pool tier it goes to (``"pool"`` = the system's default pool, or a runtime tier
+            name such as ``"host"``); None otherwise.
+        prefetch_at: for offload, the layer whose *backward* start issues the prefetch (the prefetch then
+            waits for the copy stream and for free memory). None means the default: at the start of the
+            backward of the next layer after this one (one layer of look-ahead, as vDNN does).
+    """
+
+    layer: str
+    action: Action
+    tier: str | None = None
+    prefetch_at: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.action, Action):
+            try:
+                object.__setattr__(self, "action", Action(self.action))
+            except ValueError:
+                allowed = ", ".join(a.value for a in Action)
+                raise PlanError(
+                    f"plan decision for {self.layer!r}.action: got {self.action!r}; must be one of {allowed}"
+                ) from None
+        if self.action is not Action.OFFLOAD and (self.tier is not None or self.prefetch_at is not None):
+            raise PlanError(
+                f"plan decision for {self.layer!r}: tier/prefetch_at given for action {self.action.value!r}; "
+                "only offload takes them"
+            )
+        if self.action is Action.OFFLOAD and self.tier is None:
+            object.__setattr__(self, "tier", "pool")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A plan for one workload at one budget: one decision per layer that saves bytes.
+
+    Layers without a decision are kept. ``budget_bytes`` is the device-memory budget the plan was made for
+    (``math.inf`` for none); ``planner`` names what made it.
+    """
+
+    workload: str
+    batch: int
+    budget_bytes: float
+    decisions: tuple[Decision, ...]
+    planner: str = "manual"
+    layer_names: tuple[str, ...] = ()
+    notes: str = ""
+    _by_layer: dict[str, Decision] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decisions", tuple(self.decisions))
+        object.__setattr__(self, "layer_names", tuple(self.layer_names))
+        if not (self.budget_bytes > 0):
+            raise PlanError(f"plan.budget_bytes: got {self.budget_bytes!r}; must be > 0")
+        by_layer: dict[str, Decision] = {}
+        for d in self.decisions:
+            if d.layer in by_layer:
+                raise PlanError(f"plan.decisions: layer {d.layer!r} appears twice")
+            by_layer[d.layer] = d
+        if self.layer_names:
+            known = set(self.layer_names)
+            for d in self.decisions:
+                if d.layer not in known:
+                    raise PlanError(f"plan.decisions: layer {d.layer!r} is not a layer of {self.workload!r}")
+                if d.prefetch_at is not None and d.prefetch_at not in known:
+                    raise PlanError(
+                        f"plan decision for {d.layer!r}.prefetch_at: got {d.prefetch_at!r}; not a layer of "
+                        f"{self.workload!r}"
+                    )
+        object.__setattr__(self, "_by_layer", by_layer)
+
+    # -- queries -------------------------------------------------------------------------------------------
+    def decision(self, layer: str) -> Decision:
+        """The decision for ``layer`` (keep when the plan does not mention it)."""
+        return self._by_layer.get(layer) or Decision(layer=layer, action=Action.KEEP)
+
+    def action(self, layer: str) -> Action:
+        return self.decision(layer).action
+
+    def layers_with(self, action: Action) -> tuple[str, ...]:
+        return tuple(d.layer for d in self.decisions if d.action is action)
+
+    def check_matches(self, layer_names: Sequence[str], workload: str | None = None) -> None:
+        """Raise PlanError if this plan names a layer that is not in ``layer_names`` (a different model)."""
+        known = set(layer_names)
+        unknown = [d.layer for d in self.decisions if d.layer not in known]
+        if unknown:
+            target = f" {workload!r}" if workload else ""
+            raise PlanError(
+                f"plan for {self.workload!r} does not match model{target}: layer {unknown[0]!r} "
+                f"({len(unknown)} unknown in all) is not among its {len(known)} layers"
+            )
+
+    # -- construction ---------------------------------------------------------------------------------------
+    @classmethod
+    def from_actions(
+        cls,
+        *,
+        workload: str,
+        batch: int,
+        layer_names: Sequence[str],
+        actions: Mapping[str, Action | str],
+        budget_bytes: float = math.inf,
+        planner: str = "manual",
+        prefetch_at: Mapping[str, str] | None = None,
+    ) -> Plan:
+        """Build a plan from ``{layer: action}``; layers not in ``actions`` are kept."""
+        prefetch_at = prefetch_at or {}
+        decisions = []
+        for name in layer_names:
+            act = Action(actions.get(name, Action.KEEP))
+            if act is Action.KEEP:
+                continue
+            decisions.append(
+                Decision(layer=name, action=act, prefetch_at=prefetch_at.get(name) if act is Action.OFFLOAD else None)
+            )
+        return cls(
+            workload=workload,
+            batch=batch,
+            budget_bytes=budget_bytes,
+            decisions=tuple(decisions),
+            planner=planner,
+            layer_names=tuple(layer_names),
+        )
+
+    # -- JSON ----------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "mcdla-plan/1",
+            "workload": self.workload,
+            "batch": self.batch,
+            "budget_bytes": None if math.isinf(self.budget_bytes) else self.budget_bytes,
+            "planner": self.planner,
+            "notes": self.notes,
+            "layer_names": list(self.layer_names),
+            "decisions": [
+                {
+                    "layer": d.layer,
+                    "action": d.action.value,
+                    **({"tier": d.tier} if d.tier is not None else {}),
+                    **({"prefetch_at": d.prefetch_at} if d.prefetch_at is not None else {}),
+                }
+                for d in self.decisions
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        if not isinstance(data, Mapping) or data.get("format") != "mcdla-plan/1":
+            got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise PlanError(f"plan.format: got {got!r}; must be 'mcdla-plan/1'")
+        try:
+            budget = data.get("budget_bytes")
+            return cls(
+                workload=str(data["workload"]),
+                batch=int(data["batch"]),
+                budget_bytes=math.inf if budget is None else float(budget),
+                planner=str(data.get("planner", "manual")),
+                notes=str(data.get("notes", "")),
+                layer_names=tuple(data.get("layer_names", ())),
+                decisions=tuple(
+                    Decision(
+                        layer=str(d["layer"]),
+                        action=d["action"],
+                        tier=d.get("tier"),
+                        prefetch_at=d.get("prefetch_at"),
+                    )
+                    for d in data["decisions"]
+                ),
+            )
+        except KeyError as exc:
+            raise PlanError(f"plan: missing field {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise PlanError(f"plan: malformed ({exc})") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise PlanError(f"plan file: got {str(p)!r}; no such file") from None
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"plan file {str(p)!r}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls.from_dict(data)

@@ -1,0 +1,58 @@
+"""The package's layers import only downward (style rule 1): a parsed-import check, no runtime imports."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "mcdla"
+# Lower rank = lower layer. A module may import from its own layer or any lower one.
+RANK = {
+    "errors": 0, "units": 0,
+    "workload": 1, "hardware": 1,
+    "sim": 2,
+    "plan": 3,
+    "runtime": 4,
+    "profile": 5,
+    "report": 6,
+    "cli": 7,
+}
+
+
+def _layer(module_path: Path) -> str:
+    rel = module_path.relative_to(SRC)
+    return rel.parts[0].removesuffix(".py") if rel.parts[0] != "__init__.py" else "__init__"
+
+
+def _imported_layers(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "mcdla" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+MODULES = sorted(p for p in SRC.rglob("*.py") if _layer(p) in RANK)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_point_downward(path: Path) -> None:
+    """No module imports from a layer above its own."""
+    own = _layer(path)
+    upward = {l for l in _imported_layers(path) if l in RANK and RANK[l] > RANK[own]}
+    assert not upward, f"{path.relative_to(SRC)} ({own}) imports higher layers {sorted(upward)}"
+
+
+def test_every_package_has_a_rank() -> None:
+    """Every top-level module or package of mcdla is placed in the layer table."""
+    tops = {p.name.removesuffix(".py") for p in SRC.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    tops -= {"__init__", "__main__", "py"}
+    assert tops <= set(RANK), f"unranked: {sorted(tops - set(RANK))}"

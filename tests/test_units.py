@@ -1,0 +1,39 @@
+"""Unit parsing at the boundary."""
+
+import math
+
+import pytest
+
+from mcdla.errors import ConfigError
+from mcdla.units import format_bytes, parse_bytes, parse_bytes_per_s, parse_flops_per_s, parse_seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("16GiB", 16 * 2**30), ("1.5GB", 1.5e9), ("4096", 4096), (4096, 4096), ("2 MiB", 2 * 2**20), ("1.3TB", 1.3e12), ("inf", math.inf)],
+)
+def test_parse_bytes(text, expected) -> None:
+    """Sizes parse with decimal and binary prefixes."""
+    assert parse_bytes(text) == pytest.approx(expected)
+
+
+def test_parse_rates_and_times() -> None:
+    """Bandwidth, compute rate and duration parse to base units."""
+    assert parse_bytes_per_s("25GB/s") == 25e9
+    assert parse_flops_per_s("15.7TFLOP/s") == pytest.approx(15.7e12)
+    assert parse_seconds("2us") == pytest.approx(2e-6)
+    assert parse_seconds("1.5ms") == pytest.approx(1.5e-3)
+
+
+@pytest.mark.parametrize("bad", ["-3GB", "16 GBB", "lots", True])
+def test_bad_sizes_name_the_field(bad) -> None:
+    """A bad size raises a one-line ConfigError naming the field and the value."""
+    with pytest.raises(ConfigError) as info:
+        parse_bytes(bad, "budget")
+    msg = str(info.value)
+    assert msg.startswith("budget: got ") and "\n" not in msg
+
+
+def test_format_bytes_round_trips_magnitude() -> None:
+    """format_bytes renders with a binary prefix that parse_bytes reads back."""
+    assert parse_bytes(format_bytes(16 * 2**30)) == 16 * 2**30
