@@ -97,3 +97,16 @@ def test_pool_link_rejects_nonpositive_bandwidth() -> None:
 def test_system_to_dict_is_loadable() -> None:
     """The dict form validates again."""
     assert system_from_dict(system_to_dict(load_system("dc-dla"))) == load_system("dc-dla")
+
+
+def test_format_doc_example_loads() -> None:
+    """The example in docs/hardware-format.md is a valid system file."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "hardware-format.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", doc, re.S).group(1)
+    system = system_from_dict(yaml.safe_load(block))
+    assert system.name == "my-box" and len(system.devices) == 2
