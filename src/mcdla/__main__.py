@@ -1,0 +1,5 @@
+"""``python -m mcdla`` runs the command line."""
+
+from mcdla.cli import main
+
+main()
