@@ -1,0 +1,260 @@
+"""One device's state machine: a compute stream, a D2H (offload) and an H2D (prefetch) copy stream, and its
+memory (``docs/timing-model.md``).
+
+NOTE [memory grants]
+An operation asks for its memory only once everything else it waits for is there (its stream is free, its
+data has arrived, the collective it depends on is done), so no memory is held while waiting. A device has at
+most two requests pending: the compute stream's head and the H2D stream's head (offloads need no device
+memory). The engine settles requests after *all* events of a timestamp have run, so frees at that instant
+count; requests are granted first-fit in the order they were made, the compute stream's first on a tie. A
+request fits when ``used + bytes <= capacity * (1 + 1e-9)`` (the slack absorbs float rounding only).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from mcdla.sim.program import BACKWARD, FORWARD, Op, Program
+
+if TYPE_CHECKING:
+    from mcdla.sim.engine import Engine
+
+__all__ = ["DeviceState"]
+
+_FIT_SLACK = 1e-9
+
+
+class DeviceState:
+    """Streams and memory of device ``index`` while the engine runs (times in s, sizes in bytes)."""
+
+    __slots__ = (
+        "engine", "index", "name", "capacity", "limit", "ops", "saved", "used", "peak", "timeline",
+        "pc", "reached", "busy", "op_start", "prev_end", "wait_coll", "coll_count",
+        "comp_req", "comp_req_t", "pf_req", "pf_req_t", "d2h", "d2h_busy", "h2d", "h2d_busy",
+        "fwd_done", "off_done", "pf_issued", "pf_done", "compute_s", "recompute_s", "virt_s", "comm_s",
+        "finished", "d2h_start", "h2d_start", "in_settle",
+    )
+
+    def __init__(self, engine: Engine, index: int, name: str, capacity: float, program: Program,
+                 record_memory: bool) -> None:
+        self.engine = engine
+        self.index = index
+        self.name = name
+        self.capacity = capacity
+        self.limit = capacity * (1.0 + _FIT_SLACK)
+        self.ops = program.ops
+        self.saved = program.saved_bytes
+        self.used = 0.0
+        self.peak = 0.0
+        self.timeline: list[tuple[float, float]] | None = [] if record_memory else None
+        self.pc = 0
+        self.reached = -1
+        self.busy = False
+        self.op_start = 0.0
+        self.prev_end = 0.0
+        self.wait_coll = -1
+        self.coll_count = 0
+        self.comp_req = -1.0
+        self.comp_req_t = 0.0
+        self.pf_req = -1.0
+        self.pf_req_t = 0.0
+        self.d2h: deque[int] = deque()
+        self.d2h_busy = False
+        self.d2h_start = 0.0
+        self.h2d: deque[int] = deque()
+        self.h2d_busy = False
+        self.h2d_start = 0.0
+        n = len(program.saved_bytes)
+        self.fwd_done = [False] * n
+        self.off_done = [False] * n
+        self.pf_issued = [False] * n
+        self.pf_done = [False] * n
+        self.compute_s = 0.0
+        self.recompute_s = 0.0
+        self.virt_s = 0.0
+        self.comm_s = 0.0
+        self.finished = False
+        self.in_settle = False
+
+    # -- memory --------------------------------------------------------------------------------------------
+    def alloc(self, nbytes: float, now: float) -> None:
+        self.used += nbytes
+        if self.used > self.peak:
+            self.peak = self.used
+        if self.timeline is not None:
+            self.timeline.append((now, self.used))
+
+    def free(self, nbytes: float, now: float) -> None:
+        used = self.used - nbytes
+        assert used >= -1e-9 * max(self.peak, 1.0), f"device {self.name}: memory went negative ({used})"
+        self.used = used if used > 0.0 else 0.0
+        if self.timeline is not None:
+            self.timeline.append((now, self.used))
+        if (self.comp_req >= 0.0 or self.pf_req >= 0.0) and not self.in_settle:
+            self.in_settle = True
+            self.engine.to_settle.append(self)
+
+    def _request(self) -> None:
+        if not self.in_settle:
+            self.in_settle = True
+            self.engine.to_settle.append(self)
+
+    def settle(self, now: float) -> None:
+        """Grant pending memory requests that fit (NOTE [memory grants])."""
+        self.in_settle = False
+        if self.pf_req >= 0.0 and (self.comp_req < 0.0 or self.pf_req_t < self.comp_req_t):
+            if self.used + self.pf_req <= self.limit:
+                self._start_prefetch(now)
+            if self.comp_req >= 0.0 and self.used + self.comp_req <= self.limit:
+                self._start_compute(now)
+        else:
+            if self.comp_req >= 0.0 and self.used + self.comp_req <= self.limit:
+                self._start_compute(now)
+            if self.pf_req >= 0.0 and self.used + self.pf_req <= self.limit:
+                self._start_prefetch(now)
+
+    # -- compute stream --------------------------------------------------------------------------------------
+    def try_compute(self, now: float) -> None:
+        """Start (or ask memory for) the next compute operation if nothing else holds it back."""
+        if self.busy or self.comp_req >= 0.0 or self.finished:
+            return
+        pc = self.pc
+        op = self.ops[pc]
+        if self.reached != pc:
+            self.reached = pc
+            for layer in op.reach_prefetch:
+                self.issue_prefetch(layer, now)
+        if self.wait_coll >= 0 and not self.engine.coll_done[self.wait_coll]:
+            return
+        if op.need_data >= 0 and not self.pf_done[op.need_data]:
+            return
+        self.comp_req = op.alloc_bytes
+        self.comp_req_t = now
+        self._request()
+
+    def _start_compute(self, now: float) -> None:
+        op = self.ops[self.pc]
+        self.alloc(self.comp_req, now)
+        self.comp_req = -1.0
+        self.busy = True
+        gap = now - self.prev_end
+        if gap > 0.0:
+            comm = 0.0
+            if self.wait_coll >= 0:
+                comm = min(gap, max(0.0, self.engine.coll_done_t[self.wait_coll] - self.prev_end))
+            self.comm_s += comm
+            self.virt_s += gap - comm
+        self.wait_coll = -1
+        self.op_start = now
+        if op.offload >= 0:
+            self.d2h.append(op.offload)
+            self.try_d2h(now)
+        for layer in op.start_prefetch:
+            self.issue_prefetch(layer, now)
+        self.engine.queue.push(now + op.duration_s, self._end_compute, op)
+
+    def _end_compute(self, op: Op, now: float) -> None:
+        self.busy = False
+        self.prev_end = now
+        if op.kind == FORWARD:
+            self.compute_s += op.duration_s
+            self.fwd_done[op.layer] = True
+        elif op.kind == BACKWARD:
+            self.compute_s += op.duration_s
+        else:
+            self.recompute_s += op.duration_s
+        engine = self.engine
+        if engine.spans is not None:
+            engine.spans.append((self.index, 0, op.label, "compute", self.op_start, now))
+        self.free(op.free_bytes, now)
+        layer = op.offload
+        if layer >= 0 and self.off_done[layer]:
+            self.free(self.saved[layer], now)
+        for pf in op.end_prefetch:
+            self.issue_prefetch(pf, now)
+        if op.coll_bytes > 0.0:
+            coll = engine.arrive(self, op, now)
+            if op.coll_blocks:
+                self.wait_coll = coll
+        self.pc += 1
+        if self.pc == len(self.ops):
+            self.finished = True
+            engine.device_finished(self, now)
+        else:
+            self.try_compute(now)
+
+    # -- D2H: offloads ----------------------------------------------------------------------------------------
+    def try_d2h(self, now: float) -> None:
+        if self.d2h_busy or not self.d2h:
+            return
+        layer = self.d2h[0]
+        if not self.engine.pool_reserve(self, layer, now):
+            return
+        self.d2h.popleft()
+        self.d2h_busy = True
+        self.d2h_start = now
+        self.engine.start_offload(self, layer, now)
+
+    def end_offload(self, layer: int, now: float) -> None:
+        self.d2h_busy = False
+        self.off_done[layer] = True
+        engine = self.engine
+        engine.offloaded_bytes += self.saved[layer]
+        if engine.spans is not None:
+            engine.spans.append((self.index, 1, f"offload {engine.layer_names[layer]}", "offload",
+                                 self.d2h_start, now))
+        if self.fwd_done[layer]:
+            self.free(self.saved[layer], now)
+        self.try_d2h(now)
+        self.try_h2d(now)
+
+    # -- H2D: prefetches --------------------------------------------------------------------------------------
+    def issue_prefetch(self, layer: int, now: float) -> None:
+        if self.pf_issued[layer]:
+            return
+        self.pf_issued[layer] = True
+        self.h2d.append(layer)
+        self.try_h2d(now)
+
+    def try_h2d(self, now: float) -> None:
+        if self.h2d_busy or self.pf_req >= 0.0 or not self.h2d:
+            return
+        layer = self.h2d[0]
+        if not self.off_done[layer]:
+            return
+        self.pf_req = self.saved[layer]
+        self.pf_req_t = now
+        self._request()
+
+    def _start_prefetch(self, now: float) -> None:
+        layer = self.h2d.popleft()
+        self.alloc(self.pf_req, now)
+        self.pf_req = -1.0
+        self.h2d_busy = True
+        self.h2d_start = now
+        self.engine.start_prefetch(self, layer, now)
+
+    def end_prefetch(self, layer: int, now: float) -> None:
+        self.h2d_busy = False
+        self.pf_done[layer] = True
+        engine = self.engine
+        engine.prefetched_bytes += self.saved[layer]
+        engine.pool_release(self, layer, now)
+        if engine.spans is not None:
+            engine.spans.append((self.index, 2, f"prefetch {engine.layer_names[layer]}", "prefetch",
+                                 self.h2d_start, now))
+        self.try_h2d(now)
+        self.try_compute(now)
+
+    # -- diagnosis --------------------------------------------------------------------------------------------
+    def blocked_requests(self) -> list[tuple[float, str]]:
+        """``(bytes needed in all, what)`` for each memory request still pending (after a deadlock)."""
+        out = []
+        if self.comp_req >= 0.0 and not self.finished:
+            op = self.ops[self.pc]
+            phase = ("F", "R", "B")[op.kind]
+            out.append((self.used + self.comp_req, f"layer {self.engine.layer_names[op.layer]} ({phase})"))
+        if self.pf_req >= 0.0:
+            out.append((self.used + self.pf_req, f"prefetch of layer {self.engine.layer_names[self.h2d[0]]}"))
+        return out

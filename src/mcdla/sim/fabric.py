@@ -1,0 +1,200 @@
+"""The simulator's compiled view of a system: resources, routes, pools and rings as small integers.
+
+A :class:`Fabric` is built once per simulation, either from a :class:`~mcdla.hardware.model.System` (through
+:class:`~mcdla.hardware.topology.Topology`, which validates connectivity and routes) or, for the planners'
+single-device view, straight from a :class:`~mcdla.hardware.pool_link.PoolLink`.
+
+NOTE [fabric units]
+Solver resources carry a capacity in *work units per second* and every route a *scale* (work units per byte).
+For a system both are plain bytes/s and 1.0. The only exception is a half-duplex pool link whose two directions
+have different speeds (``shared_direction`` with offload != prefetch bandwidth): one resource of capacity 1
+(channel-seconds per second) that an offload of ``n`` bytes loads with ``n / offload_bytes_per_s`` and a
+prefetch with ``n / prefetch_bytes_per_s``, so the two directions time-share the channel. Resources of
+infinite capacity never bind and are left out of the solver (a route crossing none of them is instant).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mcdla.errors import HardwareError
+from mcdla.hardware.model import Device, MemoryKind, System
+from mcdla.hardware.pool_link import PoolLink
+from mcdla.hardware.topology import Resource, Route, Topology
+
+__all__ = ["Fabric", "POOL_MEMORY"]
+
+POOL_MEMORY = "pool"
+"""Name of the pool memory of a single-device system (:func:`mcdla.sim.one_device_system`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fabric:
+    """Integer-indexed resources and routes of a system (see NOTE [fabric units]).
+
+    Attributes:
+        name: the system's name.
+        devices: the devices, in rank order.
+        memory_names, memory_kinds, memory_capacity_bytes: the pool memories.
+        capacities: capacity of each solver resource (work units/s, finite).
+        routes: solver resource ids of each route id.
+        route_scale: work units per byte of each route.
+        route_latency_s: latency of each route (s).
+        route_links: reporting-link ids each route crosses; route_drams: memory ids whose DRAM it uses.
+        link_names: ``"a->b"`` of each reporting link; link_bytes_per_s: its bandwidth (may be inf).
+        offload_routes, prefetch_routes: per device, ``(memory id, route id)`` for each pool memory
+            (empty when the device has no pool).
+        rings: per ring, the route id of one ring step: every hop of the ring (device -> next device along
+            the ring) concatenated, so a link two hops share counts twice; its latency is the largest hop
+            latency (NOTE [ring collectives] in :mod:`mcdla.sim.collectives`).
+    """
+
+    name: str
+    devices: tuple[Device, ...]
+    memory_names: tuple[str, ...]
+    memory_kinds: tuple[str, ...]
+    memory_capacity_bytes: tuple[float, ...]
+    capacities: tuple[float, ...]
+    routes: tuple[tuple[int, ...], ...]
+    route_scale: tuple[float, ...]
+    route_latency_s: tuple[float, ...]
+    route_links: tuple[tuple[int, ...], ...]
+    route_drams: tuple[tuple[int, ...], ...]
+    link_names: tuple[str, ...]
+    link_bytes_per_s: tuple[float, ...]
+    offload_routes: tuple[tuple[tuple[int, int], ...], ...]
+    prefetch_routes: tuple[tuple[tuple[int, int], ...], ...]
+    rings: tuple[int, ...]
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.devices)
+
+    # -- construction ---------------------------------------------------------------------------------------
+    @classmethod
+    def from_system(cls, system: System) -> Fabric:
+        """Compile ``system``; raises HardwareError (one line) for a disconnected topology or a missing route."""
+        topo = Topology(system)
+        builder = _Builder(system.name)
+        for mem in system.memories:
+            builder.memory(mem.name, mem.kind.value, mem.capacity_bytes)
+        for link in system.links:
+            builder.link(link.a, link.b, link.bytes_per_s)
+            builder.link(link.b, link.a, link.bytes_per_s)
+        for mem in system.memories:
+            builder.resource(("dram", mem.name), mem.dram_bytes_per_s)
+        offload, prefetch = [], []
+        for dev in system.device_names:
+            pool = system.pools.get(dev, ())
+            offload.append(tuple((builder.memory_index[m], builder.route(topo.route(dev, m))) for m in pool))
+            prefetch.append(tuple((builder.memory_index[m], builder.route(topo.route(m, dev))) for m in pool))
+        rings = []
+        for r in range(len(system.rings)):
+            hops = [route for _dev, _nxt, route in topo.ring_hops(r)]
+            resources = tuple(res for route in hops for res in route.resources)
+            rings.append(builder.raw_route(resources, max(route.latency_s for route in hops)))
+        return builder.build(system.devices, tuple(offload), tuple(prefetch), tuple(rings))
+
+    @classmethod
+    def from_pool_link(cls, device: Device, link: PoolLink) -> Fabric:
+        """The one-device fabric whose pool is reached through ``link`` (the planners' view)."""
+        if device.name == POOL_MEMORY:
+            raise HardwareError(f"device.name: got {device.name!r}; the single-device pool memory uses that name")
+        builder = _Builder(f"one-device-{device.name}")
+        dev, pool = device.name, POOL_MEMORY
+        builder.memory(pool, MemoryKind.HOST.value, link.pool_bytes)
+        off, pre = link.offload_bytes_per_s, link.prefetch_bytes_per_s
+        if not link.shared_direction:
+            builder.link(dev, pool, off)
+            builder.link(pool, dev, pre)
+            builder.resource(("dram", pool), math.inf)
+            scales = (1.0, 1.0)
+        else:
+            builder.link(dev, pool, math.inf)
+            builder.link(pool, dev, math.inf)
+            if off == pre:
+                builder.resource(("dram", pool), off)
+                scales = (1.0, 1.0)
+            else:  # NOTE [fabric units]: one channel, time-shared
+                builder.resource(("dram", pool), 1.0)
+                scales = (1.0 / off, 1.0 / pre)
+        routes = ((("link", dev, pool), ("dram", pool)), (("link", pool, dev), ("dram", pool)))
+        off_route = builder.raw_route(routes[0], link.latency_s, scales[0])
+        pre_route = builder.raw_route(routes[1], link.latency_s, scales[1])
+        return builder.build((device,), (((0, off_route),),), (((0, pre_route),),), ())
+
+
+class _Builder:
+    """Assigns integer ids while a fabric is compiled."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.memory_index: dict[str, int] = {}
+        self.memory_kinds: list[str] = []
+        self.memory_caps: list[float] = []
+        self.solver_index: dict[Resource, int] = {}
+        self.capacities: list[float] = []
+        self.link_index: dict[Resource, int] = {}
+        self.link_names: list[str] = []
+        self.link_caps: list[float] = []
+        self.route_index: dict[tuple[tuple[Resource, ...], float], int] = {}
+        self.routes: list[tuple[int, ...]] = []
+        self.scales: list[float] = []
+        self.latencies: list[float] = []
+        self.route_links: list[tuple[int, ...]] = []
+        self.route_drams: list[tuple[int, ...]] = []
+
+    def memory(self, name: str, kind: str, capacity_bytes: float) -> None:
+        self.memory_index[name] = len(self.memory_kinds)
+        self.memory_kinds.append(kind)
+        self.memory_caps.append(capacity_bytes)
+
+    def resource(self, res: Resource, capacity: float) -> None:
+        if math.isfinite(capacity):
+            self.solver_index[res] = len(self.capacities)
+            self.capacities.append(capacity)
+
+    def link(self, a: str, b: str, bytes_per_s: float) -> None:
+        res = ("link", a, b)
+        self.resource(res, bytes_per_s)
+        self.link_index[res] = len(self.link_names)
+        self.link_names.append(f"{a}->{b}")
+        self.link_caps.append(bytes_per_s)
+
+    def raw_route(self, resources: tuple[Resource, ...], latency_s: float, scale: float = 1.0) -> int:
+        key = (resources, latency_s, scale)
+        rid = self.route_index.get(key)  # type: ignore[arg-type]
+        if rid is not None:
+            return rid
+        rid = len(self.routes)
+        self.route_index[key] = rid  # type: ignore[index]
+        self.routes.append(tuple(self.solver_index[r] for r in resources if r in self.solver_index))
+        self.scales.append(scale)
+        self.latencies.append(latency_s)
+        self.route_links.append(tuple(self.link_index[r] for r in resources if r[0] == "link"))
+        self.route_drams.append(tuple(self.memory_index[r[1]] for r in resources if r[0] == "dram"))
+        return rid
+
+    def route(self, route: Route) -> int:
+        return self.raw_route(route.resources, route.latency_s)
+
+    def build(self, devices, offload, prefetch, rings) -> Fabric:  # type: ignore[no-untyped-def]
+        return Fabric(
+            name=self.name,
+            devices=tuple(devices),
+            memory_names=tuple(self.memory_index),
+            memory_kinds=tuple(self.memory_kinds),
+            memory_capacity_bytes=tuple(self.memory_caps),
+            capacities=tuple(self.capacities),
+            routes=tuple(self.routes),
+            route_scale=tuple(self.scales),
+            route_latency_s=tuple(self.latencies),
+            route_links=tuple(self.route_links),
+            route_drams=tuple(self.route_drams),
+            link_names=tuple(self.link_names),
+            link_bytes_per_s=tuple(self.link_caps),
+            offload_routes=offload,
+            prefetch_routes=prefetch,
+            rings=rings,
+        )

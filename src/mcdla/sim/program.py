@@ -1,0 +1,207 @@
+"""The compute-stream program of one device: the ordered operations of one iteration, with the memory each
+allocates and frees, the transfers it triggers and the collective it launches (``docs/timing-model.md``).
+
+The program is plain data computed once per simulation (per distinct device model): forward ``F_0..F_{L-1}``,
+then for each layer from the last down, the recomputation ``R_j..R_{i-1}`` a recompute segment needs, then
+``B_i``. The engine (:mod:`mcdla.sim.device`) only walks it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mcdla.errors import PlanError
+from mcdla.hardware.model import Device
+from mcdla.workload.model import Workload
+from mcdla.workload.plan import Action, Plan
+
+__all__ = ["FORWARD", "RECOMPUTE", "BACKWARD", "PHASES", "ALL_REDUCE", "ALL_GATHER", "Op", "Program",
+           "roofline_s", "build_program"]
+
+FORWARD, RECOMPUTE, BACKWARD = 0, 1, 2
+PHASES = ("F", "R", "B")
+ALL_REDUCE, ALL_GATHER = 0, 1
+
+
+def roofline_s(flops: float, bytes_moved: float, device: Device, precision: str) -> float:
+    """Time of one operation (s): ``max(flops / (peak * compute_eff), bytes / (hbm_bw * memory_eff))``."""
+    peak = device.flops_per_s(precision) * device.compute_efficiency
+    bandwidth = device.hbm_bytes_per_s * device.memory_efficiency
+    return max(flops / peak, bytes_moved / bandwidth)
+
+
+class Op:
+    """One compute-stream operation (see the module docstring); plain attributes, read by the engine.
+
+    Attributes:
+        kind: FORWARD, RECOMPUTE (a re-run of a forward) or BACKWARD; layer: its layer index; label: name.
+        duration_s: roofline time.
+        alloc_bytes: allocated when it starts; free_bytes: freed when it ends.
+        need_data: layer whose prefetch must have completed before it starts (-1: none).
+        reach_prefetch: layers whose prefetch is issued when the stream reaches this op (recompute base).
+        start_prefetch / end_prefetch: layers whose prefetch is issued when it starts / ends.
+        offload: layer whose saved tensor is offloaded when it starts (-1: none); that tensor is released when
+            both the offload and this op have completed.
+        coll_bytes: size of the collective launched when it ends (0: none); coll_kind: ALL_REDUCE / ALL_GATHER;
+        coll_label: its name; coll_blocks: whether the next op waits for it (model parallel).
+    """
+
+    __slots__ = ("kind", "layer", "label", "duration_s", "alloc_bytes", "free_bytes", "need_data",
+                 "reach_prefetch", "start_prefetch", "end_prefetch", "offload", "coll_bytes", "coll_kind",
+                 "coll_label", "coll_blocks")
+
+    def __init__(self, kind: int, layer: int, label: str, duration_s: float, alloc_bytes: float,
+                 free_bytes: float) -> None:
+        self.kind = kind
+        self.layer = layer
+        self.label = label
+        self.duration_s = duration_s
+        self.alloc_bytes = alloc_bytes
+        self.free_bytes = free_bytes
+        self.need_data = -1
+        self.reach_prefetch: tuple[int, ...] = ()
+        self.start_prefetch: tuple[int, ...] = ()
+        self.end_prefetch: tuple[int, ...] = ()
+        self.offload = -1
+        self.coll_bytes = 0.0
+        self.coll_kind = ALL_REDUCE
+        self.coll_label = ""
+        self.coll_blocks = False
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """A device's operations for one iteration plus the per-layer facts the engine needs.
+
+    Attributes:
+        ops: compute-stream operations in order.
+        saved_bytes: ``S_i`` of each layer (bytes, full size on every device).
+        layer_names: layer names.
+        static_bytes: resident throughout (weights, gradients, optimizer state; per device).
+        offloaded: whether each layer's tensor is offloaded (after zero-byte offloads became keeps).
+    """
+
+    ops: tuple[Op, ...]
+    saved_bytes: tuple[float, ...]
+    layer_names: tuple[str, ...]
+    static_bytes: float
+    offloaded: tuple[bool, ...]
+
+
+def _actions(workload: Workload, plan: Plan) -> tuple[list[Action], list[int]]:
+    """Each layer's action and its prefetch trigger layer (-1 = end of forward; only for offloads)."""
+    plan.check_matches(workload.layer_names, workload.name)
+    n = len(workload.layers)
+    actions = [Action.KEEP] * n
+    trigger = [-1] * n
+    for d in plan.decisions:
+        i = workload.index_of(d.layer)
+        saved = workload.layers[i].saved_bytes
+        if d.action is Action.OFFLOAD and saved <= 0:
+            continue  # a zero-byte offload moves nothing: it is a keep
+        actions[i] = d.action
+        if d.action is Action.RECOMPUTE and i == 0:
+            raise PlanError(f"plan decision for {d.layer!r}.action: got 'recompute'; layer 0's tensor is the "
+                            "input and cannot be recomputed")
+        if d.action is Action.OFFLOAD:
+            if d.prefetch_at is None:
+                trigger[i] = i + 1 if i + 1 < n else -1
+            else:
+                j = workload.index_of(d.prefetch_at)
+                if j <= i:
+                    raise PlanError(f"plan decision for {d.layer!r}.prefetch_at: got {d.prefetch_at!r}; must name "
+                                    f"a later layer (its backward must run before B of {d.layer!r})")
+                trigger[i] = j
+    return actions, trigger
+
+
+def _input_bytes(workload: Workload, i: int) -> float:
+    """Bytes of layer ``i``'s input (its input gradient in backward): its producers' outputs."""
+    layer = workload.layers[i]
+    if layer.inputs:
+        return sum(workload.layers[workload.index_of(src)].output_bytes for src in layer.inputs)
+    return workload.layers[i - 1].output_bytes if i > 0 else 0.0
+
+
+def build_program(workload: Workload, plan: Plan, device: Device, *, model_parallel: bool, n_devices: int,
+                  bucket_bytes: float) -> Program:
+    """The program of one device of ``n_devices`` (see ``docs/timing-model.md`` and ``docs/simulator.md``).
+
+    Operation times come from the device roofline, or from a layer's measured ``fwd_time_s`` / ``bwd_time_s``
+    when it has them (divided by ``n_devices`` under model parallelism, like the FLOPs).
+
+    Args:
+        model_parallel: split each layer over the devices (FLOPs, bytes moved, params, output and workspace
+            divided by ``n_devices``; saved tensors kept whole); otherwise data parallel.
+        bucket_bytes: gradient bucket size of the data-parallel all-reduce (bytes).
+    """
+    layers = workload.layers
+    n = len(layers)
+    share = n_devices if model_parallel else 1
+    actions, trigger = _actions(workload, plan)
+    saved = tuple(layer.saved_bytes for layer in layers)
+    names = workload.layer_names
+    prec = workload.precision
+    fwd = [roofline_s(l.fwd_flops / share, l.fwd_bytes_moved / share, device, prec) if l.fwd_time_s is None
+           else l.fwd_time_s / share for l in layers]
+    bwd = [roofline_s(l.bwd_flops / share, l.bwd_bytes_moved / share, device, prec) if l.bwd_time_s is None
+           else l.bwd_time_s / share for l in layers]
+    transient = [(l.output_bytes + l.workspace_bytes) / share for l in layers]
+    collectives = n_devices > 1
+
+    def forward(kind: int, k: int) -> Op:
+        if kind == FORWARD:
+            op = Op(FORWARD, k, f"F {names[k]}", fwd[k], saved[k] + transient[k], transient[k])
+            if actions[k] is Action.RECOMPUTE:
+                op.free_bytes += saved[k]
+            elif actions[k] is Action.OFFLOAD:
+                op.offload = k
+        else:  # re-run of F_k: regenerates S_{k+1}
+            op = Op(RECOMPUTE, k, f"R {names[k]}", fwd[k], saved[k + 1] + transient[k], transient[k])
+        if model_parallel and collectives and layers[k].output_bytes > 0:
+            op.coll_bytes, op.coll_kind, op.coll_blocks = layers[k].output_bytes, ALL_GATHER, True
+            op.coll_label = f"all-gather {names[k]}"
+        return op
+
+    ops = [forward(FORWARD, i) for i in range(n)]
+    end_of_forward = tuple(i for i in range(n) if actions[i] is Action.OFFLOAD and trigger[i] == -1)
+    ops[-1].end_prefetch = end_of_forward
+    issued_at: dict[int, list[int]] = {}
+    for i in range(n - 1, -1, -1):  # the layer needed first is issued first
+        if actions[i] is Action.OFFLOAD and trigger[i] >= 0:
+            issued_at.setdefault(trigger[i], []).append(i)
+    bucket = 0.0
+    n_buckets = 0
+    for i in range(n - 1, -1, -1):
+        if actions[i] is Action.RECOMPUTE and (i == n - 1 or actions[i + 1] is not Action.RECOMPUTE):
+            base = i - 1
+            while actions[base] is Action.RECOMPUTE:
+                base -= 1
+            for k in range(base, i):
+                op = forward(RECOMPUTE, k)
+                if k == base and actions[base] is Action.OFFLOAD:
+                    op.need_data = base
+                    op.reach_prefetch = (base,)
+                ops.append(op)
+        l = layers[i]
+        back = 2 * l.output_bytes / share + l.workspace_bytes / share
+        op = Op(BACKWARD, i, f"B {names[i]}", bwd[i], back, back + saved[i])
+        if actions[i] is Action.OFFLOAD:
+            op.need_data = i
+        op.start_prefetch = tuple(issued_at.get(i, ()))
+        if collectives and not model_parallel:
+            bucket += l.param_bytes
+            if bucket > 0 and (bucket >= bucket_bytes or i == 0):
+                op.coll_bytes, op.coll_kind, op.coll_label = bucket, ALL_REDUCE, f"all-reduce bucket {n_buckets}"
+                bucket = 0.0
+                n_buckets += 1
+        elif collectives:
+            grad = _input_bytes(workload, i)
+            if grad > 0:
+                op.coll_bytes, op.coll_kind, op.coll_blocks = grad, ALL_REDUCE, True
+                op.coll_label = f"all-reduce input grad {names[i]}"
+        ops.append(op)
+    static = workload.static_bytes / share
+    assert math.isfinite(static)
+    return Program(tuple(ops), saved, names, static, tuple(a is Action.OFFLOAD for a in actions))

@@ -1,0 +1,109 @@
+"""Ring collectives against their closed forms (NOTE [ring collectives] in mcdla.sim.collectives)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcdla.hardware import load_system
+from mcdla.sim import simulate
+from mcdla.workload.model import Layer, LayerKind, Workload
+
+from .conftest import chain, plan_of, ring_system
+
+
+def _params_only(param_bytes: float, n_layers: int = 1) -> Workload:
+    """Layers that compute nothing and save nothing: the iteration is its gradient all-reduces."""
+    return Workload(name="grads", batch=1, optimizer_bytes_per_param_byte=0.0, layers=tuple(
+        Layer(name=f"p{i}", kind=LayerKind.FC, fwd_flops=0.0, bwd_flops=0.0, param_bytes=param_bytes)
+        for i in range(n_layers)))
+
+
+def _all_reduce_s(size: float, n: int, rings: int, bandwidth: float, latency: float) -> float:
+    return 2 * (n - 1) / n * size / (rings * bandwidth) + 2 * (n - 1) * latency
+
+
+def _all_gather_s(size: float, n: int, rings: int, bandwidth: float, latency: float) -> float:
+    return (n - 1) / n * size / (rings * bandwidth) + (n - 1) * latency
+
+
+@pytest.mark.parametrize("both_directions", [False, True])
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_uncontended_ring_all_reduce_closed_form(n: int, both_directions: bool) -> None:
+    """A lone all-reduce of S bytes takes 2(N-1)/N * S/(R B) + 2(N-1) l (within 1%)."""
+    size, bandwidth, latency = 400e6, 20e9, 3e-6
+    system = ring_system(n, bytes_per_s=bandwidth, latency_s=latency, both_directions=both_directions)
+    r = simulate(system, _params_only(size), plan_of(_params_only(size)), bucket_bytes=1e12)
+    rings = 2 if both_directions and n > 2 else 1  # with 2 devices both "rings" share the one link
+    expected = _all_reduce_s(size, n, rings, bandwidth, latency)
+    assert r.iteration_time_s == pytest.approx(expected, rel=0.01)
+    assert r.exposed_communication_s == pytest.approx(r.iteration_time_s)
+
+
+@pytest.mark.parametrize("preset,rings,bandwidth,hop_latency", [
+    ("dc-dla", 6, 25e9, 1e-6),   # three Hamiltonian cycles both ways, one 25 GB/s lane each
+    ("mc-dla", 2, 75e9, 2e-6),   # one cycle both ways through the memory-nodes (two links per hop)
+])
+def test_preset_all_reduce_closed_form(preset: str, rings: int, bandwidth: float, hop_latency: float) -> None:
+    """The presets' rings give the all-reduce the closed form's bus bandwidth R * B (within 1%)."""
+    size = 1e9
+    w = _params_only(size)
+    r = simulate(load_system(preset), w, plan_of(w), bucket_bytes=1e12)
+    assert r.iteration_time_s == pytest.approx(_all_reduce_s(size, 8, rings, bandwidth, hop_latency), rel=0.01)
+
+
+def test_ring_link_bytes() -> None:
+    """Each link of a one-way ring carries 2(N-1)/N * S bytes of an all-reduce, the reverse direction none."""
+    n, size = 4, 100e6
+    r = simulate(ring_system(n), _params_only(size), plan_of(_params_only(size)), bucket_bytes=1e12)
+    for i in range(n):
+        assert r.link_bytes[f"d{i}->d{(i + 1) % n}"] == pytest.approx(2 * (n - 1) / n * size)
+        assert r.link_bytes[f"d{(i + 1) % n}->d{i}"] == 0.0
+    assert r.collective_bytes == pytest.approx(size)
+
+
+def test_buckets_run_one_after_another() -> None:
+    """Four 50 MB gradients in 100 MB buckets make two all-reduces, each paying the latency terms."""
+    n, bandwidth, latency = 4, 10e9, 5e-6
+    w = _params_only(50e6, n_layers=4)
+    r = simulate(ring_system(n, bytes_per_s=bandwidth, latency_s=latency), w, plan_of(w), bucket_bytes=100e6,
+                 record_timeline=True)
+    collectives = [s for s in r.spans if s[3] == "collective"]
+    assert [s[2] for s in collectives] == ["all-reduce bucket 0", "all-reduce bucket 1"]
+    assert r.iteration_time_s == pytest.approx(2 * _all_reduce_s(100e6, n, 1, bandwidth, latency), rel=1e-9)
+
+
+def test_all_reduce_overlaps_backward() -> None:
+    """With one bucket per layer and backward slower than an all-reduce, only the last all-reduce is exposed."""
+    n, bandwidth, latency = 4, 10e9, 1e-6
+    w = chain(5, saved=10e6, fwd_flops=5e11, param=100e6)
+    system = ring_system(n, bytes_per_s=bandwidth, latency_s=latency)
+    r = simulate(system, w, plan_of(w), bucket_bytes=100e6)
+    last = _all_reduce_s(100e6, n, 1, bandwidth, latency)
+    assert r.exposed_communication_s == pytest.approx(last, rel=1e-9)
+    assert r.iteration_time_s == pytest.approx(r.compute_s + last, rel=1e-9)
+
+
+def test_model_parallel_collectives_closed_form() -> None:
+    """Model parallel: each output is all-gathered after its forward, each input gradient all-reduced after
+    its backward (none for layer 0), and the next operation waits for them."""
+    n, bandwidth, latency = 4, 10e9, 2e-6
+    out0, out1 = 80e6, 40e6
+    w = Workload(name="mp", batch=1, layers=(
+        Layer(name="a", kind=LayerKind.FC, fwd_flops=0.0, bwd_flops=0.0, output_bytes=out0),
+        Layer(name="b", kind=LayerKind.FC, fwd_flops=0.0, bwd_flops=0.0, output_bytes=out1),
+    ))
+    system = ring_system(n, bytes_per_s=bandwidth, latency_s=latency, both_directions=True)
+    r = simulate(system, w, plan_of(w), parallel="model", record_timeline=True)
+    expected = (_all_gather_s(out0, n, 2, bandwidth, latency) + _all_gather_s(out1, n, 2, bandwidth, latency)
+                + _all_reduce_s(out0, n, 2, bandwidth, latency))
+    assert r.iteration_time_s == pytest.approx(expected, rel=1e-9)
+    assert [s[2] for s in r.spans if s[3] == "collective"] == ["all-gather a", "all-gather b",
+                                                               "all-reduce input grad b"]
+
+
+def test_model_parallel_divides_compute() -> None:
+    """Model parallel runs each layer's FLOPs split over the devices: compute time is 1/N of one device's."""
+    w = chain(4, saved=1e6, fwd_flops=1e12, param=0.0, output=0.0)
+    one = simulate(ring_system(1), w, plan_of(w))
+    four = simulate(ring_system(4), w, plan_of(w), parallel="model")
+    assert four.compute_s == pytest.approx(one.compute_s / 4, rel=1e-12)
