@@ -1,0 +1,137 @@
+"""``mcdla simulate`` and ``mcdla reproduce``."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mcdla.cli._app import app, console, fail
+from mcdla.hardware import load_system
+from mcdla.plan import PLANNERS, make_plan, policy_plan
+from mcdla.report import experiments, figures, tables
+from mcdla.sim import pool_link, simulate
+from mcdla.units import format_bytes, format_seconds, parse_bytes
+from mcdla.workload import load_workload
+
+
+class Parallel(str, Enum):
+    data = "data"
+    model = "model"
+
+
+class Policy(str, Enum):
+    none = "none"
+    all = "all"
+    conv = "conv"
+
+
+def _check_planner(planner: str | None) -> None:
+    if planner is not None and planner not in PLANNERS:
+        fail(f"--planner: got {planner!r}; must be one of {', '.join(PLANNERS)}")
+
+
+@app.command("simulate")
+def simulate_cmd(
+    system: Annotated[str, typer.Option(help="Preset name (dc-dla, mc-dla, mc-dla-1n, oracle, hc-dla) or system file.")],
+    workload: Annotated[str, typer.Option(help="Zoo name (vgg-e, resnet-152, lstm, ...) or workload file.")],
+    batch: Annotated[Optional[int], typer.Option(help="Batch each device processes (default: the workload's).")] = None,
+    parallel: Annotated[Parallel, typer.Option(help="data: replicas + all-reduce; model: every layer split.")] = Parallel.data,
+    policy: Annotated[Policy, typer.Option(help="Fixed vDNN policy (ignored with --planner).")] = Policy.all,
+    planner: Annotated[Optional[str], typer.Option(help="Budgeted planner instead of a fixed policy.")] = None,
+    budget: Annotated[Optional[str], typer.Option(help="Device-memory budget for --planner (default: device memory).")] = None,
+    trace: Annotated[Optional[Path], typer.Option(help="Write a Chrome trace (open in Perfetto).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Simulate one training iteration of a workload on a system with memory virtualization."""
+    _check_planner(planner)
+    if batch is not None and batch < 1:
+        fail(f"--batch: got {batch}; must be >= 1")
+    sys_ = load_system(system)
+    wl = load_workload(workload, batch=batch)
+    if planner is not None:
+        budget_bytes = parse_bytes(budget, "--budget") if budget else min(d.hbm_bytes for d in sys_.devices)
+        plan = make_plan(wl, budget_bytes, pool_link(sys_), planner=planner)
+    else:
+        if budget is not None:
+            fail("--budget: only used with --planner")
+        plan = policy_plan(wl, "none" if math.isinf(min(d.hbm_bytes for d in sys_.devices)) else policy.value)
+    result = simulate(sys_, wl, plan, parallel=parallel.value, record_timeline=trace is not None)
+    if trace is not None:
+        trace.write_text(json.dumps(result.to_chrome_trace()))
+    summary = {
+        "system": sys_.name,
+        "workload": wl.name,
+        "batch": wl.batch,
+        "parallel": parallel.value,
+        "plan": plan.planner,
+        "feasible": result.feasible,
+        "infeasible_reason": result.infeasible_reason,
+        "iteration_time_s": result.iteration_time_s,
+        "compute_s": result.compute_s,
+        "recompute_s": result.recompute_s,
+        "exposed_virtualization_s": result.exposed_virtualization_s,
+        "exposed_communication_s": result.exposed_communication_s,
+        "peak_device_bytes": result.peak_device_bytes,
+        "peak_bytes_by_tier": result.peak_bytes_by_tier,
+        "offloaded_bytes": result.offloaded_bytes,
+        "prefetched_bytes": result.prefetched_bytes,
+        "link_utilization": result.link_utilization,
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    console.print(f"[b]{wl.name}[/b] (batch {wl.batch}, {parallel.value}-parallel) on [b]{sys_.name}[/b], plan {plan.planner}")
+    if not result.feasible:
+        console.print(f"[red]infeasible:[/red] {result.infeasible_reason}")
+    console.print(f"  iteration time          {format_seconds(result.iteration_time_s)}")
+    for label, value in (("compute", result.compute_s), ("recompute", result.recompute_s),
+                         ("exposed virtualization", result.exposed_virtualization_s),
+                         ("exposed communication", result.exposed_communication_s)):
+        console.print(f"    {label:<22}{format_seconds(value)}")
+    for tier, peak in result.peak_bytes_by_tier.items():
+        console.print(f"  peak {tier:<19}{format_bytes(peak)}")
+    console.print(f"  offloaded               {format_bytes(result.offloaded_bytes)}")
+    busiest = sorted(result.link_utilization.items(), key=lambda kv: -kv[1])[:5]
+    if busiest:
+        console.print("  busiest links           " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in busiest))
+    if trace is not None:
+        console.print(f"  trace written to {trace} (open in https://ui.perfetto.dev)")
+
+
+@app.command("reproduce")
+def reproduce_cmd(
+    out: Annotated[Path, typer.Option(help="Directory for results.json, results.csv and the figures.")] = Path("out"),
+    policy: Annotated[Policy, typer.Option(help="Virtualization policy of dc-dla and mc-dla.")] = Policy.all,
+    planner: Annotated[Optional[str], typer.Option(help="Budgeted planner instead of the fixed policy.")] = None,
+    precision: Annotated[str, typer.Option(help="Arithmetic of the zoo workloads (fp16 or fp32).")] = "fp16",
+    sweep: Annotated[bool, typer.Option(help="Also run the compute x PCIe-generation sweep.")] = True,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes (default: CPU count).")] = None,
+) -> None:
+    """The paper's comparison: 8 workloads x {dc-dla, mc-dla, oracle} x {data, model}, plus the sweep."""
+    _check_planner(planner)
+    if precision not in ("fp16", "fp32"):
+        fail(f"--precision: got {precision!r}; must be fp16 or fp32")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--out: got {str(out)!r}; cannot create it ({exc.strerror})")
+    start = time.perf_counter()
+    records = experiments.run_matrix(policy=policy.value, planner=planner, precision=precision, workers=workers)
+    rows = experiments.speedup_rows(records)
+    console.print(tables.speedup_table(rows, title=f"MC-DLA vs DC-DLA ({planner or 'vDNN-' + policy.value}, {precision})"))
+    tables.write_records(records, out / "results.json", out / "results.csv")
+    written = [out / "results.json", out / "results.csv",
+               figures.plot_speedups(rows, out / "speedup.png"),
+               figures.plot_breakdown(records, out / "breakdown.png")]
+    if sweep:
+        sweep_records = experiments.compute_pcie_sweep(policy=policy.value, precision=precision, workers=workers)
+        tables.write_records(sweep_records, out / "sweep.json", out / "sweep.csv")
+        written += [out / "sweep.json", figures.plot_sweep(sweep_records, out / "sweep.png")]
+        console.print(tables.sweep_table(sweep_records))
+    console.print(f"wrote {', '.join(str(p) for p in written)} in {time.perf_counter() - start:.1f} s")

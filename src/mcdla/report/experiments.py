@@ -1,0 +1,217 @@
+"""The MC-DLA reproduction: the paper's central comparison and its two sweeps, as plain records.
+
+Every number comes from :func:`mcdla.sim.simulate` on the bundled presets and the analytical zoo; nothing is
+tuned toward the paper's 2.8x (see ``docs/reproduction.md`` for the assumptions that drive the result).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from statistics import geometric_mean
+from typing import Any
+
+from mcdla.hardware import LinkKind, System, load_system
+from mcdla.plan import make_plan, policy_plan
+from mcdla.sim import pool_link, simulate
+from mcdla.workload import Workload, zoo
+
+__all__ = [
+    "Record",
+    "PCIE_GENERATIONS",
+    "COMPUTE_SCALES",
+    "run_one",
+    "run_matrix",
+    "speedup_rows",
+    "mean_speedup",
+    "compute_pcie_sweep",
+    "sweep_speedups",
+]
+
+PCIE_GENERATIONS: dict[int, float] = {3: 16e9, 4: 32e9, 5: 64e9, 6: 128e9}
+"""PCIe x16 bandwidth per direction by generation (bytes/s); alpha-one-index spec table, hardware.md."""
+COMPUTE_SCALES: tuple[float, ...] = (1, 2, 4, 8, 16, 32)
+"""Device compute relative to a V100 (the paper: compute grew 20-34x in five years, PCIe 1x)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    """One simulated iteration: what ``results.json`` and the CSV hold."""
+
+    workload: str
+    batch: int
+    parallel: str
+    system: str
+    policy: str
+    iteration_time_s: float
+    compute_s: float
+    recompute_s: float
+    exposed_virtualization_s: float
+    exposed_communication_s: float
+    peak_device_bytes: float
+    offloaded_bytes: float
+    feasible: bool
+    compute_scale: float = 1.0
+    pcie_generation: int = 3
+    """PCIe generation of the host links (0: not varied, e.g. mc-dla in the sweep)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _plan_for(system: System, workload: Workload, policy: str, planner: str | None):
+    if math.isinf(min(d.hbm_bytes for d in system.devices)):
+        return policy_plan(workload, "none"), "none"
+    if planner is None:
+        return policy_plan(workload, policy), policy
+    budget = min(d.hbm_bytes for d in system.devices)
+    return make_plan(workload, budget, pool_link(system), planner=planner), planner
+
+
+def run_one(
+    system: System,
+    workload: Workload,
+    *,
+    parallel: str,
+    policy: str = "all",
+    planner: str | None = None,
+    compute_scale: float = 1.0,
+    pcie_generation: int = 3,
+) -> Record:
+    """Simulate one iteration of ``workload`` on ``system`` and keep the figures of a record.
+
+    An oracle system (unlimited device memory) always runs without virtualization.
+    """
+    plan, used = _plan_for(system, workload, policy, planner)
+    result = simulate(system, workload, plan, parallel=parallel)
+    return Record(
+        workload=workload.name,
+        batch=workload.batch,
+        parallel=parallel,
+        system=system.name,
+        policy=used,
+        iteration_time_s=result.iteration_time_s,
+        compute_s=result.compute_s,
+        recompute_s=result.recompute_s,
+        exposed_virtualization_s=result.exposed_virtualization_s,
+        exposed_communication_s=result.exposed_communication_s,
+        peak_device_bytes=result.peak_device_bytes,
+        offloaded_bytes=result.offloaded_bytes,
+        feasible=result.feasible,
+        compute_scale=compute_scale,
+        pcie_generation=pcie_generation,
+    )
+
+
+def _run_job(job: tuple[System, Workload, dict[str, Any]]) -> Record:
+    system, workload, kwargs = job
+    return run_one(system, workload, **kwargs)
+
+
+def _map(jobs: Sequence[tuple[System, Workload, dict[str, Any]]], workers: int | None) -> list[Record]:
+    workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
+    if workers <= 1 or len(jobs) < 4:
+        return [_run_job(j) for j in jobs]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_run_job, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+
+
+def run_matrix(
+    workloads: Iterable[str] | None = None,
+    systems: Sequence[str] = ("dc-dla", "mc-dla", "oracle"),
+    parallels: Sequence[str] = ("data", "model"),
+    *,
+    policy: str = "all",
+    planner: str | None = None,
+    precision: str = "fp16",
+    workers: int | None = None,
+) -> list[Record]:
+    """The reproduction matrix: workloads x systems x parallelism, at each workload's default batch."""
+    names = tuple(workloads) if workloads is not None else zoo.names()
+    loaded = [load_system(s) for s in systems]
+    built = [zoo.build(n, precision=precision) for n in names]
+    jobs = [
+        (system, workload, {"parallel": p, "policy": policy, "planner": planner})
+        for workload in built
+        for p in parallels
+        for system in loaded
+    ]
+    return _map(jobs, workers)
+
+
+def speedup_rows(records: Sequence[Record], base: str = "dc-dla", target: str = "mc-dla", oracle: str = "oracle") -> list[dict[str, Any]]:
+    """Per (workload, parallel): the three iteration times, target's speedup over base, and target's gap to
+    the oracle (target time / oracle time - 1)."""
+    by_key: dict[tuple[str, str], dict[str, Record]] = {}
+    for r in records:
+        by_key.setdefault((r.workload, r.parallel), {})[r.system] = r
+    rows = []
+    for (workload, parallel), systems in by_key.items():
+        if not {base, target, oracle} <= systems.keys():
+            continue
+        b, t, o = systems[base], systems[target], systems[oracle]
+        rows.append(
+            {
+                "workload": workload,
+                "parallel": parallel,
+                f"{base}_s": b.iteration_time_s,
+                f"{target}_s": t.iteration_time_s,
+                f"{oracle}_s": o.iteration_time_s,
+                "speedup": b.iteration_time_s / t.iteration_time_s,
+                "gap_to_oracle": t.iteration_time_s / o.iteration_time_s - 1.0,
+                "feasible": b.feasible and t.feasible and o.feasible,
+            }
+        )
+    return rows
+
+
+def mean_speedup(rows: Sequence[dict[str, Any]]) -> float:
+    """Geometric mean of the speedups of the rows (the usual average of ratios)."""
+    return geometric_mean([r["speedup"] for r in rows]) if rows else float("nan")
+
+
+def compute_pcie_sweep(
+    workloads: Iterable[str] | None = None,
+    *,
+    scales: Sequence[float] = COMPUTE_SCALES,
+    generations: Sequence[int] = tuple(PCIE_GENERATIONS),
+    parallel: str = "data",
+    policy: str = "all",
+    precision: str = "fp16",
+    workers: int | None = None,
+) -> list[Record]:
+    """mc-dla and dc-dla (at each PCIe generation) as device compute grows from 1x to 32x a V100."""
+    names = tuple(workloads) if workloads is not None else zoo.names()
+    built = [zoo.build(n, precision=precision) for n in names]
+    dc, mc = load_system("dc-dla"), load_system("mc-dla")
+    jobs = []
+    for scale in scales:
+        for workload in built:
+            jobs.append((mc.with_compute_scale(scale), workload,
+                         {"parallel": parallel, "policy": policy, "compute_scale": scale, "pcie_generation": 0}))
+            for gen in generations:
+                system = dc.with_compute_scale(scale).with_link_bandwidth(
+                    LinkKind.PCIE, PCIE_GENERATIONS[gen], source=f"PCIe {gen}.0 x16, hardware.md"
+                )
+                jobs.append((system, workload, {"parallel": parallel, "policy": policy,
+                                                "compute_scale": scale, "pcie_generation": gen}))
+    return _map(jobs, workers)
+
+
+def sweep_speedups(records: Sequence[Record]) -> dict[int, dict[float, float]]:
+    """From :func:`compute_pcie_sweep` records: ``{pcie_generation: {compute_scale: geo-mean speedup of
+    mc-dla over dc-dla}}``."""
+    mc = {(r.workload, r.parallel, r.compute_scale): r for r in records if r.system == "mc-dla"}
+    ratios: dict[int, dict[float, list[float]]] = {}
+    for r in records:
+        if r.system == "mc-dla":
+            continue
+        other = mc.get((r.workload, r.parallel, r.compute_scale))
+        if other is not None:
+            ratios.setdefault(r.pcie_generation, {}).setdefault(r.compute_scale, []).append(
+                r.iteration_time_s / other.iteration_time_s
+            )
+    return {g: {s: geometric_mean(v) for s, v in sorted(by.items())} for g, by in sorted(ratios.items())}

@@ -1,0 +1,63 @@
+"""Tables of results: rich tables for the terminal, JSON and CSV files for scripts."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from mcdla.report.experiments import Record, mean_speedup, sweep_speedups
+from mcdla.units import format_seconds
+
+__all__ = ["speedup_table", "sweep_table", "write_records"]
+
+
+def speedup_table(rows: Sequence[dict[str, Any]], title: str = "MC-DLA vs DC-DLA") -> Table:
+    """Per workload and parallelism: the three iteration times, the speedup and the gap to the oracle."""
+    table = Table(title=title, title_justify="left")
+    for col in ("workload", "parallel", "dc-dla", "mc-dla", "oracle", "speedup", "gap to oracle"):
+        table.add_column(col, justify="left" if col in ("workload", "parallel") else "right")
+    for r in rows:
+        table.add_row(
+            r["workload"] + ("" if r["feasible"] else " (!)"),
+            r["parallel"],
+            format_seconds(r["dc-dla_s"]),
+            format_seconds(r["mc-dla_s"]),
+            format_seconds(r["oracle_s"]),
+            f"{r['speedup']:.2f}x",
+            f"{100 * r['gap_to_oracle']:+.1f}%",
+        )
+    for parallel in dict.fromkeys(r["parallel"] for r in rows):
+        sub = [r for r in rows if r["parallel"] == parallel]
+        table.add_row("[b]geo. mean[/b]", parallel, "", "", "", f"[b]{mean_speedup(sub):.2f}x[/b]", "")
+    table.add_row("[b]geo. mean[/b]", "all", "", "", "", f"[b]{mean_speedup(rows):.2f}x[/b]", "")
+    return table
+
+
+def write_records(records: Sequence[Record], json_path: Path, csv_path: Path | None = None) -> None:
+    """Write records as a JSON list and optionally a CSV with the same columns."""
+    data = [r.to_dict() for r in records]
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    if csv_path is not None and data:
+        with csv_path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(data[0]))
+            writer.writeheader()
+            writer.writerows(data)
+
+
+
+def sweep_table(records: Sequence[Record]) -> Table:
+    """mc-dla's geo-mean speedup over dc-dla: rows are device compute (x V100), columns PCIe generations."""
+    speedups = sweep_speedups(records)
+    table = Table(title="MC-DLA speedup as compute grows (data-parallel; dc-dla at each PCIe generation)", title_justify="left")
+    table.add_column("compute", justify="right")
+    for gen in speedups:
+        table.add_column(f"PCIe {gen}.0", justify="right")
+    scales = sorted({s for by in speedups.values() for s in by})
+    for scale in scales:
+        table.add_row(f"{scale:g}x", *(f"{speedups[g].get(scale, float('nan')):.2f}x" for g in speedups))
+    return table
