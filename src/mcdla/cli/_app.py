@@ -17,7 +17,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(highlight=False)
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
 def fail(message: str) -> NoReturn:

@@ -59,7 +59,8 @@ class Record:
     """PCIe generation of the host links (0: not varied, e.g. mc-dla in the sweep)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain values for JSON/CSV; an infeasible iteration's infinite time becomes None."""
+        return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in asdict(self).items()}
 
 
 def _plan_for(system: System, workload: Workload, policy: str, planner: str | None):
@@ -153,6 +154,7 @@ def speedup_rows(records: Sequence[Record], base: str = "dc-dla", target: str = 
         if not {base, target, oracle} <= systems.keys():
             continue
         b, t, o = systems[base], systems[target], systems[oracle]
+        feasible = b.feasible and t.feasible and o.feasible
         rows.append(
             {
                 "workload": workload,
@@ -160,17 +162,18 @@ def speedup_rows(records: Sequence[Record], base: str = "dc-dla", target: str = 
                 f"{base}_s": b.iteration_time_s,
                 f"{target}_s": t.iteration_time_s,
                 f"{oracle}_s": o.iteration_time_s,
-                "speedup": b.iteration_time_s / t.iteration_time_s,
-                "gap_to_oracle": t.iteration_time_s / o.iteration_time_s - 1.0,
-                "feasible": b.feasible and t.feasible and o.feasible,
+                "speedup": b.iteration_time_s / t.iteration_time_s if feasible else None,
+                "gap_to_oracle": t.iteration_time_s / o.iteration_time_s - 1.0 if feasible else None,
+                "feasible": feasible,
             }
         )
     return rows
 
 
 def mean_speedup(rows: Sequence[dict[str, Any]]) -> float:
-    """Geometric mean of the speedups of the rows (the usual average of ratios)."""
-    return geometric_mean([r["speedup"] for r in rows]) if rows else float("nan")
+    """Geometric mean of the speedups of the feasible rows (the usual average of ratios); nan if none."""
+    speedups = [r["speedup"] for r in rows if r["speedup"] is not None]
+    return geometric_mean(speedups) if speedups else float("nan")
 
 
 def compute_pcie_sweep(
@@ -210,7 +213,7 @@ def sweep_speedups(records: Sequence[Record]) -> dict[int, dict[float, float]]:
         if r.system == "mc-dla":
             continue
         other = mc.get((r.workload, r.parallel, r.compute_scale))
-        if other is not None:
+        if other is not None and other.feasible and r.feasible:
             ratios.setdefault(r.pcie_generation, {}).setdefault(r.compute_scale, []).append(
                 r.iteration_time_s / other.iteration_time_s
             )

@@ -33,7 +33,7 @@ def plot_speedups(rows: Sequence[dict[str, Any]], path: Path) -> Path:
         xs, ys, oracle = [], [], []
         for i, w in enumerate(workloads):
             row = next((r for r in rows if r["workload"] == w and r["parallel"] == par), None)
-            if row is None:
+            if row is None or row["speedup"] is None:
                 continue
             xs.append(i + (j - (len(parallels) - 1) / 2) * width)
             ys.append(row["speedup"])
@@ -68,7 +68,8 @@ def plot_breakdown(records: Sequence[Record], path: Path) -> Path:
                     rec = next((r for r in records if r.workload == w and r.parallel == par and r.system == system), None)
                     oracle = next((r for r in records if r.workload == w and r.parallel == par and r.system == "oracle"), rec)
                     norm = oracle.iteration_time_s if oracle else 1.0
-                    values.append(getattr(rec, field) / norm if rec else 0.0)
+                    feasible = rec is not None and rec.feasible
+                    values.append(getattr(rec, field) / norm if feasible else 0.0)
                 ax.bar(xs, values, width, bottom=bottoms, color=color, edgecolor="white", lw=0.3,
                        label=label if k == 0 else None)
                 bottoms = [b + v for b, v in zip(bottoms, values)]

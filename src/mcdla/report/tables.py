@@ -22,19 +22,19 @@ def speedup_table(rows: Sequence[dict[str, Any]], title: str = "MC-DLA vs DC-DLA
     for col in ("workload", "parallel", "dc-dla", "mc-dla", "oracle", "speedup", "gap to oracle"):
         table.add_column(col, justify="left" if col in ("workload", "parallel") else "right")
     for r in rows:
+        times = [format_seconds(r[k]) if r[k] != float("inf") else "infeasible" for k in ("dc-dla_s", "mc-dla_s", "oracle_s")]
+        feasible = r["speedup"] is not None
         table.add_row(
-            r["workload"] + ("" if r["feasible"] else " (!)"),
+            r["workload"],
             r["parallel"],
-            format_seconds(r["dc-dla_s"]),
-            format_seconds(r["mc-dla_s"]),
-            format_seconds(r["oracle_s"]),
-            f"{r['speedup']:.2f}x",
-            f"{100 * r['gap_to_oracle']:+.1f}%",
+            *times,
+            f"{r['speedup']:.2f}x" if feasible else "-",
+            f"{100 * r['gap_to_oracle']:+.1f}%" if feasible else "-",
         )
-    for parallel in dict.fromkeys(r["parallel"] for r in rows):
-        sub = [r for r in rows if r["parallel"] == parallel]
-        table.add_row("[b]geo. mean[/b]", parallel, "", "", "", f"[b]{mean_speedup(sub):.2f}x[/b]", "")
-    table.add_row("[b]geo. mean[/b]", "all", "", "", "", f"[b]{mean_speedup(rows):.2f}x[/b]", "")
+    for parallel in (*dict.fromkeys(r["parallel"] for r in rows), "all"):
+        sub = [r for r in rows if parallel in ("all", r["parallel"])]
+        n = sum(r["speedup"] is not None for r in sub)
+        table.add_row("[b]geo. mean[/b]", parallel, "", "", "", f"[b]{mean_speedup(sub):.2f}x[/b]", f"{n} feasible")
     return table
 
 
