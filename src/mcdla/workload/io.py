@@ -78,6 +78,8 @@ class _LayerFile(BaseModel):
     saved_bytes: float = 0.0
     workspace_bytes: float = 0.0
     inputs: list[str] = Field(default_factory=list)
+    fwd_time_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    bwd_time_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
     @field_validator(*_FLOP_FIELDS, mode="before")
     @classmethod
@@ -175,6 +177,9 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
             entry[name] = _plain(getattr(layer, name))
         if layer.inputs:
             entry["inputs"] = list(layer.inputs)
+        for name in ("fwd_time_s", "bwd_time_s"):
+            if getattr(layer, name) is not None:
+                entry[name] = getattr(layer, name)
         layers.append(entry)
     return {
         "format": FORMAT,
