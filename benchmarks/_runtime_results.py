@@ -1,0 +1,29 @@
+"""Recording the runtime benchmarks' tables in ``benchmarks/RESULTS.md`` (each in its own marked section)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from datetime import date
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def context() -> str:
+    """Date, interpreter and the machine's load when the run ended (others' jobs share this machine)."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"{date.today()}, Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, "
+            f"load average {load}")
+
+
+def record(name: str, title: str, command: str, text: str, path: Path = RESULTS) -> None:
+    """Replace the section of benchmark ``name`` in RESULTS.md, or append it."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n## {title}\n\n`{command}` ({context()}).\n\n{text.rstrip()}\n{end}\n"
+    old = path.read_text() if path.exists() else "# Benchmark results\n"
+    if start in old and end in old:
+        new = old[: old.index(start)] + block + old[old.index(end) + len(end) + 1 :]
+    else:
+        new = old.rstrip() + "\n\n" + block
+    path.write_text(new)

@@ -1,0 +1,448 @@
+"""One virtualized step: the pack and unpack hooks, offloads, fetches, release and cleanup.
+
+NOTE [step lifecycle]
+    A step starts when the virtualizer's context is entered and finishes when the context has exited, every
+    record is released (all handles gone: backward ran, or the graph was dropped) and no transfer is in
+    flight. Finishing snapshots the report and stops the step's I/O threads. A step whose context exits
+    with an exception is aborted instead: in-flight transfers are awaited, every block is freed, threads are
+    joined and cached host buffers trimmed, and any later unpack of its tensors raises OffloadError.
+
+NOTE [windows]
+    At most ``window`` offloads are in flight; pack waits for the oldest beyond that, so between forward and
+    backward the resident managed bytes stay within what the policy keeps plus ``window`` storages. In
+    backward the prefetcher (``_prefetch.py``) keeps at most ``window`` storages fetching or fetched and
+    unused; a tensor that is not back when needed is fetched on demand and the wait is reported. An offload
+    still running when its tensor is needed is not waited for: the bytes still held are used instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_all
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mcdla.errors import McdlaError, OffloadError, RuntimeTierError
+from mcdla.runtime._modules import _Attribution
+from mcdla.runtime._policy import _Config, _Policy
+from mcdla.runtime._prefetch import _Prefetcher
+from mcdla.runtime._records import _Handle, _Record, _State, managed_storage
+from mcdla.runtime._sync import _InboxLock
+from mcdla.runtime._transfer import _Mover
+from mcdla.runtime.pool import Pool
+from mcdla.runtime.report import StepReport, _ReportBuilder
+from mcdla.runtime.tiers_host import HostBufferPool
+
+__all__: list[str] = []
+
+_LIVE = frozenset({_State.RESIDENT, _State.OFFLOADING, _State.OFFLOADED, _State.FETCHING, _State.READY})
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _as_tier_error(exc: BaseException, what: str) -> BaseException:
+    return exc if isinstance(exc, McdlaError) else RuntimeTierError(f"{what} failed in an I/O thread: {_one_line(exc)}")
+
+
+class _Step:
+    """State and hooks of one step (NOTEs above and in ``_policy``, ``_prefetch``, ``_sync``)."""
+
+    def __init__(self, *, index: int, pool: Pool, config: _Config, attribution: _Attribution,
+                 host_buffers: HostBufferPool, on_finish: Callable[[_Step], None]) -> None:
+        self.index = index
+        self.pool = pool
+        self.cfg = config
+        self.attr = attribution
+        self.host_buffers = host_buffers
+        self.report = _ReportBuilder(index)
+        self.mover = _Mover(pool, self.report, host_buffers)
+        self.policy = _Policy(config)
+        self.prefetch = _Prefetcher(config.window)
+        self._on_finish = on_finish
+        self._lock = _InboxLock(self._internal_error)
+        self._ids = itertools.count()
+        self._records: dict[int, _Record] = {}  # record id -> live record
+        self._by_storage: dict[tuple[Any, int], _Record] = {}  # (device, storage data_ptr) -> record
+        self._offloading: deque[_Record] = deque()  # offloads in flight, oldest first
+        self._inflight: dict[Future, tuple[_Record, str]] = {}  # transfer -> (record, "offload"/"fetch")
+        self._resident = 0  # bytes of managed storages held on the device
+        self._sampled = -1  # resident bytes at the last timeline sample
+        self._exited = False
+        self._finished = False
+        self._aborted = False
+        self._failure: BaseException | None = None
+        self._failure_raised = False
+        self._param_ptrs = attribution.param_storage_ptrs()
+        self.final_report: StepReport | None = None
+
+    # -- failures and accounting (under the lock) ------------------------------------------------------
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+
+    def _internal_error(self, exc: Exception) -> None:
+        self._fail(exc if isinstance(exc, McdlaError) else RuntimeTierError(f"runtime: {_one_line(exc)}"))
+
+    def _raise_failure(self) -> None:
+        assert self._failure is not None
+        self._failure_raised = True
+        raise self._failure
+
+    def _set_resident(self, rec: _Record, resident: bool) -> None:
+        if rec.counted_resident != resident:
+            rec.counted_resident = resident
+            self._resident += rec.nbytes if resident else -rec.nbytes
+
+    def _sample(self) -> None:
+        if self._resident != self._sampled:
+            self._sampled = self._resident
+            self.report.sample(self._resident)
+
+    @property
+    def resident_saved_bytes(self) -> int:
+        """Bytes of managed saved storages held on the device now."""
+        return self._resident
+
+    @property
+    def live_records(self) -> int:
+        return len(self._records)
+
+    @property
+    def tracker_entries(self) -> int:
+        """Entries in every per-record structure of this step (0 once it has finished cleanly)."""
+        with self._lock:
+            return (len(self._records) + len(self._by_storage) + len(self.policy) + len(self._offloading)
+                    + len(self._inflight) + self.prefetch.entries())
+
+    # -- pack ------------------------------------------------------------------------------------------
+    def pack(self, t: torch.Tensor) -> Any:
+        """The pack hook: a handle for a managed storage, else the tensor itself (detached)."""
+        if self._failure is not None:
+            self._raise_failure()
+        storage = managed_storage(t, self.cfg.min_bytes, self._param_ptrs)
+        report = self.report
+        if storage is None:
+            with self._lock:
+                report.saved_count += 1
+                report.saved_bytes += t.numel() * t.element_size()
+            return t.detach()
+        layer, decided = self.attr.current()
+        evict: list[_Record] = []
+        with self._lock:
+            report.saved_count += 1
+            report.saved_bytes += t.numel() * t.element_size()
+            if self.prefetch.in_backward:
+                self.prefetch.new_forward_phase()
+            key = (t.device, storage.data_ptr())
+            rec = self._by_storage.get(key)
+            if rec is None or rec.state not in _LIVE or not rec.same_storage(t):
+                place = self.policy.place(decided)
+                rec = _Record(rid=next(self._ids), key=key, step=self, tensor=t, layer=layer,
+                              start_tier=place.start_tier, prefetch_at=place.prefetch_at,
+                              offload_now=place.offload_now)
+                self._records[rec.id] = self._by_storage[key] = rec
+                self._set_resident(rec, True)
+                report.managed_count += 1
+                report.managed_bytes += rec.nbytes
+                evict = self.policy.admit(rec)
+            handle = _Handle(rec, t)
+            self._sample()
+        for r in evict:
+            self._start_offload(r)
+        return handle
+
+    # -- offload ---------------------------------------------------------------------------------------
+    def _start_offload(self, rec: _Record) -> None:
+        """Offload ``rec``, first waiting (outside the lock) while ``window`` offloads are in flight."""
+        while True:
+            with self._lock:
+                if rec.state is not _State.RESIDENT:
+                    return
+                if len(self._offloading) < self.cfg.window:
+                    self._begin_offload(rec)
+                    return
+                fut = self._offloading[0].offload_future
+            t0 = time.perf_counter()
+            if fut is not None:
+                wait_all([fut])
+            with self._lock:
+                self.report.pack_wait_s += time.perf_counter() - t0
+                if fut is not None:
+                    self._completed(fut)
+
+    def _begin_offload(self, rec: _Record) -> None:
+        index, reserved = self.pool.reserve(rec.nbytes, start=rec.start_tier, label=rec.label)
+        rec.state = _State.OFFLOADING
+        try:
+            fut = self.mover.offload(rec, rec.source, index=index, reserved_bytes=reserved)  # type: ignore[arg-type]
+        except BaseException:
+            rec.state = _State.RESIDENT
+            self.pool.tiers[index].unreserve(reserved)
+            raise
+        rec.offload_future = fut
+        self._offloading.append(rec)
+        self.prefetch.watch(rec)
+        self._watch(fut, rec, "offload")
+
+    def _watch(self, fut: Future, rec: _Record, kind: str) -> None:
+        self._inflight[fut] = (rec, kind)
+        fut.add_done_callback(lambda f: self._lock.post(lambda: self._completed(f)))
+
+    def _completed(self, fut: Future) -> None:
+        """Apply a finished transfer, once (under the lock)."""
+        entry = self._inflight.pop(fut, None)
+        if entry is not None:
+            rec, kind = entry
+            (self._offload_done if kind == "offload" else self._fetch_done)(rec, fut)
+
+    def _settle(self) -> None:
+        """Wait (outside the lock) for every transfer in flight and apply it."""
+        with self._lock:
+            futures = list(self._inflight)
+        wait_all(futures)
+        with self._lock:
+            for fut in futures:
+                self._completed(fut)
+
+    def _offload_done(self, rec: _Record, fut: Future) -> None:
+        rec.offload_future = None
+        with contextlib.suppress(ValueError):
+            self._offloading.remove(rec)
+        exc = fut.exception()
+        if exc is not None:
+            rec.error = _as_tier_error(exc, f"{rec.label}: offload")
+            self._fail(rec.error)
+            if rec.state is _State.OFFLOADING:
+                rec.state = _State.FAILED
+        else:
+            block = fut.result()
+            rec.tier_name = block.tier.name
+            if rec.state is _State.OFFLOADING and not (self.prefetch.in_backward and rec.pending > 0):
+                rec.block, rec.source, rec.state = block, None, _State.OFFLOADED
+                self._set_resident(rec, False)
+            else:  # the bytes were needed (or dropped) before the copy finished: the copy is not needed
+                if rec.state is _State.OFFLOADING:
+                    rec.state = _State.RESIDENT
+                block.tier.free(block)
+        self._sample()
+        self._maybe_finish()
+
+    # -- unpack ----------------------------------------------------------------------------------------
+    def unpack(self, h: _Handle) -> torch.Tensor:
+        """The unpack hook: the saved tensor back on its device, bit for bit."""
+        rec = h.record
+        with self._lock:
+            self._check_unpack(h)
+            self.prefetch.begin_backward()
+            state = rec.state
+            if state is _State.OFFLOADING:  # the copy is still running: use the bytes still held
+                rec.state = state = _State.READY
+            if state in (_State.RESIDENT, _State.READY):
+                view = self._view(h, rec.bytes_now())
+                self._consume(h)
+                self._top_up()
+                return view
+            if state is _State.OFFLOADED:
+                fut = self._issue_fetch(rec, ahead=False)
+            elif state is _State.FETCHING:
+                fut = rec.fetch_future
+            else:
+                raise rec.error or OffloadError(f"{rec.label}: unpacked after the runtime released it")
+            self._top_up()
+        t0 = time.perf_counter()
+        wait_all([fut])
+        with self._lock:
+            self.report.unpack_wait_s += time.perf_counter() - t0
+            self._completed(fut)
+            if rec.state is _State.FAILED:
+                self._failure_raised = True
+                raise rec.error  # type: ignore[misc]
+            view = self._view(h, rec.restored)
+            self._consume(h)
+            self._top_up()
+            return view
+
+    def _check_unpack(self, h: _Handle) -> None:
+        rec = h.record
+        if self._aborted:
+            raise OffloadError(f"{rec.label}: its step was aborted ({self.report.error}); the graph cannot be used")
+        if self._failure is not None:
+            self._raise_failure()
+        if h.unpacked:
+            where = f"tier {rec.tier_name!r}" if rec.tier_name else "the device"
+            raise OffloadError(
+                f"{rec.label}: fetched twice (from {where}); backward through one graph twice (retain_graph=True) "
+                "is not supported for managed tensors; save them under keep_resident()"
+            )
+        version = h.modified_version()
+        if version is not None:
+            raise OffloadError(
+                f"{rec.label}: modified in place after it was saved (version {h.version} -> {version}); "
+                "the gradient would be wrong"
+            )
+
+    def _view(self, h: _Handle, data: torch.Tensor | None) -> torch.Tensor:
+        rec = h.record
+        assert data is not None, rec.label
+        if rec.event is not None and data is rec.restored:  # CUDA: bytes copied on the H2D side stream
+            stream = torch.cuda.current_stream(data.device)
+            stream.wait_event(rec.event)
+            data.record_stream(stream)
+        return h.view_of(data)
+
+    def _issue_fetch(self, rec: _Record, *, ahead: bool) -> Future:
+        block, rec.block = rec.block, None
+        assert block is not None, rec.label
+        rec.state = _State.FETCHING
+        self._set_resident(rec, True)
+        self.prefetch.take(rec)
+        self.report.note_fetch(ahead=ahead, window_used=self.prefetch.in_window)
+        try:
+            fut = self.mover.fetch(rec, block)
+        except BaseException as exc:  # noqa: BLE001 - delivered like a failed transfer
+            fut = Future()
+            fut.set_exception(exc)
+        rec.fetch_future = fut
+        self._watch(fut, rec, "fetch")
+        self._sample()
+        return fut
+
+    def _fetch_done(self, rec: _Record, fut: Future) -> None:
+        rec.fetch_future = None
+        exc = fut.exception()
+        if exc is not None:
+            rec.error = _as_tier_error(exc, f"{rec.label}: fetch from tier {rec.tier_name!r}")
+            self._fail(rec.error)
+            if rec.state is _State.FETCHING:
+                rec.state = _State.FAILED
+                self._set_resident(rec, False)
+                self.prefetch.give_back(rec)
+        elif rec.state is _State.FETCHING:
+            rec.restored, rec.event = fut.result()
+            rec.state = _State.READY
+        self._sample()
+        self._maybe_finish()
+
+    def _top_up(self) -> None:
+        while (rec := self.prefetch.next()) is not None:
+            self._issue_fetch(rec, ahead=True)
+
+    def request_prefetch(self, module: str) -> None:
+        """A plan's ``prefetch_at`` module began its backward: fetch the tensors that wait for it."""
+        with self._lock:
+            if not self._finished:
+                self.prefetch.request(module)
+                self._top_up()
+
+    # -- use and release -------------------------------------------------------------------------------
+    def _consume(self, h: _Handle) -> None:
+        if h.unpacked:
+            return
+        h.unpacked = True
+        h.record.pending -= 1
+        if h.record.pending == 0:
+            self._drop_bytes(h.record)
+        self._sample()
+
+    def _drop_bytes(self, rec: _Record) -> None:
+        """Every live handle was unpacked: autograd holds what it needs; the runtime lets go."""
+        if rec.state in (_State.RESIDENT, _State.READY):
+            rec.state = _State.CONSUMED
+            rec.source = rec.restored = rec.event = None
+            self._set_resident(rec, False)
+            self.prefetch.give_back(rec)
+            self.policy.forget(rec)
+
+    def _handle_dead(self, rec: _Record, unpacked: bool) -> None:
+        self._lock.post(lambda: self._on_handle_dead(rec, unpacked))
+
+    def _on_handle_dead(self, rec: _Record, unpacked: bool) -> None:
+        rec.handles_live -= 1
+        if not unpacked:
+            rec.pending -= 1
+        if rec.handles_live == 0:
+            self._release(rec)
+        elif rec.pending == 0:
+            self._drop_bytes(rec)
+
+    def _release(self, rec: _Record) -> None:
+        if rec.state is _State.RELEASED:
+            return
+        rec.state = _State.RELEASED
+        self._set_resident(rec, False)
+        self.prefetch.give_back(rec)
+        self.policy.forget(rec)
+        block, rec.block = rec.block, None
+        rec.source = rec.restored = rec.event = None
+        self._records.pop(rec.id, None)
+        if self._by_storage.get(rec.key) is rec:
+            del self._by_storage[rec.key]
+        if block is not None:
+            block.tier.free(block)
+        self._sample()
+        self._maybe_finish()
+
+    # -- end of step -----------------------------------------------------------------------------------
+    def _maybe_finish(self) -> None:
+        if self._exited and not self._finished and not self._records and not self._inflight:
+            self._finish()
+
+    def _finish(self) -> None:
+        self._finished = True
+        self.prefetch.clear()
+        self.policy.clear()
+        self.mover.shutdown(wait=False)
+        self.final_report = self.report.snapshot(complete=True)
+        if self.cfg.trace_path:
+            self.final_report.save_chrome_trace(Path(self.cfg.trace_path.replace("{step}", str(self.index))))
+        self._on_finish(self)
+
+    def exit(self) -> None:
+        """The context exited normally; finish if backward is over, and raise a failure not yet seen."""
+        with self._lock:
+            self._exited = True
+            self._maybe_finish()
+            settle = not self._records and bool(self._inflight)
+        if settle:  # backward is over; only trailing transfers remain: finish the step now
+            self._settle()
+        with self._lock:
+            unseen = self._failure is not None and not self._failure_raised
+        if unseen:
+            self.abort(self._failure)  # type: ignore[arg-type]
+            self._raise_failure()
+
+    def abort(self, exc: BaseException) -> None:
+        """Drop everything this step holds: await transfers, free blocks, join threads, trim host buffers."""
+        with self._lock:
+            if self._finished:
+                return
+            self._aborted = self._exited = True
+            self.report.aborted, self.report.error = True, _one_line(exc)
+            for rec in self._records.values():
+                block, rec.block = rec.block, None
+                if block is not None:
+                    block.tier.free(block)
+                rec.source = rec.restored = rec.event = None
+                rec.state = _State.FAILED
+                rec.error = OffloadError(f"{rec.label}: its step was aborted ({_one_line(exc)})")
+                self._set_resident(rec, False)
+                self.prefetch.give_back(rec)
+            self._records.clear()
+            self._by_storage.clear()
+            self.policy.clear()
+            self.prefetch.clear()
+        self._settle()  # completions of transfers still running free their blocks
+        self.mover.shutdown(wait=True)
+        self.host_buffers.trim()
+        with self._lock:
+            if not self._finished:
+                self._finish()

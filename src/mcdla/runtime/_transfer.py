@@ -1,0 +1,207 @@
+"""Moving a record's bytes between the training device and the pool's tiers, asynchronously.
+
+NOTE [streams and threads]
+    CPU tensors: a tier with ``io_threads`` > 0 (file, compress) writes and reads on its own thread pool,
+    which is what overlaps transfers with compute on a CPU-only machine; the host tier copies in the
+    caller's thread. CUDA tensors: device-to-host copies run on one D2H side stream per device after
+    waiting for an event recorded on the compute stream, into a pinned buffer from the host pool; a worker
+    thread waits for the copy's event and then hands the buffer to the tier (the host tier adopts it as the
+    block, others write it out). Host-to-device copies run on one H2D side stream per device; the restored
+    tensor is allocated on that stream, so the unpack side makes the compute stream wait for the copy's
+    event and calls ``record_stream`` on it (it escapes to the compute stream and, through views, to
+    autograd). Sources and pinned buffers stay referenced until the copy that reads them has completed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from mcdla.runtime._records import _Record
+from mcdla.runtime.pool import Block, Pool, Tier
+from mcdla.runtime.report import TransferSpan, _ReportBuilder
+from mcdla.runtime.tiers_device import DeviceTier
+from mcdla.runtime.tiers_host import HostBufferPool, HostTier
+
+__all__: list[str] = []
+
+
+def _run_inline(fn: Callable[[], Any]) -> Future:
+    fut: Future = Future()
+    try:
+        fut.set_result(fn())
+    except BaseException as exc:  # noqa: BLE001 - delivered through the future, like an executor would
+        fut.set_exception(exc)
+    return fut
+
+
+class _Mover:
+    """Starts offloads and fetches for one step and owns that step's I/O threads and CUDA streams."""
+
+    def __init__(self, pool: Pool, report: _ReportBuilder, host_buffers: HostBufferPool) -> None:
+        self.pool = pool
+        self.report = report
+        self.host_buffers = host_buffers
+        self._lock = threading.Lock()
+        self._executors: dict[str, ThreadPoolExecutor] = {}  # tier name (or "cuda") -> its threads
+        self._streams: dict[tuple[int, str], Any] = {}  # (device index, "d2h"/"h2d") -> stream
+
+    # -- plumbing --------------------------------------------------------------------------------------
+    def _executor(self, key: str, threads: int) -> ThreadPoolExecutor:
+        with self._lock:
+            ex = self._executors.get(key)
+            if ex is None:
+                ex = self._executors[key] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"mcdla-io {key}")
+            return ex
+
+    def _submit(self, tier: Tier, fn: Callable[[], Any], *, cuda: bool) -> Future:
+        if tier.io_threads > 0:
+            return self._executor(tier.name, tier.io_threads).submit(fn)
+        if cuda:  # host/device tiers on CUDA: a thread waits for the copy's event
+            return self._executor("cuda", 1).submit(fn)
+        return _run_inline(fn)
+
+    def _stream(self, device: torch.device, direction: str) -> Any:
+        key = (device.index if device.index is not None else torch.cuda.current_device(), direction)
+        with self._lock:
+            s = self._streams.get(key)
+            if s is None:
+                s = self._streams[key] = torch.cuda.Stream(device=key[0])
+            return s
+
+    def shutdown(self, *, wait: bool) -> None:
+        with self._lock:
+            executors = list(self._executors.values())
+            self._executors.clear()
+        for ex in executors:
+            ex.shutdown(wait=wait)
+
+    def _span(self, kind: str, rec: _Record, tier: str, t0: float, *, stored: int = 0) -> None:
+        self.report.transfer(
+            TransferSpan(kind=kind, tier=tier, tensor=rec.label, layer=rec.layer, nbytes=rec.nbytes,  # type: ignore[arg-type]
+                         start_s=t0, end_s=self.report.now_s(), thread=threading.current_thread().name),
+            stored_bytes=stored,
+        )
+
+    # -- offload ---------------------------------------------------------------------------------------
+    def offload(self, rec: _Record, src: torch.Tensor, *, index: int, reserved_bytes: int) -> Future:
+        """Start copying ``src`` (the record's storage bytes) into tier ``index``; the future gives the block."""
+        tier = self.pool.tiers[index]
+        if src.device.type == "cuda":
+            return self._offload_cuda(rec, src, tier, index, reserved_bytes)
+
+        def job() -> Block:
+            t0 = self.report.now_s()
+            block = self.pool.write(memoryview(src.numpy()), index=index, reserved_bytes=reserved_bytes, label=rec.label)
+            self._span("offload", rec, block.tier.name, t0, stored=block.tier.stored_bytes_of(block))
+            return block
+
+        return self._submit(tier, job, cuda=False)
+
+    def _offload_cuda(self, rec: _Record, src: torch.Tensor, tier: Tier, index: int, reserved: int) -> Future:
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(src.device))
+        t0 = self.report.now_s()
+        if isinstance(tier, DeviceTier):
+            block, done = tier.store_tensor(src, ready=ready, reserved_bytes=reserved, label=rec.label)
+
+            def wait_peer(keep: torch.Tensor = src) -> Block:
+                done.synchronize()
+                self._span("offload", rec, tier.name, t0, stored=block.nbytes)
+                return block
+
+            return self._submit(tier, wait_peer, cuda=True)
+        n = src.numel()
+        staging = self.host_buffers.acquire(n)
+        d2h = self._stream(src.device, "d2h")
+        with torch.cuda.stream(d2h):
+            d2h.wait_event(ready)
+            staging[:n].copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(d2h)
+
+        def store(keep: torch.Tensor = src) -> Block:
+            done.synchronize()
+            if isinstance(tier, HostTier) and tier.buffers is self.host_buffers:
+                block = tier.adopt(staging, nbytes=n, reserved_bytes=reserved, label=rec.label)
+            else:
+                try:
+                    view = memoryview(staging[:n].numpy())
+                    block = self.pool.write(view, index=index, reserved_bytes=reserved, label=rec.label)
+                finally:
+                    self.host_buffers.release(staging)
+            self._span("offload", rec, block.tier.name, t0, stored=block.tier.stored_bytes_of(block))
+            return block
+
+        return self._submit(tier, store, cuda=True)
+
+    # -- fetch -----------------------------------------------------------------------------------------
+    def fetch(self, rec: _Record, block: Block) -> Future:
+        """Start bringing ``block`` back to the record's device; the future gives (bytes, CUDA event or None).
+
+        The block is freed once read (a tier gives a block back once), also when the read fails.
+        """
+        tier = block.tier
+        if rec.device.type == "cuda":
+            return self._fetch_cuda(rec, block, tier)
+
+        def job() -> tuple[torch.Tensor, None]:
+            t0 = self.report.now_s()
+            try:
+                dst = torch.empty(block.nbytes, dtype=torch.uint8)
+                tier.read_into(block, memoryview(dst.numpy()))
+            finally:
+                tier.free(block)
+            self._span("fetch", rec, tier.name, t0)
+            return dst, None
+
+        return self._submit(tier, job, cuda=False)
+
+    def _fetch_cuda(self, rec: _Record, block: Block, tier: Tier) -> Future:
+        device = rec.device
+        h2d = self._stream(device, "h2d")
+        t0 = self.report.now_s()
+        if isinstance(tier, (DeviceTier, HostTier)):
+            if isinstance(tier, DeviceTier):
+                dst, done = tier.load_tensor(block, device=device, stream=h2d)
+            else:
+                src = tier.host_tensor(block)
+                with torch.cuda.stream(h2d):
+                    dst = torch.empty(block.nbytes, dtype=torch.uint8, device=device)
+                    dst.copy_(src, non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record(h2d)
+
+            def release_after_copy() -> None:
+                done.synchronize()
+                tier.free(block)
+                self._span("fetch", rec, tier.name, t0)
+
+            self._submit(tier, release_after_copy, cuda=True)
+            fut: Future = Future()
+            fut.set_result((dst, done))
+            return fut
+
+        def job() -> tuple[torch.Tensor, Any]:
+            staging = self.host_buffers.acquire(block.nbytes)
+            try:
+                tier.read_into(block, memoryview(staging[: block.nbytes].numpy()))
+            except BaseException:
+                self.host_buffers.release(staging)
+                raise
+            finally:
+                tier.free(block)
+            with torch.cuda.device(device), torch.cuda.stream(h2d):
+                dst = torch.empty(block.nbytes, dtype=torch.uint8, device=device)
+                dst.copy_(staging[: block.nbytes], non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(h2d)
+            self.host_buffers.release_after(staging, done)
+            self._span("fetch", rec, tier.name, t0)
+            return dst, done
+
+        return self._submit(tier, job, cuda=True)

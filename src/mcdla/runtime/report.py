@@ -1,0 +1,231 @@
+"""What one virtualized step did: bytes moved per tier and per layer, waits, resident bytes, transfers.
+
+A :class:`StepReport` is a frozen snapshot. The runtime fills a private builder while the step runs (from
+the compute thread and the I/O threads) and snapshots it when the step ends, or on request while it runs.
+``chrome_trace`` turns the transfers and the resident-bytes timeline into the Chrome trace format
+(``chrome://tracing``, Perfetto).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from mcdla.units import format_bytes, format_seconds
+
+__all__ = ["TransferSpan", "StepReport"]
+
+_MAX_TIMELINE_SAMPLES = 200_000  # per step; beyond it samples are dropped and counted
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransferSpan:
+    """One real transfer: an offload (device -> tier) or a fetch (tier -> device).
+
+    Attributes:
+        kind: "offload" or "fetch".
+        tier: tier name.
+        tensor: the saved tensor's label (id, module, dtype and shape).
+        layer: module the tensor was saved in ("" when not attributed).
+        nbytes: bytes moved (uncompressed).
+        start_s, end_s: seconds since the step began.
+        thread: name of the thread that ran it.
+    """
+
+    kind: Literal["offload", "fetch"]
+    tier: str
+    tensor: str
+    layer: str
+    nbytes: int
+    start_s: float
+    end_s: float
+    thread: str
+
+
+def _frozen(d: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(sorted(d.items())))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReport:
+    """The accounting of one step under :func:`mcdla.runtime.virtualize`.
+
+    Attributes:
+        step: index of the step within its virtualizer (0-based).
+        complete: True once every saved tensor of the step has been released (backward done or graph freed).
+        aborted: True when the step raised and the runtime cleaned up; ``error`` says why.
+        saved_count, saved_bytes: tensors (and bytes) autograd saved through the hooks, all of them.
+        managed_count, managed_bytes: distinct storages the runtime managed (the rest were parameters,
+            buffers, under ``min_bytes``, or saved during backward).
+        offloaded_bytes_by_tier, fetched_bytes_by_tier: bytes moved to and back from each tier.
+        stored_bytes_by_tier: bytes each tier stored (after compression for ``compress(...)``).
+        offloaded_bytes_by_layer: bytes offloaded per module (qualified name; "" when not attributed).
+        unpack_wait_s: seconds the compute side waited in unpack for tensors to come back.
+        pack_wait_s: seconds the compute side waited in pack for the offload window to drain.
+        fetches_ahead, fetches_on_demand: fetches started by the prefetcher, and by an unpack that found
+            its tensor still in a tier (each of those waits for a whole transfer).
+        peak_fetch_window: most storages fetching or fetched-and-unused at once (<= window, plus one
+            on-demand fetch).
+        peak_resident_saved_bytes: peak bytes of managed saved storages held in device memory (including
+            those being offloaded and those fetched but not yet used).
+        timeline: (seconds since step start, resident managed saved bytes) at each pack, offload
+            completion, fetch and release.
+        transfers: every offload and fetch, with its timing.
+    """
+
+    step: int
+    complete: bool
+    aborted: bool = False
+    error: str = ""
+    saved_count: int = 0
+    saved_bytes: int = 0
+    managed_count: int = 0
+    managed_bytes: int = 0
+    offloaded_bytes_by_tier: Mapping[str, int] = field(default_factory=dict)
+    fetched_bytes_by_tier: Mapping[str, int] = field(default_factory=dict)
+    stored_bytes_by_tier: Mapping[str, int] = field(default_factory=dict)
+    offloaded_bytes_by_layer: Mapping[str, int] = field(default_factory=dict)
+    unpack_wait_s: float = 0.0
+    pack_wait_s: float = 0.0
+    fetches_ahead: int = 0
+    fetches_on_demand: int = 0
+    peak_fetch_window: int = 0
+    peak_resident_saved_bytes: int = 0
+    timeline: tuple[tuple[float, int], ...] = ()
+    timeline_dropped: int = 0
+    transfers: tuple[TransferSpan, ...] = ()
+
+    @property
+    def offloaded_bytes(self) -> int:
+        return sum(self.offloaded_bytes_by_tier.values())
+
+    @property
+    def fetched_bytes(self) -> int:
+        return sum(self.fetched_bytes_by_tier.values())
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        state = "aborted" if self.aborted else ("complete" if self.complete else "in progress")
+        lines = [
+            f"step {self.step} ({state}): {self.saved_count} saved tensors, {format_bytes(self.saved_bytes)}; "
+            f"{self.managed_count} storages managed, {format_bytes(self.managed_bytes)}",
+            f"  peak resident saved: {format_bytes(self.peak_resident_saved_bytes)}; waited "
+            f"{format_seconds(self.unpack_wait_s)} in unpack, {format_seconds(self.pack_wait_s)} in pack; "
+            f"{self.fetches_ahead} fetches ahead, {self.fetches_on_demand} on demand",
+        ]
+        for tier in sorted(set(self.offloaded_bytes_by_tier) | set(self.fetched_bytes_by_tier)):
+            lines.append(
+                f"  {tier}: offloaded {format_bytes(self.offloaded_bytes_by_tier.get(tier, 0))} "
+                f"(stored {format_bytes(self.stored_bytes_by_tier.get(tier, 0))}), "
+                f"fetched {format_bytes(self.fetched_bytes_by_tier.get(tier, 0))}"
+            )
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        return "\n".join(lines)
+
+    def chrome_trace(self) -> dict[str, Any]:
+        """The transfers (one track per tier and direction) and resident bytes as a Chrome trace."""
+        events: list[dict[str, Any]] = []
+        tids: dict[str, int] = {}
+        for span in self.transfers:
+            track = f"{span.kind} {span.tier}"
+            tid = tids.setdefault(track, len(tids) + 1)
+            events.append({
+                "name": f"{span.kind} {span.tensor}", "cat": span.kind, "ph": "X", "pid": 1, "tid": tid,
+                "ts": span.start_s * 1e6, "dur": max(0.0, span.end_s - span.start_s) * 1e6,
+                "args": {"bytes": span.nbytes, "layer": span.layer, "thread": span.thread},
+            })
+        for track, tid in tids.items():
+            events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": track}})
+        for t_s, resident in self.timeline:
+            events.append({"name": "resident saved bytes", "ph": "C", "pid": 1, "ts": t_s * 1e6,
+                           "args": {"bytes": resident}})
+        return {"traceEvents": events, "displayTimeUnit": "ms",
+                "otherData": {"step": self.step, "peak_resident_saved_bytes": self.peak_resident_saved_bytes}}
+
+    def save_chrome_trace(self, path: str | Path) -> Path:
+        """Write :meth:`chrome_trace` as JSON to ``path``; return the path."""
+        p = Path(path)
+        p.write_text(json.dumps(self.chrome_trace()))
+        return p
+
+
+class _ReportBuilder:
+    """Mutable, thread-safe accumulator behind a :class:`StepReport`."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.t0 = time.perf_counter()
+        self._lock = threading.Lock()
+        self.saved_count = 0
+        self.saved_bytes = 0
+        self.managed_count = 0
+        self.managed_bytes = 0
+        self.offloaded: dict[str, int] = defaultdict(int)
+        self.fetched: dict[str, int] = defaultdict(int)
+        self.stored: dict[str, int] = defaultdict(int)
+        self.by_layer: dict[str, int] = defaultdict(int)
+        self.unpack_wait_s = 0.0
+        self.pack_wait_s = 0.0
+        self.fetches_ahead = 0
+        self.fetches_on_demand = 0
+        self.peak_fetch_window = 0
+        self.peak_resident = 0
+        self.timeline: list[tuple[float, int]] = []
+        self.timeline_dropped = 0
+        self.transfers: list[TransferSpan] = []
+        self.aborted = False
+        self.error = ""
+
+    def now_s(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def sample(self, resident_bytes: int) -> None:
+        """Record the resident managed bytes now."""
+        with self._lock:
+            if resident_bytes > self.peak_resident:
+                self.peak_resident = resident_bytes
+            if len(self.timeline) < _MAX_TIMELINE_SAMPLES:
+                self.timeline.append((self.now_s(), resident_bytes))
+            else:
+                self.timeline_dropped += 1
+
+    def note_fetch(self, *, ahead: bool, window_used: int) -> None:
+        with self._lock:
+            if ahead:
+                self.fetches_ahead += 1
+            else:
+                self.fetches_on_demand += 1
+            self.peak_fetch_window = max(self.peak_fetch_window, window_used)
+
+    def transfer(self, span: TransferSpan, *, stored_bytes: int = 0) -> None:
+        with self._lock:
+            self.transfers.append(span)
+            if span.kind == "offload":
+                self.offloaded[span.tier] += span.nbytes
+                self.stored[span.tier] += stored_bytes
+                self.by_layer[span.layer] += span.nbytes
+            else:
+                self.fetched[span.tier] += span.nbytes
+
+    def snapshot(self, *, complete: bool) -> StepReport:
+        with self._lock:
+            return StepReport(
+                step=self.step, complete=complete, aborted=self.aborted, error=self.error,
+                saved_count=self.saved_count, saved_bytes=self.saved_bytes,
+                managed_count=self.managed_count, managed_bytes=self.managed_bytes,
+                offloaded_bytes_by_tier=_frozen(self.offloaded), fetched_bytes_by_tier=_frozen(self.fetched),
+                stored_bytes_by_tier=_frozen(self.stored), offloaded_bytes_by_layer=_frozen(self.by_layer),
+                unpack_wait_s=self.unpack_wait_s, pack_wait_s=self.pack_wait_s,
+                fetches_ahead=self.fetches_ahead, fetches_on_demand=self.fetches_on_demand,
+                peak_fetch_window=self.peak_fetch_window,
+                peak_resident_saved_bytes=self.peak_resident, timeline=tuple(self.timeline),
+                timeline_dropped=self.timeline_dropped, transfers=tuple(self.transfers),
+            )

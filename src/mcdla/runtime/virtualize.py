@@ -1,0 +1,249 @@
+"""``mcdla.virtualize``: train past the device-memory wall by moving saved tensors to a memory pool.
+
+NOTE [one context per step]
+    A :class:`Virtualizer` is entered once per training step. Each entry starts a step whose saved tensors
+    it manages until they are all released, which is usually the end of backward, whether backward runs
+    inside the context or after it. Two ways to use it::
+
+        with mcdla.virtualize(pool="host,file:/scratch", budget=2 << 30) as v:   # one-shot
+            loss = loss_fn(model(x), y)
+            loss.backward()
+        print(v.report.summary())
+
+        vm = mcdla.virtualize(pool="file:/scratch", model=model, plan="plan.json")  # long-lived
+        for x, y in data:
+            with vm:                      # around forward only; backward may follow outside
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            log(vm.report)                # the last step's report, complete once its tensors are released
+        vm.close()
+
+    A long-lived virtualizer keeps its pool (and the host buffers it caches) across steps; a one-shot one
+    built from a spec string builds a fresh pool and lets it go with the object. Either way each step gets
+    its own I/O threads, stopped when the step finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+from mcdla.errors import ConfigError, McdlaError
+from mcdla.runtime._modules import _Attribution
+from mcdla.runtime._policy import _Config
+from mcdla.runtime._records import _Handle
+from mcdla.runtime._step import _Step
+from mcdla.runtime.pool import Pool, Tier, as_pool
+from mcdla.runtime.report import StepReport
+from mcdla.runtime.tiers_host import HostBufferPool, HostTier
+from mcdla.units import parse_bytes
+
+if TYPE_CHECKING:
+    from mcdla.workload.plan import Plan
+
+__all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_WINDOW", "Virtualizer", "virtualize", "keep_resident"]
+
+DEFAULT_MIN_BYTES = 256 * 1024  # below this a transfer costs more in latency and bookkeeping than it frees
+DEFAULT_WINDOW = 3  # storages in flight per direction (offload, prefetch)
+
+
+def _detach(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach()
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+class keep_resident(saved_tensors_hooks):  # noqa: N801 - a context manager, named like torch's save_on_cpu
+    """Keep the tensors saved in this region on the device, even inside :func:`virtualize`.
+
+    Only the innermost pair of saved-tensor hooks applies, so this opts a region out (the output head,
+    a part of the graph that is backpropagated twice). Example::
+
+        with mcdla.virtualize(pool="host"):
+            h = body(x)                    # offloaded
+            with keep_resident():
+                logits = head(h)           # stays on the device
+    """
+
+    def __init__(self) -> None:
+        super().__init__(_detach, _identity)
+
+
+class Virtualizer(saved_tensors_hooks):
+    """Saved-tensor hooks that offload what autograd saves to a tiered pool and prefetch it in backward.
+
+    Contract (that of ``saved_tensors_hooks``): unpacking gives back a tensor equal to the saved one in
+    value, dtype, size, stride, storage offset and device, so losses and gradients are bit-identical to
+    the same step without mcdla. Build one with :func:`virtualize`; enter it once per step (NOTE above).
+    """
+
+    def __init__(self, *, pool: str | Pool | Tier | Sequence[str | Tier], budget: float | str | None,
+                 plan: Plan | str | os.PathLike[str] | None, model: torch.nn.Module | None, min_bytes: int | str,
+                 window: int, trace: str | os.PathLike[str] | None) -> None:
+        budget_bytes = None if budget is None else parse_bytes(budget, field="virtualize(budget=...)")
+        if plan is not None:
+            plan = _as_plan(plan)
+        if plan is not None and budget_bytes is not None:
+            raise ConfigError("virtualize: got both budget= and plan=; a plan already says what to offload")
+        min_b = parse_bytes(min_bytes, field="virtualize(min_bytes=...)")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ConfigError(f"virtualize(window=...): got {window!r}; must be an integer >= 1")
+        self.pool, self._owns_pool = as_pool(pool)
+        self._attr = _Attribution(model, plan, self.pool)
+        self.plan = plan
+        self._config = _Config(min_bytes=int(min_b), window=window, budget_bytes=budget_bytes,
+                               planned=plan is not None, trace_path=None if trace is None else str(trace))
+        host = next((t for t in self.pool.tiers if isinstance(t, HostTier)), None)
+        self._host_buffers = host.buffers if host is not None else HostBufferPool()
+        self._lock = threading.Lock()
+        self._step: _Step | None = None
+        self._last: _Step | None = None
+        self._live: set[_Step] = set()  # steps entered and not yet finished
+        self._count = 0
+        self._closed = False
+        super().__init__(self._pack, _unpack)
+
+    def __repr__(self) -> str:
+        return f"Virtualizer(pool={self.pool.spec!r}, budget={self._config.budget_bytes}, steps={self._count})"
+
+    # -- context ---------------------------------------------------------------------------------------
+    def __enter__(self) -> Virtualizer:  # type: ignore[override]
+        if self._closed:
+            raise ConfigError("virtualize: this virtualizer was closed; build a new one")
+        if self._step is not None:
+            raise ConfigError("virtualize: already active; enter it once per step, not nested")
+        step = _Step(index=self._count, pool=self.pool, config=self._config, attribution=self._attr,
+                     host_buffers=self._host_buffers, on_finish=self._finished)
+        self._count += 1
+        with self._lock:
+            self._live.add(step)
+        self._step = self._last = step
+        self._attr.install(step.request_prefetch)
+        super().__enter__()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        super().__exit__()
+        self._attr.remove()
+        step, self._step = self._step, None
+        assert step is not None
+        if exc is not None:
+            step.abort(exc)
+            return
+        step.exit()
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        step = self._step
+        if step is None:  # a stray save after exit on another thread's stack: leave it alone
+            return tensor.detach()
+        return step.pack(tensor)
+
+    def _finished(self, step: _Step) -> None:
+        with self._lock:
+            self._live.discard(step)
+
+    # -- what users read -------------------------------------------------------------------------------
+    @property
+    def report(self) -> StepReport:
+        """The report of the current or last step (``complete`` says whether it has finished)."""
+        step = self._last
+        if step is None:
+            raise ConfigError("virtualize: no step has run yet; enter the context first")
+        if step.final_report is not None:
+            return step.final_report
+        return step.report.snapshot(complete=False)
+
+    @property
+    def resident_saved_bytes(self) -> int:
+        """Bytes of managed saved tensors on the device now, for the current or last step."""
+        return 0 if self._last is None else self._last.resident_saved_bytes
+
+    @property
+    def live_steps(self) -> int:
+        """Steps entered whose saved tensors are not all released yet."""
+        with self._lock:
+            return len(self._live)
+
+    @property
+    def live_records(self) -> int:
+        """Managed storages tracked now, over all live steps."""
+        with self._lock:
+            return sum(s.live_records for s in self._live)
+
+    @property
+    def tracker_entries(self) -> int:
+        """Bookkeeping entries held for live steps and the last step (for leak checks; 0 when idle)."""
+        with self._lock:
+            steps = set(self._live) | ({self._last} if self._last is not None else set())
+        return sum(s.tracker_entries for s in steps)
+
+    def close(self) -> None:
+        """Abort unfinished steps, free what they hold and close the pool if this virtualizer built it."""
+        if self._step is not None:
+            raise ConfigError("virtualize: close() inside the context; exit it first")
+        with self._lock:
+            live = list(self._live)
+        for step in live:
+            step.abort(McdlaError("virtualizer closed"))
+        self._host_buffers.trim()
+        if self._owns_pool:
+            self.pool.close()
+        self._closed = True
+
+
+def _as_plan(plan: Any) -> Plan:
+    # NOTE [lazy plan import] mcdla.workload pulls in its file readers (pydantic, yaml); the runtime loads
+    # it only when a plan is given, so offloading by budget needs nothing beyond torch, numpy and psutil.
+    from mcdla.workload.plan import Plan
+
+    if isinstance(plan, (str, os.PathLike)):
+        return Plan.load(plan)
+    if not isinstance(plan, Plan):
+        raise ConfigError(f"virtualize(plan=...): got {type(plan).__name__}; must be a Plan or a plan JSON path")
+    return plan
+
+
+def _unpack(packed: Any) -> torch.Tensor:
+    if isinstance(packed, _Handle):
+        return packed.record.step.unpack(packed)
+    return packed
+
+
+def virtualize(
+    pool: str | Pool | Tier | Sequence[str | Tier] = "host",
+    budget: float | str | None = None,
+    plan: Plan | str | os.PathLike[str] | None = None,
+    *,
+    model: torch.nn.Module | None = None,
+    min_bytes: int | str = DEFAULT_MIN_BYTES,
+    window: int = DEFAULT_WINDOW,
+    trace: str | os.PathLike[str] | None = None,
+) -> Virtualizer:
+    """Offload the tensors autograd saves in forward to ``pool`` and bring them back ahead of backward.
+
+    Args:
+        pool: where offloaded tensors go: a spec string (``"host"``, ``"host@8GiB,file:/scratch"``,
+            ``"compress(file:/scratch)"``; grammar in :mod:`mcdla.runtime.pool`), a Pool, a tier or tiers.
+        budget: bytes of saved tensors allowed to stay on the device (int, or a string like ``"2GiB"``);
+            beyond it the ones used last in backward are offloaded first. None offloads everything managed.
+        plan: a :class:`~mcdla.workload.plan.Plan` (or its JSON file) saying per module what to offload,
+            keep or recompute and when to prefetch; needs ``model``. Excludes ``budget``.
+        model: the module whose ``named_modules()`` names the plan uses; with it, tensors are attributed to
+            modules in the report and the model's parameters and buffers are never offloaded.
+        min_bytes: storages smaller than this (bytes) stay on the device.
+        window: storages in flight per direction: offloads running, and fetches running or done but unused.
+        trace: path for a Chrome trace of each finished step ("{step}" is replaced by the step index).
+
+    Parameters and views of them, buffers (with ``model``), tensors saved inside :func:`keep_resident`
+    or during backward, and non-strided or wrapped tensors are never moved.
+    """
+    return Virtualizer(pool=pool, budget=budget, plan=plan, model=model, min_bytes=min_bytes, window=window,
+                       trace=trace)

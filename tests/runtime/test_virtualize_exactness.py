@@ -1,0 +1,156 @@
+"""Loss and every gradient are bit-identical with and without mcdla, over several optimizer steps.
+
+Reference: the same model (a deep copy, same seed) trained on the same batches with no hooks at all.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.checkpoint import checkpoint
+
+import mcdla
+from mcdla.runtime import keep_resident, virtualize
+
+from ._models import MLP, MODELS, assert_identical, make_batch, train_steps, twin
+
+TIERS = ["host", "file", "compress", "spill"]
+
+
+def _spec(tier: str, tmp_path) -> str:
+    return {
+        "host": "host",
+        "file": f"file:{tmp_path}",
+        "compress": f"compress(file:{tmp_path})",
+        "spill": f"host@24KiB,compress(file:{tmp_path}@64KiB),file:{tmp_path / 'overflow'}",
+    }[tier]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_every_tier_is_bit_exact(kind, tier, tmp_path):
+    """Each model x each tier: identical loss and gradients over three Adam steps, everything offloaded."""
+    ref_model, model = twin(kind)
+    batches = [make_batch(kind, 8, seed=s) for s in range(3)]
+    ref = train_steps(ref_model, batches)
+    vm = virtualize(_spec(tier, tmp_path), min_bytes=512, model=model)
+    got = train_steps(model, batches, lambda: vm)
+    assert_identical(ref, got)
+    assert vm.report.offloaded_bytes > 0 and vm.report.complete
+    assert not [p for p in tmp_path.rglob("*.blk")]
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_budget_is_bit_exact(kind, tmp_path):
+    """With a budget (some tensors kept, the rest offloaded) results are still identical."""
+    ref_model, model = twin(kind)
+    batches = [make_batch(kind, 8, seed=s) for s in range(3)]
+    ref = train_steps(ref_model, batches)
+    vm = virtualize(f"file:{tmp_path}", budget=16 * 1024, min_bytes=512, model=model, window=1)
+    got = train_steps(model, batches, lambda: vm)
+    assert_identical(ref, got)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    batch=st.integers(min_value=1, max_value=33),
+    width=st.sampled_from([8, 24, 64, 130]),
+    depth=st.integers(min_value=1, max_value=4),
+    tier=st.sampled_from(TIERS),
+    budget=st.one_of(st.none(), st.integers(min_value=0, max_value=200_000)),
+    min_bytes=st.sampled_from([0, 100, 4096]),
+    window=st.integers(min_value=1, max_value=4),
+)
+def test_mlp_exact_over_sizes(tmp_path_factory, batch, width, depth, tier, budget, min_bytes, window):
+    """Property: for any size, tier, budget, threshold and window the MLP's step is bit-identical."""
+    torch.manual_seed(0)
+    ref_model = MLP(width=width, depth=depth)
+    model = MLP(width=width, depth=depth)
+    model.load_state_dict(ref_model.state_dict())
+    g = torch.Generator().manual_seed(batch)
+    batches = [(torch.randn(batch, width, generator=g), torch.randint(0, 10, (batch,), generator=g)) for _ in range(2)]
+    ref = train_steps(ref_model, batches)
+    tmp = tmp_path_factory.mktemp("mlp")
+    vm = virtualize(_spec(tier, tmp), budget=budget, min_bytes=min_bytes, window=window)
+    got = train_steps(model, batches, lambda: vm)
+    assert_identical(ref, got)
+    assert vm.live_steps == 0 and not list(tmp.rglob("*.blk"))
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    kind=st.sampled_from(list(MODELS)),
+    batch=st.integers(min_value=1, max_value=12),
+    tier=st.sampled_from(TIERS),
+    budget=st.one_of(st.none(), st.integers(min_value=0, max_value=100_000)),
+)
+def test_every_model_exact_over_batch_sizes(tmp_path_factory, kind, batch, tier, budget):
+    """Property: every model, any batch size, tier and budget: two Adam steps bit-identical."""
+    ref_model, model = twin(kind)
+    batches = [make_batch(kind, batch, seed=s) for s in range(2)]
+    ref = train_steps(ref_model, batches)
+    tmp = tmp_path_factory.mktemp(kind)
+    vm = virtualize(_spec(tier, tmp), budget=budget, min_bytes=256, model=model)
+    got = train_steps(model, batches, lambda: vm)
+    assert_identical(ref, got)
+    assert vm.live_steps == 0 and not list(tmp.rglob("*.blk"))
+
+
+def test_backward_outside_context_is_exact(tmp_path):
+    """The context may wrap forward only; backward later still gets the exact tensors back."""
+    ref_model, model = twin("gpt")
+    x, y = make_batch("gpt", 4)
+    F.cross_entropy(ref_model(x), y).backward()
+    with virtualize(f"file:{tmp_path}", min_bytes=512) as vm:
+        loss = F.cross_entropy(model(x), y)
+    assert vm.report.complete is False
+    loss.backward()
+    for a, b in zip(ref_model.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    assert vm.report.complete and vm.live_steps == 0
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_composes_with_checkpoint(tmp_path, reentrant):
+    """torch.utils.checkpoint inside virtualize: identical gradients; non-reentrant inputs get offloaded."""
+    ref_model, model = twin("mlp", width=64, depth=4)
+    x, y = make_batch("mlp", 16)
+    x.requires_grad_()  # reentrant checkpoint needs an input that requires grad
+
+    def run(m):
+        torch.manual_seed(3)
+        h = checkpoint(m.body, x, use_reentrant=reentrant)
+        return F.cross_entropy(m.head(h), y)
+
+    run(ref_model).backward()
+    with virtualize(f"file:{tmp_path}", min_bytes=0) as vm:
+        run(model).backward()
+    for a, b in zip(ref_model.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    assert vm.report.offloaded_bytes > 0
+
+
+def test_keep_resident_region_is_not_offloaded():
+    """Tensors saved under keep_resident() are not managed; results stay exact."""
+    ref_model, model = twin("mlp", width=64, depth=2)
+    x, y = make_batch("mlp", 16)
+    torch.manual_seed(5)
+    F.cross_entropy(ref_model(x), y).backward()
+    torch.manual_seed(5)
+    with virtualize("host", min_bytes=0, model=model) as vm:
+        with keep_resident():
+            h = model.body(x)
+        loss = F.cross_entropy(model.head(h), y)
+        loss.backward()
+    for a, b in zip(ref_model.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    layers = set(vm.report.offloaded_bytes_by_layer)
+    assert "head" in layers and not any(name.startswith("body") for name in layers)
+
+
+def test_top_level_lazy_export():
+    """``mcdla.virtualize`` is the runtime's virtualize."""
+    assert mcdla.virtualize is virtualize

@@ -1,0 +1,199 @@
+"""Faults give a clear error naming the tensor and the tier, never a wrong gradient, and leave nothing behind."""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mcdla.errors import OffloadError, RuntimeTierError
+from mcdla.runtime import FileTier, HostBufferPool, HostTier, Pool, TierFullError, keep_resident, virtualize
+
+from ._models import MLP, twin
+
+LABEL = r"saved tensor #\d+ \((module '[\w.]*'|no module), \w+\[[\dx]+\]\)"
+
+
+def _model_and_batch():
+    torch.manual_seed(0)
+    model = MLP(width=128, depth=4)
+    g = torch.Generator().manual_seed(1)
+    return model, torch.randn(32, 128, generator=g), torch.randint(0, 10, (32,), generator=g)
+
+
+def _wait_offloaded(vm, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while vm.resident_saved_bytes > 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert vm.resident_saved_bytes == 0
+
+
+def _assert_clean(vm, tmp_path, threads: int) -> None:
+    deadline = time.monotonic() + 5.0
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() <= threads
+    assert vm.live_steps == 0 and vm.tracker_entries == 0
+    assert vm.pool.used_bytes == 0 and vm.pool.block_count == 0
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncate"])
+def test_damaged_block_file_fails_backward(tmp_path, damage):
+    """A block file corrupted or truncated between forward and backward makes backward raise OffloadError."""
+    model, x, y = _model_and_batch()
+    threads = threading.active_count()
+    vm = virtualize(f"file:{tmp_path}", min_bytes=1024, model=model)
+    with pytest.raises(OffloadError, match=LABEL + r".*file:.*(corrupted|truncated)"):
+        with vm:
+            loss = F.cross_entropy(model(x), y)
+            _wait_offloaded(vm)
+            for path in sorted(tmp_path.iterdir()):
+                if damage == "corrupt":
+                    raw = bytearray(path.read_bytes())
+                    raw[len(raw) // 2] ^= 0x40
+                    path.write_bytes(raw)
+                else:
+                    path.write_bytes(path.read_bytes()[:-8])
+            loss.backward()
+    assert vm.report.aborted
+    _assert_clean(vm, tmp_path, threads)
+
+
+def test_full_disk_spills_to_next_tier(tmp_path):
+    """ENOSPC from the file tier sends tensors to the next tier; gradients stay exact."""
+    ref_model, model = twin("mlp", width=128, depth=4)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 128, generator=g), torch.randint(0, 10, (32,), generator=g)
+    torch.manual_seed(0)
+    F.cross_entropy(ref_model(x), y).backward()
+    disk = FileTier(tmp_path)
+    disk._write_chunks = _raise(OSError(errno.ENOSPC, "No space left on device"))
+    host = HostTier(capacity_bytes=1 << 30, buffers=HostBufferPool(pinned=False))
+    torch.manual_seed(0)
+    with virtualize(Pool([disk, host]), min_bytes=1024, model=model) as vm:
+        F.cross_entropy(model(x), y).backward()
+    for a, b in zip(ref_model.parameters(), model.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    assert vm.report.offloaded_bytes_by_tier.get("host", 0) == vm.report.offloaded_bytes > 0
+    assert disk.capacity_bytes == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_full_disk_without_next_tier_raises(tmp_path):
+    """ENOSPC with nowhere to spill raises TierFullError naming the tensor and the tier."""
+    model, x, y = _model_and_batch()
+    threads = threading.active_count()
+    disk = FileTier(tmp_path)
+    disk._write_chunks = _raise(OSError(errno.ENOSPC, "No space left on device"))
+    vm = virtualize(disk, min_bytes=1024, model=model)
+    with pytest.raises(TierFullError, match=r"file:.*" + LABEL + r".*disk full"):
+        with vm:
+            F.cross_entropy(model(x), y).backward()
+    _assert_clean(vm, tmp_path, threads)
+
+
+def test_pool_capacity_exhausted_raises_in_forward(tmp_path):
+    """A pool whose every tier is at capacity refuses the tensor with a one-line error naming it."""
+    model, x, y = _model_and_batch()
+    vm = virtualize(f"host@20KiB,file:{tmp_path}@20KiB", min_bytes=1024, model=model)
+    with pytest.raises(TierFullError, match=r"pool .* is full: no room for " + LABEL) as err:
+        with vm:
+            F.cross_entropy(model(x), y).backward()
+    assert "\n" not in str(err.value)
+    _assert_clean(vm, tmp_path, threading.active_count())
+
+
+@pytest.mark.parametrize("where", ["write", "read"])
+def test_failing_io_thread_is_reported(tmp_path, where):
+    """An exception inside the file tier's I/O thread surfaces as RuntimeTierError naming tensor and tier."""
+    model, x, y = _model_and_batch()
+    threads = threading.active_count()
+    disk = FileTier(tmp_path)
+    if where == "write":
+        disk._write_chunks = _raise(RuntimeError("injected writer fault"))
+    else:
+        disk._read_chunks = _raise(RuntimeError("injected reader fault"))
+    vm = virtualize(disk, min_bytes=1024, model=model)
+    with pytest.raises(RuntimeTierError, match=r"(file:.*)?" + LABEL + r".*injected (writer|reader) fault"):
+        with vm:
+            F.cross_entropy(model(x), y).backward()
+    assert vm.report.aborted
+    _assert_clean(vm, tmp_path, threads)
+
+
+def test_fetched_twice_is_an_error(tmp_path):
+    """A second backward through the same graph cannot silently reuse released tensors."""
+    model, x, y = _model_and_batch()
+    vm = virtualize(f"file:{tmp_path}", min_bytes=1024, model=model)
+    with pytest.raises(OffloadError, match=LABEL + r": fetched twice \(from tier 'file:"):
+        with vm:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward(retain_graph=True)
+            loss.backward()
+    _assert_clean(vm, tmp_path, threading.active_count())
+
+
+def test_keep_resident_allows_double_backward():
+    """Under keep_resident() a graph can be backpropagated twice, as without mcdla."""
+    model, x, y = _model_and_batch()
+    with virtualize("host", min_bytes=1024, model=model):
+        with keep_resident():
+            loss = F.cross_entropy(model(x), y)
+        loss.backward(retain_graph=True)
+        loss.backward()
+
+
+def test_in_place_change_after_save_is_detected():
+    """Modifying a saved tensor in place is an error with mcdla as it is without (never a wrong gradient)."""
+    w = torch.randn(64, 64, requires_grad=True)
+    a = w * 2
+    with virtualize("host", min_bytes=0):
+        b = a.sin()
+    a.add_(1)
+    with pytest.raises(OffloadError, match=r"saved tensor #0 \(no module, float32\[64x64\]\): modified in place"):
+        b.sum().backward()
+
+
+def test_step_raising_midway_leaves_nothing(tmp_path):
+    """An exception in the middle of forward: no blocks, files, threads, pinned buffers or records remain."""
+    model, x, _ = _model_and_batch()
+    threads = threading.active_count()
+    host = HostTier(capacity_bytes=16 * 1024, buffers=HostBufferPool(pinned=False))
+    vm = virtualize(Pool([host, FileTier(tmp_path)]), min_bytes=1024, model=model)
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        with vm:
+            h = model.body[:6](x)
+            assert vm.report.managed_count > 0
+            raise Boom
+    assert vm.report.aborted and "Boom" in vm.report.error
+    assert host.buffers.in_use_bytes == 0 and host.buffers.cached_bytes == 0
+    _assert_clean(vm, tmp_path, threads)
+    with pytest.raises(OffloadError, match="aborted"):
+        h.sum().backward()
+
+
+def test_closed_virtualizer_aborts_pending_steps(tmp_path):
+    """close() with a graph never backpropagated frees everything; the graph then refuses backward."""
+    model, x, y = _model_and_batch()
+    vm = virtualize(f"file:{tmp_path}", min_bytes=1024, model=model)
+    with vm:
+        loss = F.cross_entropy(model(x), y)
+    vm.close()
+    _assert_clean(vm, tmp_path, threading.active_count())
+    with pytest.raises(OffloadError, match="aborted"):
+        loss.backward()
+
+
+def _raise(exc: BaseException):
+    def fail(*_args, **_kwargs):
+        raise exc
+
+    return fail
