@@ -1,0 +1,78 @@
+"""``mcdla plan``: make a plan for a workload under a device-memory budget and say what the engine predicts."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mcdla.cli._app import app, console, fail
+from mcdla.hardware import load_system
+from mcdla.plan import PLANNERS, evaluate, make_plan
+from mcdla.sim import pool_link
+from mcdla.units import format_bytes, format_seconds, parse_bytes
+from mcdla.workload import load_workload
+
+__all__ = ["plan_cmd"]
+
+
+@app.command("plan")
+def plan_cmd(
+    workload: Annotated[str, typer.Option(help="Zoo name (vgg-e, resnet-152, lstm, ...) or workload file.")],
+    system: Annotated[str, typer.Option(help="Preset name or system file; its first device and pool link are used.")],
+    budget: Annotated[Optional[str], typer.Option(help="Device-memory budget, e.g. 16GiB (default: the device's memory).")] = None,
+    planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNERS)}.")] = "lp",
+    batch: Annotated[Optional[int], typer.Option(help="Batch size (default: the workload's).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the plan as JSON (mcdla-plan/1).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Plan what to offload, prefetch or recompute, and print the predicted iteration time and its overhead."""
+    if planner not in PLANNERS:
+        fail(f"--planner: got {planner!r}; must be one of {', '.join(PLANNERS)}")
+    if batch is not None and batch < 1:
+        fail(f"--batch: got {batch}; must be >= 1")
+    sys_ = load_system(system)
+    device = sys_.devices[0]
+    link = pool_link(sys_, device.name)
+    budget_bytes = parse_bytes(budget, "--budget") if budget is not None else device.hbm_bytes
+    if not budget_bytes > 0:
+        fail(f"--budget: got {budget!r}; must be > 0")
+    wl = load_workload(workload, batch=batch)
+    plan = make_plan(wl, budget_bytes, link, planner=planner, device=device)
+    result = evaluate(wl, plan, link, device=device)
+    if result.violations:
+        fail(f"plan by {planner} does not run within {format_bytes(budget_bytes)}: {result.violations[0]}")
+    if out is not None:
+        plan.save(out)
+    summary = {
+        "workload": wl.name,
+        "batch": wl.batch,
+        "system": sys_.name,
+        "planner": planner,
+        "budget_bytes": None if math.isinf(budget_bytes) else budget_bytes,
+        "offloaded_bytes": result.offloaded_bytes,
+        "recomputed_bytes": result.recomputed_bytes,
+        "resident_bytes": result.resident_bytes,
+        "peak_device_bytes": result.peak_device_bytes,
+        "iteration_time_s": result.makespan_s,
+        "lower_bound_s": result.lower_bound_s,
+        "overhead": result.overhead,
+        "notes": plan.notes,
+        "plan_file": str(out) if out is not None else None,
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    console.print(f"{wl.name} (batch {wl.batch}) on {sys_.name}, budget {format_bytes(budget_bytes)}, planner {planner}")
+    console.print(f"  offloaded   {format_bytes(result.offloaded_bytes)}")
+    console.print(f"  recomputed  {format_bytes(result.recomputed_bytes)}")
+    console.print(f"  resident    {format_bytes(result.resident_bytes)}  (peak device {format_bytes(result.peak_device_bytes)})")
+    console.print(f"  iteration   {format_seconds(result.makespan_s)}  "
+                  f"(+{100 * result.overhead:.1f}% over the no-offload bound {format_seconds(result.lower_bound_s)})")
+    if plan.notes:
+        console.print(f"  notes       {plan.notes}")
+    if out is not None:
+        console.print(f"  plan        {out}")
