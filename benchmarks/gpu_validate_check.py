@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for label, (name, batch, scale) in runs.items():
         r = validate(name, pool="host", budget=BUDGET, batch=batch, scale=scale, steps=args.steps,
-                     warmup=args.warmup, device=device, plot=args.out / f"timeline-{name}.png")
+                     warmup=args.warmup, device=device, plot=args.out / f"timeline-{name}.png",
+                     min_bytes=(16 << 10) if args.tiny else (256 << 10))
         print(r.summary(), flush=True)
         row = r.to_dict()
         row["label"] = label

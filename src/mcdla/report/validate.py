@@ -31,11 +31,18 @@ import torch
 from mcdla.errors import ConfigError
 from mcdla.hardware import PoolLink
 from mcdla.profile._steps import normalize_inputs, zero_grads
-from mcdla.profile.predict import executable_plan, make_plan_for, parse_budget, per_storage_link, predict
+from mcdla.profile.predict import (
+    charge_copies,
+    executable_plan,
+    make_plan_for,
+    parse_budget,
+    per_storage_link,
+    predict,
+)
 from mcdla.profile.probe import probe_pool
 from mcdla.profile.profiler import profile_run
 from mcdla.profile.resolve import ResolvedModel, resolve_model, to_device
-from mcdla.profile.rounds import WINDOW, Baseline, measure_rounds
+from mcdla.profile.rounds import WINDOW, Baseline, measure_rounds, one_copy_stream
 from mcdla.profile.timeline import cuda_step_timeline, timeline_from_report
 from mcdla.runtime import DEFAULT_MIN_BYTES, parse_pool, virtualize
 from mcdla.units import format_bytes
@@ -62,6 +69,8 @@ class ValidationResult:
     measured_offload_bytes: float
     offloaded_bytes_by_layer: Mapping[str, float]
     predicted_step_s: float
+    engine_step_s: float
+    copy_cost_s_per_byte: float
     measured_step_s: float
     plain_step_s: float
     profiled_step_s: float
@@ -110,6 +119,8 @@ class ValidationResult:
             f"{self.link.offload_bytes_per_s / 1e9:.2f} GB/s, read {self.link.prefetch_bytes_per_s / 1e9:.2f} GB/s",
             f"  step time:  predicted {self.predicted_step_s * 1e3:9.2f} ms   measured {self.measured_step_s * 1e3:9.2f} ms"
             f"   error {self.step_time_error:+.1%}",
+            f"              (engine alone {self.engine_step_s * 1e3:.2f} ms; copies cost compute "
+            f"{self.copy_cost_s_per_byte * 1e9:.3f} s/GB)",
             f"  reference:  plain step {self.plain_step_s * 1e3:.2f} ms, profiled step {self.profiled_step_s * 1e3:.2f} ms",
             f"  peak saved: predicted {format_bytes(self.predicted_peak_saved_bytes):>12}   measured "
             f"{format_bytes(self.measured_peak_saved_bytes):>12}   error {self.peak_saved_error:+.1%}",
@@ -138,6 +149,8 @@ def validate(
     plot: str | Path | None = None,
     device: str | None = None,
     baseline: Baseline = "runtime",
+    copy_interference: bool | None = None,
+    io_threads: int | None = 1,
 ) -> ValidationResult:
     """Profile, plan, simulate, run under the runtime and compare (see the NOTEs of this module).
 
@@ -155,6 +168,9 @@ def validate(
         device: move the model and its inputs there first (``"cuda"``); None leaves them where they are.
         baseline: ``"runtime"`` takes the layer times under the runtime with nothing offloaded, ``"plain"``
             without it (NOTE [measuring] in :mod:`mcdla.profile.rounds`).
+        copy_interference: measure what copies cost compute and charge it to the layers they overlap
+            (NOTE [copies on the CPU]); None: on for a CPU model, off on CUDA (copy engines).
+        io_threads: I/O threads of each threaded tier (NOTE [one copy stream]); None keeps the pool's.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps: got {steps!r}; must be an integer >= 1")
@@ -167,13 +183,16 @@ def validate(
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model, batch=batch, scale=scale)
     if device is not None:
         resolved = to_device(resolved, device)
+    if io_threads is not None and (isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1):
+        raise ConfigError(f"io_threads: got {io_threads!r}; must be an integer >= 1 or None")
     pool_obj = parse_pool(pool)
+    shared = one_copy_stream(pool_obj, io_threads)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         return _validate(resolved, pool_obj, pool, budget, planner, plan, steps, warmup, granularity, min_bytes, plot,
-                         baseline)
+                         baseline, copy_interference, shared)
     finally:
         torch.set_num_threads(previous_threads)
         pool_obj.close()
@@ -181,14 +200,16 @@ def validate(
 
 def _validate(resolved: ResolvedModel, pool_obj: Any, pool: str, budget: str | float, planner: str | None,
               plan: Plan | str | Path | None, steps: int, warmup: int, granularity: str, min_bytes: int,
-              plot: str | Path | None, baseline: Baseline) -> ValidationResult:
+              plot: str | Path | None, baseline: Baseline, copy_interference: bool | None,
+              shared: bool) -> ValidationResult:
     model, inputs = resolved.model, normalize_inputs(resolved.example_inputs)
     profiled = profile_run(model, resolved.example_inputs, resolved.loss_fn, granularity=granularity,  # type: ignore[arg-type]
-                           warmup_steps=warmup, measured_steps=max(1, steps // 2), name=resolved.name,
+                           warmup_steps=warmup, measured_steps=min(3, steps), name=resolved.name,
                            min_saved_bytes=int(min_bytes), shared_storage_owner="first")
     workload = profiled.workload
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    plan_link = per_storage_link(probe_pool(pool_obj, device=device).link, workload, profiled.saved_storages)
+    first = dataclasses.replace(probe_pool(pool_obj, device=device).link, shared_direction=shared)
+    plan_link = per_storage_link(first, workload, profiled.saved_storages)
     budget_bytes = parse_budget(budget, workload)
     modules = [n for n, _ in model.named_modules()]
     if plan is not None:
@@ -199,15 +220,19 @@ def _validate(resolved: ResolvedModel, pool_obj: Any, pool: str, budget: str | f
         chosen = make_plan_for(workload, budget_bytes, plan_link, planner)
         planner_name = chosen.planner
     run_plan, notes = executable_plan(chosen, workload, modules)
+    interference = device.type == "cpu" if copy_interference is None else copy_interference
     rounds = measure_rounds(resolved, inputs, pool=pool_obj, plan=run_plan, workload=workload, granularity=granularity,
-                            min_bytes=int(min_bytes), steps=steps, warmup=warmup, baseline=baseline)
+                            min_bytes=int(min_bytes), steps=steps, warmup=warmup, baseline=baseline,
+                            copy_interference=interference)
     times = rounds.layer_times()
     timed = workload.with_layers([
         dataclasses.replace(l, fwd_time_s=times[l.name][0], bwd_time_s=times[l.name][1]) for l in workload.layers
     ])
-    probed = rounds.link()
+    probed = dataclasses.replace(rounds.link(), shared_direction=shared)
     link = per_storage_link(probed, workload, profiled.saved_storages)
-    predicted_s, predicted_peak, predicted_line = predict(timed, run_plan, link)
+    engine_s, _, _ = predict(timed, run_plan, link)
+    copy_cost = rounds.copy_cost_s_per_byte()
+    predicted_s, predicted_peak, predicted_line = predict(charge_copies(timed, run_plan, copy_cost), run_plan, link)
     median_i = sorted(range(len(rounds.run)), key=lambda i: rounds.run[i])[len(rounds.run) // 2]
     report = rounds.reports[median_i]
     offloaded = {k: float(v) for k, v in report.offloaded_bytes_by_layer.items()}
@@ -238,7 +263,7 @@ def _validate(resolved: ResolvedModel, pool_obj: Any, pool: str, budget: str | f
         threads=torch.get_num_threads(), layers=len(workload), offloaded_layers=offload_layers,
         planned_offload_bytes=sum(workload.layers[workload.index_of(n)].saved_bytes for n in offload_layers),
         measured_offload_bytes=float(report.offloaded_bytes), offloaded_bytes_by_layer=offloaded,
-        predicted_step_s=predicted_s, measured_step_s=statistics.median(rounds.run),
+        predicted_step_s=predicted_s, engine_step_s=engine_s, copy_cost_s_per_byte=copy_cost, measured_step_s=statistics.median(rounds.run),
         plain_step_s=statistics.median(rounds.plain), profiled_step_s=statistics.median(rounds.profiled),
         measured_step_samples_s=tuple(rounds.run),
         predicted_peak_saved_bytes=predicted_peak,

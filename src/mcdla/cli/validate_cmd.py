@@ -1,0 +1,109 @@
+"""``mcdla validate`` (profile, plan, simulate, run, compare) and ``mcdla probe`` (this machine as a system)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from mcdla.cli._app import app, console, fail
+from mcdla.units import parse_bytes
+
+
+def _scale(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--scale: got {item!r}; must be KEY=VALUE, e.g. --scale hidden=256")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                fail(f"--scale {key}: got {value!r}; must be a number")
+    return out
+
+
+@app.command("validate")
+def validate_cmd(
+    model: Annotated[str, typer.Option(help="mlp, transformer, a zoo name, or python:MODULE:FACTORY.")],
+    pool: Annotated[str, typer.Option(help="Runtime pool spec, e.g. file:/scratch or host.")],
+    budget: Annotated[str, typer.Option(help="Device budget for the planner: a size (96MiB) or P% of saved bytes kept.")],
+    planner: Annotated[Optional[str], typer.Option(help="Planner name (default: the planners' default).")] = None,
+    plan: Annotated[Optional[Path], typer.Option(help="Run this plan file instead of planning.")] = None,
+    steps: Annotated[int, typer.Option(help="Measured rounds (each one plain and one virtualized step).")] = 5,
+    warmup: Annotated[int, typer.Option(help="Warm-up rounds.")] = 2,
+    batch: Annotated[Optional[int], typer.Option(help="Batch size for the model builder.")] = None,
+    scale: Annotated[Optional[list[str]], typer.Option(help="Model scale KEY=VALUE (repeatable).")] = None,
+    granularity: Annotated[str, typer.Option(help="leaf or block.")] = "leaf",
+    threads: Annotated[Optional[int], typer.Option(help="torch compute threads (default: as configured).")] = None,
+    min_bytes: Annotated[str, typer.Option(help="Runtime min_bytes: smaller storages stay on the device.")] = "256KiB",
+    plot: Annotated[Optional[Path], typer.Option(help="Write measured vs predicted memory timeline PNG here.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="Run the model there (cpu, cuda); default: cpu.")] = None,
+    baseline: Annotated[str, typer.Option(help="Layer times under the runtime keeping all (runtime) or plain.")] = "runtime",
+    io_threads: Annotated[int, typer.Option(help="I/O threads per threaded tier (0: keep the pool's own).")] = 1,
+    copy_interference: Annotated[Optional[bool], typer.Option(
+        "--copy-interference/--no-copy-interference",
+        help="Measure and charge the compute time copies cost (default: on for CPU, off for CUDA).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Profile a model, plan it, predict its step, run it under the runtime and print both with the error."""
+    from mcdla.report.validate import validate
+
+    if granularity not in ("leaf", "block"):
+        fail(f"--granularity: got {granularity!r}; must be leaf or block")
+    if baseline not in ("runtime", "plain"):
+        fail(f"--baseline: got {baseline!r}; must be runtime or plain")
+    result = validate(
+        model, pool=pool, budget=budget, planner=planner, plan=plan, steps=steps, warmup=warmup, batch=batch,
+        scale=_scale(scale or []), granularity=granularity, threads=threads,
+        min_bytes=int(parse_bytes(min_bytes, "--min-bytes")), plot=plot, device=device,
+        baseline=baseline, copy_interference=copy_interference, io_threads=io_threads or None,  # type: ignore[arg-type]
+    )
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2, default=float))
+        return
+    print(result.summary())
+
+
+@app.command("probe")
+def probe_cmd(
+    out: Annotated[Path, typer.Option(help="Write the system here (.yaml or .json).")],
+    directory: Annotated[Optional[Path], typer.Option("--dir", help="Where the file tiers write (default: a temp dir).")] = None,
+    pool_tier: Annotated[str, typer.Option(help="The tier offloads go to: host, file or compress.")] = "file",
+    device: Annotated[str, typer.Option(help="The device to measure compute on (cpu, cuda:0).")] = "cpu",
+    as_json: Annotated[bool, typer.Option("--json", help="Also print the measured links as JSON.")] = False,
+) -> None:
+    """Measure this machine (compute, memory, host/file/compress tiers) into a system file."""
+    from mcdla.hardware import save_system
+    from mcdla.profile.probe import probe_machine, probe_system
+
+    if out.suffix not in (".yaml", ".yml", ".json"):
+        fail(f"--out: got {str(out)!r}; must end in .yaml, .yml or .json")
+    machine = probe_machine(directory, device=device)
+    system = probe_system(machine, pool_tier=pool_tier)
+    try:
+        save_system(system, out)
+    except OSError as exc:
+        fail(f"--out: got {str(out)!r}; cannot write it ({exc.strerror})")
+    links = {
+        kind: {"tier": p.tier, "offload_bytes_per_s": p.link.offload_bytes_per_s,
+               "prefetch_bytes_per_s": p.link.prefetch_bytes_per_s, "latency_s": p.link.latency_s,
+               "compression_ratio": p.compression_ratio}
+        for kind, p in machine.tiers.items()
+    }
+    if as_json:
+        print(json.dumps({"system": str(out), "flops_per_s": machine.flops_per_s,
+                          "memory_bytes_per_s": machine.memory_bytes_per_s, "tiers": links}, indent=2))
+        return
+    console.print(f"{machine.source}")
+    console.print(f"  compute: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in machine.flops_per_s.items())
+                  + f"; memory copy {machine.memory_bytes_per_s / 1e9:.1f} GB/s")
+    for kind, link in links.items():
+        console.print(f"  {kind:<9} write {link['offload_bytes_per_s'] / 1e9:7.2f} GB/s  read "
+                      f"{link['prefetch_bytes_per_s'] / 1e9:7.2f} GB/s  latency {link['latency_s'] * 1e6:7.1f} us")
+    console.print(f"wrote {out} (pool tier: {pool_tier})")
