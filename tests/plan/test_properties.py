@@ -98,3 +98,12 @@ def test_lp_and_milp_are_never_worse_than_vdnn(workload, link, fraction) -> None
     vdnn = min(_makespan(workload, budget, link, p) for p in ("vdnn-all", "vdnn-conv", "vdnn-dyn"))
     for planner in ("lp", "milp"):
         assert _makespan(workload, budget, link, planner) <= vdnn * (1 + 1e-9)
+
+
+@settings(max_examples=15, deadline=None)
+@given(workload=workloads(max_layers=6), link=links(), fraction=st.floats(0.3, 1.0))
+def test_pofo_is_never_worse_than_rotor_or_lp(workload, link, fraction) -> None:
+    """pofo scores rotor's and lp's plans among its candidates, so it never loses to either."""
+    budget = peak(workload) * fraction
+    others = min(_makespan(workload, budget, link, p) for p in ("rotor", "lp"))
+    assert _makespan(workload, budget, link, "pofo") <= others * (1 + 1e-9)

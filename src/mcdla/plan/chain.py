@@ -92,36 +92,6 @@ class Chain:
             suffix -= self.saved_bytes[i]
         return peak
 
-    @classmethod
-    def from_arrays(
-        cls,
-        *,
-        fwd_s: Sequence[float],
-        bwd_s: Sequence[float],
-        saved_bytes: Sequence[float],
-        fwd_transient_bytes: Sequence[float] | None = None,
-        bwd_transient_bytes: Sequence[float] | None = None,
-        static_bytes: float = 0.0,
-        names: Sequence[str] | None = None,
-        kinds: Sequence[LayerKind] | None = None,
-        workload: str = "chain",
-        batch: int = 1,
-    ) -> Chain:
-        """A chain from plain arrays (tests, benchmarks); transients default to zero."""
-        n = len(fwd_s)
-        return cls(
-            workload=workload,
-            batch=batch,
-            names=tuple(names) if names is not None else tuple(f"l{i}" for i in range(n)),
-            kinds=tuple(kinds) if kinds is not None else (LayerKind.OTHER,) * n,
-            fwd_s=tuple(float(v) for v in fwd_s),
-            bwd_s=tuple(float(v) for v in bwd_s),
-            saved_bytes=tuple(float(v) for v in saved_bytes),
-            fwd_transient_bytes=tuple(float(v) for v in (fwd_transient_bytes or (0.0,) * n)),
-            bwd_transient_bytes=tuple(float(v) for v in (bwd_transient_bytes or (0.0,) * n)),
-            static_bytes=float(static_bytes),
-        )
-
 
 def build_chain(workload: Workload, device: Device | None = None) -> Chain:
     """The chain of ``workload`` on ``device`` (the engine's default device when None).

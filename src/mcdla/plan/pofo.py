@@ -7,7 +7,8 @@ between its forward and the backward segment above it, and costs an estimate of 
 prefetch ``h_c`` (issued when ``B_t``, the backward just before its first use, starts) hidden behind that
 backward only. The
 estimate ignores queueing on the copy streams, so the DP is solved for ``lambda`` in :data:`LAMBDAS` and every
-resulting plan, together with ``rotor``'s, is scored by the engine; the best wins (``rotor``'s on a tie). Hence:
+resulting plan, together with ``rotor``'s (no offload) and ``lp``'s (no recomputation), is scored by the engine;
+the best wins (``rotor``'s on a tie). So ``pofo`` is never worse than ``rotor`` or ``lp``, and:
 
 - with (almost) zero bandwidth every offload costs more than any recomputation, the DP never offloads, and the
   result is ``rotor``'s plan;
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 
 from mcdla.plan._chain_dp import solve_checkpoints
+from mcdla.plan.lp import plan_lp
 from mcdla.plan.problem import Problem
 from mcdla.plan.rotor import grid_unit, plan_rotor
 from mcdla.workload.plan import Plan
@@ -31,7 +33,7 @@ LAMBDAS = (1.0, 0.5)
 
 
 def plan_pofo(problem: Problem, *, unit_bytes: float | None = None) -> Plan | None:
-    """Best of rotor's plan and the offload-aware DP plans (NOTE [pofo estimate]); None if none fits."""
+    """Best of rotor's plan, the offload-aware DP plans and lp's plan (NOTE [pofo estimate]); None if none fits."""
     chain, times = problem.chain, problem.times
     n = len(chain)
     unit = grid_unit(problem, unit_bytes)
@@ -49,5 +51,8 @@ def plan_pofo(problem: Problem, *, unit_bytes: float | None = None) -> Plan | No
                                    offload_penalty_s=lambda c, nxt, lam=lam: lam * exposed(c, nxt))
         if result is not None:
             candidates.append(problem.plan(result.actions, result.triggers))
+    offload_only = plan_lp(problem)
+    if offload_only is not None:
+        candidates.append(offload_only)
     best, value = problem.scorer.best(candidates)
     return best if math.isfinite(value) else None

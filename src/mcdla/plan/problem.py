@@ -40,11 +40,6 @@ class Problem:
         """Engine makespan of ``plan`` at this budget (seconds; ``inf`` when infeasible)."""
         return self.scorer.score(plan)
 
-    def with_budget(self, budget_bytes: float) -> Problem:
-        """The same problem at another budget (a fresh scorer: scores depend on the budget)."""
-        return make_problem(self.workload, self.link, budget_bytes, planner=self.planner, device=self.device,
-                            chain=self.chain)
-
 
 def make_problem(
     workload: Workload,
