@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-from mcdla.cli import main
 from mcdla.hardware import load_system
 from mcdla.plan import evaluate, make_plan
 from mcdla.sim import pool_link
@@ -12,26 +11,19 @@ from mcdla.workload import zoo
 from mcdla.workload.plan import Plan
 
 
-def _run(capsys, *argv):
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out = capsys.readouterr()
-    return info.value.code, out.out, out.err
-
-
-def test_plan_prints_bytes_time_and_overhead(capsys) -> None:
+def test_plan_prints_bytes_time_and_overhead(run_cli) -> None:
     """The summary names offloaded, recomputed and resident bytes, the iteration time and the overhead."""
-    code, out, _ = _run(capsys, "plan", "--workload", "vgg-e", "--batch", "128", "--system", "dc-dla",
+    code, out, _ = run_cli("plan", "--workload", "vgg-e", "--batch", "128", "--system", "dc-dla",
                         "--budget", "4GiB", "--planner", "lp")
     assert code == 0
     for word in ("offloaded", "recomputed", "resident", "iteration", "over the no-offload bound"):
         assert word in out
 
 
-def test_plan_json_and_out_file_match_the_api(tmp_path, capsys) -> None:
+def test_plan_json_and_out_file_match_the_api(tmp_path, run_cli) -> None:
     """--json reports what make_plan + evaluate give, and --out writes a loadable plan."""
     path = tmp_path / "plan.json"
-    code, out, _ = _run(capsys, "plan", "--workload", "alexnet", "--batch", "512", "--system", "mc-dla",
+    code, out, _ = run_cli("plan", "--workload", "alexnet", "--batch", "512", "--system", "mc-dla",
                         "--budget", "2GiB", "--planner", "pofo", "--out", str(path), "--json")
     assert code == 0
     got = json.loads(out)
@@ -45,15 +37,15 @@ def test_plan_json_and_out_file_match_the_api(tmp_path, capsys) -> None:
     assert Plan.load(path) == plan
 
 
-def test_infeasible_budget_is_one_line_and_exit_2(capsys) -> None:
+def test_infeasible_budget_is_one_line_and_exit_2(run_cli) -> None:
     """A budget the planner cannot meet prints one error line with the smallest feasible budget, exit 2."""
-    code, out, err = _run(capsys, "plan", "--workload", "vgg-e", "--batch", "128", "--system", "dc-dla",
+    code, out, err = run_cli("plan", "--workload", "vgg-e", "--batch", "128", "--system", "dc-dla",
                           "--budget", "100MiB", "--planner", "rotor")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "the smallest feasible is" in err
 
 
-def test_unknown_planner_exits_2(capsys) -> None:
+def test_unknown_planner_exits_2(run_cli) -> None:
     """An unknown --planner prints the allowed names and exits 2."""
-    code, _, err = _run(capsys, "plan", "--workload", "vgg-e", "--system", "dc-dla", "--planner", "nope")
+    code, _, err = run_cli("plan", "--workload", "vgg-e", "--system", "dc-dla", "--planner", "nope")
     assert code == 2 and "milp" in err

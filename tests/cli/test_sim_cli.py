@@ -4,23 +4,15 @@ import json
 
 import pytest
 
-from mcdla.cli import main
 from mcdla.hardware import load_system
 from mcdla.plan import policy_plan
 from mcdla.sim import simulate
 from mcdla.workload import zoo
 
 
-def _run(capsys, *argv):
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out = capsys.readouterr()
-    return info.value.code, out.out, out.err
-
-
-def test_simulate_json_matches_the_engine(capsys) -> None:
+def test_simulate_json_matches_the_engine(run_cli) -> None:
     """--json reports the same iteration time and offloaded bytes as calling mcdla.sim.simulate directly."""
-    code, out, _ = _run(capsys, "simulate", "--system", "mc-dla", "--workload", "lstm", "--batch", "512",
+    code, out, _ = run_cli("simulate", "--system", "mc-dla", "--workload", "lstm", "--batch", "512",
                         "--parallel", "model", "--policy", "all", "--json")
     assert code == 0
     got = json.loads(out)
@@ -30,10 +22,10 @@ def test_simulate_json_matches_the_engine(capsys) -> None:
     assert got["offloaded_bytes"] == pytest.approx(direct.offloaded_bytes)
 
 
-def test_simulate_writes_a_chrome_trace(tmp_path, capsys) -> None:
+def test_simulate_writes_a_chrome_trace(tmp_path, run_cli) -> None:
     """--trace writes a Chrome trace with compute and offload events."""
     trace = tmp_path / "t.json"
-    code, out, _ = _run(capsys, "simulate", "--system", "dc-dla", "--workload", "alexnet", "--batch", "256",
+    code, out, _ = run_cli("simulate", "--system", "dc-dla", "--workload", "alexnet", "--batch", "256",
                         "--trace", str(trace))
     assert code == 0 and "iteration time" in out
     events = json.loads(trace.read_text())["traceEvents"]
@@ -50,16 +42,16 @@ def test_simulate_writes_a_chrome_trace(tmp_path, capsys) -> None:
         (("--system", "mc-dla", "--workload", "lstm", "--planner", "lp", "--budget", "lots"), "--budget: got 'lots'"),
     ],
 )
-def test_simulate_bad_input_is_one_line(capsys, argv, needle) -> None:
+def test_simulate_bad_input_is_one_line(run_cli, argv, needle) -> None:
     """Bad input exits 2 with one line on stderr naming the value, no traceback."""
-    code, _, err = _run(capsys, "simulate", *argv)
+    code, _, err = run_cli("simulate", *argv)
     assert code == 2
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_reproduce_writes_results_and_figures(tmp_path, capsys) -> None:
+def test_reproduce_writes_results_and_figures(tmp_path, run_cli) -> None:
     """reproduce (without the sweep) writes records for 8 workloads x 3 systems x 2 parallelisms and PNGs."""
-    code, out, _ = _run(capsys, "reproduce", "--out", str(tmp_path), "--no-sweep", "--workers", "1")
+    code, out, _ = run_cli("reproduce", "--out", str(tmp_path), "--no-sweep", "--workers", "1")
     assert code == 0 and "geo. mean" in out
     records = json.loads((tmp_path / "results.json").read_text())
     assert len(records) == len(zoo.names()) * 3 * 2
@@ -72,8 +64,8 @@ def test_reproduce_writes_results_and_figures(tmp_path, capsys) -> None:
 
 
 @pytest.mark.slow
-def test_reproduce_with_sweep(tmp_path, capsys) -> None:
+def test_reproduce_with_sweep(tmp_path, run_cli) -> None:
     """The full reproduce, sweep included, writes the sweep figure and prints its table."""
-    code, out, _ = _run(capsys, "reproduce", "--out", str(tmp_path))
+    code, out, _ = run_cli("reproduce", "--out", str(tmp_path))
     assert code == 0 and "PCIe 6.0" in out
     assert (tmp_path / "sweep.png").exists()
