@@ -18,17 +18,18 @@ LAYERS = 8
 
 
 class _SleepyTier(Tier):
-    """A tier that takes ``DELAY_S`` per write and per read, on one background thread."""
+    """A tier that takes ``delay_s`` per write and ``DELAY_S`` per read, on one background thread."""
 
     kind = "sleepy"
 
-    def __init__(self, io_threads: int = 1) -> None:
+    def __init__(self, io_threads: int = 1, delay_s: float = DELAY_S) -> None:
         super().__init__(name="sleepy", capacity_bytes=1 << 30, io_threads=io_threads)
         self.threads: set[str] = set()
+        self.delay_s = delay_s
 
     def _write(self, data, *, reserved_bytes, label):
         self.threads.add(threading.current_thread().name)
-        time.sleep(DELAY_S)
+        time.sleep(self.delay_s)
         return Block(tier=self, nbytes=len(data), reserved_bytes=reserved_bytes, label=label, payload=bytes(data))
 
     def _read_into(self, block, out):
@@ -116,3 +117,28 @@ def test_inline_tier_uses_no_threads():
         (x.sigmoid() * 3).sigmoid().sum().backward()
         during = {t.name for t in threading.enumerate()}
     assert not any(n.startswith("mcdla-io") for n in during - before)
+
+
+def test_synchronize_finishes_a_step_whose_backward_ran_after_exit():
+    """Backward outside the context can overtake the offloads; synchronize() lands them and frees every block."""
+    tier = _SleepyTier(delay_s=0.2)  # writes far slower than this forward and backward
+    x = torch.randn(256, 256, requires_grad=True)
+    vm = virtualize(tier, min_bytes=0, window=LAYERS)
+    with vm:
+        h = x * 1.0
+        for _ in range(LAYERS):
+            h = h.tanh()
+    h.sum().backward()  # uses the bytes the running offloads still hold
+    running = vm.live_steps
+    vm.synchronize()
+    assert running == 1, "backward should have finished before the offloads (the test needs the race)"
+    assert vm.live_steps == 0 and vm.live_records == 0
+    assert tier.used_bytes == 0 and tier.block_count == 0
+    assert vm.report.complete
+
+
+def test_synchronize_inside_the_context_is_refused():
+    """synchronize() inside the context would wait on the step being recorded: a one-line error."""
+    vm = virtualize(_SleepyTier(), min_bytes=0)
+    with vm, pytest.raises(Exception, match="synchronize\\(\\) inside the context"):
+        vm.synchronize()

@@ -204,8 +204,8 @@ class _Step:
             rec, kind = entry
             (self._offload_done if kind == "offload" else self._fetch_done)(rec, fut)
 
-    def _settle(self) -> None:
-        """Wait (outside the lock) for every transfer in flight and apply it."""
+    def settle(self) -> None:
+        """Wait (outside the lock) for every transfer in flight and apply it; a finished backward finishes."""
         with self._lock:
             futures = list(self._inflight)
         wait_all(futures)
@@ -413,7 +413,7 @@ class _Step:
             self._maybe_finish()
             settle = not self._records and bool(self._inflight)
         if settle:  # backward is over; only trailing transfers remain: finish the step now
-            self._settle()
+            self.settle()
         with self._lock:
             unseen = self._failure is not None and not self._failure_raised
         if unseen:
@@ -440,7 +440,7 @@ class _Step:
             self._by_storage.clear()
             self.policy.clear()
             self.prefetch.clear()
-        self._settle()  # completions of transfers still running free their blocks
+        self.settle()  # completions of transfers still running free their blocks
         self.mover.shutdown(wait=True)
         self.host_buffers.trim()
         with self._lock:

@@ -185,6 +185,22 @@ class Virtualizer(saved_tensors_hooks):
             steps = set(self._live) | ({self._last} if self._last is not None else set())
         return sum(s.tracker_entries for s in steps)
 
+    def synchronize(self) -> None:
+        """Wait for the transfers still running for steps whose context has exited, and apply them.
+
+        A step whose backward ran inside the context finishes on exit. One whose backward ran after the
+        exit finishes when its last saved tensor is released *and* its trailing transfers (an offload that
+        the backward overtook, say) land on their I/O threads, which can be a moment after ``backward()``
+        returns. Call this before reading ``live_steps`` or the pool's usage for a leak check, or before
+        timing the next step without that tail.
+        """
+        if self._step is not None:
+            raise ConfigError("virtualize: synchronize() inside the context; exit it first")
+        with self._lock:
+            live = list(self._live)
+        for step in live:
+            step.settle()
+
     def close(self) -> None:
         """Abort unfinished steps, free what they hold and close the pool if this virtualizer built it."""
         if self._step is not None:
