@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python -m benchmarks.bench_plan               # prints both tables and appends them to RESULTS.md
+    .venv/bin/python -m benchmarks.bench_plan               # prints both tables and records them in RESULTS.md
     .venv/bin/python -m benchmarks.bench_plan --no-record
     .venv/bin/python -m benchmarks.bench_plan --only speed
 
@@ -12,28 +12,28 @@ compute floor of the same workload in the same run), as the engine predicts it; 
 meet the budget. ``brute`` is left out (the zoo's chains are far beyond it). ``milp`` runs with the time limit
 given (``--milp-time-limit``); its status column says whether it proved optimality over its plan space.
 
-Speed: ``lp`` on a 1,000-layer chain and ``milp`` on a 50-layer chain, wall-clock seconds, each also as a
-multiple of one engine run of the same chain and plan (measured in the same run).
+Speed: ``lp`` on a 1,000-layer chain, and ``milp`` and its HiGHS formulation ``milp-highs`` on a 50-layer chain,
+wall-clock seconds, each also as a multiple of one engine run of the same chain and plan (measured in the same
+run). ``milp-highs`` is left out of the quality table (it is ``milp``'s second implementation, and slow).
+
+Each part replaces its own marked section of ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import sys
 import time
-from datetime import date
-from pathlib import Path
 
+from benchmarks._runtime_results import record
 from mcdla.hardware import load_system
 from mcdla.plan import PLANNERS, evaluate, make_problem, run_planner, smallest_budget
 from mcdla.plan.chain import build_chain
 from mcdla.sim import evaluate_plan, pool_link
 from mcdla.workload.model import Layer, LayerKind, Workload
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 COMMAND = ".venv/bin/python -m benchmarks.bench_plan"
+#: The planners that take a time limit.
+EXACT = ("milp", "milp-highs")
 FRACTIONS = (0.25, 0.5, 0.75)
 SYSTEMS = ("dc-dla", "mc-dla")
 VDNN = ("vdnn-all", "vdnn-conv", "vdnn-dyn")
@@ -54,8 +54,12 @@ def synthetic_chain(n_layers: int, name: str) -> Workload:
     return Workload(name=name, batch=64, layers=tuple(layers))
 
 
+def _options(planner: str, milp_time_limit: float) -> dict[str, float]:
+    return {"time_limit_s": milp_time_limit} if planner in EXACT else {}
+
+
 def _cell(workload, link, budget, planner, milp_time_limit):
-    options = {"time_limit_s": milp_time_limit} if planner == "milp" else {}
+    options = _options(planner, milp_time_limit)
     problem = make_problem(workload, link, budget, planner=planner)
     started = time.perf_counter()
     plan = run_planner(problem, **options)
@@ -70,7 +74,7 @@ def _cell(workload, link, budget, planner, milp_time_limit):
 def quality(milp_time_limit: float) -> str:
     from mcdla.workload import zoo
 
-    planners = [p for p in PLANNERS if p != "brute"]
+    planners = [p for p in PLANNERS if p not in ("brute", "milp-highs")]
     head = "| workload | system | budget | " + " | ".join(planners) + " | best | milp status |"
     rows = [head, "|" + "---|" * (len(planners) + 5)]
     worse = 0
@@ -128,12 +132,13 @@ def speed(milp_time_limit: float) -> str:
     link = pool_link(load_system("dc-dla"))
     rows = ["| planner | chain | budget | seconds | engine runs (ms each) | planner / engine run | result |",
             "|---|---|---|---|---|---|---|"]
-    cases = [("lp", 1000, f) for f in (0.75, 0.5, 0.4)] + [("milp", 50, f) for f in (0.75, 0.5, 0.3)]
+    cases = ([("lp", 1000, f) for f in (0.75, 0.5, 0.4)]
+             + [(p, 50, f) for p in EXACT for f in (0.75, 0.5, 0.3)])
     for planner, n, fraction in cases:
         workload = synthetic_chain(n, f"synthetic-{n}")
         peak = build_chain(workload).no_offload_peak_bytes()
         problem = make_problem(workload, link, peak * fraction, planner=planner)
-        options = {"time_limit_s": milp_time_limit} if planner == "milp" else {}
+        options = _options(planner, milp_time_limit)
         started = time.perf_counter()
         plan = run_planner(problem, **options)
         seconds = time.perf_counter() - started
@@ -156,30 +161,23 @@ def speed(milp_time_limit: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="benchmarks.bench_plan", description=__doc__.splitlines()[0])
-    parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    parser.add_argument("--no-record", action="store_true", help="print only; do not update RESULTS.md")
     parser.add_argument("--only", choices=("quality", "speed"), help="run one of the two parts")
     parser.add_argument("--milp-time-limit", type=float, default=60.0, help="seconds per milp run (default 60)")
     args = parser.parse_args()
-    stamp = (f"({date.today()}, Python {platform.python_version()}, {platform.machine()}, "
-             f"{os.cpu_count()} CPUs, milp time limit {args.milp_time_limit:g} s)")
-    sections = []
+    limit = f"milp time limit {args.milp_time_limit:g} s"
     if args.only in (None, "speed"):
-        sections.append(f"## Planner speed\n\n`{COMMAND} --only speed` {stamp}. Synthetic CNN-like chains "
-                        f"(`benchmarks/bench_plan.py`), dc-dla pool link, budget as a fraction of the no-offload "
-                        f"peak.\n\n{speed(args.milp_time_limit)}\n")
+        _emit(args, "plan-speed", "Planner speed", f"{COMMAND} --only speed",
+              f"{limit}. Synthetic CNN-like chains (`benchmarks/bench_plan.py`), dc-dla pool link, budget as a "
+              f"fraction of the no-offload peak.\n\n{speed(args.milp_time_limit)}")
     if args.only in (None, "quality"):
-        sections.append(f"## Planner quality\n\n`{COMMAND} --only quality` {stamp}. Overhead over the no-offload "
-                        "lower bound (compute floor), as the engine predicts it; `-`: the planner cannot meet the "
-                        f"budget. Budgets are fractions of each workload's no-offload peak.\n\n"
-                        f"{quality(args.milp_time_limit)}\n")
-    text = "\n".join(sections)
-    print(text)
+        _emit(args, "plan-quality", "Planner quality", f"{COMMAND} --only quality",
+              f"{limit}. Overhead over the no-offload lower bound (compute floor), as the engine predicts it; `-`: "
+              f"the planner cannot meet the budget. Budgets are fractions of each workload's no-offload peak.\n\n"
+              f"{quality(args.milp_time_limit)}")
+
+
+def _emit(args: argparse.Namespace, name: str, title: str, command: str, text: str) -> None:
+    print(f"## {title}\n\n{text}\n")
     if not args.no_record:
-        header = "" if RESULTS.exists() else "# Benchmark results\n"
-        with RESULTS.open("a") as f:
-            f.write(f"{header}\n{text}")
-
-
-if __name__ == "__main__":
-    main()
-    sys.exit(0)
+        record(name, title, command, text)

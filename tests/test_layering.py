@@ -57,3 +57,22 @@ def test_every_package_has_a_rank() -> None:
     tops = {p.name.removesuffix(".py") for p in SRC.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
     tops -= {"__init__", "__main__", "py"}
     assert tops <= set(RANK), f"unranked: {sorted(tops - set(RANK))}"
+
+
+def _sim_submodules_imported(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        found |= {name for name in names if name.startswith("mcdla.sim.")}
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "plan").rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
+def test_plan_uses_only_the_public_sim_package(path: Path) -> None:
+    """The planners reach the engine through ``mcdla.sim``'s public names, never its modules."""
+    found = sorted(_sim_submodules_imported(path))
+    assert not found, f"{path.relative_to(SRC)} imports {found}"

@@ -29,8 +29,8 @@ def _chain(n: int = 6) -> Workload:
 
 def test_planner_names() -> None:
     """PLANNERS lists the issue's planners."""
-    assert set(PLANNERS) == {"none", "vdnn-all", "vdnn-conv", "vdnn-dyn", "tflms", "lp", "milp", "brute", "rotor",
-                             "pofo"}
+    assert set(PLANNERS) == {"none", "vdnn-all", "vdnn-conv", "vdnn-dyn", "tflms", "lp", "milp", "milp-highs", "brute",
+                             "rotor", "pofo"}
 
 
 def test_unknown_planner_is_one_line_listing_the_names() -> None:

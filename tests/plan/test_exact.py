@@ -12,8 +12,10 @@ from mcdla.hardware.pool_link import PoolLink
 from mcdla.plan.brute import plan_brute
 from mcdla.plan.lp import fluid_bound, plan_lp
 from mcdla.plan.milp import plan_milp
+from mcdla.plan.milp_highs import plan_milp_highs
 from mcdla.plan.pofo import plan_pofo
 from mcdla.plan.rotor import plan_rotor
+from mcdla.workload.model import Layer, LayerKind, Workload
 
 from .conftest import links, peak, problem, same, workloads
 
@@ -24,29 +26,62 @@ def _value(p, plan) -> float:
     return p.score(plan) if plan is not None else math.inf
 
 
-def _milp_equals_brute(workload, link, fraction) -> None:
+#: The exact chain planner and its independent second implementation (the event MILP solved by HiGHS).
+EXACT = pytest.mark.parametrize("solver, note", [(plan_milp, "milp: optimal"), (plan_milp_highs, "milp-highs: optimal")],
+                                ids=["milp", "milp-highs"])
+
+
+def _equals_brute(solver, note, workload, link, fraction) -> None:
     budget = peak(workload) * fraction
     brute = problem(workload, link, budget)
     exact = problem(workload, link, budget)
-    plan = plan_milp(exact)
+    plan = solver(exact)
     assert same(_value(exact, plan), _value(brute, plan_brute(brute)))
     if plan is not None:
-        assert plan.notes.startswith("milp: optimal")
+        assert plan.notes.startswith(note)
 
 
+@EXACT
 @settings(max_examples=40, deadline=None)
 @given(workloads(max_layers=5), links(), fractions)
-def test_milp_equals_brute_force(workload, link, fraction) -> None:
-    """On chains of up to 5 layers milp's engine makespan equals the best canonical plan's."""
-    _milp_equals_brute(workload, link, fraction)
+def test_milp_equals_brute_force(solver, note, workload, link, fraction) -> None:
+    """On chains of up to 5 layers the exact planner's engine makespan equals the best canonical plan's."""
+    _equals_brute(solver, note, workload, link, fraction)
 
 
+@EXACT
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(workloads(min_layers=6, max_layers=7), links(), fractions)
-def test_milp_equals_brute_force_up_to_7_layers(workload, link, fraction) -> None:
-    """On chains of 6 and 7 layers milp's engine makespan equals the best canonical plan's."""
-    _milp_equals_brute(workload, link, fraction)
+def test_milp_equals_brute_force_up_to_7_layers(solver, note, workload, link, fraction) -> None:
+    """On chains of 6 and 7 layers the exact planner's engine makespan equals the best canonical plan's."""
+    _equals_brute(solver, note, workload, link, fraction)
+
+
+def _cnn_chain(n: int) -> Workload:
+    """A CNN-like chain whose first layers save large tensors that take far longer to move than to compute."""
+    layers = []
+    for i in range(n):
+        stage = 4 * i // n
+        saved = 256e6 / 2**stage * (1 + (i * 7919) % 5) / 3
+        layers.append(Layer(
+            name=f"layer{i}", kind=LayerKind.CONV, fwd_flops=1e11 * (1 + stage) * (1 + i % 3),
+            bwd_flops=2e11 * (1 + stage) * (1 + i % 3), fwd_bytes_moved=3 * saved, bwd_bytes_moved=6 * saved,
+            param_bytes=1e6 * 2**stage, output_bytes=saved / 2, saved_bytes=saved if i % 4 != 3 else 0.0,
+            workspace_bytes=16e6))
+    return Workload(name="cnn-50", batch=64, layers=tuple(layers))
+
+
+@pytest.mark.parametrize("fraction", (0.3, 0.5))
+def test_milp_proves_a_50_layer_chain_optimal(fraction) -> None:
+    """On a 50-layer chain at 30-50 % of its peak over 8 GB/s milp proves optimality (fluid bound <= it <= lp)."""
+    workload = _cnn_chain(50)
+    p = problem(workload, PoolLink.symmetric(8e9), peak(workload) * fraction)
+    plan = plan_milp(p, time_limit_s=120.0)
+    assert plan is not None and plan.notes.startswith("milp: optimal")
+    value = p.score(plan)
+    assert fluid_bound(p).value_s <= value * (1 + 1e-9)
+    assert value <= p.score(plan_lp(p)) * (1 + 1e-9)
 
 
 @settings(max_examples=30, deadline=None)

@@ -22,6 +22,7 @@ from mcdla.plan.brute import plan_brute
 from mcdla.plan.chain import Chain, build_chain
 from mcdla.plan.lp import plan_lp
 from mcdla.plan.milp import plan_milp
+from mcdla.plan.milp_highs import plan_milp_highs
 from mcdla.plan.pofo import plan_pofo
 from mcdla.plan.problem import Problem, make_problem
 from mcdla.plan.rotor import plan_rotor
@@ -41,6 +42,7 @@ _REGISTRY: MappingProxyType[str, _Planner] = MappingProxyType({
     "tflms": plan_tflms,
     "lp": plan_lp,
     "milp": plan_milp,
+    "milp-highs": plan_milp_highs,
     "brute": plan_brute,
     "rotor": plan_rotor,
     "pofo": plan_pofo,
@@ -49,7 +51,7 @@ _REGISTRY: MappingProxyType[str, _Planner] = MappingProxyType({
 #: Names of the planners, in the order the reports list them.
 PLANNERS: tuple[str, ...] = tuple(_REGISTRY)
 
-_PROXY = {"milp": "lp", "brute": "lp"}
+_PROXY = {"milp": "lp", "milp-highs": "lp", "brute": "lp"}
 
 
 def _check_name(planner: str) -> _Planner:
@@ -114,7 +116,7 @@ def make_plan(
         link: offload and prefetch bandwidths to the pool (e.g. ``mcdla.sim.pool_link(system)``).
         planner: one of :data:`PLANNERS`.
         device: the device whose roofline times the layers (default: the engine's default device).
-        options: planner-specific keywords (``window``, ``time_limit_s`` for milp; ``unit_bytes`` for the DPs;
+        options: planner-specific keywords (``time_limit_s`` for milp; ``unit_bytes`` for the DPs;
             ``space`` for brute; ``max_evals`` for lp).
 
     Raises PlanError (one line) for an unknown planner or a budget the planner cannot meet (NOTE [infeasible

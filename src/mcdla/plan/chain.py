@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from mcdla.errors import PlanError
 from mcdla.hardware.model import Device
 from mcdla.hardware.pool_link import PoolLink
-from mcdla.sim import default_device
-from mcdla.sim.program import BACKWARD, FORWARD, build_program
+from mcdla.sim import BACKWARD, FORWARD, build_program, default_device
 from mcdla.workload.model import LayerKind, Workload
 from mcdla.workload.plan import Action, Plan
 
@@ -96,7 +95,7 @@ class Chain:
 def build_chain(workload: Workload, device: Device | None = None) -> Chain:
     """The chain of ``workload`` on ``device`` (the engine's default device when None).
 
-    Read off the engine's own program for the keep-all plan (:func:`mcdla.sim.program.build_program`): its
+    Read off the engine's own program for the keep-all plan (:func:`mcdla.sim.build_program`): its
     operation times (roofline, or a layer's measured time) and the bytes each operation allocates, so that the
     planners' model can never drift from the engine's.
     """

@@ -8,7 +8,7 @@ design, breakdown and assumptions: ``docs/simulator.md``.
 from mcdla.sim.engine import simulate
 from mcdla.sim.flows import max_min_rates
 from mcdla.sim.pool_link import pool_link
-from mcdla.sim.program import roofline_s
+from mcdla.sim.program import BACKWARD, FORWARD, build_program, roofline_s
 from mcdla.sim.result import SimResult
 from mcdla.sim.single import default_device, evaluate_plan, one_device_system
 
@@ -20,5 +20,8 @@ __all__ = [
     "pool_link",
     "default_device",
     "roofline_s",
+    "build_program",
+    "FORWARD",
+    "BACKWARD",
     "max_min_rates",
 ]
