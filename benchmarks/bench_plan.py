@@ -181,3 +181,7 @@ def _emit(args: argparse.Namespace, name: str, title: str, command: str, text: s
     print(f"## {title}\n\n{text}\n")
     if not args.no_record:
         record(name, title, command, text)
+
+
+if __name__ == "__main__":
+    main()
