@@ -50,7 +50,8 @@ def _row(label: str, budget: str, r: Any) -> dict[str, Any]:
         "engine_err": (r.engine_step_s - r.measured_step_s) / r.measured_step_s,
         "copy_s_per_gb": r.copy_cost_s_per_byte * 1e9, "pred_peak_mib": r.predicted_peak_saved_bytes / 2**20,
         "meas_peak_mib": r.measured_peak_saved_bytes / 2**20, "peak_err": r.peak_saved_error,
-        "wait_ms": r.unpack_wait_s * 1e3, "write_gbs": r.link.offload_bytes_per_s / 1e9,
+        "wait_ms": r.unpack_wait_s * 1e3, "pack_wait_ms": r.pack_wait_s * 1e3,
+        "pred_wait_ms": r.predicted_wait_s * 1e3, "cap_mib": r.saved_budget_bytes / 2**20, "write_gbs": r.link.offload_bytes_per_s / 1e9,
         "read_gbs": r.link.prefetch_bytes_per_s / 1e9, "planner": r.planner,
         "spread": (max(r.measured_step_samples_s) - min(r.measured_step_samples_s)) / r.measured_step_s,
         "load": os.getloadavg()[0],
@@ -60,15 +61,16 @@ def _row(label: str, budget: str, r: Any) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| model | budget | offloaded layers (MiB planned / moved) | plain ms | measured ms | measured spread | predicted ms | "
             "error | engine alone ms | error | copy cost s/GB | predicted peak MiB | measured peak MiB | peak error | "
-            "load |")
-    lines = [head, "|" + "---|" * 15]
+            "cap MiB | waits ms (predicted / pack / unpack) | load |")
+    lines = [head, "|" + "---|" * 17]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['budget']} | {r['offloaded']}/{r['layers']} ({r['planned_mib']:.1f} / "
             f"{r['offload_mib']:.1f}) | "
             f"{r['plain_ms']:.1f} | {r['meas_ms']:.1f} | {r['spread']:.0%} | {r['pred_ms']:.1f} | "
             f"{r['time_err']:+.1%} | {r['engine_ms']:.1f} | {r['engine_err']:+.1%} | {r['copy_s_per_gb']:.3f} | "
-            f"{r['pred_peak_mib']:.2f} | {r['meas_peak_mib']:.2f} | {r['peak_err']:+.1%} | {r['load']:.1f} |"
+            f"{r['pred_peak_mib']:.2f} | {r['meas_peak_mib']:.2f} | {r['peak_err']:+.1%} | {r['cap_mib']:.2f} | "
+            f"{r['pred_wait_ms']:.1f} / {r['pack_wait_ms']:.1f} / {r['wait_ms']:.1f} | {r['load']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -134,7 +136,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.min_bytes} B; probed file tier write {statistics.median(r['write_gbs'] for r in rows):.2f} GB/s, "
         f"read {statistics.median(r['read_gbs'] for r in rows):.2f} GB/s (medians over runs); 1-min load average "
         f"{load_before:.2f} before, {load_after:.2f} after. Error = (predicted - measured) / measured; measured "
-        "spread = (max - min) / median of the measured runtime steps; load = 1-min load average after the run.",
+        "spread = (max - min) / median of the measured runtime steps; cap = the plan's budget less static bytes, "
+        "which the engine and the runtime both hold resident saved bytes to (the runtime's forward waits in pack "
+        "for offloads to free room); waits = the engine's compute waits (memory and prefetch stalls) and the "
+        "runtime's in the median step; load = 1-min load average after the run.",
         "",
         table(rows),
         "",

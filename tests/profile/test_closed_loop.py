@@ -104,10 +104,11 @@ def test_keep_all_prediction_of_peak_saved_bytes_is_exact() -> None:
     keep = Plan.from_actions(workload=workload.name, batch=workload.batch, layer_names=workload.layer_names, actions={})
     from mcdla.hardware import PoolLink
 
-    step_s, peak, line = predict(workload, keep, PoolLink.symmetric(1e9))
-    assert peak == pytest.approx(workload.saved_bytes)
-    assert step_s == pytest.approx(sum(l.fwd_time_s + l.bwd_time_s for l in workload.layers), rel=1e-6)
-    assert line.peak_bytes == pytest.approx(peak)
+    prediction = predict(workload, keep, PoolLink.symmetric(1e9))
+    assert prediction.peak_saved_bytes == pytest.approx(workload.saved_bytes)
+    assert prediction.step_s == pytest.approx(sum(l.fwd_time_s + l.bwd_time_s for l in workload.layers), rel=1e-6)
+    assert prediction.timeline.peak_bytes == pytest.approx(prediction.peak_saved_bytes)
+    assert prediction.wait_s == 0
 
 
 def test_budget_percentages_keep_that_share_of_saved_bytes() -> None:

@@ -73,3 +73,51 @@ def test_copies_are_charged_to_the_writer_forward_and_the_prefetching_backward()
     assert f == pytest.approx({"l0": 1e-3 + 4e-3, "l1": 1e-3, "l2": 1e-3 + 1e-3})
     assert b == pytest.approx({"l0": 2e-3, "l1": 2e-3 + 4e-3, "l2": 2e-3 + 1e-3})
     assert charge_copies(w, plan, 0.0) is w
+
+
+def test_run_plan_budget_is_the_budget_less_static_bytes() -> None:
+    """executable_plan gives the runtime and the engine the saved-bytes share of the plan's budget: the
+    budget less weights, gradients and optimizer state (NOTE [what is predicted]); unlimited stays so, and a
+    budget below the static bytes is a one-line PlanError."""
+    import math
+
+    from mcdla.errors import PlanError
+    from mcdla.profile.predict import executable_plan
+    from mcdla.workload.plan import Plan
+
+    w = _workload([4e6, 2e6], [(1e-3, 1e-3)] * 2)
+    static = 2 * 4e3 * 3  # two layers of 4 kB parameters: weights, gradients, one optimizer state (momentum)
+    assert w.static_bytes == pytest.approx(static)
+    for budget, share in ((1e7, 1e7 - static), (math.inf, math.inf)):
+        plan = Plan.from_actions(workload="w", batch=1, layer_names=w.layer_names, actions={"l0": "offload"},
+                                 budget_bytes=budget)
+        run, _ = executable_plan(plan, w, w.layer_names)
+        assert run.budget_bytes == pytest.approx(share)
+    tight = Plan.from_actions(workload="w", batch=1, layer_names=w.layer_names, actions={}, budget_bytes=static)
+    with pytest.raises(PlanError, match="static bytes") as info:
+        executable_plan(tight, w, w.layer_names)
+    assert "\n" not in str(info.value)
+
+
+def test_prediction_stalls_under_the_run_plan_budget() -> None:
+    """Two layers of S bytes, both offloaded over a link that needs T = S / bandwidth > f (a forward): with a
+    cap of 1.5 S the second forward waits for the first offload (predicted wait >= T - f, peak <= 1.5 S);
+    with no cap both are resident at once."""
+    import math
+
+    from mcdla.profile.predict import predict
+    from mcdla.workload.plan import Plan
+
+    s, f, bw = 8e6, 1e-3, 2e9  # T = 4 ms
+    w = _workload([s, s], [(f, f)] * 2)
+    link = PoolLink.symmetric(bw)
+
+    def run(cap: float):  # noqa: ANN202
+        plan = Plan.from_actions(workload="w", batch=1, layer_names=w.layer_names,
+                                 actions={"l0": "offload", "l1": "offload"}, budget_bytes=cap)
+        return predict(w, plan, link)
+
+    capped, free = run(1.5 * s), run(math.inf)
+    assert capped.peak_saved_bytes <= 1.5 * s and free.peak_saved_bytes == pytest.approx(2 * s)
+    assert capped.wait_s >= s / bw - f - 1e-12
+    assert capped.step_s >= free.step_s

@@ -45,13 +45,15 @@ def test_timeline_is_ordered_and_ends_at_zero(tmp_path):
 
 
 def test_chrome_trace_is_valid_json_with_tracks(tmp_path):
-    """The trace has one complete event per transfer, a counter per sample and named tracks."""
+    """The trace has one complete event per transfer and per wait, a counter per sample and named tracks."""
     _, r = _run(tmp_path)
     trace = json.loads(json.dumps(r.chrome_trace()))
     events = trace["traceEvents"]
-    spans = [e for e in events if e["ph"] == "X"]
-    assert len(spans) == len(r.transfers)
-    assert all(e["dur"] >= 0 and e["args"]["bytes"] > 0 for e in spans)
+    spans = [e for e in events if e["ph"] == "X" and e["cat"] in ("offload", "fetch")]
+    waits = [e for e in events if e["ph"] == "X" and e["cat"] in ("pack wait", "unpack wait")]
+    assert len(spans) == len(r.transfers) and len(waits) == len(r.waits)
+    assert len(spans) + len(waits) == sum(e["ph"] == "X" for e in events)
+    assert all(e["dur"] >= 0 and e["args"]["bytes"] > 0 for e in spans + waits)
     assert sum(e["ph"] == "C" for e in events) == len(r.timeline)
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert any(n.startswith("offload file:") for n in names) and any(n.startswith("fetch file:") for n in names)

@@ -1,11 +1,16 @@
 """What the simulator predicts for a profiled model, and the plan the runtime can run.
 
 NOTE [what is predicted]
-The runtime executes a plan with no memory budget of its own (it offloads exactly what the plan says), so the
-prediction is the engine's run of the same plan with unlimited device memory, on a view of the profile that
-keeps only the saved tensors as device bytes (no weights, no transients): its makespan is the predicted step
-time and its peak device bytes the predicted peak resident saved bytes, which is what the runtime's
-``StepReport.peak_resident_saved_bytes`` measures.
+The prediction is the engine's run of the plan the runtime runs, on a view of the profile that keeps only the
+saved tensors as device bytes (no weights, no transients), with the plan's budget in that view as the device
+capacity: the budget less the static bytes (weights, gradients, optimizer state), which is what the plan may
+hold in saved tensors (and in transients, which neither side counts). :func:`executable_plan` gives the run
+plan that budget, and the runtime honours it as a cap on its resident saved bytes the way the engine does
+(NOTE [plan budget] in ``mcdla.runtime._policy``): the forward waits for in-flight offloads to free room. The
+engine's makespan (its memory stalls included) is the predicted step time, its peak device bytes the
+predicted peak resident saved bytes, which is what the runtime's ``StepReport.peak_resident_saved_bytes``
+measures, and its exposed virtualization time (compute waiting for memory or for a prefetch) the predicted
+wait, to set beside the runtime's ``pack_wait_s + unpack_wait_s``.
 
 NOTE [measured times in the engine]
 Every layer's measured forward and backward time goes to the engine and the planners as FLOPs on a device
@@ -27,7 +32,8 @@ layers that are not modules (``(model)``, ``(loss)``) cannot be carried out by t
 gets the engine's default spelled out, the next layer in forward order, so the runtime prefetches at the
 same moment the engine assumes; and since the runtime applies a module's decision to its submodules too, a
 layer inside a decided glue owner (``blocks.0.fc2`` under an offloaded ``blocks.0`` at leaf granularity) gets
-an explicit *keep*.
+an explicit *keep*. Its budget becomes the saved-bytes budget of NOTE [what is predicted] (an unlimited
+budget stays unlimited).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from mcdla.errors import ConfigError, PlanError
 from mcdla.hardware import Device, PoolLink
@@ -46,8 +52,8 @@ from mcdla.workload.model import Layer, Workload
 from mcdla.workload.plan import Action, Decision, Plan
 
 __all__ = [
-    "time_device", "timed_view", "parse_budget", "per_storage_link", "charge_copies", "executable_plan", "predict",
-    "make_plan_for",
+    "time_device", "timed_view", "parse_budget", "per_storage_link", "charge_copies", "saved_budget",
+    "executable_plan", "Prediction", "predict", "make_plan_for",
 ]
 
 _PEAK_FLOPS_PER_S = 1e12
@@ -140,6 +146,20 @@ def parse_budget(text: str | float, workload: Workload) -> float:
     return budget
 
 
+def saved_budget(budget_bytes: float, workload: Workload) -> float:
+    """A device budget's share for saved tensors: ``budget_bytes`` less the static bytes (NOTE [what is
+    predicted]); unlimited stays unlimited. PlanError when the static bytes alone do not fit."""
+    if math.isinf(budget_bytes):
+        return budget_bytes
+    share = budget_bytes - workload.static_bytes
+    if not share > 0:
+        raise PlanError(
+            f"plan.budget_bytes: got {budget_bytes:.6g}; must exceed the model's static bytes "
+            f"{workload.static_bytes:.6g} (weights, gradients, optimizer state)"
+        )
+    return share
+
+
 def executable_plan(plan: Plan, workload: Workload, module_names: Sequence[str]) -> tuple[Plan, tuple[str, ...]]:
     """The plan the runtime can run, and notes on what changed (NOTE [executing the plan])."""
     modules = set(module_names)
@@ -159,7 +179,8 @@ def executable_plan(plan: Plan, workload: Workload, module_names: Sequence[str])
     for name in names:
         if name in modules and name not in decided and _inherited(name, decided) not in (None, Action.KEEP):
             decisions.append(Decision(layer=name, action=Action.KEEP))
-    return dataclasses.replace(plan, decisions=tuple(decisions), layer_names=names), tuple(notes)
+    return dataclasses.replace(plan, decisions=tuple(decisions), layer_names=names,
+                               budget_bytes=saved_budget(plan.budget_bytes, workload)), tuple(notes)
 
 
 def _inherited(name: str, decided: Mapping[str, Action]) -> Action | None:
@@ -174,18 +195,28 @@ def _inherited(name: str, decided: Mapping[str, Action]) -> Action | None:
     return None
 
 
-def predict(workload: Workload, plan: Plan, link: PoolLink) -> tuple[float, float, MemoryTimeline]:
-    """(step time s, peak resident saved bytes, resident saved bytes over time) the engine predicts
-    (NOTE [what is predicted])."""
+class Prediction(NamedTuple):
+    """What the engine predicts for a run plan (NOTE [what is predicted]); seconds and bytes."""
+
+    step_s: float
+    peak_saved_bytes: float
+    timeline: MemoryTimeline
+    wait_s: float  # compute waiting for memory or for a prefetch (the engine's exposed virtualization)
+
+
+def predict(workload: Workload, plan: Plan, link: PoolLink) -> Prediction:
+    """The engine's step time, peak resident saved bytes, their timeline and the compute side's waits for
+    ``plan`` (a run plan from :func:`executable_plan`, whose budget is the saved-bytes budget)."""
     from mcdla.sim import evaluate_plan
 
     result = evaluate_plan(timed_view(workload, saved_only=True), plan, link,
-                           device=time_device(workload.precision), budget_bytes=math.inf)
+                           device=time_device(workload.precision), budget_bytes=plan.budget_bytes)
     if not result.feasible:
         raise PlanError(f"simulator: the plan cannot run: {result.infeasible_reason}")
     line = result.memory_timeline.get("device", ())
     timeline = MemoryTimeline.from_pairs([(float(t), float(b)) for t, b in line] or [(0.0, 0.0)])
-    return float(result.iteration_time_s), float(result.peak_device_bytes), timeline
+    return Prediction(float(result.iteration_time_s), float(result.peak_device_bytes), timeline,
+                      float(result.exposed_virtualization_s))
 
 
 def make_plan_for(workload: Workload, budget_bytes: float, link: PoolLink, planner: str | None) -> Plan:

@@ -9,11 +9,14 @@ measured step time and peak resident saved bytes, and their errors; ``mcdla vali
 2. probe the pool's first tier from the model's device (:func:`mcdla.profile.probe.probe_pool`): the link
    the planner sees (with the per-storage latency folded in, NOTE [one transfer per storage]);
 3. plan under the budget (or take the given plan) and make it executable (NOTE [executing the plan] in
-   :mod:`mcdla.profile.predict`);
+   :mod:`mcdla.profile.predict`); its budget becomes the saved-bytes budget, which the runtime honours as
+   the engine does, holding the forward back while offloads in flight free room (NOTE [plan budget] in
+   :mod:`mcdla.runtime._policy`);
 4. measure in alternating rounds, probing the link again in each (NOTE [measuring] in
    :mod:`mcdla.profile.rounds`);
 5. predict with the engine from the per-layer medians of the rounds (NOTE [what is predicted]) and compare
-   with the median measured step and peak resident saved bytes.
+   with the median measured step and peak resident saved bytes; both sides include their waits for memory
+   (the engine's memory stalls, the runtime's ``pack_wait_s``), reported beside them.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ class ValidationResult:
     """Prediction against measurement for one model, pool, budget and planner.
 
     Times in seconds, sizes in bytes; errors are signed relative errors ``(predicted - measured) / measured``.
+    ``saved_budget_bytes`` is the cap on resident saved bytes both the engine and the runtime honoured;
+    ``predicted_wait_s`` the engine's compute waits (memory stalls and prefetches not yet done) in the
+    predicted step, ``pack_wait_s`` and ``unpack_wait_s`` the runtime's in the median measured step.
     """
 
     model: str
@@ -80,6 +86,9 @@ class ValidationResult:
     saved_bytes: float
     unpack_wait_s: float
     link: PoolLink
+    saved_budget_bytes: float = math.inf
+    pack_wait_s: float = 0.0
+    predicted_wait_s: float = 0.0
     probed_link: PoolLink | None = None
     notes: tuple[str, ...] = ()
     plot: str | None = None
@@ -103,6 +112,7 @@ class ValidationResult:
                 "source": link.source,
             }
         out["offloaded_bytes_by_layer"] = dict(self.offloaded_bytes_by_layer)
+        out["saved_budget_bytes"] = self.saved_budget_bytes if math.isfinite(self.saved_budget_bytes) else None
         out["offloaded_layers"] = list(self.offloaded_layers)
         out["measured_step_samples_s"] = list(self.measured_step_samples_s)
         out["notes"] = list(self.notes)
@@ -123,7 +133,10 @@ class ValidationResult:
             f"{self.copy_cost_s_per_byte * 1e9:.3f} s/GB)",
             f"  reference:  plain step {self.plain_step_s * 1e3:.2f} ms, profiled step {self.profiled_step_s * 1e3:.2f} ms",
             f"  peak saved: predicted {format_bytes(self.predicted_peak_saved_bytes):>12}   measured "
-            f"{format_bytes(self.measured_peak_saved_bytes):>12}   error {self.peak_saved_error:+.1%}",
+            f"{format_bytes(self.measured_peak_saved_bytes):>12}   error {self.peak_saved_error:+.1%}"
+            f"   (cap {format_bytes(self.saved_budget_bytes) if math.isfinite(self.saved_budget_bytes) else 'none'})",
+            f"  waits:      predicted {self.predicted_wait_s * 1e3:9.2f} ms   measured {self.pack_wait_s * 1e3:.2f} ms "
+            f"in pack (room under the budget) + {self.unpack_wait_s * 1e3:.2f} ms in unpack",
         ]
         lines += [f"  note: {n}" for n in self.notes]
         if self.plot:
@@ -230,9 +243,10 @@ def _validate(resolved: ResolvedModel, pool_obj: Any, pool: str, budget: str | f
     ])
     probed = dataclasses.replace(rounds.link(), shared_direction=shared)
     link = per_storage_link(probed, workload, profiled.saved_storages)
-    engine_s, _, _ = predict(timed, run_plan, link)
+    engine_s = predict(timed, run_plan, link).step_s
     copy_cost = rounds.copy_cost_s_per_byte()
-    predicted_s, predicted_peak, predicted_line = predict(charge_copies(timed, run_plan, copy_cost), run_plan, link)
+    prediction = predict(charge_copies(timed, run_plan, copy_cost), run_plan, link)
+    predicted_s, predicted_peak, predicted_line = prediction.step_s, prediction.peak_saved_bytes, prediction.timeline
     median_i = sorted(range(len(rounds.run)), key=lambda i: rounds.run[i])[len(rounds.run) // 2]
     report = rounds.reports[median_i]
     offloaded = {k: float(v) for k, v in report.offloaded_bytes_by_layer.items()}
@@ -269,7 +283,8 @@ def _validate(resolved: ResolvedModel, pool_obj: Any, pool: str, budget: str | f
         predicted_peak_saved_bytes=predicted_peak,
         measured_peak_saved_bytes=float(statistics.median(r.peak_resident_saved_bytes for r in rounds.reports)),
         saved_bytes=workload.saved_bytes, unpack_wait_s=float(report.unpack_wait_s), link=link, probed_link=probed,
-        notes=notes,
+        saved_budget_bytes=run_plan.budget_bytes, pack_wait_s=float(report.pack_wait_s),
+        predicted_wait_s=prediction.wait_s, notes=notes,
         plot=plot_path,
     )
 

@@ -7,7 +7,7 @@ out; pools are chains of :class:`HostTier`, :class:`DeviceTier`, :class:`FileTie
 """
 
 from mcdla.runtime.pool import Block, Pool, Tier, TierFullError, parse_pool
-from mcdla.runtime.report import StepReport, TransferSpan
+from mcdla.runtime.report import StepReport, TransferSpan, WaitSpan
 from mcdla.runtime.tiers_compress import CompressTier
 from mcdla.runtime.tiers_device import DeviceTier
 from mcdla.runtime.tiers_file import FileTier
@@ -33,4 +33,5 @@ __all__ = [
     "DeviceTier",
     "StepReport",
     "TransferSpan",
+    "WaitSpan",
 ]

@@ -5,15 +5,47 @@ NOTE [policy]
     device while the kept bytes fit in B; beyond it offload the oldest kept ones first, since backward runs
     in reverse and uses them last. plan: offload exactly the storages of the modules the plan offloads,
     starting at the decision's tier, and fetch them at its ``prefetch_at`` module.
+
+NOTE [plan budget]
+    A plan is made for a budget (``Plan.budget_bytes``), and the timing model (``docs/timing-model.md``)
+    holds it: a layer's saved bytes are allocated when its forward starts, which waits until they fit; an
+    offloaded tensor's bytes are freed only when its offload completes; a prefetch allocates when it starts
+    and waits for room first. The runtime honours a finite plan budget the same way, as a cap on the
+    resident managed saved bytes (the only device bytes it sees):
+      - pack: a new storage of n bytes is admitted only when ``resident + n <= cap``; otherwise the forward
+        waits, outside the step lock (NOTE [locking] in ``_sync``), for the oldest offload in flight to
+        complete, and checks again. If no offload in flight would free memory, it does not wait: the storage
+        is admitted over the cap (the engine calls such a plan infeasible; the runtime must not deadlock).
+        So after every pack ``resident <= max(cap, bytes no offload in flight can free + n)``.
+      - prefetch ahead (backward): the next fetch starts only when its bytes fit under the cap, in issue
+        order (the engine's H2D stream waits at its head); it is retried whenever memory is freed (a use,
+        an offload landing), and a tensor still not fetched when backward needs it is fetched on demand
+        regardless.
+    Allowance: none on the counted bytes beyond the engine's own float slack (``capacity * 1e-9``). Two
+    differences are in the runtime's favour and documented rather than modelled: it admits storage by
+    storage (the engine admits a layer's saved bytes at once), and it frees an offloaded storage when its
+    copy completes (the engine also waits for the layer's forward to end). A storage being packed already
+    exists in memory while its pack waits (the op that made it has run); the timing model counts it as the
+    layer's output (a transient), which the saved-bytes view of ``mcdla validate`` leaves out, so device
+    memory may exceed the counted bytes by that one storage during a wait.
+    The cap is ``Plan.budget_bytes``; the runtime cannot tell a plan's device budget from its saved-bytes
+    budget, so a caller whose budget also covers weights and transients passes the saved share
+    (``mcdla validate`` passes budget minus static bytes, NOTE [what is predicted] in
+    ``mcdla.profile.predict``). ``budget=`` without a plan is another contract: it bounds what is *kept*;
+    storages evicted beyond it stay resident until their copies land, bounded by the ``window`` of offloads
+    in flight (a strict cap would make every pack beyond the budget wait for the copy it just started).
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from mcdla.runtime._records import _Record
+from mcdla.runtime._records import _Record, _State
 
 __all__: list[str] = []
 
@@ -40,6 +72,31 @@ class _Placement:
 
 _KEEP = _Placement(False, 0, None)
 _OFFLOAD = _Placement(True, 0, None)
+_FIT_SLACK = 1e-9  # the engine's (mcdla.sim.device): absorbs float rounding only
+
+
+def plan_cap_bytes(plan: Any) -> float | None:
+    """The cap on resident saved bytes a plan sets (NOTE [plan budget]); None for no plan or no budget."""
+    budget = None if plan is None else plan.budget_bytes
+    return None if budget is None or math.isinf(budget) else float(budget)
+
+
+def fits(resident_bytes: int, nbytes: int, cap_bytes: float | None) -> bool:
+    """Whether ``nbytes`` more resident bytes stay within ``cap_bytes`` (None: no cap)."""
+    return cap_bytes is None or resident_bytes + nbytes <= cap_bytes * (1.0 + _FIT_SLACK)
+
+
+def freeing_offload(offloading: Iterable[_Record]) -> tuple[_Record, Future] | None:
+    """The oldest offload in flight whose completion frees device memory, or None.
+
+    For forward only: there every running copy frees its storage when it lands; in backward a copy whose
+    tensor is wanted again lands without freeing (``_Step._offload_done``).
+    """
+    for rec in offloading:
+        fut = rec.offload_future
+        if rec.state is _State.OFFLOADING and fut is not None:
+            return rec, fut
+    return None
 
 
 class _Policy:

@@ -4,13 +4,16 @@ NOTE [prefetch]
     Backward's first unpack starts prefetching. Offloaded storages are fetched in reverse forward order (a
     cursor walks the offload order down), or, for a plan's ``prefetch_at``, when that module's backward
     begins (requests go first). At most ``window`` storages are fetching or fetched and not yet used; each
-    use frees a slot. A save after backward began is a new forward phase (the next micro-batch): the order
-    is compacted and the cursor restarts at the end when that phase's backward begins.
+    use frees a slot. Under a plan's budget the next fetch also waits until its bytes fit (NOTE [plan budget]
+    in ``_policy``): it stays at the head and is retried when memory is freed (a use, an offload landing). A
+    save after backward began is a new forward phase (the next micro-batch): the order is compacted and the
+    cursor restarts at the end when that phase's backward begins.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Callable
 
 from mcdla.runtime._records import _Record, _State
 
@@ -74,17 +77,26 @@ class _Prefetcher:
             rec.counted_window = False
             self.in_window -= 1
 
-    def next(self) -> _Record | None:
-        """The next record to fetch ahead, if backward runs and the window has room."""
+    def next(self, fits: Callable[[_Record], bool] | None = None) -> _Record | None:
+        """The next record to fetch ahead, if backward runs, the window has room and ``fits`` (if given)
+        accepts it; a record that does not fit stays next."""
         if not self.in_backward or self.in_window >= self.window:
             return None
         while self._requested:
-            rec = self._requested.popleft()
-            if rec.state is _State.OFFLOADED:
-                return rec
+            rec = self._requested[0]
+            if rec.state is not _State.OFFLOADED:
+                self._requested.popleft()
+                continue
+            if fits is not None and not fits(rec):
+                return None
+            return self._requested.popleft()
         while self._cursor is not None and self._cursor >= 0:
             rec = self._order[self._cursor]
+            if rec.state is not _State.OFFLOADED:
+                self._cursor -= 1
+                continue
+            if fits is not None and not fits(rec):
+                return None
             self._cursor -= 1
-            if rec.state is _State.OFFLOADED:
-                return rec
+            return rec
         return None

@@ -9,7 +9,8 @@ NOTE [step lifecycle]
 
 NOTE [windows]
     At most ``window`` offloads are in flight; pack waits for the oldest beyond that, so between forward and
-    backward the resident managed bytes stay within what the policy keeps plus ``window`` storages. In
+    backward the resident managed bytes stay within what the policy keeps plus ``window`` storages. Under a
+    plan with a finite budget, pack also waits for room under it (NOTE [plan budget] in ``_policy``). In
     backward the prefetcher (``_prefetch.py``) keeps at most ``window`` storages fetching or fetched and
     unused; a tensor that is not back when needed is fetched on demand and the wait is reported. An offload
     still running when its tensor is needed is not waited for: the bytes still held are used instead.
@@ -31,7 +32,7 @@ import torch
 
 from mcdla.errors import McdlaError, OffloadError, RuntimeTierError
 from mcdla.runtime._modules import _Attribution
-from mcdla.runtime._policy import _Config, _Policy
+from mcdla.runtime._policy import _Config, _Policy, fits, freeing_offload, plan_cap_bytes
 from mcdla.runtime._prefetch import _Prefetcher
 from mcdla.runtime._records import _Handle, _Record, _State, managed_storage
 from mcdla.runtime._sync import _InboxLock
@@ -66,6 +67,7 @@ class _Step:
         self.report = _ReportBuilder(index)
         self.mover = _Mover(pool, self.report, host_buffers)
         self.policy = _Policy(config)
+        self._cap = plan_cap_bytes(attribution.plan) if config.planned else None  # NOTE [plan budget]
         self.prefetch = _Prefetcher(config.window)
         self._on_finish = on_finish
         self._lock = _InboxLock(self._internal_error)
@@ -125,40 +127,65 @@ class _Step:
 
     # -- pack ------------------------------------------------------------------------------------------
     def pack(self, t: torch.Tensor) -> Any:
-        """The pack hook: a handle for a managed storage, else the tensor itself (detached)."""
+        """The pack hook: a handle for a managed storage, else the tensor itself (detached).
+
+        A new storage that would bring the resident bytes over a plan's budget first waits, outside the
+        lock, for offloads in flight (NOTE [plan budget] in ``_policy``).
+        """
         if self._failure is not None:
             self._raise_failure()
         storage = managed_storage(t, self.cfg.min_bytes, self._param_ptrs)
         report = self.report
-        if storage is None:
-            with self._lock:
-                report.saved_count += 1
-                report.saved_bytes += t.numel() * t.element_size()
-            return t.detach()
-        layer, decided = self.attr.current()
-        evict: list[_Record] = []
         with self._lock:
             report.saved_count += 1
             report.saved_bytes += t.numel() * t.element_size()
+            if storage is None:
+                return t.detach()
             if self.prefetch.in_backward:
                 self.prefetch.new_forward_phase()
-            key = (t.device, storage.data_ptr())
-            rec = self._by_storage.get(key)
-            if rec is None or rec.state not in _LIVE or not rec.same_storage(t):
-                place = self.policy.place(decided)
-                rec = _Record(rid=next(self._ids), key=key, step=self, tensor=t, layer=layer,
-                              start_tier=place.start_tier, prefetch_at=place.prefetch_at,
-                              offload_now=place.offload_now)
-                self._records[rec.id] = self._by_storage[key] = rec
-                self._set_resident(rec, True)
-                report.managed_count += 1
-                report.managed_bytes += rec.nbytes
-                evict = self.policy.admit(rec)
-            handle = _Handle(rec, t)
-            self._sample()
+        layer, decided = self.attr.current()
+        key = (t.device, storage.data_ptr())
+        while True:
+            with self._lock:
+                if self._failure is not None:  # e.g. the offload just waited for failed
+                    self._raise_failure()
+                rec = self._by_storage.get(key)
+                if rec is not None and rec.state in _LIVE and rec.same_storage(t):
+                    handle, evict = _Handle(rec, t), []
+                    break
+                nbytes = storage.nbytes()
+                blocker = None if fits(self._resident, nbytes, self._cap) else freeing_offload(self._offloading)
+                if blocker is None:
+                    handle, evict = self._admit(t, key, layer, decided)
+                    break
+            self._wait_offload(blocker[1], "budget", blocker[0])
         for r in evict:
             self._start_offload(r)
         return handle
+
+    def _admit(self, t: torch.Tensor, key: tuple[Any, int], layer: str, decided: Any) -> tuple[_Handle, list[_Record]]:
+        """A record for ``t``'s new storage (under the lock); returns its handle and what to offload now."""
+        place = self.policy.place(decided)
+        rec = _Record(rid=next(self._ids), key=key, step=self, tensor=t, layer=layer, start_tier=place.start_tier,
+                      prefetch_at=place.prefetch_at, offload_now=place.offload_now)
+        self._records[rec.id] = self._by_storage[key] = rec
+        self._set_resident(rec, True)
+        self.report.managed_count += 1
+        self.report.managed_bytes += rec.nbytes
+        evict = self.policy.admit(rec)
+        handle = _Handle(rec, t)
+        self._sample()
+        return handle, evict
+
+    def _wait_offload(self, fut: Future, reason: str, rec: _Record) -> None:
+        """Hold the compute side (outside the lock) until the offload ``fut`` of ``rec`` completes; apply it."""
+        t0 = time.perf_counter()
+        wait_all([fut])
+        t1 = time.perf_counter()
+        self.report.wait("pack", reason, tensor=rec.label, layer=rec.layer, nbytes=rec.nbytes,  # type: ignore[arg-type]
+                         start=t0, end=t1)
+        with self._lock:
+            self._completed(fut)
 
     # -- offload ---------------------------------------------------------------------------------------
     def _start_offload(self, rec: _Record) -> None:
@@ -167,17 +194,15 @@ class _Step:
             with self._lock:
                 if rec.state is not _State.RESIDENT:
                     return
+                if self._failure is not None:  # an offload waited for above failed (and may have filled its tier)
+                    self._raise_failure()
                 if len(self._offloading) < self.cfg.window:
                     self._begin_offload(rec)
                     return
-                fut = self._offloading[0].offload_future
-            t0 = time.perf_counter()
+                oldest = self._offloading[0]
+                fut = oldest.offload_future
             if fut is not None:
-                wait_all([fut])
-            with self._lock:
-                self.report.pack_wait_s += time.perf_counter() - t0
-                if fut is not None:
-                    self._completed(fut)
+                self._wait_offload(fut, "window", oldest)
 
     def _begin_offload(self, rec: _Record) -> None:
         index, reserved = self.pool.reserve(rec.nbytes, start=rec.start_tier, label=rec.label)
@@ -233,6 +258,8 @@ class _Step:
                 if rec.state is _State.OFFLOADING:
                     rec.state = _State.RESIDENT
                 block.tier.free(block)
+        if self._cap is not None and self.prefetch.in_backward:
+            self._top_up()  # room freed: a fetch held back by the plan's budget may start
         self._sample()
         self._maybe_finish()
 
@@ -260,8 +287,9 @@ class _Step:
             self._top_up()
         t0 = time.perf_counter()
         wait_all([fut])
+        self.report.wait("unpack", "fetch", tensor=rec.label, layer=rec.layer, nbytes=rec.nbytes, start=t0,
+                         end=time.perf_counter())
         with self._lock:
-            self.report.unpack_wait_s += time.perf_counter() - t0
             self._completed(fut)
             if rec.state is _State.FAILED:
                 self._failure_raised = True
@@ -333,8 +361,12 @@ class _Step:
         self._maybe_finish()
 
     def _top_up(self) -> None:
-        while (rec := self.prefetch.next()) is not None:
+        """Fetch ahead while the window has room and, under a plan's budget, the next one fits."""
+        while (rec := self.prefetch.next(self._fits)) is not None:
             self._issue_fetch(rec, ahead=True)
+
+    def _fits(self, rec: _Record) -> bool:
+        return fits(self._resident, rec.nbytes, self._cap)
 
     def request_prefetch(self, module: str) -> None:
         """A plan's ``prefetch_at`` module began its backward: fetch the tensors that wait for it."""

@@ -9,7 +9,10 @@ NOTE [streams and threads]
     block, others write it out). Host-to-device copies run on one H2D side stream per device; the restored
     tensor is allocated on that stream, so the unpack side makes the compute stream wait for the copy's
     event and calls ``record_stream`` on it (it escapes to the compute stream and, through views, to
-    autograd). Sources and pinned buffers stay referenced until the copy that reads them has completed.
+    autograd). Sources and pinned buffers stay referenced until the copy that reads them has completed, and
+    no longer: an offload job takes its source out of a one-slot list and drops it when it returns, since an
+    executor keeps a finished job (and any closure cell or default argument) alive a moment after its
+    future completes, which is when the step stops counting the storage as resident.
 """
 
 from __future__ import annotations
@@ -94,9 +97,12 @@ class _Mover:
         if src.device.type == "cuda":
             return self._offload_cuda(rec, src, tier, index, reserved_bytes)
 
+        held = [src]  # NOTE [streams and threads]: the job drops the source when it returns
+
         def job() -> Block:
+            data = held.pop()
             t0 = self.report.now_s()
-            block = self.pool.write(memoryview(src.numpy()), index=index, reserved_bytes=reserved_bytes, label=rec.label)
+            block = self.pool.write(memoryview(data.numpy()), index=index, reserved_bytes=reserved_bytes, label=rec.label)
             self._span("offload", rec, block.tier.name, t0, stored=block.tier.stored_bytes_of(block))
             return block
 
@@ -109,7 +115,10 @@ class _Mover:
         if isinstance(tier, DeviceTier):
             block, done = tier.store_tensor(src, ready=ready, reserved_bytes=reserved, label=rec.label)
 
-            def wait_peer(keep: torch.Tensor = src) -> Block:
+            held = [src]
+
+            def wait_peer() -> Block:
+                keep = held.pop()  # noqa: F841 - referenced until the peer copy has completed
                 done.synchronize()
                 self._span("offload", rec, tier.name, t0, stored=block.nbytes)
                 return block
@@ -124,7 +133,10 @@ class _Mover:
             done = torch.cuda.Event()
             done.record(d2h)
 
-        def store(keep: torch.Tensor = src) -> Block:
+        held = [src]
+
+        def store() -> Block:
+            keep = held.pop()  # noqa: F841 - referenced until the D2H copy has completed
             done.synchronize()
             if isinstance(tier, HostTier) and tier.buffers is self.host_buffers:
                 block = tier.adopt(staging, nbytes=n, reserved_bytes=reserved, label=rec.label)

@@ -2,8 +2,8 @@
 
 A :class:`StepReport` is a frozen snapshot. The runtime fills a private builder while the step runs (from
 the compute thread and the I/O threads) and snapshots it when the step ends, or on request while it runs.
-``chrome_trace`` turns the transfers and the resident-bytes timeline into the Chrome trace format
-(``chrome://tracing``, Perfetto).
+``chrome_trace`` turns the transfers, the compute side's waits and the resident-bytes timeline into the
+Chrome trace format (``chrome://tracing``, Perfetto).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from mcdla.units import format_bytes, format_seconds
 
-__all__ = ["TransferSpan", "StepReport"]
+__all__ = ["TransferSpan", "WaitSpan", "StepReport"]
 
 _MAX_TIMELINE_SAMPLES = 200_000  # per step; beyond it samples are dropped and counted
 
@@ -49,6 +49,29 @@ class TransferSpan:
     thread: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitSpan:
+    """One wait of the compute side (the thread running forward or backward) for the runtime.
+
+    Attributes:
+        kind: "pack" (forward held back) or "unpack" (backward waited for a tensor to come back).
+        reason: "budget" (pack: room under the plan's budget, NOTE [plan budget] in ``_policy``), "window"
+            (pack: the in-flight offload window), "fetch" (unpack: the tensor's fetch).
+        tensor: label of the saved tensor being packed or unpacked.
+        layer: module it was saved in ("" when not attributed).
+        nbytes: its storage's bytes.
+        start_s, end_s: seconds since the step began.
+    """
+
+    kind: Literal["pack", "unpack"]
+    reason: Literal["budget", "window", "fetch"]
+    tensor: str
+    layer: str
+    nbytes: int
+    start_s: float
+    end_s: float
+
+
 def _frozen(d: Mapping[str, int]) -> Mapping[str, int]:
     return MappingProxyType(dict(sorted(d.items())))
 
@@ -68,7 +91,8 @@ class StepReport:
         stored_bytes_by_tier: bytes each tier stored (after compression for ``compress(...)``).
         offloaded_bytes_by_layer: bytes offloaded per module (qualified name; "" when not attributed).
         unpack_wait_s: seconds the compute side waited in unpack for tensors to come back.
-        pack_wait_s: seconds the compute side waited in pack for the offload window to drain.
+        pack_wait_s: seconds the compute side waited in pack for in-flight offloads to complete: for room
+            under a plan's budget (NOTE [plan budget] in ``_policy``) or for the offload window to drain.
         fetches_ahead, fetches_on_demand: fetches started by the prefetcher, and by an unpack that found
             its tensor still in a tier (each of those waits for a whole transfer).
         peak_fetch_window: most storages fetching or fetched-and-unused at once (<= window, plus one
@@ -78,6 +102,7 @@ class StepReport:
         timeline: (seconds since step start, resident managed saved bytes) at each pack, offload
             completion, fetch and release.
         transfers: every offload and fetch, with its timing.
+        waits: every wait of the compute side (pack and unpack), with its timing and reason.
     """
 
     step: int
@@ -101,6 +126,7 @@ class StepReport:
     timeline: tuple[tuple[float, int], ...] = ()
     timeline_dropped: int = 0
     transfers: tuple[TransferSpan, ...] = ()
+    waits: tuple[WaitSpan, ...] = ()
 
     @property
     def offloaded_bytes(self) -> int:
@@ -131,7 +157,8 @@ class StepReport:
         return "\n".join(lines)
 
     def chrome_trace(self) -> dict[str, Any]:
-        """The transfers (one track per tier and direction) and resident bytes as a Chrome trace."""
+        """The transfers (one track per tier and direction), the compute side's waits (one track) and the
+        resident bytes as a Chrome trace."""
         events: list[dict[str, Any]] = []
         tids: dict[str, int] = {}
         for span in self.transfers:
@@ -142,13 +169,21 @@ class StepReport:
                 "ts": span.start_s * 1e6, "dur": max(0.0, span.end_s - span.start_s) * 1e6,
                 "args": {"bytes": span.nbytes, "layer": span.layer, "thread": span.thread},
             })
+        for wait in self.waits:
+            tid = tids.setdefault("compute waits", len(tids) + 1)
+            events.append({
+                "name": f"{wait.kind} wait ({wait.reason}) {wait.tensor}", "cat": f"{wait.kind} wait", "ph": "X",
+                "pid": 1, "tid": tid, "ts": wait.start_s * 1e6, "dur": max(0.0, wait.end_s - wait.start_s) * 1e6,
+                "args": {"bytes": wait.nbytes, "layer": wait.layer, "reason": wait.reason},
+            })
         for track, tid in tids.items():
             events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": track}})
         for t_s, resident in self.timeline:
             events.append({"name": "resident saved bytes", "ph": "C", "pid": 1, "ts": t_s * 1e6,
                            "args": {"bytes": resident}})
         return {"traceEvents": events, "displayTimeUnit": "ms",
-                "otherData": {"step": self.step, "peak_resident_saved_bytes": self.peak_resident_saved_bytes}}
+                "otherData": {"step": self.step, "peak_resident_saved_bytes": self.peak_resident_saved_bytes,
+                      "pack_wait_s": self.pack_wait_s, "unpack_wait_s": self.unpack_wait_s}}
 
     def save_chrome_trace(self, path: str | Path) -> Path:
         """Write :meth:`chrome_trace` as JSON to ``path``; return the path."""
@@ -181,6 +216,7 @@ class _ReportBuilder:
         self.timeline: list[tuple[float, int]] = []
         self.timeline_dropped = 0
         self.transfers: list[TransferSpan] = []
+        self.waits: list[WaitSpan] = []
         self.aborted = False
         self.error = ""
 
@@ -205,6 +241,18 @@ class _ReportBuilder:
                 self.fetches_on_demand += 1
             self.peak_fetch_window = max(self.peak_fetch_window, window_used)
 
+    def wait(self, kind: Literal["pack", "unpack"], reason: Literal["budget", "window", "fetch"], *, tensor: str,
+             layer: str, nbytes: int, start: float, end: float) -> None:
+        """Record a wait of the compute side from ``start`` to ``end`` (``time.perf_counter()`` values)."""
+        span = WaitSpan(kind=kind, reason=reason, tensor=tensor, layer=layer, nbytes=nbytes,
+                        start_s=start - self.t0, end_s=end - self.t0)
+        with self._lock:
+            self.waits.append(span)
+            if kind == "pack":
+                self.pack_wait_s += end - start
+            else:
+                self.unpack_wait_s += end - start
+
     def transfer(self, span: TransferSpan, *, stored_bytes: int = 0) -> None:
         with self._lock:
             self.transfers.append(span)
@@ -228,4 +276,5 @@ class _ReportBuilder:
                 peak_fetch_window=self.peak_fetch_window,
                 peak_resident_saved_bytes=self.peak_resident, timeline=tuple(self.timeline),
                 timeline_dropped=self.timeline_dropped, transfers=tuple(self.transfers),
+                waits=tuple(self.waits),
             )
