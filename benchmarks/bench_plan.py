@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from benchmarks._runtime_results import record
+from benchmarks._results import record
 from mcdla.hardware import load_system
 from mcdla.plan import PLANNERS, evaluate, make_problem, run_planner, smallest_budget
 from mcdla.plan.chain import build_chain

@@ -260,7 +260,7 @@ def main() -> None:
     ])
     print(text)
     if args.write:
-        from benchmarks._runtime_results import record
+        from benchmarks._results import record
 
         record("runtime-file-tier", "Runtime: file tier vs raw disk",
                ".venv/bin/python -m benchmarks.bench_runtime_file_tier --write", text)

@@ -114,7 +114,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.write:
-        from benchmarks._runtime_results import record
+        from benchmarks._results import record
 
         record("runtime-host-overhead", "Runtime: host tier bookkeeping vs save_on_cpu (CPU)",
                ".venv/bin/python -m benchmarks.bench_runtime_host_overhead --write", text)

@@ -107,7 +107,7 @@ def main() -> None:
     ])
     print(text)
     if args.write:
-        from benchmarks._runtime_results import record
+        from benchmarks._results import record
 
         record("runtime-overlap", "Runtime: step time with the file tier vs max(compute, transfer)",
                ".venv/bin/python -m benchmarks.bench_runtime_overlap --write", text)

@@ -172,7 +172,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.write:
-        from benchmarks._runtime_results import record
+        from benchmarks._results import record
 
         record("runtime-rss", "Runtime: peak RSS of a step with > 2 GB of activations, file tier vs none (CPU)",
                ".venv/bin/python -m benchmarks.bench_runtime_rss --write", text)

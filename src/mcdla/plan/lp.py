@@ -45,7 +45,7 @@ from mcdla.plan.search import improve_offload_set
 from mcdla.plan.space import lookahead_triggers, vdnn_sets
 from mcdla.workload.plan import Plan
 
-__all__ = ["FluidSolution", "solve_fluid", "round_candidates", "lp_triggers", "fluid_bound", "plan_lp"]
+__all__ = ["FluidSolution", "solve_fluid", "round_candidates", "lp_triggers", "fluid_bound", "plan_lp", "seed_plans"]
 
 _LOOKAHEADS = (1, 2, 3)
 
@@ -279,3 +279,12 @@ def plan_lp(
     if v < value:
         best, value, _ = _best_of(problem, list(improved), rules)
     return best
+
+
+def seed_plans(problem: Problem, fluid: FluidSolution) -> tuple[list[Plan], Plan | None]:
+    """The exact planners' first incumbents: vDNN's two plans (prefetch one layer ahead) and ``lp``'s plan,
+    which is also returned alone (None when rounding finds none within the budget)."""
+    n = len(problem.chain)
+    seeds = [problem.offload_plan(lookahead_triggers(n, subset, 1)) for subset in vdnn_sets(problem.chain)]
+    lp_plan = plan_lp(problem, fluid)
+    return (seeds if lp_plan is None else [*seeds, lp_plan]), lp_plan

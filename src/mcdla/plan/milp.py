@@ -26,9 +26,8 @@ import math
 import time
 
 from mcdla.plan._offload_bound import Relaxation, search_offload_sets
-from mcdla.plan.lp import fluid_bound, plan_lp
+from mcdla.plan.lp import fluid_bound, seed_plans
 from mcdla.plan.problem import Problem
-from mcdla.plan.space import lookahead_triggers, vdnn_sets
 from mcdla.workload.plan import Plan
 
 __all__ = ["plan_milp"]
@@ -43,7 +42,6 @@ def plan_milp(problem: Problem, *, time_limit_s: float = 60.0) -> Plan | None:
     notes give the remaining gap.
     """
     chain = problem.chain
-    n = len(chain)
     started = time.perf_counter()
     best_plan, best = problem.scorer.best([problem.offload_plan({})])
     bound = chain.lower_bound_s
@@ -52,11 +50,7 @@ def plan_milp(problem: Problem, *, time_limit_s: float = 60.0) -> Plan | None:
         if fluid is None:
             return None
         bound = max(bound, fluid.value_s)
-        seeds = [problem.offload_plan(lookahead_triggers(n, subset, 1)) for subset in vdnn_sets(chain)]
-        lp_plan = plan_lp(problem, fluid)
-        if lp_plan is not None:
-            seeds.append(lp_plan)
-        best_plan, best = problem.scorer.best(seeds)
+        best_plan, best = problem.scorer.best(seed_plans(problem, fluid)[0])
     if best <= bound * (1 + _REL_TOL):
         return _noted(problem, best_plan, 0, best, bound)
     result = search_offload_sets(problem, Relaxation(problem), best_plan, best, started + time_limit_s)

@@ -38,9 +38,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from mcdla.plan._milp_model import EventModel, build_event_model
 from mcdla.plan.chain import triggers_of
-from mcdla.plan.lp import fluid_bound, plan_lp
+from mcdla.plan.lp import fluid_bound, seed_plans
 from mcdla.plan.problem import Problem
-from mcdla.plan.space import is_canonical, lookahead_triggers, trigger_range, vdnn_sets
+from mcdla.plan.space import is_canonical, trigger_range
 from mcdla.workload.plan import Plan
 
 __all__ = ["plan_milp_highs", "DEFAULT_WINDOW"]
@@ -134,10 +134,9 @@ def plan_milp_highs(
         if fluid is None:
             return None
         bound = fluid.value_s
-        seeds = [problem.offload_plan(lookahead_triggers(n, subset, 1)) for subset in vdnn_sets(chain)]
-        lp_plan = plan_lp(problem, fluid)
+        seeds, lp_plan = seed_plans(problem, fluid)
         if lp_plan is not None:
-            seeds += [lp_plan, problem.offload_plan(_clamped(triggers_of(chain, lp_plan), n, window))]
+            seeds.append(problem.offload_plan(_clamped(triggers_of(chain, lp_plan), n, window)))
         best_plan, best = problem.scorer.best(seeds)
     if best <= bound * (1 + _REL_TOL):
         return _noted(problem, best_plan, True, 0, window, best, bound)

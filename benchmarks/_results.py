@@ -1,4 +1,4 @@
-"""Recording the runtime benchmarks' tables in ``benchmarks/RESULTS.md`` (each in its own marked section)."""
+"""Recording benchmark tables in ``benchmarks/RESULTS.md`` (each in its own marked section)."""
 
 from __future__ import annotations
 
