@@ -60,6 +60,19 @@ def offload_all(workload: Workload) -> Plan:
     return plan_of(workload, {l.name: Action.OFFLOAD for l in workload.layers if l.saved_bytes > 0})
 
 
+def late_prefetch_case() -> tuple[Workload, Plan]:
+    """l0 (300 MB) is offloaded and prefetched when B of l4 starts; l3 (kept) needs 0.25 MB in backward
+    (NOTE [safe prefetch] in ``mcdla.sim.device``; budget 400.2 MB)."""
+    def layer(name: str, saved: float = 0.0, workspace: float = 0.0, flops: float = 0.0) -> Layer:
+        return Layer(name=name, kind=LayerKind.CONV, fwd_flops=flops, bwd_flops=2 * flops, saved_bytes=saved,
+                     workspace_bytes=workspace)
+
+    w = Workload(name="w", batch=1, layers=(layer("l0", 300e6), layer("l1"), layer("l2", 100e6),
+                                             layer("l3", 100e6, 0.25e6), layer("l4", flops=2e11)))
+    plan = plan_of(w, {"l0": Action.OFFLOAD, "l2": Action.OFFLOAD}, budget_bytes=400.2e6, prefetch_at={"l0": "l4"})
+    return w, plan
+
+
 def ring_system(n: int, *, bytes_per_s: float = 10e9, latency_s: float = 1e-6, both_directions: bool = False,
                 pool_bytes_per_s: float | None = None) -> System:
     """``n`` devices in one ring of direct links (optionally used both ways), each with its own host memory."""

@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcdla.errors import SimError
-from mcdla.hardware import System, load_system
-from mcdla.sim import simulate
+from mcdla.hardware import PoolLink, System, load_system
+from mcdla.sim import default_device, evaluate_plan, simulate
 from mcdla.workload.model import Layer, LayerKind, Workload
 from mcdla.workload.plan import Action
 
-from .conftest import chain, offload_all, plan_of, plans, ring_system, workloads
+from .conftest import chain, late_prefetch_case, offload_all, plan_of, plans, ring_system, workloads
 
 PRESETS = ("dc-dla", "mc-dla", "mc-dla-1n", "hc-dla")
 
@@ -140,6 +140,27 @@ def test_memory_waits_closed_form() -> None:
     assert tight.peak_device_bytes == pytest.approx(2e9)
     roomy = simulate(system.with_hbm(20e9), w, plan)
     assert roomy.iteration_time_s == pytest.approx(max(2 * f + b, max(2 * f, transfer) + transfer) + b, rel=1e-12)
+
+
+def test_prefetch_waits_until_earlier_backwards_can_run() -> None:
+    """NOTE [safe prefetch]: a prefetch that fits is not granted while it would take the room an earlier
+    backward needs (it is held until its own backward, after that one). Without the rule the faster offload
+    link below deadlocks (l0's prefetch takes 300 MB of 400.2 MB while B of l3 needs 100 + 0.25 MB) although
+    the slower link runs; with it the schedule is the closed form below."""
+    w, plan = late_prefetch_case()
+    dev = default_device()
+    rate = dev.peak_flops_per_s["fp16"] * dev.compute_efficiency
+    f4, b4 = 2e11 / rate, 4e11 / rate
+    slow = evaluate_plan(w, plan, PoolLink.symmetric(8e9), device=dev)
+    fast = evaluate_plan(w, plan, PoolLink(offload_bytes_per_s=16e9, prefetch_bytes_per_s=8e9), device=dev)
+    assert slow.feasible and fast.feasible, fast.infeasible_reason
+    # fast: S_l0 lands at 18.75 ms (F l3 waits for it), S_l2 at 25 ms while B l4 runs; l0's prefetch waits
+    # until B l3 has run (t = 18.75 + F4 + B4 ms), then l0 and l2 come back one after the other.
+    assert 300e6 / 16e9 + 100e6 / 16e9 < 300e6 / 16e9 + f4 + b4
+    expected = 300e6 / 16e9 + f4 + b4 + 300e6 / 8e9 + 100e6 / 8e9
+    assert fast.iteration_time_s == pytest.approx(expected, rel=1e-12)
+    assert fast.iteration_time_s < slow.iteration_time_s
+    assert fast.peak_device_bytes <= 400.2e6 * (1 + 1e-9)
 
 
 def test_chrome_trace_is_valid_json_with_expected_events(systems) -> None:  # type: ignore[no-untyped-def]

@@ -8,6 +8,18 @@ most two requests pending: the compute stream's head and the H2D stream's head (
 memory). The engine settles requests after *all* events of a timestamp have run, so frees at that instant
 count; requests are granted first-fit in the order they were made, the compute stream's first on a tie. A
 request fits when ``used + bytes <= capacity * (1 + 1e-9)`` (the slack absorbs float rounding only).
+
+NOTE [safe prefetch]
+A prefetch of ``S_j`` holds its bytes until ``B_j`` ends, so granting it merely because it fits can take the
+room an earlier backward needs and deadlock the device (``B_k`` waits for memory that only ``B_j``, after it,
+would free), while the same plan on a slower link, where the grant came later, runs. So a prefetch is granted
+only when it fits *and* the compute stream can still reach the operation that needs ``S_j`` with it held:
+walking the operations from the running (or next) one to that operation, each one's memory request, plus the
+prefetch of any data it needs that is not yet on the device, must fit once the offloads still to land (queued
+or in flight, of layers whose forward is done) have freed their bytes, counting besides only the frees of
+those operations themselves. This keeps a faster link or faster compute from turning a feasible plan
+infeasible (``tests/sim/test_monotonic.py``). The rule only delays grants: when the walk fails, granting
+would leave the first failing operation waiting for memory that stays held until after it has run.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ class DeviceState:
         "pc", "reached", "busy", "op_start", "prev_end", "wait_coll", "coll_count",
         "comp_req", "comp_req_t", "pf_req", "pf_req_t", "d2h", "d2h_busy", "h2d", "h2d_busy",
         "fwd_done", "off_done", "pf_issued", "pf_done", "compute_s", "recompute_s", "virt_s", "comm_s",
-        "finished", "d2h_start", "h2d_start", "in_settle",
+        "finished", "d2h_start", "d2h_layer", "h2d_start", "in_settle",
     )
 
     def __init__(self, engine: Engine, index: int, name: str, capacity: float, program: Program,
@@ -62,6 +74,7 @@ class DeviceState:
         self.d2h: deque[int] = deque()
         self.d2h_busy = False
         self.d2h_start = 0.0
+        self.d2h_layer = -1
         self.h2d: deque[int] = deque()
         self.h2d_busy = False
         self.h2d_start = 0.0
@@ -104,15 +117,49 @@ class DeviceState:
         """Grant pending memory requests that fit (NOTE [memory grants])."""
         self.in_settle = False
         if self.pf_req >= 0.0 and (self.comp_req < 0.0 or self.pf_req_t < self.comp_req_t):
-            if self.used + self.pf_req <= self.limit:
+            if self.used + self.pf_req <= self.limit and self._prefetch_is_safe():
                 self._start_prefetch(now)
             if self.comp_req >= 0.0 and self.used + self.comp_req <= self.limit:
                 self._start_compute(now)
         else:
             if self.comp_req >= 0.0 and self.used + self.comp_req <= self.limit:
                 self._start_compute(now)
-            if self.pf_req >= 0.0 and self.used + self.pf_req <= self.limit:
+            if self.pf_req >= 0.0 and self.used + self.pf_req <= self.limit and self._prefetch_is_safe():
                 self._start_prefetch(now)
+
+    def _prefetch_is_safe(self) -> bool:
+        """Whether granting the H2D head's request leaves the compute stream a way to the op that needs it
+        (NOTE [safe prefetch]). Prefetches already started are counted in ``used``."""
+        layer = self.h2d[0]
+        ops = self.ops
+        pc = self.pc
+        used = self.used + self.pf_req
+        fwd_done, saved = self.fwd_done, self.saved
+        for off in self.d2h:  # offloads still to land free their bytes without the compute stream's help
+            if fwd_done[off]:
+                used -= saved[off]
+        if self.d2h_busy and fwd_done[self.d2h_layer]:
+            used -= saved[self.d2h_layer]
+        if self.busy:  # the running op's bytes are in ``used``; it frees its own when it ends
+            used -= ops[pc].free_bytes
+            pc += 1
+        limit = self.limit
+        pending = self.h2d  # issued, not started (the head is ``layer``); not yet issued: not pf_issued
+        counted: set[int] = set()
+        for k in range(pc, len(ops)):
+            op = ops[k]
+            need = op.need_data
+            if need == layer:
+                return used + op.alloc_bytes <= limit
+            if need >= 0 and need not in counted and (not self.pf_issued[need] or need in pending):
+                counted.add(need)
+                used += saved[need]
+                if used > limit:
+                    return False
+            if used + op.alloc_bytes > limit:
+                return False
+            used += op.alloc_bytes - op.free_bytes
+        return True
 
     # -- compute stream --------------------------------------------------------------------------------------
     def try_compute(self, now: float) -> None:
@@ -194,6 +241,7 @@ class DeviceState:
         self.d2h.popleft()
         self.d2h_busy = True
         self.d2h_start = now
+        self.d2h_layer = layer
         self.engine.start_offload(self, layer, now)
 
     def end_offload(self, layer: int, now: float) -> None:
