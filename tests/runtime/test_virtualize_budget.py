@@ -294,3 +294,87 @@ def test_waits_do_not_hold_the_step_lock():
         watcher.join()
         vm.close()
     assert vm.report.pack_wait_s > 0 and len(seen) > 10 and max(seen) <= NBYTES
+
+
+class _Tagged(torch.autograd.Function):
+    """y = sin(x * w) like ``_SinScale``; its backward logs ``("use", name)`` once the saved input is back."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, name: str, log: list) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.name, ctx.log = name, log
+        return torch.sin(x * w)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        x, w = ctx.saved_tensors
+        ctx.log.append(("use", ctx.name))
+        time.sleep(FWD_S)
+        c = grad * torch.cos(x * w)
+        return c * w, (c * x).sum(0), None, None
+
+
+class _TaggedLayer(_Layer):
+    def __init__(self, name: str, log: list) -> None:
+        super().__init__()
+        self.name, self.log = name, log
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Tagged.apply(x, self.w, self.name, self.log)
+
+
+class _ReadLog(_SleepyTier):
+    """Writes at once; each read takes ``FWD_S`` and then logs ``("read", module)``. Logged at the end: the
+    runtime issues a fetch as soon as an unpack frees room, so a read's start may precede the ``use`` that
+    the backward logs just after that unpack."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    def _write(self, data, *, reserved_bytes, label):  # noqa: ANN001, ANN202
+        return Block(tier=self, nbytes=len(data), reserved_bytes=reserved_bytes, label=label, payload=bytes(data))
+
+    def _read_into(self, block, out):  # noqa: ANN001, ANN202
+        super()._read_into(block, out)
+        self.log.append(("read", block.label.split("module '")[1].split("'")[0]))
+
+
+@pytest.mark.timeout(60)
+def test_fetch_ahead_leaves_room_for_tensors_needed_sooner():
+    """Layers 1-2 kept, 0 offloaded with ``prefetch_at`` layer 6, 3-7 offloaded, cap 3.5 inputs. Fetching 0's
+    input as soon as it fits (when 6 has used its own) would leave no room for 5, 4 and 3, which backward
+    needs first: they would come on demand over the cap (4 inputs). So 0 waits until they are used
+    (NOTE [prefetch] in ``mcdla.runtime._prefetch``, like NOTE [safe prefetch] in ``mcdla.sim.device``). The
+    independent count, from the tier's reads and the backward's uses: kept inputs plus fetched ones not yet
+    used never exceed 3, and the gradients are bit-identical."""
+    log: list[tuple[str, str]] = []
+    torch.manual_seed(0)
+    layers = [_TaggedLayer(str(i), log) for i in range(LAYERS)]
+    model = nn.Sequential(OrderedDict([("copy", _Copy()), *((str(i), l) for i, l in enumerate(layers))]))
+    reference = _step(_model())  # the same weights: both draw them after manual_seed(0)
+    actions = {str(i): "offload" for i in (0, *range(3, LAYERS))}
+    names = ["", "copy", *(str(i) for i in range(LAYERS))]
+    plan = Plan.from_actions(workload="sin", batch=ROWS, layer_names=names, actions=actions,
+                             budget_bytes=3.5 * NBYTES, prefetch_at={"0": "6"})
+    vm = virtualize(_ReadLog(log), plan=plan, model=model, min_bytes=NBYTES, window=LAYERS)
+    grads = _step(model, vm)
+    vm.close()
+
+    reads = [name for event, name in log if event == "read"]
+    # a copy still in flight when backward wants its tensor lands without freeing it: never read, it stays
+    # resident until used (on a loaded machine, layer 7's)
+    kept, back, peak = {"1", "2", *(set(actions) - set(reads))}, set(), 0
+    for event, name in log:
+        if event == "read":
+            back.add(name)
+            peak = max(peak, len(kept | back))
+        else:
+            kept.discard(name)
+            back.discard(name)
+    assert len(set(reads)) == len(reads) and set(reads) <= set(actions) and {"0", "3", "4", "5"} <= set(reads)
+    assert reads.index("0") > reads.index("3")  # 0's input came back only after 3's, needed before it
+    assert peak <= 3
+    assert vm.report.peak_resident_saved_bytes <= 3.5 * NBYTES
+    for got, want in zip(grads, reference):
+        assert torch.equal(got, want)

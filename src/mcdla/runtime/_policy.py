@@ -17,7 +17,8 @@ NOTE [plan budget]
         complete, and checks again. If no offload in flight would free memory, it does not wait: the storage
         is admitted over the cap (the engine calls such a plan infeasible; the runtime must not deadlock).
         So after every pack ``resident <= max(cap, bytes no offload in flight can free + n)``.
-      - prefetch ahead (backward): the next fetch starts only when its bytes fit under the cap, in issue
+      - prefetch ahead (backward): the next fetch starts only when its bytes, and those of the offloaded
+        storages backward needs before it (NOTE [prefetch] in ``_prefetch``), fit under the cap, in issue
         order (the engine's H2D stream waits at its head); it is retried whenever memory is freed (a use,
         an offload landing), and a tensor still not fetched when backward needs it is fetched on demand
         regardless.

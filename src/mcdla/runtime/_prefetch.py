@@ -5,7 +5,10 @@ NOTE [prefetch]
     cursor walks the offload order down), or, for a plan's ``prefetch_at``, when that module's backward
     begins (requests go first). At most ``window`` storages are fetching or fetched and not yet used; each
     use frees a slot. Under a plan's budget the next fetch also waits until its bytes fit (NOTE [plan budget]
-    in ``_policy``): it stays at the head and is retried when memory is freed (a use, an offload landing). A
+    in ``_policy``), together with those of the offloaded storages backward needs before it that are not
+    back yet (packed after it: NOTE [safe prefetch] in ``mcdla.sim.device``, so a tensor fetched early for a
+    far ``prefetch_at`` does not crowd out one needed sooner); it stays at the head and is retried when
+    memory is freed (a use, an offload landing). A
     save after backward began is a new forward phase (the next micro-batch): the order is compacted and the
     cursor restarts at the end when that phase's backward begins.
 """
@@ -76,6 +79,12 @@ class _Prefetcher:
         if rec.counted_window:
             rec.counted_window = False
             self.in_window -= 1
+
+    def bytes_needed_before(self, rec: _Record) -> int:
+        """Bytes of the offloaded storages, not fetched yet, that backward uses before ``rec``: those packed
+        after it (backward runs in reverse pack order on a chain)."""
+        waiting = (r for group in (self._order, self._requested, *self._by_trigger.values()) for r in group)
+        return sum(r.nbytes for r in waiting if r.id > rec.id and r.state is _State.OFFLOADED)
 
     def next(self, fits: Callable[[_Record], bool] | None = None) -> _Record | None:
         """The next record to fetch ahead, if backward runs, the window has room and ``fits`` (if given)

@@ -366,7 +366,10 @@ class _Step:
             self._issue_fetch(rec, ahead=True)
 
     def _fits(self, rec: _Record) -> bool:
-        return fits(self._resident, rec.nbytes, self._cap)
+        """Whether fetching ``rec`` ahead leaves room under the cap for what backward needs before it."""
+        if self._cap is None:
+            return True
+        return fits(self._resident, rec.nbytes + self.prefetch.bytes_needed_before(rec), self._cap)
 
     def request_prefetch(self, module: str) -> None:
         """A plan's ``prefetch_at`` module began its backward: fetch the tensors that wait for it."""
