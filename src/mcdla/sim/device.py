@@ -45,7 +45,7 @@ class DeviceState:
         "pc", "reached", "busy", "op_start", "prev_end", "wait_coll", "coll_count",
         "comp_req", "comp_req_t", "pf_req", "pf_req_t", "d2h", "d2h_busy", "h2d", "h2d_busy",
         "fwd_done", "off_done", "pf_issued", "pf_done", "compute_s", "recompute_s", "virt_s", "comm_s",
-        "finished", "d2h_start", "d2h_layer", "h2d_start", "in_settle",
+        "finished", "d2h_start", "d2h_layer", "h2d_start", "in_settle", "pf_live", "tables",
     )
 
     def __init__(self, engine: Engine, index: int, name: str, capacity: float, program: Program,
@@ -89,6 +89,8 @@ class DeviceState:
         self.comm_s = 0.0
         self.finished = False
         self.in_settle = False
+        self.pf_live: list[int] = []  # layers whose prefetch has started (pruned by _prefetch_is_safe)
+        self.tables: tuple[list[int], list[float], list[float]] | None = None
 
     # -- memory --------------------------------------------------------------------------------------------
     def alloc(self, nbytes: float, now: float) -> None:
@@ -129,37 +131,64 @@ class DeviceState:
 
     def _prefetch_is_safe(self) -> bool:
         """Whether granting the H2D head's request leaves the compute stream a way to the op that needs it
-        (NOTE [safe prefetch]). Prefetches already started are counted in ``used``."""
+        (NOTE [safe prefetch]).
+
+        The walk is done on static tables (:meth:`_walk_tables`) that assume every tensor an op needs is
+        fetched just before it; tensors already on the device (prefetches started, and the head itself)
+        are corrections from their first use on, so a check costs a few C-level ``max`` over slices.
+        """
+        first, prefix, need_at = self.tables or self._walk_tables()
         layer = self.h2d[0]
-        ops = self.ops
-        pc = self.pc
+        start = self.pc
         used = self.used + self.pf_req
-        fwd_done, saved = self.fwd_done, self.saved
-        for off in self.d2h:  # offloads still to land free their bytes without the compute stream's help
-            if fwd_done[off]:
-                used -= saved[off]
-        if self.d2h_busy and fwd_done[self.d2h_layer]:
-            used -= saved[self.d2h_layer]
+        saved = self.saved
+        if self.d2h_busy or self.d2h:  # offloads still to land free their bytes without the compute stream
+            fwd_done = self.fwd_done
+            for off in self.d2h:
+                if fwd_done[off]:
+                    used -= saved[off]
+            if self.d2h_busy and fwd_done[self.d2h_layer]:
+                used -= saved[self.d2h_layer]
         if self.busy:  # the running op's bytes are in ``used``; it frees its own when it ends
-            used -= ops[pc].free_bytes
-            pc += 1
-        limit = self.limit
-        pending = self.h2d  # issued, not started (the head is ``layer``); not yet issued: not pf_issued
-        counted: set[int] = set()
-        for k in range(pc, len(ops)):
-            op = ops[k]
-            need = op.need_data
-            if need == layer:
-                return used + op.alloc_bytes <= limit
-            if need >= 0 and need not in counted and (not self.pf_issued[need] or need in pending):
-                counted.add(need)
-                used += saved[need]
-                if used > limit:
-                    return False
-            if used + op.alloc_bytes > limit:
+            used -= self.ops[start].free_bytes
+            start += 1
+        target = first[layer]
+        room = self.limit - used + prefix[start]
+        if max(need_at[start:target + 1]) <= room:
+            return True  # even counting the tensors already on the device twice
+        live = [k for k in self.pf_live if first[k] >= start]
+        self.pf_live = live
+        fixes = sorted((first[k], saved[k]) for k in live if first[k] <= target)
+        fixes.append((target, saved[layer]))
+        pos = start
+        for at, nbytes in fixes:
+            if at > pos and max(need_at[pos:at]) > room:
                 return False
-            used += op.alloc_bytes - op.free_bytes
-        return True
+            room += nbytes
+            pos = at
+        return max(need_at[pos:target + 1]) <= room
+
+    def _walk_tables(self) -> tuple[list[int], list[float], list[float]]:
+        """``first[l]``: the first op that needs layer ``l``'s data; ``prefix[m]``: net bytes allocated by ops
+        ``0..m-1`` if every needed tensor is fetched just before its first use; ``need_at[m]``: ``prefix[m]``
+        plus what op ``m`` allocates (and fetches) when it starts. Built on the first prefetch check."""
+        if self.tables is None:
+            saved = self.saved
+            first = [-1] * len(saved)
+            prefix = [0.0]
+            need_at = []
+            acc = 0.0
+            for m, op in enumerate(self.ops):
+                grow = op.alloc_bytes
+                need = op.need_data
+                if need >= 0 and first[need] < 0:
+                    first[need] = m
+                    grow += saved[need]
+                need_at.append(acc + grow)
+                acc += grow - op.free_bytes
+                prefix.append(acc)
+            self.tables = (first, prefix, need_at)
+        return self.tables
 
     # -- compute stream --------------------------------------------------------------------------------------
     def try_compute(self, now: float) -> None:
@@ -277,6 +306,7 @@ class DeviceState:
 
     def _start_prefetch(self, now: float) -> None:
         layer = self.h2d.popleft()
+        self.pf_live.append(layer)
         self.alloc(self.pf_req, now)
         self.pf_req = -1.0
         self.h2d_busy = True
