@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python -m benchmarks.bench_sim            # prints the table and appends it to RESULTS.md
+    .venv/bin/python -m benchmarks.bench_sim            # prints the table and records it in RESULTS.md
     .venv/bin/python -m benchmarks.bench_sim --no-record
 
 Every simulation is timed against a baseline measured in the same run, interleaved with it so machine noise
@@ -14,20 +14,17 @@ Workloads: a synthetic 500-layer chain, plus the zoo when ``mcdla.workload.zoo``
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import date
-from pathlib import Path
 
+from benchmarks._results import record
 from mcdla.hardware import load_system
 from mcdla.sim import evaluate_plan, pool_link, simulate
 from mcdla.workload.model import Layer, LayerKind, Workload
 from mcdla.workload.plan import Action, Plan
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 COMMAND = ".venv/bin/python -m benchmarks.bench_sim"
 
 
@@ -99,19 +96,15 @@ def table(rows: list[tuple[str, ...]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=0.5, help="timing budget per simulation (s)")
-    parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    parser.add_argument("--no-record", action="store_true", help="print only; do not record in RESULTS.md")
     args = parser.parse_args(argv)
     rows = run(args.budget_s)
     text = table(rows)
     print(text)
     if not args.no_record:
-        header = "" if RESULTS.exists() else "# Benchmark results\n"
-        with RESULTS.open("a") as f:
-            f.write(f"{header}\n## Simulator speed\n\n`{COMMAND}` ({date.today()}, Python "
-                    f"{platform.python_version()}, {platform.machine()}). Offload-everything plans; "
-                    "ratio = 8-device simulate / single-device evaluate_plan of the same workload and plan, "
-                    "measured interleaved in the same run.\n\n" + text + "\n")
-
+        record("sim-speed", "Simulator speed", COMMAND,
+               "Offload-everything plans; ratio = 8-device simulate / single-device evaluate_plan of the same "
+               "workload and plan, measured interleaved in the same run.\n\n" + text)
 
 if __name__ == "__main__":
     main(sys.argv[1:])
