@@ -106,5 +106,6 @@ def main(argv: list[str] | None = None) -> None:
                "Offload-everything plans; ratio = 8-device simulate / single-device evaluate_plan of the same "
                "workload and plan, measured interleaved in the same run.\n\n" + text)
 
+
 if __name__ == "__main__":
     main(sys.argv[1:])

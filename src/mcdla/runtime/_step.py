@@ -368,7 +368,7 @@ class _Step:
     def _fits(self, rec: _Record) -> bool:
         """Whether fetching ``rec`` ahead leaves room under the cap for what backward needs before it."""
         if self._cap is None:
-            return True
+            return True  # no cap: skip counting what backward needs first
         return fits(self._resident, rec.nbytes + self.prefetch.bytes_needed_before(rec), self._cap)
 
     def request_prefetch(self, module: str) -> None:
