@@ -3,11 +3,25 @@
 NOTE [storages, not tensors]
     Autograd saves tensors, but memory belongs to storages: a layer's q, k and v are views of one qkv
     output, an in-place ReLU returns its input, a linear layer saves the same activation its ReLU saved.
-    The runtime therefore moves whole storages, once, and gives each saved tensor back as a view with its
-    original dtype, size, stride and storage offset into the one restored storage. Two saves share a record
-    only while the first storage is provably the same object (a weak reference to it is still alive) and
-    its version counter has not moved, so a freed-and-reused address or an in-place change never maps a
-    new tensor onto old bytes.
+    The runtime therefore moves whole storages and gives each saved tensor back as a view with its
+    original dtype, size, stride and storage offset into the restored storage. Two saves share a record
+    only while their bytes provably have not changed in between (NOTE [one version counter]).
+
+NOTE [one version counter]
+    The only evidence autograd keeps that a tensor's bytes have not changed is its version counter, and a
+    counter belongs to a tensor and the autograd views of it (they share their base's counter), not to a
+    storage. Several tensors with *separate* counters can alias one storage: ``unsafe_chunk`` and
+    ``unsafe_split`` (used by the CPU GRU and LSTM cells: ``gates.unsafe_chunk(4, 1)``, then ``sigmoid_``
+    on each chunk), ``.data``, ``set_``. Keying sharing on (storage, version) made a later save of chunk 1
+    reuse the record (and the bytes copied out) of chunk 0 whenever the two counters happened to read the
+    same number, after chunk 1 had been rewritten in place: the wrong bytes came back and the gradients
+    were garbage, silently (issue #9: ``nn.GRU``, ``nn.GRUCell``, ``nn.LSTMCell``). So a record belongs to
+    one *view root* (``t._base`` or ``t`` itself, which carries the counter): a save shares a record only
+    when it has the same storage, the same root object (held by a weak reference, so a freed and reused
+    address or object id never matches) and the root's counter has not moved. Aliases with other roots get
+    records of their own (more bytes moved, never wrong bytes), and the unpack check watches the root's
+    counter, so an in-place change through any view of the saved tensor is caught even after the saved
+    tensor object itself died (PyTorch skips its own version check for tensors saved through hooks).
 """
 
 from __future__ import annotations
@@ -50,6 +64,12 @@ def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> An
     return storage
 
 
+def view_root(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose version counter ``t`` uses: its autograd base, or itself (NOTE [one version counter])."""
+    base = t._base
+    return t if base is None else base
+
+
 class _State(Enum):
     """Where a record's bytes are."""
 
@@ -68,14 +88,15 @@ class _Record:
     """One managed storage of one step."""
 
     __slots__ = (
-        "id", "key", "step", "device", "nbytes", "storage_ref", "version", "layer", "dtype", "shape", "start_tier",
+        "id", "key", "step", "device", "nbytes", "storage_ref", "root_ref", "version", "saved_seq", "layer", "dtype",
+        "shape", "start_tier",
         "prefetch_at", "_label",
         "offload_now", "state", "source", "restored", "event", "block", "tier_name", "offload_future",
         "fetch_future", "handles_live", "pending", "error", "counted_resident", "counted_window",
     )
 
-    def __init__(self, *, rid: int, key: tuple[Any, int], step: _Step, tensor: torch.Tensor, layer: str,
-                 start_tier: int, prefetch_at: str | None, offload_now: bool) -> None:
+    def __init__(self, *, rid: int, key: tuple[Any, ...], step: _Step, tensor: torch.Tensor, layer: str,
+                 start_tier: int, prefetch_at: str | None, offload_now: bool, saved_seq: int) -> None:
         storage = tensor.untyped_storage()
         self.id = rid
         self.key = key
@@ -83,7 +104,9 @@ class _Record:
         self.device = tensor.device
         self.nbytes = storage.nbytes()
         self.storage_ref = weakref.ref(storage)
+        self.root_ref = weakref.ref(view_root(tensor))
         self.version = tensor._version
+        self.saved_seq = saved_seq  # autograd's sequence number when saved (NOTE [bytes final] in _step)
         self.layer = layer
         self.dtype = tensor.dtype
         self.shape = tensor.shape
@@ -116,8 +139,13 @@ class _Record:
         return self._label
 
     def same_storage(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` views this record's storage, unchanged since it was saved."""
-        return self.storage_ref() is tensor.untyped_storage() and self.version == tensor._version
+        """Whether ``tensor`` is a view of this record's root, unchanged since it was saved.
+
+        Same storage is not enough: aliases with their own version counters may have rewritten the bytes
+        (NOTE [one version counter]).
+        """
+        return (self.storage_ref() is tensor.untyped_storage() and self.root_ref() is view_root(tensor)
+                and self.version == tensor._version)
 
     def bytes_now(self) -> torch.Tensor | None:
         """The device bytes available without a fetch (source or restored), if any."""
@@ -135,7 +163,7 @@ class _Handle:
         self.size = tensor.size()
         self.stride = tensor.stride()
         self.offset = tensor.storage_offset()
-        self.origin = weakref.ref(tensor)
+        self.origin = weakref.ref(view_root(tensor))  # the counter's owner lives as long as any view of it
         self.version = tensor._version
         self.unpacked = False
         record.handles_live += 1
@@ -147,7 +175,7 @@ class _Handle:
         return out.set_(storage_bytes.untyped_storage(), self.offset, self.size, self.stride)
 
     def modified_version(self) -> int | None:
-        """The tensor's current version if it is alive and was modified in place since it was saved."""
+        """The saved tensor's current version if it was modified in place (through any view) since it was saved."""
         origin = self.origin()
         if origin is not None and origin._version != self.version:
             return origin._version

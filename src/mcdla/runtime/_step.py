@@ -14,6 +14,19 @@ NOTE [windows]
     backward the prefetcher (``_prefetch.py``) keeps at most ``window`` storages fetching or fetched and
     unused; a tensor that is not back when needed is fetched on demand and the wait is reported. An offload
     still running when its tensor is needed is not waited for: the bytes still held are used instead.
+
+NOTE [bytes final]
+    A pack hook may run before the bytes it is handed are final. Autograd saves an op's inputs before its
+    kernel runs, and an op may write an input it saved without bumping any version counter:
+    ``rrelu_with_noise`` saves its ``noise`` buffer, then the kernel fills it (issue #9: ``F.rrelu`` in
+    training returned gradients of uninitialised memory; even ``torch.autograd.graph.save_on_cpu``, which
+    copies in the hook, gets it wrong). So no copy of a storage starts while the op that saved it can still
+    be running. Autograd numbers the nodes it creates (``_get_sequence_nr``, per thread, 50 ns), and every
+    save happens while its op's node is the newest; a storage packed when the counter read ``s`` is final
+    once the counter has moved past ``s`` (a later op that records a node has started), when the context
+    exits, or when backward begins. Offloads chosen in a pack wait in ``_deferred`` until then: the first
+    pack of the next op starts them, one op later than before. On CUDA the same rule orders the copy after
+    the kernel that writes the bytes, since the copy's event is recorded when it starts.
 """
 
 from __future__ import annotations
@@ -25,16 +38,16 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_all
-from pathlib import Path
 from typing import Any
 
 import torch
+from torch._C._autograd import _get_sequence_nr
 
 from mcdla.errors import McdlaError, OffloadError, RuntimeTierError
 from mcdla.runtime._modules import _Attribution
 from mcdla.runtime._policy import _Config, _Policy, fits, freeing_offload, plan_cap_bytes
 from mcdla.runtime._prefetch import _Prefetcher
-from mcdla.runtime._records import _Handle, _Record, _State, managed_storage
+from mcdla.runtime._records import _Handle, _Record, _State, managed_storage, view_root
 from mcdla.runtime._sync import _InboxLock
 from mcdla.runtime._transfer import _Mover
 from mcdla.runtime.pool import Pool
@@ -73,7 +86,8 @@ class _Step:
         self._lock = _InboxLock(self._internal_error)
         self._ids = itertools.count()
         self._records: dict[int, _Record] = {}  # record id -> live record
-        self._by_storage: dict[tuple[Any, int], _Record] = {}  # (device, storage data_ptr) -> record
+        self._by_storage: dict[tuple[Any, ...], _Record] = {}  # (device, storage data_ptr, id(view root)) -> record
+        self._deferred: list[_Record] = []  # offloads chosen whose bytes may not be final yet (NOTE [bytes final])
         self._offloading: deque[_Record] = deque()  # offloads in flight, oldest first
         self._inflight: dict[Future, tuple[_Record, str]] = {}  # transfer -> (record, "offload"/"fetch")
         self._resident = 0  # bytes of managed storages held on the device
@@ -123,6 +137,7 @@ class _Step:
         """Entries in every per-record structure of this step (0 once it has finished cleanly)."""
         with self._lock:
             return (len(self._records) + len(self._by_storage) + len(self.policy) + len(self._offloading)
+                    + len(self._deferred)
                     + len(self._inflight) + self.prefetch.entries())
 
     # -- pack ------------------------------------------------------------------------------------------
@@ -136,15 +151,19 @@ class _Step:
             self._raise_failure()
         storage = managed_storage(t, self.cfg.min_bytes, self._param_ptrs)
         report = self.report
+        seq = _get_sequence_nr()
         with self._lock:
             report.saved_count += 1
             report.saved_bytes += t.numel() * t.element_size()
-            if storage is None:
-                return t.detach()
-            if self.prefetch.in_backward:
+            final = self._take_final(seq)
+            if storage is not None and self.prefetch.in_backward:
                 self.prefetch.new_forward_phase()
+        for r in final:
+            self._start_offload(r)
+        if storage is None:
+            return t.detach()
         layer, decided = self.attr.current()
-        key = (t.device, storage.data_ptr())
+        key = (t.device, storage.data_ptr(), id(view_root(t)))
         while True:
             with self._lock:
                 if self._failure is not None:  # e.g. the offload just waited for failed
@@ -156,18 +175,39 @@ class _Step:
                 nbytes = storage.nbytes()
                 blocker = None if fits(self._resident, nbytes, self._cap) else freeing_offload(self._offloading)
                 if blocker is None:
-                    handle, evict = self._admit(t, key, layer, decided)
+                    handle, evict = self._admit(t, key, layer, decided, seq)
+                    self._deferred.extend(r for r in evict if r.saved_seq >= seq)
+                    evict = [r for r in evict if r.saved_seq < seq]
                     break
             self._wait_offload(blocker[1], "budget", blocker[0])
         for r in evict:
             self._start_offload(r)
         return handle
 
-    def _admit(self, t: torch.Tensor, key: tuple[Any, int], layer: str, decided: Any) -> tuple[_Handle, list[_Record]]:
+    def _take_final(self, seq: int | None) -> list[_Record]:
+        """Deferred offloads whose bytes are final by autograd's counter ``seq`` (None: all of them)."""
+        if not self._deferred:
+            return []
+        if seq is None:
+            final, self._deferred = self._deferred, []
+        else:
+            final = [r for r in self._deferred if r.saved_seq < seq]
+            self._deferred = [r for r in self._deferred if r.saved_seq >= seq]
+        return final
+
+    def _start_deferred(self) -> None:
+        """Start every deferred offload (outside the lock): forward is over (NOTE [bytes final])."""
+        with self._lock:
+            final = self._take_final(None)
+        for r in final:
+            self._start_offload(r)
+
+    def _admit(self, t: torch.Tensor, key: tuple[Any, ...], layer: str, decided: Any,
+               seq: int) -> tuple[_Handle, list[_Record]]:
         """A record for ``t``'s new storage (under the lock); returns its handle and what to offload now."""
         place = self.policy.place(decided)
         rec = _Record(rid=next(self._ids), key=key, step=self, tensor=t, layer=layer, start_tier=place.start_tier,
-                      prefetch_at=place.prefetch_at, offload_now=place.offload_now)
+                      prefetch_at=place.prefetch_at, offload_now=place.offload_now, saved_seq=seq)
         self._records[rec.id] = self._by_storage[key] = rec
         self._set_resident(rec, True)
         self.report.managed_count += 1
@@ -267,6 +307,8 @@ class _Step:
     def unpack(self, h: _Handle) -> torch.Tensor:
         """The unpack hook: the saved tensor back on its device, bit for bit."""
         rec = h.record
+        if self._deferred:  # backward began inside the context: forward's last saves are final
+            self._start_deferred()
         with self._lock:
             self._check_unpack(h)
             self.prefetch.begin_backward()
@@ -443,6 +485,8 @@ class _Step:
 
     def exit(self) -> None:
         """The context exited normally; finish if backward is over, and raise a failure not yet seen."""
+        if self._failure is None:
+            self._start_deferred()
         with self._lock:
             self._exited = True
             self._maybe_finish()
@@ -473,6 +517,7 @@ class _Step:
                 self.prefetch.give_back(rec)
             self._records.clear()
             self._by_storage.clear()
+            self._deferred.clear()
             self.policy.clear()
             self.prefetch.clear()
         self.settle()  # completions of transfers still running free their blocks
