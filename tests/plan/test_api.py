@@ -112,6 +112,44 @@ def test_plan_json_round_trip_keeps_workload_budget_and_decisions(tmp_path) -> N
     assert loaded.budget_bytes == pytest.approx(peak(w) * 0.7)
 
 
+@pytest.mark.parametrize("planner", sorted(PLANNERS))
+def test_every_planner_states_the_saved_cap_its_simulation_holds(planner) -> None:
+    """Every plan carries the device budget it was made for and its saved cap, the budget less the static
+    bytes (NOTE [plan budgets]); in the engine's run of the plan, device bytes less static bytes (saved tensors
+    and transients) never exceed that cap."""
+    w = _chain(4)
+    try:
+        budget = peak(w) * 0.8
+        plan = make_plan(w, budget, LINK, planner)
+    except PlanError:  # no offloading (none), or budget-oblivious (vdnn-*): at the no-offload peak every plan fits
+        budget = peak(w)
+        plan = make_plan(w, budget, LINK, planner)
+    assert plan.budget_bytes == pytest.approx(budget)
+    assert plan.saved_cap_bytes == pytest.approx(budget - w.static_bytes)
+    result = evaluate_plan(w, plan, LINK)
+    assert result.feasible
+    assert result.peak_device_bytes - w.static_bytes <= plan.saved_cap_bytes * (1 + 1e-9)
+    unlimited = make_plan(w, math.inf, LINK, planner)
+    assert math.isinf(unlimited.saved_cap_bytes)
+    assert math.isinf(Plan.from_dict(unlimited.to_dict()).saved_cap_bytes)
+
+
+def test_plan_budgets_migration_and_checks() -> None:
+    """A plan file without saved_cap_bytes (written before the field) loads with saved_cap_bytes =
+    budget_bytes, what the runtime enforced before; a cap outside [0, budget] is a PlanError."""
+    w = _chain(3)
+    data = policy_plan(w, "all", budget_bytes=5e9).to_dict()
+    assert data["saved_cap_bytes"] == pytest.approx(5e9 - w.static_bytes)
+    del data["saved_cap_bytes"]
+    old = Plan.from_dict(data)
+    assert old.budget_bytes == old.saved_cap_bytes == 5e9
+    assert Plan.from_dict({**data, "budget_bytes": None}).saved_cap_bytes == math.inf
+    assert Plan.from_dict({**data, "saved_cap_bytes": 1e9}).saved_cap_bytes == 1e9
+    for bad in (6e9, -1.0, math.nan):
+        with pytest.raises(PlanError, match="saved_cap_bytes"):
+            Plan.from_dict({**data, "saved_cap_bytes": bad})
+
+
 def test_plans_name_layers_by_module_name() -> None:
     """A plan for a zoo workload names its layers by the workload's qualified module names."""
     w = zoo.build("vgg-e", batch=64)

@@ -92,7 +92,8 @@ def test_run_plan_budget_is_the_budget_less_static_bytes() -> None:
         plan = Plan.from_actions(workload="w", batch=1, layer_names=w.layer_names, actions={"l0": "offload"},
                                  budget_bytes=budget)
         run, _ = executable_plan(plan, w, w.layer_names)
-        assert run.budget_bytes == pytest.approx(share)
+        assert run.saved_cap_bytes == pytest.approx(share)
+        assert run.budget_bytes == budget  # the device budget stays (NOTE [plan budgets])
     tight = Plan.from_actions(workload="w", batch=1, layer_names=w.layer_names, actions={}, budget_bytes=static)
     with pytest.raises(PlanError, match="static bytes") as info:
         executable_plan(tight, w, w.layer_names)

@@ -51,9 +51,10 @@ def test_linear_flops_match_closed_form() -> None:
 
 
 def test_saved_bytes_go_to_the_last_saver_and_skip_parameters() -> None:
-    """A ReLU output saved by the ReLU and the next Linear counts once, for the Linear; weights never count."""
+    """With shared_storage_owner='last' (the zoo's rule) a ReLU output saved by the ReLU and the next Linear
+    counts once, for the Linear; weights never count."""
     model, x = _mlp()
-    w = _quick(model, x, lambda o: o.sum())
+    w = _quick(model, x, lambda o: o.sum(), shared_storage_owner="last")
     saved = {l.name: l.saved_bytes for l in w.layers}
     assert saved["0"] == B * IN * F32  # the input
     assert saved["1"] == 0 and saved["3"] == 0
@@ -62,11 +63,12 @@ def test_saved_bytes_go_to_the_last_saver_and_skip_parameters() -> None:
 
 
 def test_first_saver_rule_gives_shared_storages_to_the_first_layer() -> None:
-    """With shared_storage_owner='first' the ReLU keeps its output and the Linear after it saves nothing."""
+    """By default (shared_storage_owner='first', the runtime's rule) the ReLU keeps its output and the Linear
+    after it saves nothing."""
     model, x = _mlp()
-    w = _quick(model, x, lambda o: o.sum(), shared_storage_owner="first")
-    saved = {l.name: l.saved_bytes for l in w.layers}
-    assert saved["1"] == B * HID * F32 and saved["2"] == 0
+    for w in (_quick(model, x, lambda o: o.sum()), _quick(model, x, lambda o: o.sum(), shared_storage_owner="first")):
+        saved = {l.name: l.saved_bytes for l in w.layers}
+        assert saved["1"] == B * HID * F32 and saved["2"] == 0
 
 
 def test_views_of_one_storage_count_once() -> None:

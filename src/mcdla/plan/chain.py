@@ -25,7 +25,7 @@ from mcdla.sim import BACKWARD, FORWARD, build_program, default_device
 from mcdla.workload.model import LayerKind, Workload
 from mcdla.workload.plan import Action, Plan
 
-__all__ = ["Chain", "LinkTimes", "build_chain", "link_times", "build_plan", "triggers_of"]
+__all__ = ["Chain", "LinkTimes", "build_chain", "link_times", "build_plan", "triggers_of", "saved_cap"]
 
 _BUCKET_BYTES = 25 * 2**20  # irrelevant on one device (no collectives); the engine's default
 
@@ -158,6 +158,13 @@ def link_times(chain: Chain, link: PoolLink) -> LinkTimes:
     )
 
 
+def saved_cap(budget_bytes: float, static_bytes: float) -> float:
+    """The plan's ``saved_cap_bytes`` for a device budget (NOTE [plan budgets] in ``mcdla.workload.plan``): the
+    budget less the static bytes, at least 0; unlimited stays unlimited. The engine holds static + resident
+    saved + transient bytes within the budget at every event, so a plan's saved bytes never exceed this."""
+    return math.inf if math.isinf(budget_bytes) else max(0.0, float(budget_bytes) - float(static_bytes))
+
+
 def build_plan(
     chain: Chain,
     actions: Sequence[Action] | Mapping[int, Action],
@@ -195,6 +202,7 @@ def build_plan(
         layer_names=chain.names,
         actions=by_name,
         budget_bytes=budget_bytes,
+        saved_cap_bytes=saved_cap(budget_bytes, chain.static_bytes),
         planner=planner,
         prefetch_at=prefetch,
     )

@@ -11,6 +11,7 @@ import math
 from typing import Literal
 
 from mcdla.errors import PlanError
+from mcdla.plan.chain import saved_cap
 from mcdla.workload.model import LayerKind, Workload
 from mcdla.workload.plan import Action, Plan
 
@@ -36,5 +37,6 @@ def policy_plan(workload: Workload, policy: str, budget_bytes: float = math.inf)
         layer_names=workload.layer_names,
         actions=actions,
         budget_bytes=budget_bytes,
+        saved_cap_bytes=saved_cap(budget_bytes, workload.static_bytes),
         planner=f"vdnn-{policy}",
     )

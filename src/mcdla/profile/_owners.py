@@ -8,7 +8,8 @@ called functionally), the innermost module on the stack, named by its qualified 
 ``ROOT_NAME``); after the model returns (the loss), ``LOSS_NAME``. In backward, work belongs to the owner
 whose forward created the autograd node being run (NOTE [backward owners] below). Owners that turn out to do
 nothing countable (no FLOPs, no saved bytes) are not layers; their time is merged into the next layer in time
-(see :mod:`mcdla.profile.profiler`).
+(see :mod:`mcdla.profile.profiler`). A storage saved by several owners counts for the first of them by
+default, as in ``mcdla.runtime`` (NOTE [saved bytes] in :mod:`mcdla.profile.profiler`).
 
 Every switch of owner is reported to a callback with the phase (``"fwd"`` or ``"bwd"``), so one pass can
 time intervals and another can attribute FLOPs and saved tensors with the same rule.

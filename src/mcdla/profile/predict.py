@@ -4,8 +4,9 @@ NOTE [what is predicted]
 The prediction is the engine's run of the plan the runtime runs, on a view of the profile that keeps only the
 saved tensors as device bytes (no weights, no transients), with the plan's budget in that view as the device
 capacity: the budget less the static bytes (weights, gradients, optimizer state), which is what the plan may
-hold in saved tensors (and in transients, which neither side counts). :func:`executable_plan` gives the run
-plan that budget, and the runtime honours it as a cap on its resident saved bytes the way the engine does
+hold in saved tensors (and in transients, which neither side counts): the plan's ``saved_cap_bytes`` (NOTE
+[plan budgets] in ``mcdla.workload.plan``). :func:`executable_plan` makes sure the run plan states it, and the
+runtime honours it as a cap on its resident saved bytes the way the engine does
 (NOTE [plan budget] in ``mcdla.runtime._policy``): the forward waits for in-flight offloads to free room. The
 engine's makespan (its memory stalls included) is the predicted step time, its peak device bytes the
 predicted peak resident saved bytes, which is what the runtime's ``StepReport.peak_resident_saved_bytes``
@@ -32,8 +33,9 @@ layers that are not modules (``(model)``, ``(loss)``) cannot be carried out by t
 gets the engine's default spelled out, the next layer in forward order, so the runtime prefetches at the
 same moment the engine assumes; and since the runtime applies a module's decision to its submodules too, a
 layer inside a decided glue owner (``blocks.0.fc2`` under an offloaded ``blocks.0`` at leaf granularity) gets
-an explicit *keep*. Its budget becomes the saved-bytes budget of NOTE [what is predicted] (an unlimited
-budget stays unlimited).
+an explicit *keep*. Its ``saved_cap_bytes`` becomes the saved-bytes budget of NOTE [what is predicted]
+(the smaller of the plan's own and its device budget less the static bytes, which tightens a plan file that
+predates the field; an unlimited budget stays unlimited); ``budget_bytes`` stays the device budget.
 """
 
 from __future__ import annotations
@@ -179,8 +181,9 @@ def executable_plan(plan: Plan, workload: Workload, module_names: Sequence[str])
     for name in names:
         if name in modules and name not in decided and _inherited(name, decided) not in (None, Action.KEEP):
             decisions.append(Decision(layer=name, action=Action.KEEP))
+    cap = min(plan.saved_cap_bytes, saved_budget(plan.budget_bytes, workload))  # type: ignore[type-var]
     return dataclasses.replace(plan, decisions=tuple(decisions), layer_names=names,
-                               budget_bytes=saved_budget(plan.budget_bytes, workload)), tuple(notes)
+                               saved_cap_bytes=cap), tuple(notes)
 
 
 def _inherited(name: str, decided: Mapping[str, Action]) -> Action | None:
@@ -206,11 +209,11 @@ class Prediction(NamedTuple):
 
 def predict(workload: Workload, plan: Plan, link: PoolLink) -> Prediction:
     """The engine's step time, peak resident saved bytes, their timeline and the compute side's waits for
-    ``plan`` (a run plan from :func:`executable_plan`, whose budget is the saved-bytes budget)."""
+    ``plan`` (a run plan from :func:`executable_plan`, whose ``saved_cap_bytes`` is the saved-bytes budget)."""
     from mcdla.sim import evaluate_plan
 
     result = evaluate_plan(timed_view(workload, saved_only=True), plan, link,
-                           device=time_device(workload.precision), budget_bytes=plan.budget_bytes)
+                           device=time_device(workload.precision), budget_bytes=plan.saved_cap_bytes)
     if not result.feasible:
         raise PlanError(f"simulator: the plan cannot run: {result.infeasible_reason}")
     line = result.memory_timeline.get("device", ())

@@ -17,13 +17,16 @@ NOTE [saved bytes]
 A saved tensor counts the bytes of its *storage*, once per step: views of one storage (the q, k, v chunks of
 one projection, a reshaped input saved by ``addmm``) are one allocation that stays alive until backward.
 A storage saved by several layers (a ReLU saves its output, the next linear layer saves it as its input)
-belongs to the *last* of them in forward order, whose backward needs it first (the analytical zoo's rule,
-NOTE [saved-bytes attribution] in ``mcdla/workload/zoo/_graph.py``), except that a unit keeps it against
-glue code and glue code against the loss (``nll_loss`` saves the log-probabilities that ``LogSoftmax``
-saved). ``shared_storage_owner="first"`` gives it to the first saver instead (so far what
-``mcdla.runtime`` does: its record of a storage belongs to the module that saved it first). Tensors whose
-storage is a parameter or a buffer (``weight.t()`` saved by ``linear``) are not
-activations and are skipped. Tensors saved during backward are ignored.
+belongs by default to the *first* of them in forward order (``shared_storage_owner="first"``), the rule of
+``mcdla.runtime``, whose record of a storage is made at its first save and belongs to the innermost module
+running then (NOTE [attribution and plan execution] in ``mcdla.runtime._modules``): so a plan made from a
+default profile offloads, keeps or recomputes a storage under the decision the runtime applies to it
+(``docs/runtime.md`` says why the runtime cannot take the last saver). ``shared_storage_owner="last"``
+gives it to the *last* saver, whose backward needs it first (the analytical zoo's rule, NOTE [saved-bytes
+attribution] in ``mcdla/workload/zoo/_graph.py``; use it to compare with the zoo), except that a unit keeps
+it against glue code and glue code against the loss (``nll_loss`` saves the log-probabilities that
+``LogSoftmax`` saved). Tensors whose storage is a parameter or a buffer (``weight.t()`` saved by
+``linear``) are not activations and are skipped. Tensors saved during backward are ignored.
 
 NOTE [time attribution]
 Time between owner switches belongs to the owner that was running. Owners that are not layers (a container
@@ -123,7 +126,7 @@ def profile_run(
     name: str | None = None,
     batch: int | None = None,
     optimizer_bytes_per_param_byte: float = 0.0,
-    shared_storage_owner: SharedOwner = "last",
+    shared_storage_owner: SharedOwner = "first",
     min_saved_bytes: int = 0,
 ) -> ProfileResult:
     """Profile ``model`` and return the workload with its raw measurements; see :func:`profile`."""
@@ -212,7 +215,7 @@ def profile(
     name: str | None = None,
     batch: int | None = None,
     optimizer_bytes_per_param_byte: float = 0.0,
-    shared_storage_owner: SharedOwner = "last",
+    shared_storage_owner: SharedOwner = "first",
     min_saved_bytes: int = 0,
 ) -> Workload:
     """Measure one training step of ``model`` into a workload whose layers are its modules.
@@ -227,8 +230,9 @@ def profile(
         name: the workload's name (default: the model class name, lower case).
         batch: the workload's batch size (default: dimension 0 of the first input tensor).
         optimizer_bytes_per_param_byte: optimizer state per parameter byte, for the static memory only.
-        shared_storage_owner: which layer a storage saved by several layers counts for: ``"last"`` (the
-            analytical zoo's rule, NOTE [saved bytes]) or ``"first"`` (the first layer that saved it).
+        shared_storage_owner: which layer a storage saved by several layers counts for: ``"first"`` (the
+            first layer that saved it: the runtime's rule, NOTE [saved bytes]) or ``"last"`` (the
+            analytical zoo's rule).
         min_saved_bytes: storages smaller than this are not counted as saved (to match a runtime that leaves
             them on the device, ``mcdla.virtualize(min_bytes=...)``).
 

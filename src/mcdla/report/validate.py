@@ -9,7 +9,7 @@ measured step time and peak resident saved bytes, and their errors; ``mcdla vali
 2. probe the pool's first tier from the model's device (:func:`mcdla.profile.probe.probe_pool`): the link
    the planner sees (with the per-storage latency folded in, NOTE [one transfer per storage]);
 3. plan under the budget (or take the given plan) and make it executable (NOTE [executing the plan] in
-   :mod:`mcdla.profile.predict`); its budget becomes the saved-bytes budget, which the runtime honours as
+   :mod:`mcdla.profile.predict`); its ``saved_cap_bytes`` is the saved-bytes budget, which the runtime honours as
    the engine does, holding the forward back while offloads in flight free room (NOTE [plan budget] in
    :mod:`mcdla.runtime._policy`);
 4. measure in alternating rounds, probing the link again in each (NOTE [measuring] in
@@ -283,7 +283,7 @@ def _validate(resolved: ResolvedModel, pool_obj: Any, pool: str, budget: str | f
         predicted_peak_saved_bytes=predicted_peak,
         measured_peak_saved_bytes=float(statistics.median(r.peak_resident_saved_bytes for r in rounds.reports)),
         saved_bytes=workload.saved_bytes, unpack_wait_s=float(report.unpack_wait_s), link=link, probed_link=probed,
-        saved_budget_bytes=run_plan.budget_bytes, pack_wait_s=float(report.pack_wait_s),
+        saved_budget_bytes=run_plan.saved_cap_bytes, pack_wait_s=float(report.pack_wait_s),
         predicted_wait_s=prediction.wait_s, notes=notes,
         plot=plot_path,
     )

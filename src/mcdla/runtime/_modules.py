@@ -3,7 +3,10 @@
 NOTE [attribution and plan execution]
     With ``model=``, forward pre/post hooks on every submodule keep a per-thread stack of the qualified
     names (``model.named_modules()``) of the modules running forward; a saved tensor belongs to the
-    innermost one ("" when none runs). A plan decision applies to the saved tensors of its module and of
+    innermost one ("" when none runs). A storage saved by several modules belongs to the *first*: its record
+    is made at its first save, and later saves of the same storage share it (the profiler's default rule,
+    NOTE [saved bytes] in ``mcdla.profile.profiler``, so a plan made from a profile decides each storage
+    under the same module; ``tests/profile/test_shared_owner.py``). A plan decision applies to the saved tensors of its module and of
     its submodules, the innermost decided module winning:
       1. ``offload``: offloaded as soon as saved, starting at the decision's tier (spilling down the pool).
       2. ``keep`` (or no decision): kept on the device.

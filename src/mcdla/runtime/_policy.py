@@ -7,11 +7,13 @@ NOTE [policy]
     starting at the decision's tier, and fetch them at its ``prefetch_at`` module.
 
 NOTE [plan budget]
-    A plan is made for a budget (``Plan.budget_bytes``), and the timing model (``docs/timing-model.md``)
-    holds it: a layer's saved bytes are allocated when its forward starts, which waits until they fit; an
-    offloaded tensor's bytes are freed only when its offload completes; a prefetch allocates when it starts
-    and waits for room first. The runtime honours a finite plan budget the same way, as a cap on the
-    resident managed saved bytes (the only device bytes it sees):
+    A plan is made for a device budget (``Plan.budget_bytes``), and the timing model
+    (``docs/timing-model.md``) holds it: a layer's saved bytes are allocated when its forward starts, which
+    waits until they fit; an offloaded tensor's bytes are freed only when its offload completes; a prefetch
+    allocates when it starts and waits for room first. The runtime sees only the saved tensors, so it
+    enforces the plan's share for them, ``Plan.saved_cap_bytes`` (NOTE [plan budgets] in
+    ``mcdla.workload.plan``: the device budget less the static bytes, set by the planner; a plan without it
+    gets ``budget_bytes``), the same way, as a cap on the resident managed saved bytes:
       - pack: a new storage of n bytes is admitted only when ``resident + n <= cap``; otherwise the forward
         waits, outside the step lock (NOTE [locking] in ``_sync``), for the oldest offload in flight to
         complete, and checks again. If no offload in flight would free memory, it does not wait: the storage
@@ -29,9 +31,11 @@ NOTE [plan budget]
     exists in memory while its pack waits (the op that made it has run); the timing model counts it as the
     layer's output (a transient), which the saved-bytes view of ``mcdla validate`` leaves out, so device
     memory may exceed the counted bytes by that one storage during a wait.
-    The cap is ``Plan.budget_bytes``; the runtime cannot tell a plan's device budget from its saved-bytes
-    budget, so a caller whose budget also covers weights and transients passes the saved share
-    (``mcdla validate`` passes budget minus static bytes, NOTE [what is predicted] in
+    The cap is exactly the bound the plan's simulation keeps its saved bytes within: there static + saved +
+    transients <= budget at every event, so saved <= budget - static, reached only at moments without
+    transients. The runtime does not see transients (PyTorch allocates them), so while one is live the device
+    may hold up to that transient more than the plan's simulation did, if the runtime's copies run behind the
+    engine's. ``mcdla validate`` predicts with the same cap (NOTE [what is predicted] in
     ``mcdla.profile.predict``). ``budget=`` without a plan is another contract: it bounds what is *kept*;
     storages evicted beyond it stay resident until their copies land, bounded by the ``window`` of offloads
     in flight (a strict cap would make every pack beyond the budget wait for the copy it just started).
@@ -77,9 +81,10 @@ _FIT_SLACK = 1e-9  # the engine's (mcdla.sim.device): absorbs float rounding onl
 
 
 def plan_cap_bytes(plan: Any) -> float | None:
-    """The cap on resident saved bytes a plan sets (NOTE [plan budget]); None for no plan or no budget."""
-    budget = None if plan is None else plan.budget_bytes
-    return None if budget is None or math.isinf(budget) else float(budget)
+    """The cap on resident saved bytes a plan sets, its ``saved_cap_bytes`` (NOTE [plan budget]); None for no
+    plan or no cap."""
+    cap = None if plan is None else plan.saved_cap_bytes
+    return None if cap is None or math.isinf(cap) else float(cap)
 
 
 def fits(resident_bytes: int, nbytes: int, cap_bytes: float | None) -> bool:

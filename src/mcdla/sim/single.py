@@ -86,7 +86,7 @@ def evaluate_plan(workload: Workload, plan: Plan, link: PoolLink, *, device: Dev
 
     Args:
         device: the device (default :func:`default_device`, the dc-dla V100).
-        budget_bytes: device-memory capacity (bytes); None means ``plan.budget_bytes``.
+        budget_bytes: device-memory capacity (bytes); None means ``plan.budget_bytes`` (its device budget).
 
     Same semantics as ``simulate(one_device_system(device, link, budget), workload, plan)``, and exact also for
     links whose offload and prefetch bandwidths differ.

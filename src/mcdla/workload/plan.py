@@ -71,14 +71,27 @@ class Decision:
 class Plan:
     """A plan for one workload at one budget: one decision per layer that saves bytes.
 
-    Layers without a decision are kept. ``budget_bytes`` is the device-memory budget the plan was made for
-    (``math.inf`` for none); ``planner`` names what made it.
+    Layers without a decision are kept; ``planner`` names what made the plan. NOTE [plan budgets]: two bytes
+    fields, one meaning each (``math.inf`` for none):
+      - ``budget_bytes``: the *device* budget the plan was made and simulated for: static bytes (weights,
+        gradients, optimizer state) + resident saved tensors + transients (outputs, workspace) at every
+        engine event. Planners, ``mcdla.plan.evaluate`` and the simulator read this one.
+      - ``saved_cap_bytes``: the cap on *resident saved-tensor* bytes, the only device bytes the runtime
+        manages and the one it enforces (NOTE [plan budget] in ``mcdla.runtime._policy``). Planners set it to
+        ``budget_bytes`` less the workload's static bytes (at least 0): the plan's simulation keeps static +
+        saved + transients within the budget, so its saved bytes never exceed that (and reach it only at
+        moments without transients).
+    Migration: a plan without ``saved_cap_bytes`` (a file written before the field existed, or a plan built
+    with ``budget_bytes`` alone) gets ``saved_cap_bytes = budget_bytes``, which is what the runtime enforced
+    before; it is the only bound known without the workload (for a planner's old file it is loose by the
+    static bytes: make the plan again, or let ``mcdla validate`` tighten it to budget less static bytes).
     """
 
     workload: str
     batch: int
     budget_bytes: float
     decisions: tuple[Decision, ...]
+    saved_cap_bytes: float | None = None
     planner: str = "manual"
     layer_names: tuple[str, ...] = ()
     notes: str = ""
@@ -89,6 +102,13 @@ class Plan:
         object.__setattr__(self, "layer_names", tuple(self.layer_names))
         if not (self.budget_bytes > 0):
             raise PlanError(f"plan.budget_bytes: got {self.budget_bytes!r}; must be > 0")
+        if self.saved_cap_bytes is None:  # NOTE [plan budgets]: the migration rule
+            object.__setattr__(self, "saved_cap_bytes", self.budget_bytes)
+        elif not (0 <= self.saved_cap_bytes <= self.budget_bytes):
+            raise PlanError(
+                f"plan.saved_cap_bytes: got {self.saved_cap_bytes!r}; must be between 0 and budget_bytes "
+                f"({self.budget_bytes!r}): saved tensors are part of the device budget"
+            )
         by_layer: dict[str, Decision] = {}
         for d in self.decisions:
             if d.layer in by_layer:
@@ -140,8 +160,10 @@ class Plan:
         budget_bytes: float = math.inf,
         planner: str = "manual",
         prefetch_at: Mapping[str, str] | None = None,
+        saved_cap_bytes: float | None = None,
     ) -> Plan:
-        """Build a plan from ``{layer: action}``; layers not in ``actions`` are kept."""
+        """Build a plan from ``{layer: action}``; layers not in ``actions`` are kept (budgets: NOTE [plan
+        budgets])."""
         prefetch_at = prefetch_at or {}
         decisions = []
         for name in layer_names:
@@ -155,6 +177,7 @@ class Plan:
             workload=workload,
             batch=batch,
             budget_bytes=budget_bytes,
+            saved_cap_bytes=saved_cap_bytes,
             decisions=tuple(decisions),
             planner=planner,
             layer_names=tuple(layer_names),
@@ -167,6 +190,7 @@ class Plan:
             "workload": self.workload,
             "batch": self.batch,
             "budget_bytes": None if math.isinf(self.budget_bytes) else self.budget_bytes,
+            "saved_cap_bytes": None if math.isinf(self.saved_cap_bytes) else self.saved_cap_bytes,
             "planner": self.planner,
             "notes": self.notes,
             "layer_names": list(self.layer_names),
@@ -192,6 +216,8 @@ class Plan:
                 workload=str(data["workload"]),
                 batch=int(data["batch"]),
                 budget_bytes=math.inf if budget is None else float(budget),
+                saved_cap_bytes=(None if "saved_cap_bytes" not in data  # absent: NOTE [plan budgets]
+                                 else math.inf if data["saved_cap_bytes"] is None else float(data["saved_cap_bytes"])),
                 planner=str(data.get("planner", "manual")),
                 notes=str(data.get("notes", "")),
                 layer_names=tuple(data.get("layer_names", ())),
