@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -16,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcdla.errors import OffloadError
-from mcdla.runtime import FileTier, TierFullError, virtualize
+from mcdla.runtime import FileTier, HostBufferPool, HostTier, Pool, TierFullError, tiers_file, virtualize
 from mcdla.runtime import _file_io as fio
-from mcdla.runtime.tiers_file import default_io_threads
+from mcdla.runtime.tiers_file import default_io_threads, sweep_dead_blocks
 
 from ._models import twin
 
@@ -256,3 +262,152 @@ def test_small_blocks_keep_the_page_cache(tmp_path, monkeypatch):
     block = _store(tier, data)
     assert _load(tier, block) == data
     assert flags and not any(f & getattr(os, "O_DIRECT", 0) for f in flags)
+
+
+# -- issue #9: transient ENOSPC, planted files, directory mode, crash cleanup ---------------------------------
+def _enospc_once(tier):
+    real, calls = tier._write_chunks, []
+
+    def write(fd, data):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    tier._write_chunks = write
+    return calls
+
+
+def _pool_write(pool, data):
+    idx, reserved = pool.reserve(len(data), label=LABEL)
+    return pool.write(memoryview(data), index=idx, reserved_bytes=reserved, label=LABEL)
+
+
+def test_transient_enospc_full_mark_expires(tmp_path, monkeypatch):
+    """One ENOSPC spills to the next tier and marks the file tier full; once the mark is full_retry_s old
+    and the disk shows room, the tier takes blocks again with its configured capacity."""
+    monkeypatch.setattr(FileTier, "full_retry_s", 0.3)
+    disk = FileTier(tmp_path / "d", capacity_bytes=1 << 20)
+    host = HostTier(capacity_bytes=1 << 20, buffers=HostBufferPool(pinned=False))
+    pool = Pool([disk, host])
+    calls = _enospc_once(disk)
+    data = np.arange(5000, dtype=np.uint8)
+    assert _pool_write(pool, data).tier is host and disk.marked_full and disk.capacity_bytes == 0
+    assert _pool_write(pool, data).tier is host and len(calls) == 1  # the mark is fresh: no write tried
+    time.sleep(0.35)
+    block = _pool_write(pool, data)
+    assert block.tier is disk and not disk.marked_full and disk.capacity_bytes == 1 << 20
+    assert _load(disk, block) == data.tobytes()
+
+
+def test_full_mark_stays_while_the_disk_shows_no_room(tmp_path, monkeypatch):
+    """After the retry time, a disk that still shows no free space keeps the mark and costs no write."""
+    monkeypatch.setattr(FileTier, "full_retry_s", 0.05)
+    disk = FileTier(tmp_path, capacity_bytes=1 << 20)
+    calls = _enospc_once(disk)
+    pool = Pool([disk, HostTier(capacity_bytes=1 << 20, buffers=HostBufferPool(pinned=False))])
+    data = np.arange(5000, dtype=np.uint8)
+    _pool_write(pool, data)
+    with monkeypatch.context() as m:
+        m.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(100, 100, 0))
+        time.sleep(0.1)
+        assert _pool_write(pool, data).tier is not disk and disk.marked_full and len(calls) == 1
+    time.sleep(0.1)
+    assert _pool_write(pool, data).tier is disk
+
+
+def _returns_in_time(fn, timeout_s: float = 20.0):
+    out: list = []
+
+    def run():
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), "blocked"
+    return out[0]
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink"])
+@pytest.mark.parametrize("size", [1000, 3 * CHUNK])
+def test_planted_file_is_refused_not_waited_on(tmp_path, plant, size):
+    """A FIFO or symlink planted under a block's name: read raises OffloadError at once, free does not hang."""
+    tier = FileTier(tmp_path, chunk_bytes=CHUNK)
+    block = _store(tier, os.urandom(size))
+    path = block.payload
+    path.unlink()
+    if plant == "fifo":
+        os.mkfifo(path)
+    else:
+        (tmp_path / "elsewhere").write_bytes(b"x" * size)
+        path.symlink_to(tmp_path / "elsewhere")
+    err = _returns_in_time(lambda: _load(tier, block))
+    assert isinstance(err, OffloadError) and re.search(r"saved tensor #3.*(not a regular file|symbolic link)", str(err))
+    _returns_in_time(lambda: tier.free(block))
+    assert not path.exists() and not path.is_symlink()
+
+
+def test_created_directory_is_private(tmp_path):
+    """A pool directory the tier creates is 0700; an existing one keeps its mode."""
+    FileTier(tmp_path / "new" / "pool")
+    assert stat.S_IMODE(os.stat(tmp_path / "new" / "pool").st_mode) & 0o077 == 0
+    (tmp_path / "shared").mkdir(mode=0o755)
+    os.chmod(tmp_path / "shared", 0o755)
+    FileTier(tmp_path / "shared")
+    assert stat.S_IMODE(os.stat(tmp_path / "shared").st_mode) == 0o755
+
+
+_CHILD = """
+import sys, time
+import numpy as np
+from mcdla.runtime.tiers_file import FileTier
+tier = FileTier(sys.argv[1])
+data = np.ones(5000, dtype=np.uint8)
+blocks = [tier.write(memoryview(data), reserved_bytes=tier.try_reserve(5000), label="t") for _ in range(3)]
+print("ready", flush=True)
+if sys.argv[2] == "exit":
+    sys.exit(0)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("end", ["sigkill", "sigterm", "exit"])
+def test_blocks_of_a_process_that_died_do_not_stay(tmp_path, end):
+    """SIGTERM and a plain exit remove the process's blocks; after SIGKILL the next tier sweeps them, while
+    a live process's blocks are never swept."""
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path), end], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert len(list(tmp_path.glob("*.blk"))) == 3
+        if end == "sigkill":
+            assert FileTier(tmp_path).swept_blocks == 0  # the owner is alive
+            assert len(list(tmp_path.glob("*.blk"))) == 3
+            child.send_signal(signal.SIGKILL)
+        elif end == "sigterm":
+            child.send_signal(signal.SIGTERM)
+        rc = child.wait(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert rc == {"sigkill": -signal.SIGKILL, "sigterm": -signal.SIGTERM, "exit": 0}[end]
+    if end == "sigkill":
+        assert len(list(tmp_path.glob("*.blk"))) == 3
+        assert FileTier(tmp_path).swept_blocks == 3
+    assert list(tmp_path.glob("*.blk")) == []
+
+
+def test_sweep_keeps_foreign_and_own_live_blocks(tmp_path):
+    """Another host's blocks, a dead pid's under another host tag, this process's live tier: all kept."""
+    tier = FileTier(tmp_path)
+    mine = _store(tier, os.urandom(100))
+    other_host = tmp_path / "mcdla-00000000-999999-0123abcd-0.blk"
+    other_host.write_bytes(b"x")
+    stale_same_pid = tmp_path / f"mcdla-{tiers_file._HOST_TAG}-{os.getpid()}-0badc0de-0.blk"
+    stale_same_pid.write_bytes(b"x")
+    assert sweep_dead_blocks(tmp_path) == 1  # the earlier process with this pid
+    assert other_host.exists() and mine.payload.exists() and not stale_same_pid.exists()

@@ -197,3 +197,36 @@ def _raise(exc: BaseException):
         raise exc
 
     return fail
+
+
+def test_transient_enospc_recovers_in_a_later_step(tmp_path, monkeypatch):
+    """One ENOSPC spills that tensor to the next tier; the file tier takes tensors again once the disk shows
+    room (NOTE [full marks expire]), in the same step and the next, with exact gradients throughout."""
+    monkeypatch.setattr(FileTier, "full_retry_s", 0.0)
+    ref_model, model = twin("mlp", width=128, depth=4)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 128, generator=g), torch.randint(0, 10, (32,), generator=g)
+    disk = FileTier(tmp_path)
+    real, calls = disk._write_chunks, []
+
+    def enospc_once(fd, data):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    disk._write_chunks = enospc_once
+    host = HostTier(capacity_bytes=1 << 30, buffers=HostBufferPool(pinned=False))
+    vm = virtualize(Pool([disk, host]), min_bytes=1024, model=model)
+    for step in range(2):
+        torch.manual_seed(0)
+        F.cross_entropy(ref_model(x), y).backward()
+        torch.manual_seed(0)
+        with vm:
+            F.cross_entropy(model(x), y).backward()
+        for a, b in zip(ref_model.parameters(), model.parameters()):
+            assert torch.equal(a.grad, b.grad)
+        by_tier = vm.report.offloaded_bytes_by_tier
+        assert by_tier.get(disk.name, 0) > 0
+        assert (by_tier.get("host", 0) > 0) == (step == 0)
+    assert not disk.marked_full and disk.capacity_bytes > 0 and list(tmp_path.iterdir()) == []

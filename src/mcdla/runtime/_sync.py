@@ -7,23 +7,59 @@ NOTE [locking]
     dies during garbage collection inside a locked region therefore never re-enters that region, and no
     completion is lost: a poster that finds the lock taken has appended its task before the holder's final
     check of the inbox, or the holder's release lets the poster's own attempt succeed.
+
+NOTE [posts during garbage collection]
+    The cyclic collector runs finalizers at any allocation, in whatever thread allocated, and that thread
+    may hold any lock at that moment: the report builder's, a tier's, the virtualizer's, an executor's
+    shutdown lock. A posted task takes those locks (a dying handle releases its record: it samples the
+    report, frees a block, may finish the step), so running it inside the collection deadlocked the thread
+    on a lock it already held (issue #9). ``post`` therefore only enqueues while this thread is collecting
+    (``gc.callbacks`` marks the collecting thread); the task runs at the lock's next release: the next hook,
+    transfer completion or settle of that step, or ``drain``, which the virtualizer calls before it reports
+    on its steps (``live_steps``, ``report``, ``synchronize``, the next ``__enter__``). A reference-count
+    death outside a collection still runs at once, so backward keeps freeing blocks as it goes.
+
+NOTE [interrupted tasks]
+    A task that raises a BaseException that is not an Exception (KeyboardInterrupt, SystemExit) is reported
+    to ``on_error`` as a RuntimeTierError, the lock is released, and the exception propagates to whoever
+    ran the task; the tasks still queued stay queued for the next holder. Before, the interrupt escaped
+    ``release`` with the lock held and every later hook of the step hung.
 """
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
+
+from mcdla.errors import RuntimeTierError
 
 __all__: list[str] = []
+
+_collecting: int | None = None  # ident of the thread running a garbage collection now, if any
+
+
+def _note_gc(phase: str, _info: dict[str, Any]) -> None:
+    global _collecting
+    _collecting = threading.get_ident() if phase == "start" else None
+
+
+gc.callbacks.append(_note_gc)
+
+
+def collecting_here() -> bool:
+    """Whether this thread is inside a garbage collection (running finalizers of cyclic garbage)."""
+    return _collecting is not None and _collecting == threading.get_ident()
 
 
 class _InboxLock:
     """``with lock:`` guards state; ``post(task)`` runs ``task`` under the lock, now or at the next release.
 
     A task that raises is handed to ``on_error`` (the step records it as its failure) so that one bad
-    completion cannot leave the lock held.
+    completion cannot leave the lock held (NOTE [interrupted tasks]).
     """
 
     def __init__(self, on_error: Callable[[Exception], None]) -> None:
@@ -41,17 +77,29 @@ class _InboxLock:
     def release(self) -> None:
         """Run the posted tasks, then release; repeat if a task was posted in between."""
         while True:
-            while self._inbox:
-                task = self._inbox.popleft()
-                try:
-                    task()
-                except Exception as err:  # noqa: BLE001 - recorded as the step's failure and raised later
-                    self._on_error(err)
-            self._lock.release()
+            try:
+                while self._inbox:
+                    task = self._inbox.popleft()
+                    try:
+                        task()
+                    except Exception as err:  # noqa: BLE001 - recorded as the step's failure and raised later
+                        self._on_error(err)
+                    except BaseException as err:  # NOTE [interrupted tasks]
+                        self._on_error(RuntimeTierError(
+                            f"runtime: a bookkeeping task was interrupted ({type(err).__name__}); "
+                            "the step's state is incomplete"))
+                        raise
+            finally:
+                self._lock.release()
             if not self._inbox or not self._lock.acquire(blocking=False):
                 return
 
     def post(self, task: Callable[[], None]) -> None:
         self._inbox.append(task)
-        if self._lock.acquire(blocking=False):
+        if not collecting_here() and self._lock.acquire(blocking=False):  # NOTE [posts during garbage collection]
+            self.release()
+
+    def drain(self) -> None:
+        """Run tasks left in the inbox (posted during a garbage collection) if the lock is free; never waits."""
+        if self._inbox and not collecting_here() and self._lock.acquire(blocking=False):
             self.release()

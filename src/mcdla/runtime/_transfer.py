@@ -13,6 +13,18 @@ NOTE [streams and threads]
     no longer: an offload job takes its source out of a one-slot list and drops it when it returns, since an
     executor keeps a finished job (and any closure cell or default argument) alive a moment after its
     future completes, which is when the step stops counting the storage as resident.
+
+NOTE [fetch tails]
+    A CUDA fetch from the host or a device tier returns a finished future at once: the bytes are usable as
+    soon as the compute stream waits for the copy's event, so backward never blocks on the host side. The
+    block can only be freed once the copy has completed, which a worker thread waits for: the fetch's
+    tail. The tail was an untracked future (issue #9): an error in it was lost, ``synchronize()`` did not
+    wait for it, and the step could finish with the block still held. It is now watched by the step like a
+    transfer (``_Step._watch``, under the step's lock, which ``_issue_fetch`` holds): the step finishes, and
+    ``settle`` returns, only after every tail has run, and a failing tail is the step's failure. A tail
+    gives the same result as its fetch, so whichever completion the step applies first restores the
+    record. It frees the block even when the wait failed: a CUDA error there leaves nothing to copy, and a
+    block kept would hold its tier's capacity for good.
 """
 
 from __future__ import annotations
@@ -188,15 +200,7 @@ class _Mover:
                     done = torch.cuda.Event()
                     done.record(h2d)
 
-            def release_after_copy() -> None:
-                done.synchronize()
-                tier.free(block)
-                self._span("fetch", rec, tier.name, t0)
-
-            self._submit(tier, release_after_copy, cuda=True)
-            fut: Future = Future()
-            fut.set_result((dst, done))
-            return fut
+            return self._release_after_copy(rec, block, tier, dst, done, t0, event=done)
 
         def job() -> tuple[torch.Tensor, Any]:
             staging = self.host_buffers.acquire(block.nbytes)
@@ -217,3 +221,22 @@ class _Mover:
             return dst, done
 
         return self._submit(tier, job, cuda=True)
+
+    def _release_after_copy(self, rec: _Record, block: Block, tier: Tier, dst: torch.Tensor, done: Any, t0: float,
+                            *, event: Any) -> Future:
+        """A finished fetch future giving ``(dst, event)``, and a watched tail that frees ``block`` once
+        ``done`` (the copy's event) has completed (NOTE [fetch tails]). Called under the step's lock."""
+
+        def release_after_copy() -> tuple[torch.Tensor, Any]:
+            try:
+                done.synchronize()
+            finally:
+                tier.free(block)
+            self._span("fetch", rec, tier.name, t0)
+            return dst, event
+
+        tail = self._submit(tier, release_after_copy, cuda=True)
+        rec.step._watch(tail, rec, "fetch")
+        fut: Future = Future()
+        fut.set_result((dst, event))
+        return fut

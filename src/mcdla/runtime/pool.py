@@ -15,6 +15,16 @@ tier holds. PATH may not contain ``,``, ``@``, ``(`` or ``)``. Examples: ``"host
 outside the parentheses counts uncompressed bytes, one inside counts what the inner tier stores.
 Tier names are the spec without capacities (``"compress(file:/scratch)"``); a plan's ``Decision.tier``
 names a tier by that name or by its kind (``"host"``, ``"file"``, ``"compress"``, ``"device"``).
+
+NOTE [full marks expire]
+    A tier whose medium reports full while writing (ENOSPC, EDQUOT, out of device memory) is marked full:
+    its capacity drops to what it holds, so the pool spills to the next tier at once instead of failing
+    one write per tensor. The mark used to be permanent, so one transient ENOSPC (a checkpoint being
+    written next to the scratch files, say) made the tier full for the life of the pool (issue #9). Now
+    the configured capacity comes back once the mark is ``full_retry_s`` (1 s) old and the tier says there
+    is room again (``_room_returned``: always for tiers that cannot tell, free disk space for the file
+    tier); until then its own frees still make room below the lowered capacity. A medium that stays full
+    costs at most one failed write per ``full_retry_s``, and none where the tier can see it is still full.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 import abc
 import math
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -68,6 +79,7 @@ class Tier(abc.ABC):
     """
 
     kind: ClassVar[str] = "tier"
+    full_retry_s: ClassVar[float] = 1.0  # NOTE [full marks expire]
 
     def __init__(self, *, name: str, capacity_bytes: float, io_threads: int) -> None:
         if not (capacity_bytes > 0):
@@ -81,6 +93,8 @@ class Tier(abc.ABC):
         self._used_bytes = 0
         self._block_count = 0
         self._closed = False
+        self._nominal_capacity: float | None = None  # the configured capacity while marked full
+        self._full_since = 0.0  # time.monotonic() of the last full mark (or of the last check that kept it)
 
     def __repr__(self) -> str:
         cap = "inf" if math.isinf(self.capacity_bytes) else format_bytes(self.capacity_bytes)
@@ -115,7 +129,7 @@ class Tier(abc.ABC):
         with self._lock:
             if self._closed:
                 raise RuntimeTierError(f"tier {self.name!r}: closed; cannot store more blocks")
-            if self._used_bytes + need > self.capacity_bytes:
+            if self._used_bytes + need > self.capacity_bytes and not self._unmark_full(need):
                 return None
             self._used_bytes += need
         return need
@@ -126,10 +140,39 @@ class Tier(abc.ABC):
             self._used_bytes -= reserved_bytes
             assert self._used_bytes >= 0, (self.name, self._used_bytes)
 
+    @property
+    def marked_full(self) -> bool:
+        """Whether the medium reported full and the configured capacity is not back yet (NOTE [full marks expire])."""
+        return self._nominal_capacity is not None
+
     def mark_full(self) -> None:
-        """Lower the capacity to what is in use now (the device said it is full)."""
+        """Lower the capacity to what is in use now (the medium said it is full), for a while
+        (NOTE [full marks expire])."""
         with self._lock:
+            if self._nominal_capacity is None:
+                self._nominal_capacity = self.capacity_bytes
             self.capacity_bytes = float(self._used_bytes)
+            self._full_since = time.monotonic()
+
+    def _unmark_full(self, need: int) -> bool:
+        """Under the lock, for a reservation that does not fit: whether the full mark was lifted and now it fits."""
+        if self._nominal_capacity is None:
+            return False
+        now = time.monotonic()
+        if now - self._full_since < self.full_retry_s:
+            return False
+        if not self._room_returned(need):
+            self._full_since = now  # still full: look again in full_retry_s
+            return False
+        self.capacity_bytes, self._nominal_capacity = self._nominal_capacity, None
+        return self._used_bytes + need <= self.capacity_bytes
+
+    def _room_returned(self, need: int) -> bool:
+        """Whether the medium may take ``need`` more bytes after it reported full (called under the lock).
+
+        The base cannot tell and says yes: the next write tries, and marks the tier full again if it fails.
+        """
+        return True
 
     # -- blocks ----------------------------------------------------------------------------------------
     def write(self, data: memoryview, *, reserved_bytes: int, label: str) -> Block:

@@ -4,11 +4,34 @@ The runtime runs this tier's writes and reads on background I/O threads (``io_th
 machine the offload and prefetch overlap with compute exactly as device copies do on a GPU.
 
 NOTE [file blocks]
-    A block is one file ``mcdla-<pid>-<tier token>-<n>.blk`` in the tier's directory. Its CRC-32 (zlib) is
+    A block is one file ``mcdla-<host tag>-<pid>-<tier token>-<n>.blk`` in the tier's directory (NOTE [crash
+    cleanup] says why the owner is in the name). Its CRC-32 (zlib) is
     computed while writing and checked after reading; a wrong size or checksum raises OffloadError naming
     the tensor and the file, never returns the bytes. Files are not fsynced: they are scratch data that
     lives for one step. ENOSPC/EDQUOT raise TierFullError so the pool spills to the next tier; other OS
     errors raise RuntimeTierError. A failed write removes its partial file; a freed block's file is removed.
+    A full mark expires once ``shutil.disk_usage`` shows room again (NOTE [full marks expire] in ``pool``).
+
+NOTE [untrusted directory]
+    A directory the tier creates is made 0700 (an existing one is left as it is). Blocks are opened with
+    O_NOFOLLOW and, for reading, O_NONBLOCK, and must be regular files: a FIFO planted under a block's name
+    used to block backward forever in ``open`` (issue #9), a symbolic link could point anywhere. Either is
+    an OffloadError naming the tensor and the file. O_NONBLOCK changes nothing for a regular file.
+
+NOTE [crash cleanup]
+    Block files of a process that dies without freeing them used to stay forever, and each new tier took
+    90% of what was left (issue #9). The name carries the owner: a host tag (hash of the host name and the
+    pid namespace, so a directory shared by hosts or containers never judges another's pids) and the pid.
+    A new FileTier sweeps the blocks of its own host tag whose pid is dead (``os.kill(pid, 0)`` raises
+    ProcessLookupError), and those with its own pid but a tier token this process never made (an earlier
+    run that had the same pid, as after a container restart). A live process's blocks are never touched;
+    a dead owner whose pid was reused by an unrelated process is kept until that pid is free again.
+    On the way out the process removes its own blocks: at interpreter exit (``weakref.finalize``, which also
+    covers Ctrl-C and ``sys.exit``), and on SIGTERM when SIGTERM had its default action: the handler,
+    installed by the first FileTier built in the main thread, removes the files, restores the default and
+    sends itself the signal again, so the exit status is unchanged. A SIGTERM handler of the program's own
+    is left alone (it may keep the process running; if it exits, the exit cleanup runs). SIGKILL leaves the
+    files for the next sweep.
 
 NOTE [direct I/O]
     A block larger than ``chunk_bytes`` (8 MiB) bypasses the page cache (``O_DIRECT``) by default; smaller
@@ -52,8 +75,12 @@ import errno
 import itertools
 import math
 import os
+import re
 import secrets
 import shutil
+import signal
+import socket
+import stat
 import threading
 import weakref
 import zlib
@@ -66,11 +93,116 @@ from mcdla.errors import ConfigError, OffloadError, RuntimeTierError
 from mcdla.runtime import _file_io as fio
 from mcdla.runtime.pool import Block, Tier, TierFullError
 
-__all__ = ["FileTier", "default_io_threads"]
+__all__ = ["FileTier", "default_io_threads", "sweep_dead_blocks"]
 
 _DEFAULT_CHUNK_BYTES = 8 << 20  # per pwrite/preadv call; also the size of each bounce buffer
 _DEFAULT_DISK_FRACTION = 0.9  # default capacity: this fraction of the free space at construction
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_BLOCK_NAME = re.compile(r"mcdla-([0-9a-f]{8})-(\d{1,10})-([0-9a-f]{8})-\d+\.blk")
+
+
+def _host_tag() -> str:
+    """8 hex digits naming this host and pid namespace (NOTE [crash cleanup])."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{zlib.crc32(f'{socket.gethostname()}/{ns}'.encode()):08x}"
+
+
+_HOST_TAG = _host_tag()
+_OWN_TOKENS: set[str] = set()  # tier tokens made by this process (a fork's child has another pid)
+_LIVE_PREFIXES: dict[str, Path] = {}  # prefix -> directory of every FileTier alive in this process
+_sigterm_installed = False
+
+
+def _remove_blocks(directory: Path, prefix: str) -> int:
+    """Remove ``directory``'s block files whose names start with ``prefix``; return how many. Never raises."""
+    removed = 0
+    try:
+        with os.scandir(directory) as it:
+            names = [e.name for e in it if e.name.startswith(prefix) and e.name.endswith(".blk")]
+    except OSError:
+        return 0
+    for n in names:
+        try:
+            os.unlink(directory / n)
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _forget(prefix: str, directory: Path) -> None:
+    """Finalizer of a FileTier (collected, or the interpreter exits): its block files go (NOTE [crash cleanup])."""
+    _LIVE_PREFIXES.pop(prefix, None)
+    _remove_blocks(directory, prefix)
+
+
+def _owner_gone(pid: int, token: str) -> bool:
+    if pid == os.getpid():
+        return token not in _OWN_TOKENS  # an earlier process that had this pid
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # EPERM: alive, another user's
+        return False
+    return False
+
+
+def sweep_dead_blocks(directory: str | os.PathLike[str]) -> int:
+    """Remove block files in ``directory`` left by dead processes of this host; return how many.
+
+    FileTier does this when it is built (NOTE [crash cleanup]). Only regular files named like blocks, of this
+    host tag and owned by this user, whose owner process is gone, are removed.
+    """
+    path = Path(directory)
+    removed = 0
+    try:
+        with os.scandir(path) as it:
+            entries = list(it)
+    except OSError:
+        return 0
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for e in entries:
+        m = _BLOCK_NAME.fullmatch(e.name)
+        if m is None or m.group(1) != _HOST_TAG or not _owner_gone(int(m.group(2)), m.group(3)):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+                continue
+            os.unlink(path / e.name)
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM with the default action: remove this process's block files, then die of SIGTERM as before."""
+    for prefix, directory in list(_LIVE_PREFIXES.items()):
+        _remove_blocks(directory, prefix)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_sigterm_cleanup() -> None:
+    """Install ``_on_sigterm`` once, from the main thread, and only over the default action (NOTE [crash cleanup])."""
+    global _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    _sigterm_installed = True
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError, AttributeError):  # no signals here (an embedded interpreter, say)
+        pass
 
 
 def default_io_threads(cpus: int | None = None) -> int:
@@ -116,7 +248,7 @@ class FileTier(Tier):
         path = Path(directory).expanduser().resolve()
         name = f"file:{path}"
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)  # NOTE [untrusted directory]
         except OSError as exc:
             raise ConfigError(f"tier {name!r}: cannot create directory ({exc.strerror})") from None
         if not os.access(path, os.W_OK | os.X_OK):
@@ -130,7 +262,13 @@ class FileTier(Tier):
         self.directory = path
         self.chunk_bytes = int(chunk_bytes)
         self.direct = bool(direct and fio.O_DIRECT)
-        self._prefix = f"mcdla-{os.getpid()}-{secrets.token_hex(4)}-"
+        token = secrets.token_hex(4)
+        _OWN_TOKENS.add(token)
+        self._prefix = f"mcdla-{_HOST_TAG}-{os.getpid()}-{token}-"
+        self.swept_blocks = sweep_dead_blocks(path)  # NOTE [crash cleanup]
+        _LIVE_PREFIXES[self._prefix] = path
+        weakref.finalize(self, _forget, self._prefix, path)
+        _install_sigterm_cleanup()
         self._counter = itertools.count()
         self._bounce: list[tuple[np.ndarray, ...]] = []  # idle sets of bounce buffers (NOTE [direct I/O])
         self._per_thread = threading.local()  # .worker: the calling thread's Worker
@@ -156,7 +294,7 @@ class FileTier(Tier):
         while True:
             direct = self._direct_for(len(data))
             try:
-                fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, direct)
+                fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, direct)
             except OSError as exc:
                 raise self._os_error("creating", path, label, exc) from exc
             try:
@@ -184,13 +322,18 @@ class FileTier(Tier):
         while True:
             direct = self._direct_for(block.nbytes)
             try:
-                fd = self._open(path, os.O_RDONLY, direct)
+                fd = self._open(path, os.O_RDONLY | _O_NONBLOCK | _O_NOFOLLOW, direct)  # NOTE [untrusted directory]
             except FileNotFoundError:
                 raise OffloadError(f"{block.label}: block file {path.name} of tier {self.name!r} is missing") from None
             except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise self._not_regular(block, "a symbolic link") from None
                 raise self._os_error("opening", path, block.label, exc) from exc
             try:
-                size = os.fstat(fd).st_size
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise self._not_regular(block, "not a regular file")
+                size = st.st_size
                 if size != block.nbytes:
                     raise OffloadError(
                         f"{block.label}: block file {path.name} of tier {self.name!r} is truncated or resized: "
@@ -216,7 +359,10 @@ class FileTier(Tier):
         fd = -1
         if block.nbytes > self.chunk_bytes:  # NOTE [freeing blocks]: the last close frees the disk blocks
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_NOFOLLOW)  # NOTE [untrusted directory]
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    fd = -1
             except OSError:
                 fd = -1  # missing (nothing to do) or not openable: plain unlink below
         try:
@@ -349,6 +495,18 @@ class FileTier(Tier):
         with self._lock:
             if not self._closed and len(self._bounce) < max(2, self.io_threads):
                 self._bounce.append(bufs)
+
+    def _room_returned(self, need: int) -> bool:
+        """After ENOSPC: whether the disk shows room for ``need`` bytes (NOTE [full marks expire] in ``pool``)."""
+        try:
+            return shutil.disk_usage(self.directory).free >= need
+        except OSError:
+            return True  # cannot tell: let the next write find out
+
+    def _not_regular(self, block: Block, what: str) -> OffloadError:
+        return OffloadError(
+            f"{block.label}: block file {block.payload.name} of tier {self.name!r} is {what}; refusing to read it"
+        )
 
     def _truncated(self, block: Block, pos: int, n: int) -> OffloadError:
         return OffloadError(

@@ -22,12 +22,21 @@ NOTE [one context per step]
     A long-lived virtualizer keeps its pool (and the host buffers it caches) across steps; a one-shot one
     built from a spec string builds a fresh pool and lets it go with the object. Either way each step gets
     its own I/O threads, stopped when the step finishes.
+
+NOTE [trace files]
+    ``trace=`` is checked when the virtualizer is built (its directory must exist and be writable), so a
+    typo fails at once with a ConfigError naming the field. A step's trace is written after the step has
+    left the live set, so a write that still fails (disk full, directory removed) never leaks the step.
+    Such a failure is a ConfigError: raised by the ``with`` exit when the step finished there, else (the
+    step finished in a backward after the exit, on whatever thread released its last tensor) kept and
+    raised by the next ``__enter__``, ``synchronize()`` or ``close()``.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +105,8 @@ class Virtualizer(saved_tensors_hooks):
         min_b = parse_bytes(min_bytes, field="virtualize(min_bytes=...)")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ConfigError(f"virtualize(window=...): got {window!r}; must be an integer >= 1")
+        if trace is not None:
+            trace = _check_trace(trace)
         self.pool, self._owns_pool = as_pool(pool)
         self._attr = _Attribution(model, plan, self.pool)
         self.plan = plan
@@ -109,6 +120,7 @@ class Virtualizer(saved_tensors_hooks):
         self._live: set[_Step] = set()  # steps entered and not yet finished
         self._count = 0
         self._closed = False
+        self._trace_error: ConfigError | None = None  # NOTE [trace files]
         super().__init__(self._pack, _unpack)
 
     def __repr__(self) -> str:
@@ -120,6 +132,8 @@ class Virtualizer(saved_tensors_hooks):
             raise ConfigError("virtualize: this virtualizer was closed; build a new one")
         if self._step is not None:
             raise ConfigError("virtualize: already active; enter it once per step, not nested")
+        self._drain()
+        self._raise_trace_error()
         step = _Step(index=self._count, pool=self.pool, config=self._config, attribution=self._attr,
                      host_buffers=self._host_buffers, on_finish=self._finished)
         self._count += 1
@@ -137,8 +151,16 @@ class Virtualizer(saved_tensors_hooks):
         assert step is not None
         if exc is not None:
             step.abort(exc)
+            if (err := self._take_trace_error()) is not None:
+                exc.add_note(str(err))
             return
-        step.exit()
+        try:
+            step.exit()
+        except BaseException as failure:
+            if (err := self._take_trace_error()) is not None:
+                failure.add_note(str(err))
+            raise
+        self._raise_trace_error()
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         step = self._step
@@ -147,8 +169,39 @@ class Virtualizer(saved_tensors_hooks):
         return step.pack(tensor)
 
     def _finished(self, step: _Step) -> None:
+        """A step finished (called under its lock, on any thread): forget it, then write its trace."""
         with self._lock:
             self._live.discard(step)
+        path = self._config.trace_path
+        if path is None or step.final_report is None:
+            return
+        target = Path(path.replace("{step}", str(step.index)))
+        try:
+            step.final_report.save_chrome_trace(target)
+        except (OSError, ValueError) as exc:  # NOTE [trace files]
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            err = ConfigError(f"virtualize(trace=...): cannot write the trace of step {step.index} to {target}: "
+                              f"{reason}")
+            with self._lock:
+                if self._trace_error is None:
+                    self._trace_error = err
+
+    def _take_trace_error(self) -> ConfigError | None:
+        with self._lock:
+            err, self._trace_error = self._trace_error, None
+        return err
+
+    def _raise_trace_error(self) -> None:
+        err = self._take_trace_error()
+        if err is not None:
+            raise err
+
+    def _drain(self) -> None:
+        """Run what dying handles posted during a garbage collection (NOTE [posts during garbage collection])."""
+        with self._lock:
+            steps = list(self._live)
+        for step in steps:
+            step._lock.drain()
 
     # -- what users read -------------------------------------------------------------------------------
     @property
@@ -157,6 +210,7 @@ class Virtualizer(saved_tensors_hooks):
         step = self._last
         if step is None:
             raise ConfigError("virtualize: no step has run yet; enter the context first")
+        self._drain()
         if step.final_report is not None:
             return step.final_report
         return step.report.snapshot(complete=False)
@@ -169,12 +223,14 @@ class Virtualizer(saved_tensors_hooks):
     @property
     def live_steps(self) -> int:
         """Steps entered whose saved tensors are not all released yet."""
+        self._drain()
         with self._lock:
             return len(self._live)
 
     @property
     def live_records(self) -> int:
         """Managed storages tracked now, over all live steps."""
+        self._drain()
         with self._lock:
             return sum(s.live_records for s in self._live)
 
@@ -200,6 +256,7 @@ class Virtualizer(saved_tensors_hooks):
             live = list(self._live)
         for step in live:
             step.settle()
+        self._raise_trace_error()
 
     def close(self) -> None:
         """Abort unfinished steps, free what they hold and close the pool if this virtualizer built it."""
@@ -213,6 +270,26 @@ class Virtualizer(saved_tensors_hooks):
         if self._owns_pool:
             self.pool.close()
         self._closed = True
+        self._raise_trace_error()
+
+
+def _check_trace(trace: Any) -> str:
+    """``trace=`` as a string, its directory checked (NOTE [trace files])."""
+    if not isinstance(trace, (str, os.PathLike)) or not str(trace):
+        raise ConfigError(f"virtualize(trace=...): got {trace!r}; must be a file path like 'trace-{{step}}.json'")
+    text = os.fspath(trace)
+    if not isinstance(text, str):
+        raise ConfigError(f"virtualize(trace=...): got {trace!r}; must be a str path")
+    first = Path(text.replace("{step}", "0"))
+    folder = first.parent
+    if "{step}" not in str(Path(text).parent):  # a per-step directory may be made later; checked when written
+        if not folder.is_dir():
+            raise ConfigError(f"virtualize(trace=...): got {text!r}; directory {str(folder)!r} does not exist")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"virtualize(trace=...): got {text!r}; directory {str(folder)!r} is not writable")
+        if first.is_dir():
+            raise ConfigError(f"virtualize(trace=...): got {text!r}; that is a directory, must be a file path")
+    return text
 
 
 def _as_plan(plan: Any) -> Plan:
