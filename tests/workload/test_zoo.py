@@ -203,3 +203,24 @@ def test_resolution_too_small_is_explained() -> None:
 def test_docs_table_is_current() -> None:
     """docs/zoo.md contains exactly what ``python -m mcdla.workload.zoo`` prints now."""
     assert table() in DOCS.read_text()
+
+
+def test_cudnn_max_pool_saves_no_indices() -> None:
+    """saves="cudnn" (vDNN's layers): a max-pool keeps x and y, not PyTorch's int64 indices. VGG-E at batch 1
+    loses exactly 8 bytes per pooled output element (64x112^2 + 128x56^2 + 256x28^2 + 512x14^2 + 512x7^2 =
+    1,530,368 elements), and each pool then saves only its own input (y counts at the next layer)."""
+    torch_w = zoo.build("vgg-e", batch=1)
+    cudnn_w = zoo.build("vgg-e", batch=1, saves="cudnn")
+    pooled = 64 * 112**2 + 128 * 56**2 + 256 * 28**2 + 512 * 14**2 + 512 * 7**2
+    assert pooled == 1_530_368
+    assert torch_w.saved_bytes - cudnn_w.saved_bytes == 8 * pooled
+    inputs = {112 * 2: 64, 56 * 2: 128, 28 * 2: 256, 14 * 2: 512, 7 * 2: 512}  # pool input side -> channels
+    pools = [l for l in cudnn_w.layers if l.kind is LayerKind.POOL]
+    assert [l.saved_bytes for l in pools] == [2 * c * side * side for side, c in inputs.items()]
+    assert [l.name for l in torch_w.layers] == [l.name for l in cudnn_w.layers]
+    assert torch_w.fwd_flops == cudnn_w.fwd_flops
+
+
+def test_saves_must_be_known() -> None:
+    with pytest.raises(WorkloadError, match="saves: got 'tf'; must be one of pytorch, cudnn"):
+        zoo.build("alexnet", saves="tf")

@@ -128,12 +128,16 @@ def run_matrix(
     policy: str = "all",
     planner: str | None = None,
     precision: str = "fp16",
+    saves: str = "cudnn",
     workers: int | None = None,
 ) -> list[Record]:
-    """The reproduction matrix: workloads x systems x parallelism, at each workload's default batch."""
+    """The reproduction matrix: workloads x systems x parallelism, at each workload's default batch.
+
+    ``saves``: what layers save (:func:`mcdla.workload.zoo.build`); ``"cudnn"`` by default, as vDNN's cuDNN
+    layers (a max-pool keeps no int64 indices)."""
     names = tuple(workloads) if workloads is not None else zoo.names()
     loaded = [load_system(s) for s in systems]
-    built = [zoo.build(n, precision=precision) for n in names]
+    built = [zoo.build(n, precision=precision, saves=saves) for n in names]
     jobs = [
         (system, workload, {"parallel": p, "policy": policy, "planner": planner})
         for workload in built
@@ -184,11 +188,12 @@ def compute_pcie_sweep(
     parallel: str = "data",
     policy: str = "all",
     precision: str = "fp16",
+    saves: str = "cudnn",
     workers: int | None = None,
 ) -> list[Record]:
     """mc-dla and dc-dla (at each PCIe generation) as device compute grows from 1x to 32x a V100."""
     names = tuple(workloads) if workloads is not None else zoo.names()
-    built = [zoo.build(n, precision=precision) for n in names]
+    built = [zoo.build(n, precision=precision, saves=saves) for n in names]
     dc, mc = load_system("dc-dla"), load_system("mc-dla")
     jobs = []
     for scale in scales:

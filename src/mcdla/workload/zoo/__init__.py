@@ -19,7 +19,7 @@ from typing import Any
 from mcdla.errors import WorkloadError
 from mcdla.workload.model import Workload
 from mcdla.workload.zoo import _cnn, _rnn
-from mcdla.workload.zoo._graph import _Graph
+from mcdla.workload.zoo._graph import SAVES, _Graph
 from mcdla.workload.zoo.specs import SPECS, ZooSpec, element_bytes, resolve_scale, spec
 
 __all__ = ["ZooSpec", "names", "build", "spec", "default_batch", "small_scale", "scale_parameters"]
@@ -59,7 +59,8 @@ def scale_parameters(name: str) -> dict[str, int | float]:
     return dict(spec(name).defaults)
 
 
-def build(name: str, batch: int | None = None, precision: str = "fp16", **scale: Any) -> Workload:
+def build(name: str, batch: int | None = None, precision: str = "fp16", *, saves: str = "pytorch",
+          **scale: Any) -> Workload:
     """Build zoo workload ``name`` analytically.
 
     Args:
@@ -67,6 +68,9 @@ def build(name: str, batch: int | None = None, precision: str = "fp16", **scale:
         batch: per-device mini-batch (samples); None = the documented default batch.
         precision: ``"fp16"`` (default: V100 tensor cores, an assumption), ``"bf16"`` or ``"fp32"``; sets the
             bytes per activation, gradient and weight element.
+        saves: what a layer saves for backward: ``"pytorch"`` (default: what autograd keeps, checked against
+            PyTorch by ``tests/profile/test_models_agree.py``) or ``"cudnn"`` (vDNN's cuDNN layers: a max-pool
+            keeps its input and output, not PyTorch's int64 indices; the reproduction's setting).
         scale: shape parameters (:func:`scale_parameters`), e.g. ``resolution``, ``width`` for CNNs,
             ``hidden``, ``seq_len``, ``layers``, ``chunk`` for recurrent models.
     """
@@ -75,8 +79,10 @@ def build(name: str, batch: int | None = None, precision: str = "fp16", **scale:
         batch = s.default_batch
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise WorkloadError(f"{name}.batch: got {batch!r}; must be an integer >= 1")
+    if saves not in SAVES:
+        raise WorkloadError(f"{name}.saves: got {saves!r}; must be one of {', '.join(SAVES)}")
     params = resolve_scale(name, scale)
-    graph = _Graph(elt_bytes=element_bytes(precision))
+    graph = _Graph(elt_bytes=element_bytes(precision), saves=saves)
     try:
         _BUILDERS[name](graph, batch, **params)
     except WorkloadError as exc:
@@ -86,7 +92,7 @@ def build(name: str, batch: int | None = None, precision: str = "fp16", **scale:
         batch=batch,
         layers=graph.layers(),
         precision=precision,
-        description=f"{s.summary}; {_scale_text(params)}; {precision}",
+        description=f"{s.summary}; {_scale_text(params)}; {precision}" + ("; cuDNN saves" if saves == "cudnn" else ""),
     )
 
 

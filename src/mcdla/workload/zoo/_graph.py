@@ -9,6 +9,11 @@ NOTE [saved-bytes attribution]
    input) is counted once, for the *last* layer in forward order that saves it: that layer's backward is
    the first to need it, so the simulator's "prefetch before this layer's backward" is the right
    deadline, and ``Workload.saved_bytes`` equals the bytes autograd really holds.
+4. Max-pool differs between frameworks (``saves``): PyTorch's autograd keeps the input and the int64 argmax
+   indices (8 bytes per output element: for a 2x2/2 pool of fp16 as many bytes as the input, for GoogLeNet's
+   3x3/1 branch pools four times the input); cuDNN's ``cudnnPoolingBackward`` takes ``x``, ``y`` and ``dy``
+   and keeps no indices, which is what vDNN (Rhu et al., MICRO 2016) offloads. ``saves="cudnn"`` models that:
+   the pool saves ``x`` and ``y`` (``y`` is usually also the next layer's saved input and counts there).
 
 NOTE [FLOP convention]
 FLOPs are what ``torch.utils.flop_counter`` counts: convolutions and matrix products only, a multiply-add
@@ -38,6 +43,8 @@ __all__: list[str] = []
 _INT64_BYTES = 8
 _BOOL_BYTES = 1
 _STAT_BYTES = 4  # batch-norm mean / inverse std are fp32 even for fp16 activations (cuDNN and PyTorch CPU)
+SAVES = ("pytorch", "cudnn")
+"""What a layer is taken to save for its backward (NOTE [saved-bytes attribution] item 4)."""
 
 
 def _checked(name: str, shape: tuple[int, ...], x: _T) -> tuple[int, ...]:
@@ -80,6 +87,7 @@ class _Graph:
     """Collects layer records in forward order; ``layers()`` turns them into Layer values."""
 
     elt_bytes: int
+    saves: str = "pytorch"
     _storage_bytes: dict[int, int] = field(default_factory=dict)
     _creator: dict[int, str] = field(default_factory=dict)
     _glue_bytes: dict[int, int] = field(default_factory=dict)
@@ -224,11 +232,15 @@ class _Graph:
         return y
 
     def max_pool(self, name: str, x: _T, kernel: int, stride: int, pad: int = 0, *, ceil_mode: bool = False) -> _T:
-        """nn.MaxPool2d: saves its input and the int64 argmax indices (one per output element)."""
+        """nn.MaxPool2d: saves its input and the int64 argmax indices (one per output element); with
+        ``saves="cudnn"`` its input and output, no indices (NOTE [saved-bytes attribution] item 4)."""
         n, c, h, w = x.shape
         shape = (n, c, pool_out(h, kernel, stride, pad, ceil_mode), pool_out(w, kernel, stride, pad, ceil_mode))
         shape = _checked(name, shape, x)
         y = self.new(shape, producer=name, requires_grad=x.requires_grad)
+        if self.saves == "cudnn":
+            self.layer(name, LayerKind.POOL, reads=(x,), outputs=(y,), saves=(x, y))
+            return y
         idx = self.new(shape, producer=name, requires_grad=False, elt_bytes=_INT64_BYTES)
         self.layer(name, LayerKind.POOL, reads=(x,), outputs=(y,), saves=(x, idx))
         return y
