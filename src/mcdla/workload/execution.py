@@ -1,0 +1,176 @@
+"""The execution record of LLM training: how a model is split and scheduled, apart from the model and the system.
+
+Like Calculon's execution JSON, one record says tensor (TP), pipeline (PP, 1F1B or interleaved with virtual
+stages), data (DP) and context (CP) parallelism, sequence parallelism, ZeRO stage (3 = FSDP), micro-batch and
+global batch, activation recomputation and what is offloaded to a second memory tier. Keeping it separate
+lets one model be judged under many executions and one execution on many systems.
+
+:class:`Execution` checks what it can alone (``tp * pp * dp * cp == gpus``, SP needs TP, the global batch
+splits into whole micro-batches per replica); :func:`check_execution` adds the checks that need the model
+(layers per virtual stage, heads and kv-heads per TP rank, sequence per CP rank). Files are read with
+pydantic at the boundary (:func:`load_execution`), extra fields and non-finite numbers refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mcdla._io_safety import read_document
+from mcdla.errors import ConfigError, brief
+from mcdla.workload.transformer import Recompute, TransformerSpec
+
+__all__ = ["Execution", "check_execution", "execution_from_dict", "load_execution", "execution_to_dict"]
+
+_RECOMPUTE = ("none", "selective", "full")
+_INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "virtual_stages", "micro_batch", "global_batch")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Execution:
+    """How one training iteration runs on ``gpus`` devices.
+
+    Attributes:
+        gpus: devices in total, ``tp * pp * dp * cp``.
+        tp, pp, dp, cp: tensor, pipeline, data and context parallel degrees.
+        virtual_stages: model chunks per pipeline rank (1 = plain 1F1B; > 1 = interleaved 1F1B).
+        sequence_parallel: split norms and dropouts along the sequence inside the TP group (needs ``tp > 1``).
+        zero: ZeRO stage over the DP group: 0 none, 1 optimizer state, 2 + gradients, 3 + weights (FSDP).
+        micro_batch: samples per micro-batch; global_batch: samples per iteration over all replicas.
+        recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input).
+        offload_activations, offload_weights, offload_optimizer: keep these in the second memory tier.
+        dp_overlap: overlap the gradient reduction with backward (else it runs after the last backward).
+    """
+
+    gpus: int
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    zero: Literal[0, 1, 2, 3] = 0
+    micro_batch: int = 1
+    global_batch: int = 1
+    recompute: Recompute = "none"
+    offload_activations: bool = False
+    offload_weights: bool = False
+    offload_optimizer: bool = False
+    dp_overlap: bool = False
+
+    def __post_init__(self) -> None:
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= 1")
+        for name in ("sequence_parallel", "offload_activations", "offload_weights", "offload_optimizer",
+                     "dp_overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
+        if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
+            raise ConfigError(f"execution.zero: got {brief(self.zero)}; must be 0, 1, 2 or 3 (3 = FSDP)")
+        if self.recompute not in _RECOMPUTE:
+            raise ConfigError(f"execution.recompute: got {brief(self.recompute)}; must be one of {', '.join(_RECOMPUTE)}")
+        product = self.tp * self.pp * self.dp * self.cp
+        if product != self.gpus:
+            raise ConfigError(f"execution.gpus: got {self.gpus}; must equal tp*pp*dp*cp = "
+                              f"{self.tp}*{self.pp}*{self.dp}*{self.cp} = {product}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("execution.sequence_parallel: got true with tp=1; sequence parallelism needs tp > 1")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise ConfigError(f"execution.virtual_stages: got {self.virtual_stages} with pp=1; interleaving needs pp > 1")
+        if self.zero and self.dp == 1:
+            raise ConfigError(f"execution.zero: got {self.zero} with dp=1; ZeRO shards over data-parallel ranks, needs dp > 1")
+        per_step = self.micro_batch * self.dp
+        if self.global_batch % per_step:
+            raise ConfigError(f"execution.global_batch: got {self.global_batch}; must be a multiple of "
+                              f"micro_batch*dp = {self.micro_batch}*{self.dp} = {per_step}")
+        if self.virtual_stages > 1 and self.micro_batches % self.pp:
+            raise ConfigError(f"execution.global_batch: got {self.global_batch}, i.e. {self.micro_batches} micro-batches "
+                              f"per replica; the interleaved schedule needs a multiple of pp ({self.pp})")
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per replica per iteration, ``m = global_batch / (micro_batch * dp)``."""
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Pipeline bubble over ideal time, ``(p - 1) / (m v)`` (Narayanan et al. SC21, sec. 2.2)."""
+        return (self.pp - 1) / (self.micro_batches * self.virtual_stages)
+
+
+def check_execution(execution: Execution, spec: TransformerSpec) -> None:
+    """Raise one-line ConfigError unless ``execution`` can run ``spec``: layers split into ``pp *
+    virtual_stages`` equal chunks, heads and kv-heads (and experts' FFN) split over ``tp``, the sequence over
+    ``cp`` (and over ``tp`` with sequence parallelism)."""
+    e = execution
+    chunks = e.pp * e.virtual_stages
+    if spec.layers % chunks:
+        raise ConfigError(f"execution.pp: got pp*virtual_stages = {e.pp}*{e.virtual_stages} = {chunks}; "
+                          f"must divide the {spec.layers} layers of {spec.name}")
+    if spec.heads % e.tp:
+        raise ConfigError(f"execution.tp: got {e.tp}; must divide the {spec.heads} attention heads of {spec.name}")
+    if int(spec.kv_heads) % e.tp:  # type: ignore[arg-type]
+        raise ConfigError(f"execution.tp: got {e.tp}; must divide the {spec.kv_heads} kv-heads of {spec.name} (GQA)")
+    if int(spec.ffn_hidden) % e.tp:  # type: ignore[arg-type]
+        raise ConfigError(f"execution.tp: got {e.tp}; must divide the FFN size {spec.ffn_hidden} of {spec.name}")
+    if spec.seq_len % (e.cp * (e.tp if e.sequence_parallel else 1)):
+        split = "cp*tp" if e.sequence_parallel else "cp"
+        raise ConfigError(f"execution.cp: got {split} = {e.cp * (e.tp if e.sequence_parallel else 1)}; "
+                          f"must divide the sequence length {spec.seq_len} of {spec.name}")
+
+
+class _ExecutionFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    gpus: int = Field(ge=1)
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1)
+    cp: int = Field(default=1, ge=1)
+    virtual_stages: int = Field(default=1, ge=1)
+    sequence_parallel: bool = False
+    zero: Literal[0, 1, 2, 3] = 0
+    micro_batch: int = Field(default=1, ge=1)
+    global_batch: int = Field(default=1, ge=1)
+    recompute: Literal["none", "selective", "full"] = "none"
+    offload_activations: bool = False
+    offload_weights: bool = False
+    offload_optimizer: bool = False
+    dp_overlap: bool = False
+
+
+def _one_line(exc: ValidationError, source: str) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        allowed = ", ".join(_ExecutionFile.model_fields)
+        return f"{source}: execution.{where}: unknown field; allowed: {allowed}"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"{source}: execution.{where}: got {brief(err.get('input'))}; {message[:1].lower()}{message[1:]}"
+
+
+def execution_from_dict(data: Any, source: str = "execution") -> Execution:
+    """An :class:`Execution` from a mapping (a parsed file); one-line ConfigError naming the field otherwise."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: got {brief(data)}; must be a mapping of execution fields")
+    try:
+        parsed = _ExecutionFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, source)) from None
+    return Execution(**parsed.model_dump())
+
+
+def load_execution(path: str | Path) -> Execution:
+    """Read an execution record from a ``.json``, ``.yaml`` or ``.yml`` file."""
+    data = read_document(path, what="execution file", error=ConfigError)
+    return execution_from_dict(data, source=f"execution file {str(path)[:200]!r}")
+
+
+def execution_to_dict(execution: Execution) -> dict[str, Any]:
+    """The record as plain data (the file format)."""
+    return asdict(execution)

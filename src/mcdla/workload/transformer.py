@@ -1,0 +1,274 @@
+"""Decoder-only transformers described by a few numbers: parameters, FLOPs and activation bytes per layer.
+
+The LLM counterpart of the layer-chain zoo: instead of listing layers, a :class:`TransformerSpec` gives the
+shape (layers, hidden, heads, kv-heads for GQA, FFN size and GELU/SwiGLU, vocabulary, sequence length,
+optionally MoE experts with top-k routing) and the functions here derive, per layer and per micro-batch,
+what the time model (:mod:`mcdla.sim.llm`) and memory planning need. Units: FLOP (a multiply-add is 2 FLOP),
+bytes, elements of ``bytes_per_element`` (2 for fp16/bf16).
+
+NOTE [formulas] For a GPT layer (MHA, FFN 4h GELU, dropout) the counts reduce exactly to the published
+closed forms, which the tests check: forward FLOPs ``24 b s h^2 + 4 b s^2 h`` per layer and model FLOPs
+``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` per iteration (Korthikanti et al. 2022, sec. 6; Narayanan et al.
+SC21, appendix, which with full recomputation gives ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``); activation
+bytes per layer ``s b h (34 + 5 a s / h)`` and its tensor/sequence-parallel and recompute variants
+(Korthikanti et al. 2022, sec. 4, Table 2). The attention core is counted over the full ``s x s`` score
+matrix (no causal halving), as both papers do. Biases and norms are counted in parameters but their FLOPs
+are ignored (both papers ignore them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from mcdla.errors import WorkloadError, brief
+
+__all__ = [
+    "TransformerSpec",
+    "Recompute",
+    "PRESETS",
+    "preset",
+    "preset_names",
+    "layer_fwd_flops",
+    "logits_fwd_flops",
+    "model_flops_per_iteration",
+    "hardware_flops_per_iteration",
+    "activation_bytes_per_layer",
+]
+
+Recompute = Literal["none", "selective", "full"]
+_MLPS = ("gelu", "swiglu")
+_POSITIONS = ("learned", "rope")
+
+
+def _positive_int(owner: str, name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise WorkloadError(f"{owner}.{name}: got {brief(value)}; must be an integer >= 1")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransformerSpec:
+    """A decoder-only transformer.
+
+    Attributes:
+        name: preset or user name.
+        layers, hidden, heads: ``l``, ``h``, ``a``.
+        kv_heads: key/value heads (GQA; None = ``heads``, i.e. multi-head attention).
+        ffn_hidden: FFN inner size ``f`` (None = ``4 h``).
+        mlp: ``gelu`` (two matrices) or ``swiglu`` (three: gate, up, down).
+        vocab: ``V``; seq_len: ``s`` (tokens per sample).
+        experts, top_k: MoE FFN (1, 1 = dense); each token runs ``top_k`` expert FFNs.
+        dropout: whether the layer has dropout (masks are saved for backward: GPT yes, Llama no).
+        bias: linear layers carry biases (GPT yes, Llama no); parameters only.
+        position: ``learned`` (an ``s x h`` table) or ``rope`` (no parameters).
+        tied_embeddings: the output projection reuses the input embedding.
+        bytes_per_element: activation/weight element size (2 for fp16 or bf16).
+        source: where the shape comes from.
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq_len: int
+    kv_heads: int | None = None
+    ffn_hidden: int | None = None
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    experts: int = 1
+    top_k: int = 1
+    dropout: bool = True
+    bias: bool = True
+    position: Literal["learned", "rope"] = "learned"
+    tied_embeddings: bool = True
+    bytes_per_element: int = 2
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        owner = f"transformer {self.name!r}"
+        for name in ("layers", "hidden", "heads", "vocab", "seq_len", "experts", "top_k", "bytes_per_element"):
+            _positive_int(owner, name, getattr(self, name))
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        _positive_int(owner, "kv_heads", self.kv_heads)
+        _positive_int(owner, "ffn_hidden", self.ffn_hidden)
+        if self.hidden % self.heads:
+            raise WorkloadError(f"{owner}.heads: got {self.heads}; must divide hidden ({self.hidden})")
+        if self.heads % self.kv_heads:  # type: ignore[operator]
+            raise WorkloadError(f"{owner}.kv_heads: got {self.kv_heads}; must divide heads ({self.heads})")
+        if self.top_k > self.experts:
+            raise WorkloadError(f"{owner}.top_k: got {self.top_k}; must be <= experts ({self.experts})")
+        if self.mlp not in _MLPS:
+            raise WorkloadError(f"{owner}.mlp: got {brief(self.mlp)}; must be one of {', '.join(_MLPS)}")
+        if self.position not in _POSITIONS:
+            raise WorkloadError(f"{owner}.position: got {brief(self.position)}; must be one of {', '.join(_POSITIONS)}")
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head, ``h / a``."""
+        return self.hidden // self.heads
+
+    @property
+    def kv_hidden(self) -> int:
+        """Width of K (and of V): ``kv_heads * head_dim`` (= h without GQA)."""
+        return int(self.kv_heads) * self.head_dim  # type: ignore[arg-type]
+
+    @property
+    def ffn_matrices(self) -> int:
+        """Weight matrices of one expert FFN: 2 for GELU, 3 for SwiGLU."""
+        return 3 if self.mlp == "swiglu" else 2
+
+    def params_per_layer(self) -> int:
+        """Parameters of one transformer layer (all experts, biases and the two norms included)."""
+        h, kv, f = self.hidden, self.kv_hidden, int(self.ffn_hidden)  # type: ignore[arg-type]
+        attn = h * (h + 2 * kv) + h * h
+        ffn = self.experts * self.ffn_matrices * h * f
+        router = h * self.experts if self.experts > 1 else 0
+        norms = 4 * h if self.bias else 2 * h  # LayerNorm has gain and bias, RMSNorm a gain
+        biases = (h + 2 * kv + h + self.experts * ((self.ffn_matrices - 1) * f + h)) if self.bias else 0
+        return attn + ffn + router + norms + biases
+
+    def embedding_params(self) -> int:
+        """Input embedding, position table, final norm and (untied) output projection."""
+        h = self.hidden
+        table = self.vocab * h * (1 if self.tied_embeddings else 2)
+        positions = self.seq_len * h if self.position == "learned" else 0
+        return table + positions + (2 * h if self.bias else h)
+
+    def params(self) -> int:
+        """All parameters."""
+        return self.layers * self.params_per_layer() + self.embedding_params()
+
+    def active_params(self) -> int:
+        """Parameters a token touches (MoE: ``top_k`` of the ``experts`` FFNs)."""
+        if self.experts == 1:
+            return self.params()
+        idle = (self.experts - self.top_k) * self.ffn_matrices * self.hidden * int(self.ffn_hidden)  # type: ignore[arg-type]
+        return self.params() - self.layers * idle
+
+    def with_seq_len(self, seq_len: int) -> TransformerSpec:
+        """The same model at another sequence length."""
+        return replace(self, seq_len=seq_len)
+
+
+def layer_fwd_flops(spec: TransformerSpec, batch: int) -> dict[str, float]:
+    """Forward FLOPs of one layer for ``batch`` samples: ``gemm`` (projections, FFN, router) and ``attention``
+    (``Q K^T`` and ``attention x V``), kept apart because they run at different efficiencies."""
+    b, s, h = batch, spec.seq_len, spec.hidden
+    f = float(spec.ffn_hidden)  # type: ignore[arg-type]
+    qkv = 2.0 * b * s * h * (h + 2 * spec.kv_hidden)
+    proj = 2.0 * b * s * h * h
+    ffn = spec.top_k * spec.ffn_matrices * 2.0 * b * s * h * f
+    router = 2.0 * b * s * h * spec.experts if spec.experts > 1 else 0.0
+    attention = 2.0 * 2.0 * b * s * s * h
+    return {"gemm": qkv + proj + ffn + router, "attention": attention}
+
+
+def logits_fwd_flops(spec: TransformerSpec, batch: int) -> float:
+    """Forward FLOPs of the output projection onto the vocabulary, ``2 b s h V``."""
+    return 2.0 * batch * spec.seq_len * spec.hidden * spec.vocab
+
+
+def model_flops_per_iteration(spec: TransformerSpec, global_batch: int) -> float:
+    """Model FLOPs of one iteration (forward + backward = 3x forward), no recomputation counted: the numerator
+    of model FLOPs utilisation."""
+    layer = layer_fwd_flops(spec, global_batch)
+    return 3.0 * (spec.layers * (layer["gemm"] + layer["attention"]) + logits_fwd_flops(spec, global_batch))
+
+
+def hardware_flops_per_iteration(spec: TransformerSpec, global_batch: int, recompute: Recompute) -> float:
+    """FLOPs the devices execute, recomputation included: ``full`` re-runs every layer's forward, ``selective``
+    only the attention core (Korthikanti et al. 2022, sec. 5)."""
+    layer = layer_fwd_flops(spec, global_batch)
+    extra = {"none": 0.0, "selective": layer["attention"], "full": layer["gemm"] + layer["attention"]}[recompute]
+    return model_flops_per_iteration(spec, global_batch) + spec.layers * extra
+
+
+def activation_bytes_per_layer(
+    spec: TransformerSpec, micro_batch: int, *, tp: int = 1, sp: bool = False, cp: int = 1,
+    recompute: Recompute = "none",
+) -> float:
+    """Bytes one layer stashes for backward per micro-batch on one rank (Korthikanti et al. 2022, sec. 4).
+
+    Attention block: norm input, QKV input, Q, K, V, softmax output (``a s^2 b`` elements), its dropout mask (1
+    byte each) and output, projection input, dropout mask; FFN block: norm input, fc1 input, activation
+    input(s), fc2 input, dropout mask. Tensor parallelism splits what lies between the two collectives by
+    ``tp``; sequence parallelism also splits the rest. Context parallelism splits the sequence by ``cp``.
+    ``selective`` drops the ``s x s`` terms (recomputed); ``full`` keeps only the layer input.
+    """
+    e = spec.bytes_per_element
+    b, s, h, a = micro_batch, spec.seq_len / cp, spec.hidden, spec.heads
+    f = float(spec.ffn_hidden)  # type: ignore[arg-type]
+    kv = spec.kv_hidden
+    sbh = s * b * h
+    mask = 1.0 if spec.dropout else 0.0
+    if recompute == "full":
+        return e * sbh / (tp if sp else 1)
+    # outside the tensor-parallel region: two norm inputs, QKV and fc1 inputs, two dropout masks
+    outside = 2 * e * sbh + 2 * e * sbh + 2 * mask * sbh
+    inside = (e * s * b * (h + 2 * kv)             # Q, K, V
+              + e * sbh                              # projection input (attention x V)
+              + spec.top_k * (e * s * b * f * (spec.ffn_matrices - 1) + e * s * b * f))  # act input(s), fc2 input
+    if recompute == "none":
+        # softmax output, dropout mask and dropout output over the a x s x s scores (the full sequence of keys)
+        inside += (e + mask + e * mask) * a * s * spec.seq_len * b
+    return outside / (tp if sp else 1) + inside / tp
+
+
+def _spec(**kw: object) -> TransformerSpec:
+    return TransformerSpec(**kw)  # type: ignore[arg-type]
+
+
+_MEGATRON = "Megatron-LM GPT: vocab 51200, seq 2048 (Narayanan et al. SC21, sec. 5.1; Korthikanti et al. 2022, Table 3)"
+_LLAMA3 = "Llama 3 Herd of Models (Dubey et al. 2024), Table 3: GQA 8 kv-heads, SwiGLU, vocab 128256, RoPE"
+PRESETS: dict[str, TransformerSpec] = {
+    s.name: s for s in (
+        _spec(name="gpt3-175b", layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048,
+              source="GPT-3 (Brown et al. 2020, Table 2.1) with Megatron's padded vocab 51200 " + _MEGATRON),
+        _spec(name="megatron-22b", layers=48, hidden=6144, heads=64, vocab=51200, seq_len=2048, source=_MEGATRON),
+        _spec(name="megatron-530b", layers=105, hidden=20480, heads=128, vocab=51200, seq_len=2048, source=_MEGATRON),
+        _spec(name="megatron-1t", layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048, source=_MEGATRON),
+        _spec(name="megatron-1.7b", layers=24, hidden=2304, heads=24, vocab=51200, seq_len=2048,
+              source="Narayanan et al. SC21, Table 1"),
+        _spec(name="megatron-3.6b", layers=30, hidden=3072, heads=32, vocab=51200, seq_len=2048,
+              source="Narayanan et al. SC21, Table 1"),
+        _spec(name="megatron-7.5b", layers=36, hidden=4096, heads=32, vocab=51200, seq_len=2048,
+              source="Narayanan et al. SC21, Table 1"),
+        _spec(name="megatron-18.4b", layers=40, hidden=6144, heads=48, vocab=51200, seq_len=2048,
+              source="Narayanan et al. SC21, Table 1"),
+        _spec(name="megatron-39.1b", layers=48, hidden=8192, heads=64, vocab=51200, seq_len=2048,
+              source="Narayanan et al. SC21, Table 1"),
+        _spec(name="megatron-76.1b", layers=60, hidden=10240, heads=80, vocab=51200, seq_len=2048,
+              source="Narayanan et al. SC21, Table 1"),
+        _spec(name="megatron-145.6b", layers=80, hidden=12288, heads=96, vocab=51200, seq_len=2048,
+              source="Narayanan et al. SC21, Table 1"),
+        _spec(name="megatron-310.1b", layers=96, hidden=16384, heads=128, vocab=51200, seq_len=2048,
+              source="Narayanan et al. SC21, Table 1"),
+        _spec(name="llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, mlp="swiglu",
+              vocab=128256, seq_len=8192, dropout=False, bias=False, position="rope", tied_embeddings=False,
+              source=_LLAMA3),
+        _spec(name="llama3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, mlp="swiglu",
+              vocab=128256, seq_len=8192, dropout=False, bias=False, position="rope", tied_embeddings=False,
+              source=_LLAMA3),
+        _spec(name="llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, mlp="swiglu",
+              vocab=128256, seq_len=8192, dropout=False, bias=False, position="rope", tied_embeddings=False,
+              source=_LLAMA3),
+    )
+}
+
+
+def preset_names() -> list[str]:
+    """The preset names, sorted."""
+    return sorted(PRESETS)
+
+
+def preset(name: str) -> TransformerSpec:
+    """A preset by name; one-line WorkloadError listing the presets otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise WorkloadError(f"transformer: got {brief(name)}; must be one of {', '.join(preset_names())}") from None
+
