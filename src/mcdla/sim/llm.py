@@ -1,0 +1,268 @@
+"""Per-iteration time and per-rank memory of LLM training under TP/PP/DP/CP, recomputation and offload.
+
+An analytical per-rank model of one 1F1B (or interleaved 1F1B) iteration, not the event engine: the engine
+simulates one device's layer chain with its copies; here the pipeline, the tensor-parallel collectives and
+the data-parallel reduction are closed forms over per-layer costs, which is what the published Megatron runs
+need and is cheap enough to sweep. NOTE [time model] (also ``docs/llm.md``):
+
+* Per layer and micro-batch on one rank: GEMM FLOPs (projections, FFN) and attention-core FLOPs (``QK^T``,
+  ``xV``) divided by ``tp * cp``, at ``peak * efficiency``; memory-bound elementwise kernels (norms,
+  bias-dropout-add, activation function, softmax and its dropout) at ``hbm_bytes_per_s *
+  memory_efficiency``; backward costs twice the forward. Recompute adds a forward (``full``) or the
+  attention core with its softmax and dropout (``selective``).
+* Tensor parallelism: two all-reduces of the layer's ``b s h`` activation per forward and two per backward
+  (with sequence parallelism an all-gather plus a reduce-scatter, the same ring traffic), on the NVLink domain;
+  full recomputation repeats the forward ones. Not overlapped with compute (Megatron-LM 2021-2022).
+* Pipeline: per micro-batch a stage runs its ``layers / pp`` layers forward and backward plus, per virtual
+  chunk, a point-to-point send of the activation and one of its gradient (``b s h / tp`` bytes with
+  Megatron's scatter/gather) over the inter-node network; the last stage adds the vocabulary projection and
+  the loss. Iteration = ``m * T_slowest + (p - 1) / v * T_mean`` (the 1F1B bubble ``(p - 1) / (m v)``).
+* Data parallelism: one ring all-reduce of the rank's gradients (ZeRO-1/2: reduce-scatter + all-gather, the
+  same traffic; ZeRO-3: one more all-gather of weights) after the last backward, or overlapped with the last
+  micro-batch's backward (``dp_overlap``); then the Adam step streams the rank's optimizer state through HBM.
+* Offload: activations go out during forward and come back during backward, weights are fetched for every
+  forward and backward of a micro-batch, optimizer state crosses the link twice per step; what the compute
+  does not hide is exposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from mcdla.errors import ConfigError
+from mcdla.hardware.model import Device
+from mcdla.workload.execution import Execution, check_execution
+from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
+                                        layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
+
+__all__ = ["GemmEfficiency", "GpuCluster", "LlmStep", "llm_step", "elementwise_bytes_per_layer"]
+
+# Adam with mixed precision, per parameter: fp16/bf16 weight and gradient, fp32 master weight, momentum and
+# variance (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 bytes).
+_WEIGHT_BYTES, _GRAD_BYTES, _OPTIMIZER_BYTES = 2, 2, 12
+# The Adam step reads the gradient (2) and reads and writes master weight, momentum, variance (3 x 8) and
+# writes the fp16 weight (2): 28 bytes of HBM traffic per parameter.
+_ADAM_TRAFFIC_BYTES = 28
+# Vocabulary-parallel cross entropy works in fp32 over the b x s x V/tp logits: about four passes each way.
+_LOSS_PASSES, _LOSS_ELEMENT_BYTES = 4, 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GemmEfficiency:
+    """Fraction of peak a GEMM reaches as a function of its per-rank width ``x = hidden / tp`` (elements):
+    ``peak_fraction * x / (x + half_width)``. Narrow per-rank matrices (small models, wide TP) fill fewer
+    tiles and waves of the GPU; this is the only fitted part of the model (``docs/llm.md``)."""
+
+    peak_fraction: float
+    half_width: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.peak_fraction <= 1:
+            raise ConfigError(f"gemm_efficiency.peak_fraction: got {self.peak_fraction!r}; must be in (0, 1]")
+        if not 0 <= self.half_width < float("inf"):
+            raise ConfigError(f"gemm_efficiency.half_width: got {self.half_width!r}; must be finite and >= 0")
+
+    def at(self, width: float) -> float:
+        """Efficiency for a per-rank GEMM width (elements)."""
+        return self.peak_fraction * width / (width + self.half_width)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuCluster:
+    """Nodes of ``gpus_per_node`` devices: an NVLink domain inside a node, a network between nodes.
+
+    Bandwidths are per GPU and per direction (bytes/s); ``offload_bytes_per_s`` is each GPU's link to the
+    second memory tier (host or memory-node), 0 when there is none.
+    """
+
+    device: Device
+    gpus_per_node: int
+    nvlink_bytes_per_s: float
+    network_bytes_per_s: float
+    nvlink_latency_s: float = 5e-6
+    network_latency_s: float = 10e-6
+    offload_bytes_per_s: float = 0.0
+    precision: str = "fp16"
+    gemm_efficiency: GemmEfficiency = field(default_factory=lambda: GemmEfficiency(peak_fraction=0.7, half_width=0.0))
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise ConfigError(f"cluster.gpus_per_node: got {self.gpus_per_node!r}; must be an integer >= 1")
+        for name in ("nvlink_bytes_per_s", "network_bytes_per_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"cluster.{name}: got {getattr(self, name)!r}; must be finite and > 0")
+        for name in ("nvlink_latency_s", "network_latency_s", "offload_bytes_per_s"):
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise ConfigError(f"cluster.{name}: got {getattr(self, name)!r}; must be finite and >= 0")
+        self.device.flops_per_s(self.precision)  # raises for an unknown precision
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlmStep:
+    """One iteration's predicted time (seconds) and its parts, and one rank's memory (bytes).
+
+    The parts add up to ``iteration_s``: ``compute_s`` (forward and backward of the slowest stage over all
+    micro-batches, logits included), ``recompute_s``, ``tp_comm_s``, ``pp_comm_s``, ``bubble_s``,
+    ``dp_comm_s`` (exposed), ``optimizer_s``, ``offload_s`` (exposed).
+    """
+
+    iteration_s: float
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    bubble_s: float
+    dp_comm_s: float
+    optimizer_s: float
+    offload_s: float
+    model_flops: float
+    hardware_flops: float
+    mfu: float
+    device_bytes: float
+    offloaded_bytes: float
+    fits: bool
+
+    def to_dict(self) -> dict[str, float | bool]:
+        """Plain data for JSON."""
+        return asdict(self)
+
+
+def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, sp: bool = False,
+                                cp: int = 1) -> dict[str, float]:
+    """HBM bytes of a layer's memory-bound forward kernels on one rank: ``block`` (two norms read and write
+    ``b s h``; two bias-dropout-adds read input and residual, write output and a 1-byte mask; the activation
+    function reads its input(s) and writes ``b s f``) and ``scores`` (softmax reads and writes the ``a s^2 b``
+    scores, their dropout reads, writes and stores a mask). Counted from the kernels Megatron-LM runs (fused
+    bias-GELU, fused scale-mask-softmax, fused bias-dropout-add); no fitting."""
+    e = spec.bytes_per_element
+    b, s, h, f = micro_batch, spec.seq_len / cp, spec.hidden, float(spec.ffn_hidden)  # type: ignore[arg-type]
+    mask = 1.0 if spec.dropout else 0.0
+    sbh = s * b * h
+    norms = 2 * 2 * e * sbh
+    residual = 2 * (3 * e + mask) * sbh
+    activation = spec.top_k * spec.ffn_matrices * e * s * b * f  # GELU: read f, write f; SwiGLU: read 2f
+    scores = spec.heads * s * spec.seq_len * b * (2 * e + mask * (2 * e + 1))
+    return {"block": (norms + residual) / (tp if sp else 1) + activation / tp, "scores": scores / tp}
+
+
+def _ring_s(size_bytes: float, ranks: int, bytes_per_s: float, latency_s: float, passes: float = 2.0) -> float:
+    """A ring collective moving ``passes * (n - 1) / n * size`` bytes per rank (2 = all-reduce, 1 = all-gather
+    or reduce-scatter)."""
+    if ranks == 1:
+        return 0.0
+    return passes * (ranks - 1) / ranks * size_bytes / bytes_per_s + passes * (ranks - 1) * latency_s
+
+
+def _stage_params(spec: TransformerSpec, e: Execution) -> float:
+    """Parameters on the rank of the first stage (its layers and the embedding), per TP rank."""
+    per_stage = spec.layers // e.pp * spec.params_per_layer() + spec.embedding_params()
+    return per_stage / e.tp
+
+
+def _dp_ring_bytes_per_s(cluster: GpuCluster, e: Execution) -> float:
+    """Bus bandwidth of a data-parallel ring: NVLink inside one node, else the network cards of the group's
+    ranks in a node (ranks are ordered tp, cp, dp, pp, so a node holds ``gpus_per_node / (tp cp)`` of them)."""
+    per_node = max(1, cluster.gpus_per_node // (e.tp * e.cp))
+    if e.dp <= per_node:
+        return cluster.nvlink_bytes_per_s
+    return min(cluster.nvlink_bytes_per_s, per_node * cluster.network_bytes_per_s)
+
+
+def llm_step(spec: TransformerSpec, execution: Execution, cluster: GpuCluster) -> LlmStep:
+    """Predict one training iteration of ``spec`` run as ``execution`` on ``cluster`` (module docstring)."""
+    check_execution(execution, spec)
+    e, dev = execution, cluster.device
+    if e.tp * e.cp > cluster.gpus_per_node:
+        raise ConfigError(f"execution.tp: got tp*cp = {e.tp * e.cp}; must fit one NVLink domain "
+                          f"({cluster.gpus_per_node} GPUs per node)")
+    if (e.offload_activations or e.offload_weights or e.offload_optimizer) and cluster.offload_bytes_per_s == 0:
+        raise ConfigError("execution.offload_*: offload asked but the cluster has no second tier "
+                          "(offload_bytes_per_s = 0)")
+    b, split = e.micro_batch, e.tp * e.cp
+    flops_per_s = dev.flops_per_s(cluster.precision)
+    hbm_per_s = dev.hbm_bytes_per_s * dev.memory_efficiency
+    gemm_rate = flops_per_s * cluster.gemm_efficiency.at(spec.hidden / e.tp)
+
+    flops = layer_fwd_flops(spec, b)
+    ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp)
+    gemm_f = flops["gemm"] / split / gemm_rate
+    attn_f = flops["attention"] / split / gemm_rate
+    elem_f = (ew["block"] + ew["scores"]) / hbm_per_s
+    layer_fwd = gemm_f + attn_f + elem_f
+    layer_recompute = {"none": 0.0, "selective": attn_f + ew["scores"] / hbm_per_s, "full": layer_fwd}[e.recompute]
+
+    act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
+    tp_one = _ring_s(act_bytes, e.tp, cluster.nvlink_bytes_per_s, cluster.nvlink_latency_s)
+    tp_layer = 4 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0)
+
+    n_layers = spec.layers // e.pp
+    logits = logits_fwd_flops(spec, b) / split / gemm_rate
+    loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
+    last_extra = 3 * logits + 3 * loss
+    compute_mb = n_layers * 3 * layer_fwd
+    recompute_mb = n_layers * layer_recompute
+    tp_mb = n_layers * tp_layer
+    p2p_bytes = act_bytes / e.tp
+    pp_mb = 0.0 if e.pp == 1 else 2 * e.virtual_stages * (p2p_bytes / cluster.network_bytes_per_s
+                                                         + cluster.network_latency_s)
+
+    off_mb = 0.0
+    act_stage = n_layers * activation_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
+                                                      recompute=e.recompute)
+    params_rank = _stage_params(spec, e)
+    if e.offload_activations:
+        move = act_stage / cluster.offload_bytes_per_s
+        off_mb += max(0.0, move - n_layers * layer_fwd) + max(0.0, move - n_layers * (2 * layer_fwd + layer_recompute))
+    if e.offload_weights:
+        move = _WEIGHT_BYTES * params_rank / cluster.offload_bytes_per_s
+        off_mb += max(0.0, move - n_layers * layer_fwd) + max(0.0, move - n_layers * 2 * layer_fwd)
+
+    stage_mid = compute_mb + recompute_mb + tp_mb + pp_mb + off_mb
+    stage_last = stage_mid + last_extra
+    stage_mean = stage_mid + last_extra / e.pp
+    m = e.micro_batches
+    bubble = (e.pp - 1) / e.virtual_stages * stage_mean
+
+    dp_bytes = _GRAD_BYTES * params_rank
+    dp_passes = {0: 2.0, 1: 2.0, 2: 2.0, 3: 3.0}[e.zero]
+    dp_full = _ring_s(dp_bytes, e.dp, _dp_ring_bytes_per_s(cluster, e), cluster.network_latency_s, dp_passes)
+    hidden_by = n_layers * (2 * layer_fwd + layer_recompute) if e.dp_overlap else 0.0
+    dp_exposed = max(0.0, dp_full - hidden_by)
+
+    shard = e.dp if e.zero >= 1 else 1
+    optimizer = params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s
+    offload_step = 0.0
+    if e.offload_optimizer:
+        offload_step = 2 * _OPTIMIZER_BYTES * params_rank / shard / cluster.offload_bytes_per_s
+
+    iteration = m * stage_last + bubble + dp_exposed + optimizer + offload_step
+    scale = m  # parts of the steady state, read off the slowest (last) stage
+    model_flops = model_flops_per_iteration(spec, e.global_batch)
+
+    in_flight = min(m, e.pp) * (1 + (e.pp - 1) / (e.pp * e.virtual_stages)) if e.virtual_stages > 1 else min(m, e.pp)
+    activations = act_stage * in_flight
+    weights = _WEIGHT_BYTES * params_rank / (e.dp if e.zero >= 3 else 1)
+    grads = _GRAD_BYTES * params_rank / (e.dp if e.zero >= 2 else 1)
+    opt = _OPTIMIZER_BYTES * params_rank / shard
+    offloaded = (activations if e.offload_activations else 0.0) + (weights if e.offload_weights else 0.0) + (
+        opt if e.offload_optimizer else 0.0)
+    device_bytes = activations + weights + grads + opt - offloaded
+    return LlmStep(
+        iteration_s=iteration,
+        compute_s=scale * (compute_mb + last_extra),
+        recompute_s=scale * recompute_mb,
+        tp_comm_s=scale * tp_mb,
+        pp_comm_s=scale * pp_mb,
+        bubble_s=bubble,
+        dp_comm_s=dp_exposed,
+        optimizer_s=optimizer,
+        offload_s=scale * off_mb + offload_step,
+        model_flops=model_flops,
+        hardware_flops=hardware_flops_per_iteration(spec, e.global_batch, e.recompute),
+        mfu=model_flops / (e.gpus * flops_per_s * iteration),
+        device_bytes=device_bytes,
+        offloaded_bytes=offloaded,
+        fits=device_bytes <= dev.hbm_bytes,
+    )
