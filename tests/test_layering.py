@@ -8,7 +8,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "mcdla"
 # Lower rank = lower layer. A module may import from its own layer or any lower one.
 RANK = {
-    "errors": 0, "units": 0, "__main__": 8,
+    "errors": 0, "units": 0, "_io_safety": 0, "__main__": 8,
     "workload": 1, "hardware": 1,
     "sim": 2,
     "plan": 3,

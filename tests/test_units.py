@@ -37,3 +37,27 @@ def test_bad_sizes_name_the_field(bad) -> None:
 def test_format_bytes_round_trips_magnitude() -> None:
     """format_bytes renders with a binary prefix that parse_bytes reads back."""
     assert parse_bytes(format_bytes(16 * 2**30)) == 16 * 2**30
+
+
+def test_bare_number_refused_when_a_unit_is_required() -> None:
+    """require_unit refuses '12' and 12 (ambiguous) and takes '12B' as 12 bytes."""
+    for bare in ("12", 12):
+        with pytest.raises(ConfigError, match="--budget: got .*12.*unit"):
+            parse_bytes(bare, "--budget", require_unit=True)
+    assert parse_bytes("12B", "--budget", require_unit=True) == 12
+    assert parse_bytes("1.5GiB", "--budget", require_unit=True) == 1.5 * 2**30
+
+
+@pytest.mark.parametrize("huge", [10**400, "1e999GB", "9" * 400])
+def test_overflowing_sizes_are_refused_with_a_short_message(huge) -> None:
+    """A 400-digit integer or an overflowing string is a one-line ConfigError, not inf or OverflowError."""
+    with pytest.raises(ConfigError) as info:
+        parse_bytes(huge, "hbm")
+    assert "hbm: got" in str(info.value) and len(str(info.value)) < 200
+
+
+def test_infinite_latency_is_refused() -> None:
+    """A duration must be finite: 'inf' and 1e999 seconds are refused."""
+    for bad in ("inf", float("inf"), "1e999s"):
+        with pytest.raises(ConfigError, match="latency: got"):
+            parse_seconds(bad, "latency")

@@ -15,6 +15,7 @@ __all__ = [
     "RuntimeTierError",
     "OffloadError",
     "ProfileError",
+    "brief",
 ]
 
 
@@ -52,3 +53,29 @@ class OffloadError(McdlaError):
 
 class ProfileError(McdlaError):
     """Profiling a model failed: the model's forward raised, the loss is not a scalar, etc."""
+
+
+def brief(value: object, limit: int = 60) -> str:
+    """A bounded rendering of a user-given value for an error message, never longer than about ``limit``.
+
+    Strings and numbers are shown as their repr (cut with ``...``); containers and other objects by their
+    type and size only, so a huge or alias-expanded input is never walked or printed. Integers too long to
+    print are described by their digit count.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        if value.bit_length() > 3 * limit:
+            digits = int((value.bit_length() - 1) * 0.30102999566398120) + 1
+            digits += abs(value) >= 10**digits
+            return f"an integer of {digits} digits"
+        text = repr(value)
+    elif isinstance(value, (str, bytes)):
+        text = repr(value[: limit + 1])
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        return f"a {type(value).__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
+    elif isinstance(value, dict):
+        return f"a mapping of {len(value)} key{'s' if len(value) != 1 else ''}"
+    else:
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from mcdla.errors import ConfigError
+from mcdla.errors import ConfigError, brief
 
 __all__ = ["parse_bytes", "parse_bytes_per_s", "parse_flops_per_s", "parse_seconds", "format_bytes", "format_seconds"]
 
@@ -28,31 +28,53 @@ def _prefix_factor(prefix: str) -> float | None:
     return None
 
 
-def _parse(value: str | float | int, field: str, suffixes: tuple[str, ...], kind: str, example: str) -> float:
+def _parse(
+    value: str | float | int, field: str, suffixes: tuple[str, ...], kind: str, example: str, *, require_unit: bool = False
+) -> float:
     if isinstance(value, bool):
-        raise ConfigError(f"{field}: got {value!r}; must be a number or a string like {example!r}")
+        raise ConfigError(f"{field}: got {brief(value)}; must be a number or a string like {example!r}")
     if isinstance(value, (int, float)):
-        number = float(value)
-    else:
-        text = str(value).strip().replace(" ", "").replace("_", "")
+        if require_unit:
+            raise ConfigError(f"{field}: got {brief(value)}; must be {kind} with a unit, like {example!r}")
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ConfigError(f"{field}: got {brief(value)}; too large, must be a finite {kind.removeprefix('a ')}") from None
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "").replace("_", "")
         if text.lower() in _INFINITE:
             return math.inf
+        if len(text) > 400:
+            raise ConfigError(f"{field}: got {brief(value)}; must be {kind} like {example!r}")
         suffix_alt = "|".join(re.escape(s) for s in sorted(suffixes, key=len, reverse=True))
-        m = re.fullmatch(_NUMBER + r"(?P<prefix>[kKmMgGtTpP]i?)?(?:" + suffix_alt + r")?", text)
+        m = re.fullmatch(_NUMBER + r"(?P<prefix>[kKmMgGtTpP]i?)?(?P<suffix>" + suffix_alt + r")?", text)
         if m is None:
-            raise ConfigError(f"{field}: got {value!r}; must be {kind} like {example!r}")
+            raise ConfigError(f"{field}: got {brief(value)}; must be {kind} like {example!r}")
+        if require_unit and not (m.group("prefix") or m.group("suffix")):
+            bare = f" (or {text + suffixes[0]!r} for bytes)" if len(text) <= 20 else ""
+            raise ConfigError(
+                f"{field}: got {brief(value)}; a bare number is ambiguous, must be {kind} with a unit, "
+                f"like {example!r}{bare}"
+            )
         factor = _prefix_factor(m.group("prefix") or "")
         if factor is None:  # pragma: no cover - regex only admits known prefixes
-            raise ConfigError(f"{field}: got {value!r}; unknown unit prefix")
+            raise ConfigError(f"{field}: got {brief(value)}; unknown unit prefix")
         number = float(m.group("num")) * factor
+        if math.isinf(number):
+            raise ConfigError(f"{field}: got {brief(value)}; too large, must be finite (or 'inf' for unlimited)")
+    else:
+        raise ConfigError(f"{field}: got {brief(value)}; must be a number or a string like {example!r}")
     if math.isnan(number) or number < 0:
-        raise ConfigError(f"{field}: got {value!r}; must be >= 0")
+        raise ConfigError(f"{field}: got {brief(value)}; must be >= 0")
     return number
 
 
-def parse_bytes(value: str | float | int, field: str = "bytes") -> float:
-    """Parse a size: ``"16GiB"`` -> 17179869184.0, ``"1.5GB"`` -> 1.5e9, ``4096`` -> 4096.0, ``"inf"``."""
-    return _parse(value, field, ("B", "bytes", "byte"), "a size", "16GiB")
+def parse_bytes(value: str | float | int, field: str = "bytes", *, require_unit: bool = False) -> float:
+    """Parse a size: ``"16GiB"`` -> 17179869184.0, ``"1.5GB"`` -> 1.5e9, ``4096`` -> 4096.0, ``"inf"``.
+
+    With ``require_unit`` a bare number (``"12"``, ``12``) is refused as ambiguous: write ``"12B"`` or ``"12GiB"``.
+    """
+    return _parse(value, field, ("B", "bytes", "byte"), "a size", "16GiB", require_unit=require_unit)
 
 
 def parse_bytes_per_s(value: str | float | int, field: str = "bandwidth") -> float:
@@ -69,15 +91,20 @@ def parse_seconds(value: str | float | int, field: str = "time") -> float:
     """Parse a duration: ``"2us"`` -> 2e-6, ``"1.5ms"``, ``"3s"``, ``"500ns"``, plain numbers are seconds."""
     if isinstance(value, str):
         text = value.strip().replace(" ", "")
-        m = re.fullmatch(_NUMBER + r"(?P<unit>ns|us|µs|ms|s)?", text)
+        m = re.fullmatch(_NUMBER + r"(?P<unit>ns|us|µs|ms|s)?", text) if len(text) <= 400 else None
         if m is None:
-            raise ConfigError(f"{field}: got {value!r}; must be a duration like '2us'")
+            raise ConfigError(f"{field}: got {brief(value)}; must be a duration like '2us'")
         scale = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}[m.group("unit")]
         number = float(m.group("num")) * scale
+        if not math.isfinite(number):
+            raise ConfigError(f"{field}: got {brief(value)}; too large, must be a finite duration")
         if number < 0:
-            raise ConfigError(f"{field}: got {value!r}; must be >= 0")
+            raise ConfigError(f"{field}: got {brief(value)}; must be >= 0")
         return number
-    return _parse(value, field, ("s",), "a duration", "2us")
+    number = _parse(value, field, ("s",), "a duration", "2us")
+    if math.isinf(number):
+        raise ConfigError(f"{field}: got {brief(value)}; must be a finite duration")
+    return number
 
 
 def format_bytes(n: float) -> str:

@@ -110,3 +110,12 @@ def test_format_doc_example_loads() -> None:
     block = re.search(r"```yaml\n(.*?)```", doc, re.S).group(1)
     system = system_from_dict(yaml.safe_load(block))
     assert system.name == "my-box" and len(system.devices) == 2
+
+
+def test_non_finite_efficiency_and_long_values_are_short_one_liners() -> None:
+    """NaN efficiency is refused; a 5000-character or container value is not printed back whole."""
+    device = dict(_tiny()["devices"][0])
+    for field, bad in (("compute_efficiency", float("nan")), ("hbm", "x" * 5000), ("hbm", [[1] * 1000] * 1000)):
+        with pytest.raises(HardwareError) as info:
+            system_from_dict(_tiny(devices=[device | {field: bad}]))
+        assert f"devices.0.{field}" in _one_line(info) and len(str(info.value)) < 300

@@ -227,3 +227,33 @@ def test_saved_numbers_are_base_units(tmp_path: Path) -> None:
     first = data["layers"][0]
     assert first["param_bytes"] == 1024 and isinstance(first["param_bytes"], int)
     assert math.isclose(first["saved_bytes"], 0.1)
+
+
+def test_non_utf8_directory_and_device_files_are_refused(tmp_path: Path) -> None:
+    """Binary bytes, a directory and /dev/zero are one-line WorkloadErrors naming what is allowed."""
+    (tmp_path / "bin.yaml").write_bytes(b"format: \xff\xfe")
+    (tmp_path / "dir.yaml").mkdir()
+    (tmp_path / "zero.yaml").symlink_to("/dev/zero")
+    for name, needle in (("bin.yaml", "not UTF-8 text (byte 0xff"), ("dir.yaml", "directory, must be a regular file"),
+                         ("zero.yaml", "FIFO or socket, must be a regular file")):
+        with pytest.raises(WorkloadError, match=needle.replace("(", r"\(")) as info:
+            load_workload_file(tmp_path / name)
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["optimizer_bytes_per_param_byte", "batch"])
+def test_non_finite_and_huge_numbers_are_refused(field: str) -> None:
+    """inf, NaN and a 400-digit integer are refused with a short message (the value is not printed whole)."""
+    for bad in (math.inf, math.nan, 10**400):
+        message = _error(_doc() | {field: bad})
+        assert field in message and len(message) < 200
+
+
+def test_json_nan_constant_and_deep_nesting_are_refused(tmp_path: Path) -> None:
+    """NaN/Infinity tokens are not JSON; 100k-deep nesting is refused without a RecursionError."""
+    (tmp_path / "nan.json").write_text(json.dumps(_doc(fwd_flops=math.nan)))
+    with pytest.raises(WorkloadError, match="NaN is not allowed"):
+        load_workload_file(tmp_path / "nan.json")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(WorkloadError, match="nested too deeply"):
+        load_workload_file(tmp_path / "deep.json")

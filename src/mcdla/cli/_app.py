@@ -1,14 +1,23 @@
-"""The typer app shared by the command modules, and the one-line failure helper."""
+"""The typer app shared by the command modules, the one-line failure helper and the checks of option values
+that every command shares (batch, budget, output paths, devices, strict JSON output)."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 
-__all__ = ["app", "console", "fail"]
+from mcdla.errors import brief
+from mcdla.units import format_bytes, parse_bytes
+
+__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_output", "check_torch_device", "print_json",
+           "strict_json", "write_output"]
 
 app = typer.Typer(
     name="mcdla",
@@ -19,9 +28,99 @@ app = typer.Typer(
 )
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
+MAX_BATCH = 2**31 - 1
+_MAX_MESSAGE = 600
 
-def fail(message: str) -> NoReturn:
-    """Print ``mcdla: error: <message>`` on one line to stderr and exit 2."""
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``mcdla: error: <message>`` on one line (at most a few hundred characters) to stderr and exit."""
     first = " ".join(str(message).split())
+    if len(first) > _MAX_MESSAGE:
+        first = first[: _MAX_MESSAGE - 3] + "..."
     print(f"mcdla: error: {first}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
+
+
+def check_batch(batch: int | None, option: str = "--batch") -> None:
+    """Fail unless ``batch`` is None or an integer in [1, 2**31 - 1]."""
+    if batch is not None and not 1 <= batch <= MAX_BATCH:
+        fail(f"{option}: got {brief(batch)}; must be >= 1 and <= {MAX_BATCH}")
+
+
+def check_budget(text: str | None, option: str, memory_bytes: float, device: str) -> float:
+    """The byte budget ``text`` (None: the device's memory), which must carry a unit and fit the device.
+
+    A bare number (``--budget 12``) is refused as ambiguous; write ``12B``, ``96MiB`` or ``16GiB``. A budget
+    above ``memory_bytes`` (the memory of ``device``) is refused: no plan can use memory the device lacks.
+    """
+    if text is None:
+        return memory_bytes
+    budget = parse_bytes(text, option, require_unit=True)
+    if not budget > 0:
+        fail(f"{option}: got {brief(text)}; must be > 0")
+    if budget > memory_bytes:
+        fail(f"{option}: got {brief(text)}; must be at most the memory of {device} ({format_bytes(memory_bytes)})")
+    return budget
+
+
+def check_output(path: Path | None, option: str) -> None:
+    """Fail early unless ``path`` can be written as a file: not a directory, in an existing writable one."""
+    if path is None:
+        return
+    shown = brief(str(path), 200)
+    if path.is_dir():
+        fail(f"{option}: got {shown}; it is a directory, must be a file path")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        fail(f"{option}: got {shown}; directory {brief(str(parent), 200)} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        fail(f"{option}: got {shown}; not writable (permission denied)")
+
+
+def write_output(path: Path, text: str, option: str) -> None:
+    """Write ``text`` to ``path``; an OS error becomes a one-line failure naming ``option``."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        fail(f"{option}: got {brief(str(path), 200)}; cannot write it ({exc.strerror or type(exc).__name__})")
+
+
+def check_torch_device(device: str | None, option: str = "--device") -> None:
+    """Fail unless ``device`` (if given) names a torch device that exists on this machine."""
+    if device is None:
+        return
+    import torch  # the commands that take a device need torch anyway
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        fail(f"{option}: got {brief(device)}; must be a torch device such as cpu, cuda or cuda:0")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            fail(f"{option}: got {brief(device)}; CUDA is not available on this machine (use cpu)")
+        if dev.index is not None and dev.index >= count:
+            fail(f"{option}: got {brief(device)}; this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+    elif dev.type not in ("cpu", "cuda"):
+        fail(f"{option}: got {brief(device)}; must be cpu or cuda[:N]")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (inf, NaN) replaced by None, so the JSON is strict."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def strict_json(data: Any, indent: int | None = 2) -> str:
+    """``data`` as strict JSON text: ``Infinity``/``NaN`` become ``null`` (never invalid JSON)."""
+    return json.dumps(_finite(data), indent=indent, allow_nan=False, default=lambda v: _finite(float(v)))
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as strict JSON (see :func:`strict_json`)."""
+    print(strict_json(data))

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from mcdla.cli._app import app, console, fail
+from mcdla.cli._app import app, check_batch, check_budget, check_output, console, fail, print_json
+from mcdla.errors import brief
 from mcdla.hardware import load_system
 from mcdla.plan import PLANNERS, evaluate, make_plan
 from mcdla.sim import pool_link
-from mcdla.units import format_bytes, format_seconds, parse_bytes
+from mcdla.units import format_bytes, format_seconds
 from mcdla.workload import load_workload
 
 __all__ = ["plan_cmd"]
@@ -23,7 +23,8 @@ __all__ = ["plan_cmd"]
 def plan_cmd(
     workload: Annotated[str, typer.Option(help="Zoo name (vgg-e, resnet-152, lstm, ...) or workload file.")],
     system: Annotated[str, typer.Option(help="Preset name or system file; its first device and pool link are used.")],
-    budget: Annotated[Optional[str], typer.Option(help="Device-memory budget, e.g. 16GiB (default: the device's memory).")] = None,
+    budget: Annotated[Optional[str], typer.Option(
+        help="Device-memory budget with a unit, e.g. 16GiB or 512MiB, at most the device's memory (default: all of it).")] = None,
     planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNERS)}.")] = "lp",
     batch: Annotated[Optional[int], typer.Option(help="Batch size (default: the workload's).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the plan as JSON (mcdla-plan/1).")] = None,
@@ -31,22 +32,23 @@ def plan_cmd(
 ) -> None:
     """Plan what to offload, prefetch or recompute, and print the predicted iteration time and its overhead."""
     if planner not in PLANNERS:
-        fail(f"--planner: got {planner!r}; must be one of {', '.join(PLANNERS)}")
-    if batch is not None and batch < 1:
-        fail(f"--batch: got {batch}; must be >= 1")
+        fail(f"--planner: got {brief(planner)}; must be one of {', '.join(PLANNERS)}")
+    check_batch(batch)
+    check_output(out, "--out")
     sys_ = load_system(system)
     device = sys_.devices[0]
     link = pool_link(sys_, device.name)
-    budget_bytes = parse_bytes(budget, "--budget") if budget is not None else device.hbm_bytes
-    if not budget_bytes > 0:
-        fail(f"--budget: got {budget!r}; must be > 0")
+    budget_bytes = check_budget(budget, "--budget", device.hbm_bytes, f"{sys_.name} {device.name}")
     wl = load_workload(workload, batch=batch)
     plan = make_plan(wl, budget_bytes, link, planner=planner, device=device)
     result = evaluate(wl, plan, link, device=device)
     if result.violations:
         fail(f"plan by {planner} does not run within {format_bytes(budget_bytes)}: {result.violations[0]}")
     if out is not None:
-        plan.save(out)
+        try:
+            plan.save(out)
+        except OSError as exc:
+            fail(f"--out: got {brief(str(out), 200)}; cannot write it ({exc.strerror or type(exc).__name__})")
     summary = {
         "workload": wl.name,
         "batch": wl.batch,
@@ -64,7 +66,7 @@ def plan_cmd(
         "plan_file": str(out) if out is not None else None,
     }
     if as_json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
         return
     console.print(f"{wl.name} (batch {wl.batch}) on {sys_.name}, budget {format_bytes(budget_bytes)}, planner {planner}")
     console.print(f"  offloaded   {format_bytes(result.offloaded_bytes)}")

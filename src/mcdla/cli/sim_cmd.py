@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import time
 from enum import Enum
 from pathlib import Path
@@ -11,12 +11,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from mcdla.cli._app import app, console, fail
+from mcdla.cli._app import (app, check_batch, check_budget, check_output, console, fail, print_json,
+                           strict_json, write_output)
+from mcdla.errors import brief
 from mcdla.hardware import load_system
 from mcdla.plan import PLANNERS, make_plan, policy_plan
 from mcdla.report import experiments, figures, tables
 from mcdla.sim import pool_link, simulate
-from mcdla.units import format_bytes, format_seconds, parse_bytes
+from mcdla.units import format_bytes, format_seconds
 from mcdla.workload import load_workload
 
 
@@ -33,7 +35,7 @@ class Policy(str, Enum):
 
 def _check_planner(planner: str | None) -> None:
     if planner is not None and planner not in PLANNERS:
-        fail(f"--planner: got {planner!r}; must be one of {', '.join(PLANNERS)}")
+        fail(f"--planner: got {brief(planner)}; must be one of {', '.join(PLANNERS)}")
 
 
 @app.command("simulate")
@@ -44,26 +46,30 @@ def simulate_cmd(
     parallel: Annotated[Parallel, typer.Option(help="data: replicas + all-reduce; model: every layer split.")] = Parallel.data,
     policy: Annotated[Policy, typer.Option(help="Fixed vDNN policy (ignored with --planner).")] = Policy.all,
     planner: Annotated[Optional[str], typer.Option(help="Budgeted planner instead of a fixed policy.")] = None,
-    budget: Annotated[Optional[str], typer.Option(help="Device-memory budget for --planner (default: device memory).")] = None,
+    budget: Annotated[Optional[str], typer.Option(
+        help="Device-memory budget for --planner with a unit, e.g. 8GiB, at most the device memory (default: all of it).")] = None,
     trace: Annotated[Optional[Path], typer.Option(help="Write a Chrome trace (open in Perfetto).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Simulate one training iteration of a workload on a system with memory virtualization."""
+    """Simulate one training iteration of a workload on a system with memory virtualization.
+
+    An infeasible iteration (it does not fit the device memory) prints its result and exits with status 1."""
     _check_planner(planner)
-    if batch is not None and batch < 1:
-        fail(f"--batch: got {batch}; must be >= 1")
+    check_batch(batch)
+    check_output(trace, "--trace")
+    if budget is not None and planner is None:
+        fail("--budget: only used with --planner")
     sys_ = load_system(system)
+    smallest = min(sys_.devices, key=lambda d: d.hbm_bytes)
     wl = load_workload(workload, batch=batch)
     if planner is not None:
-        budget_bytes = parse_bytes(budget, "--budget") if budget else min(d.hbm_bytes for d in sys_.devices)
+        budget_bytes = check_budget(budget, "--budget", smallest.hbm_bytes, f"{sys_.name} {smallest.name}")
         plan = make_plan(wl, budget_bytes, pool_link(sys_), planner=planner)
     else:
-        if budget is not None:
-            fail("--budget: only used with --planner")
-        plan = policy_plan(wl, "none" if math.isinf(min(d.hbm_bytes for d in sys_.devices)) else policy.value)
+        plan = policy_plan(wl, "none" if math.isinf(smallest.hbm_bytes) else policy.value)
     result = simulate(sys_, wl, plan, parallel=parallel.value, record_timeline=trace is not None)
     if trace is not None:
-        trace.write_text(json.dumps(result.to_chrome_trace()))
+        write_output(trace, strict_json(result.to_chrome_trace(), indent=None), "--trace")
     summary = {
         "system": sys_.name,
         "workload": wl.name,
@@ -84,7 +90,8 @@ def simulate_cmd(
         "link_utilization": result.link_utilization,
     }
     if as_json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
+        _exit_if_infeasible(result)
         return
     console.print(f"[b]{wl.name}[/b] (batch {wl.batch}, {parallel.value}-parallel) on [b]{sys_.name}[/b], plan {plan.planner}")
     if not result.feasible:
@@ -102,6 +109,13 @@ def simulate_cmd(
         console.print("  busiest links           " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in busiest))
     if trace is not None:
         console.print(f"  trace written to {trace} (open in https://ui.perfetto.dev)")
+    _exit_if_infeasible(result)
+
+
+def _exit_if_infeasible(result: object) -> None:
+    """After printing an infeasible result: its reason on stderr, exit status 1."""
+    if not getattr(result, "feasible", True):
+        fail(f"infeasible: {getattr(result, 'infeasible_reason', '')}", code=1)
 
 
 @app.command("reproduce")
@@ -116,11 +130,15 @@ def reproduce_cmd(
     """The paper's comparison: 8 workloads x {dc-dla, mc-dla, oracle} x {data, model}, plus the sweep."""
     _check_planner(planner)
     if precision not in ("fp16", "fp32"):
-        fail(f"--precision: got {precision!r}; must be fp16 or fp32")
+        fail(f"--precision: got {brief(precision)}; must be fp16 or fp32")
+    if workers is not None and not 1 <= workers <= 1024:
+        fail(f"--workers: got {brief(workers)}; must be >= 1 and <= 1024")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        fail(f"--out: got {str(out)!r}; cannot create it ({exc.strerror})")
+        fail(f"--out: got {brief(str(out), 200)}; cannot create it ({exc.strerror or type(exc).__name__})")
+    if not os.access(out, os.W_OK):
+        fail(f"--out: got {brief(str(out), 200)}; not writable (permission denied)")
     start = time.perf_counter()
     records = experiments.run_matrix(policy=policy.value, planner=planner, precision=precision, workers=workers)
     rows = experiments.speedup_rows(records)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from mcdla.cli._app import app, console, fail
+from mcdla.cli._app import app, check_batch, check_output, check_torch_device, console, fail, print_json
+from mcdla.errors import brief
 from mcdla.units import parse_bytes
 
 
@@ -17,14 +17,14 @@ def _scale(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            fail(f"--scale: got {item!r}; must be KEY=VALUE, e.g. --scale hidden=256")
+            fail(f"--scale: got {brief(item)}; must be KEY=VALUE, e.g. --scale hidden=256")
         try:
             out[key] = int(value)
         except ValueError:
             try:
                 out[key] = float(value)
             except ValueError:
-                fail(f"--scale {key}: got {value!r}; must be a number")
+                fail(f"--scale {brief(key)}: got {brief(value)}; must be a number")
     return out
 
 
@@ -32,7 +32,8 @@ def _scale(items: list[str]) -> dict[str, Any]:
 def validate_cmd(
     model: Annotated[str, typer.Option(help="mlp, transformer, a zoo name, or python:MODULE:FACTORY.")],
     pool: Annotated[str, typer.Option(help="Runtime pool spec, e.g. file:/scratch or host.")],
-    budget: Annotated[str, typer.Option(help="Device budget for the planner: a size (96MiB) or P% of saved bytes kept.")],
+    budget: Annotated[str, typer.Option(
+        help="Device budget for the planner: a size with a unit (96MiB) or P% of saved bytes kept.")],
     planner: Annotated[Optional[str], typer.Option(help="Planner name (default: the planners' default).")] = None,
     plan: Annotated[Optional[Path], typer.Option(help="Run this plan file instead of planning.")] = None,
     steps: Annotated[int, typer.Option(help="Measured rounds (each one plain and one virtualized step).")] = 5,
@@ -55,9 +56,19 @@ def validate_cmd(
     from mcdla.report.validate import validate
 
     if granularity not in ("leaf", "block"):
-        fail(f"--granularity: got {granularity!r}; must be leaf or block")
+        fail(f"--granularity: got {brief(granularity)}; must be leaf or block")
     if baseline not in ("runtime", "plain"):
-        fail(f"--baseline: got {baseline!r}; must be runtime or plain")
+        fail(f"--baseline: got {brief(baseline)}; must be runtime or plain")
+    if not budget.strip().endswith("%"):
+        parse_bytes(budget, "--budget", require_unit=True)  # a bare number is ambiguous: say 96MiB or 96B
+    check_batch(batch)
+    for option, value, least in (("--steps", steps, 1), ("--warmup", warmup, 0), ("--io-threads", io_threads, 0)):
+        if not least <= value <= 10_000:
+            fail(f"{option}: got {brief(value)}; must be >= {least} and <= 10000")
+    if threads is not None and not 1 <= threads <= 4096:
+        fail(f"--threads: got {brief(threads)}; must be >= 1 and <= 4096")
+    check_output(plot, "--plot")
+    check_torch_device(device)
     result = validate(
         model, pool=pool, budget=budget, planner=planner, plan=plan, steps=steps, warmup=warmup, batch=batch,
         scale=_scale(scale or []), granularity=granularity, threads=threads,
@@ -65,7 +76,7 @@ def validate_cmd(
         baseline=baseline, copy_interference=copy_interference, io_threads=io_threads or None,  # type: ignore[arg-type]
     )
     if as_json:
-        print(json.dumps(result.to_dict(), indent=2, default=float))
+        print_json(result.to_dict())
         return
     print(result.summary())
 
@@ -83,13 +94,19 @@ def probe_cmd(
     from mcdla.profile.probe import probe_machine, probe_system
 
     if out.suffix not in (".yaml", ".yml", ".json"):
-        fail(f"--out: got {str(out)!r}; must end in .yaml, .yml or .json")
+        fail(f"--out: got {brief(str(out), 200)}; must end in .yaml, .yml or .json")
+    if pool_tier not in ("host", "file", "compress"):
+        fail(f"--pool-tier: got {brief(pool_tier)}; must be host, file or compress")
+    check_output(out, "--out")
+    if directory is not None and directory.exists() and not directory.is_dir():
+        fail(f"--dir: got {brief(str(directory), 200)}; it is not a directory, must be a directory")
+    check_torch_device(device)
     machine = probe_machine(directory, device=device)
     system = probe_system(machine, pool_tier=pool_tier)
     try:
         save_system(system, out)
     except OSError as exc:
-        fail(f"--out: got {str(out)!r}; cannot write it ({exc.strerror})")
+        fail(f"--out: got {brief(str(out), 200)}; cannot write it ({exc.strerror or type(exc).__name__})")
     links = {
         kind: {"tier": p.tier, "offload_bytes_per_s": p.link.offload_bytes_per_s,
                "prefetch_bytes_per_s": p.link.prefetch_bytes_per_s, "latency_s": p.link.latency_s,
@@ -97,8 +114,8 @@ def probe_cmd(
         for kind, p in machine.tiers.items()
     }
     if as_json:
-        print(json.dumps({"system": str(out), "flops_per_s": machine.flops_per_s,
-                          "memory_bytes_per_s": machine.memory_bytes_per_s, "tiers": links}, indent=2))
+        print_json({"system": str(out), "flops_per_s": machine.flops_per_s,
+                    "memory_bytes_per_s": machine.memory_bytes_per_s, "tiers": links})
         return
     console.print(f"{machine.source}")
     console.print(f"  compute: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in machine.flops_per_s.items())

@@ -15,7 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from mcdla.errors import HardwareError
+from mcdla._io_safety import read_document
+from mcdla.errors import HardwareError, brief
 from mcdla.hardware.model import Device, Link, LinkKind, Memory, MemoryKind, Switch, System
 from mcdla.hardware.topology import Topology
 from mcdla.units import parse_bytes, parse_bytes_per_s, parse_flops_per_s, parse_seconds
@@ -35,8 +36,8 @@ class _DeviceSpec(_Spec):
     peak_flops_per_s: dict[str, _Quantity]
     hbm: _Quantity = Field(description="device-memory capacity, e.g. 16GiB or inf")
     hbm_bandwidth: _Quantity
-    compute_efficiency: float = 0.7
-    memory_efficiency: float = 0.8
+    compute_efficiency: float = Field(default=0.7, allow_inf_nan=False)
+    memory_efficiency: float = Field(default=0.8, allow_inf_nan=False)
     source: str
 
     @field_validator("peak_flops_per_s")
@@ -114,12 +115,18 @@ def _one_line(exc: ValidationError, where: str) -> HardwareError:
     err = exc.errors()[0]
     path = ".".join(str(p) for p in err["loc"])
     got = err.get("input")
-    msg = err["msg"].removeprefix("Value error, ")
+    msg = " ".join(err["msg"].removeprefix("Value error, ").split())
     if err["type"] == "missing":
         return HardwareError(f"{where}: {path}: missing; this field is required")
     if err["type"] == "extra_forbidden":
         return HardwareError(f"{where}: {path}: unknown field")
-    return HardwareError(f"{where}: {path}: got {got!r}; {msg}")
+    if err["type"] == "value_error" and ": got " in msg:  # a unit parser's message already names value and rule
+        return HardwareError(f"{where}: {path}: got {msg.split(': got ', 1)[1]}")
+    if err["type"] == "finite_number":
+        msg = "must be a finite number"
+    elif msg.startswith("Input should be "):
+        msg = "must be " + msg.removeprefix("Input should be ")
+    return HardwareError(f"{where}: {path}: got {brief(got)}; {msg}")
 
 
 def system_from_dict(data: Any, where: str = "system") -> System:
@@ -215,15 +222,8 @@ def preset_names() -> tuple[str, ...]:
 
 
 def _read(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise HardwareError(f"system file: got {str(path)!r}; no such file") from None
-    try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        first = str(exc).splitlines()[0]
-        raise HardwareError(f"system file {str(path)!r}: not valid YAML/JSON ({first})") from None
+    """Parse a system file safely: regular UTF-8 file, bounded size, YAML aliases and depth bounded."""
+    return read_document(path, what="system file", error=HardwareError)
 
 
 def load_system(name_or_path: str | Path) -> System:
@@ -234,5 +234,7 @@ def load_system(name_or_path: str | Path) -> System:
         return system_from_dict(yaml.safe_load(ref.read_text()), where=f"preset {text!r}")
     path = Path(text)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        return system_from_dict(_read(path), where=f"system file {text!r}")
-    raise HardwareError(f"system: got {text!r}; must be a preset ({', '.join(preset_names())}) or a .yaml/.json file")
+        return system_from_dict(_read(path), where=f"system file {brief(text, 200)}")
+    raise HardwareError(
+        f"system: got {brief(text)}; must be a preset ({', '.join(preset_names())}) or a .yaml/.json file"
+    )

@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from mcdla.errors import ConfigError, WorkloadError
+from mcdla._io_safety import read_document
+from mcdla.errors import ConfigError, WorkloadError, brief
 from mcdla.units import parse_bytes
 from mcdla.workload.model import Layer, LayerKind, Workload
 
@@ -28,6 +29,7 @@ __all__ = ["FORMAT", "SUFFIXES", "workload_to_dict", "workload_from_dict", "load
 FORMAT = "mcdla-workload/1"
 SUFFIXES = (".json", ".yaml", ".yml")
 
+MAX_BATCH = 2**31 - 1
 _FLOP_FIELDS = ("fwd_flops", "bwd_flops")
 _BYTE_FIELDS = (
     "fwd_bytes_moved",
@@ -47,9 +49,15 @@ def _flop_number(value: Any) -> float:
             value = float(value.strip())
         except ValueError:
             raise ValueError("must be a number of FLOP >= 0 (plain number, e.g. 2.3e9)") from None
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not isinstance(value, (int, float)):
         raise ValueError("must be a finite number of FLOP >= 0")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError("must be a finite number of FLOP >= 0 (this one is too large)") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError("must be a finite number of FLOP >= 0")
+    return number
 
 
 def _byte_number(value: Any) -> float:
@@ -97,9 +105,9 @@ class _WorkloadFile(BaseModel):
 
     format: str
     name: str = Field(min_length=1)
-    batch: int = Field(ge=1, strict=True)
+    batch: int = Field(ge=1, le=MAX_BATCH, strict=True)
     precision: str = "fp16"
-    optimizer_bytes_per_param_byte: float = Field(default=1.0, ge=0)
+    optimizer_bytes_per_param_byte: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     description: str = ""
     layers: list[_LayerFile] = Field(min_length=1)
 
@@ -146,6 +154,10 @@ def _allowed_text(err: Mapping[str, Any]) -> str:
         return f"must have at least {ctx.get('min_length', 1)} item(s)"
     if kind == "greater_than_equal":
         return f"must be >= {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx['le']}"
+    if kind == "finite_number":
+        return "must be a finite number"
     return _GENERIC.get(kind, str(err["msg"]).lower())
 
 
@@ -154,8 +166,7 @@ def _one_line(error: ValidationError) -> str:
     path = _path_text(tuple(err["loc"]))
     if err["type"] == "missing":
         return f"{path}: required field is missing"
-    shown = repr(err.get("input"))
-    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    shown = brief(err.get("input"))
     more = len(error.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     return f"{path}: got {shown}; {_allowed_text(err)}{suffix}"
@@ -228,26 +239,14 @@ def _suffix(path: Path) -> str:
 
 
 def load_workload_file(path: str | Path) -> Workload:
-    """Load a workload from a ``.json``, ``.yaml`` or ``.yml`` file (format chosen by suffix)."""
+    """Load a workload from a ``.json``, ``.yaml`` or ``.yml`` file (format chosen by suffix).
+
+    Only regular UTF-8 files up to 64 MiB are read; YAML aliases and nesting are bounded (``mcdla._io_safety``).
+    """
     p = Path(path)
     suffix = _suffix(p)
-    source = f"workload file {str(p)!r}"
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise WorkloadError(f"workload file: got {str(p)!r}; no such file") from None
-    except OSError as exc:
-        raise WorkloadError(f"{source}: cannot be read ({exc.strerror})") from None
-    try:
-        data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "syntax error"
-        raise WorkloadError(f"{source}: not valid YAML ({problem}{where})") from None
-    return workload_from_dict(data, source=source)
+    data = read_document(p, what="workload file", error=WorkloadError, json_format=suffix == ".json")
+    return workload_from_dict(data, source=f"workload file {str(p)[:200]!r}")
 
 
 def save_workload(workload: Workload, path: str | Path) -> Path:

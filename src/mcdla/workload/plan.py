@@ -17,7 +17,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from mcdla.errors import PlanError
+from mcdla._io_safety import read_document
+from mcdla.errors import PlanError, brief
+from mcdla.workload._plan_file import check_plan_document
 
 __all__ = ["Action", "Decision", "Plan"]
 
@@ -208,8 +210,9 @@ class Plan:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         if not isinstance(data, Mapping) or data.get("format") != "mcdla-plan/1":
-            got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-            raise PlanError(f"plan.format: got {got!r}; must be 'mcdla-plan/1'")
+            got = brief(data.get("format")) if isinstance(data, Mapping) else f"a {type(data).__name__}"
+            raise PlanError(f"plan.format: got {got}; must be 'mcdla-plan/1'")
+        check_plan_document(data)  # field types, one-line errors (mcdla.workload._plan_file)
         try:
             budget = data.get("budget_bytes")
             return cls(
@@ -241,11 +244,5 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise PlanError(f"plan file: got {str(p)!r}; no such file") from None
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"plan file {str(p)!r}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        return cls.from_dict(data)
+        # A regular UTF-8 file of bounded size, strict JSON (no NaN/Infinity), bounded nesting.
+        return cls.from_dict(read_document(path, what="plan file", error=PlanError, json_format=True))

@@ -1,0 +1,220 @@
+"""Fuzzing the input files: any workload, system or plan file gives a clean one-line error or a success.
+
+"Clean error" means an :class:`mcdla.errors.McdlaError` (the CLI prints it as one line and exits 2) whose
+message is one line of bounded length; never a traceback (any other exception fails the test), a hang (the
+hostile cases below run under a timeout) or an error message that prints the unbounded input back.
+Each document starts valid and is mutated: a field replaced by a hostile value (huge integers, inf/NaN,
+containers, long strings), a field deleted or added, then written as JSON (with NaN/Infinity tokens) or YAML,
+or as raw bytes with some replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mcdla.cli import main
+from mcdla.errors import McdlaError
+from mcdla.hardware import load_system
+from mcdla.workload import Layer, LayerKind, Workload, load_workload_file
+from mcdla.workload.io import workload_to_dict
+from mcdla.workload.plan import Plan
+
+MAX_MESSAGE = 700
+
+_WORKLOAD = workload_to_dict(Workload(name="tiny", batch=4, layers=(
+    Layer(name="a", kind=LayerKind.FC, fwd_flops=1.5e6, bwd_flops=3e6, param_bytes=1024, saved_bytes=4096),
+    Layer(name="b", kind=LayerKind.ELEMENTWISE, fwd_flops=10, bwd_flops=20, output_bytes=64, inputs=("a",)),
+)))
+_SYSTEM = {
+    "format": "mcdla-system/1",
+    "name": "tiny",
+    "devices": [{"name": "gpu0", "peak_flops_per_s": {"fp16": "100TFLOP/s"}, "hbm": "16GiB",
+                 "hbm_bandwidth": "900GB/s", "compute_efficiency": 0.7, "source": "test"}],
+    "memories": [{"name": "host0", "kind": "host", "capacity": "64GiB", "dram_bandwidth": "80GB/s", "source": "t"}],
+    "links": [{"a": "gpu0", "b": "host0", "bandwidth": "16GB/s", "latency": "1us", "kind": "pcie", "source": "t"}],
+    "pools": {"gpu0": ["host0"]},
+}
+_PLAN = Plan.from_actions(workload="tiny", batch=4, layer_names=("a", "b"), actions={"a": "offload"},
+                          budget_bytes=2**30, prefetch_at={"a": "b"}).to_dict()
+
+_scalars = st.one_of(
+    st.none(), st.booleans(),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.integers(min_value=10**300, max_value=10**420),  # 400-digit integers
+    st.sampled_from([math.inf, -math.inf, math.nan, 1e308, -0.0, 0.0]),
+    st.floats(),
+    st.text(max_size=12),
+    st.sampled_from(["inf", "nan", "-1GiB", "1e999GiB", "16GiB", "25GB/s", "1us", "keep", "offload", "x" * 5000,
+                     "9" * 400]),
+)
+_values = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                         st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+                       max_leaves=12)
+
+
+def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every path into ``doc`` (keys and list indices), the root excluded."""
+    out = []
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for key, value in items:
+        out.append(prefix + (key,))
+        out.extend(_paths(value, prefix + (key,)))
+    return out
+
+
+@st.composite
+def _mutated(draw, base: dict) -> Any:
+    doc = json.loads(json.dumps(base))
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        paths = _paths(doc)
+        if not paths or not isinstance(doc, dict):
+            break
+        path = draw(st.sampled_from(paths))
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        how = draw(st.sampled_from(["replace", "replace", "replace", "delete", "add"]))
+        if how == "replace":
+            parent[path[-1]] = draw(_values)
+        elif how == "delete" and isinstance(parent, dict):
+            del parent[path[-1]]
+        elif isinstance(parent, dict):
+            parent[draw(st.text(max_size=8))] = draw(_values)
+    return doc
+
+
+@st.composite
+def _file_bytes(draw, base: dict) -> tuple[str, bytes]:
+    """(suffix, content) of a mutated document, as JSON, YAML or corrupted bytes."""
+    doc = draw(_mutated(base))
+    kind = draw(st.sampled_from(["json", "yaml", "bytes"]))
+    if kind == "json":
+        return ".json", json.dumps(doc, allow_nan=True).encode()
+    text = yaml.safe_dump(doc, sort_keys=False).encode()
+    if kind == "bytes" and text:
+        data = bytearray(text)
+        for _ in range(draw(st.integers(min_value=1, max_value=4))):
+            i = draw(st.integers(min_value=0, max_value=len(data) - 1))
+            data[i] = draw(st.integers(min_value=0, max_value=255))
+        text = bytes(data)
+    return draw(st.sampled_from([".yaml", ".yml"])), text
+
+
+def _clean(load, suffix: str, content: bytes) -> None:
+    """``load(path)`` succeeds or raises a one-line, bounded McdlaError."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"f{suffix}"
+        path.write_bytes(content)
+        try:
+            load(path)
+        except McdlaError as exc:
+            message = str(exc)
+            assert "\n" not in message and len(message) <= MAX_MESSAGE, message[:1000]
+
+
+_FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_FUZZ
+@given(_file_bytes(_WORKLOAD))
+def test_fuzzed_workload_files_load_or_fail_cleanly(case) -> None:
+    """A mutated workload file loads or raises one bounded-length WorkloadError line."""
+    _clean(load_workload_file, *case)
+
+
+@_FUZZ
+@given(_file_bytes(_SYSTEM))
+def test_fuzzed_system_files_load_or_fail_cleanly(case) -> None:
+    """A mutated system file loads or raises one bounded-length HardwareError line."""
+    _clean(load_system, *case)
+
+
+@_FUZZ
+@given(_file_bytes(_PLAN))
+def test_fuzzed_plan_files_load_or_fail_cleanly(case) -> None:
+    """A mutated plan file (always read as JSON) loads or raises one bounded-length PlanError line."""
+    _clean(Plan.load, ".json", case[1])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_file_bytes(_WORKLOAD), _file_bytes(_SYSTEM))
+def test_fuzzed_files_through_the_cli(workload, system) -> None:
+    """``mcdla simulate --json`` on mutated files: exit 0 with strict JSON, 1 (infeasible) or 2, one stderr line."""
+    import contextlib
+    import io
+
+    with tempfile.TemporaryDirectory() as tmp:
+        wpath, spath = Path(tmp) / f"w{workload[0]}", Path(tmp) / f"s{system[0]}"
+        wpath.write_bytes(workload[1])
+        spath.write_bytes(system[1])
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as info:
+            main(["simulate", "--workload", str(wpath), "--system", str(spath), "--json"])
+    code, stderr = info.value.code, err.getvalue()
+    assert code in (0, 1, 2), (code, stderr)
+    if code == 0:
+        json.loads(out.getvalue(), parse_constant=lambda name: pytest.fail(f"{name} in --json output"))
+        assert stderr == ""
+    else:
+        assert stderr.startswith("mcdla: error: ") and stderr.count("\n") == 1 and len(stderr) <= MAX_MESSAGE
+
+
+# -- hostile files, each under a time limit ------------------------------------------------------------------
+
+_BOMB = "\n".join(  # about 300 bytes; its aliases expand to 9**9 nodes
+    ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    + [f"{c}: &{c} [{', '.join(['*' + p] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+    + ["name: *i", "format: *i", "layers: *i", "devices: *i"]
+) + "\n"
+
+
+def _hostile(tmp: Path, kind: str, suffix: str) -> Path:
+    path = tmp / f"f{suffix}"
+    if kind == "alias-bomb":
+        path.write_text(_BOMB)
+    elif kind == "deep-nesting":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif kind == "deep-mapping":
+        path.write_text("{a: " * 100_000 + "1" + "}" * 100_000)
+    elif kind == "non-utf8":
+        path.write_bytes(b"format: \xff\xfe\x00\x81 binary\n")
+    elif kind == "binary":
+        path.write_bytes(bytes(range(256)) * 4)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "huge-integer":
+        path.write_text('{"format": "mcdla-plan/1", "batch": ' + "9" * 5000 + "}")
+    elif kind == "nan":
+        path.write_text('{"format": "mcdla-plan/1", "workload": "w", "batch": 1, "budget_bytes": NaN, "decisions": []}')
+    return path
+
+
+_KINDS = ["alias-bomb", "deep-nesting", "deep-mapping", "non-utf8", "binary", "directory", "dev-zero", "fifo",
+          "huge-integer", "nan"]
+_LOADERS = {"workload": load_workload_file, "system": load_system, "plan": Plan.load}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("what", sorted(_LOADERS))
+@pytest.mark.parametrize("kind", _KINDS)
+def test_hostile_files_fail_fast_with_one_line(tmp_path, kind, what) -> None:
+    """Alias bombs, 100k-deep nesting, non-UTF-8 bytes, directories, /dev/zero, FIFOs: one-line error, fast."""
+    path = _hostile(tmp_path, kind, ".json" if what == "plan" or kind in ("huge-integer", "nan") else ".yaml")
+    with pytest.raises(McdlaError) as info:
+        _LOADERS[what](path)
+    message = str(info.value)
+    assert "\n" not in message and len(message) <= MAX_MESSAGE
