@@ -1,0 +1,54 @@
+"""``mcdla validate-llm`` (predicted vs measured published Megatron runs) and ``mcdla llm-predict`` (one model
+under one execution record on DGX A100 nodes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mcdla.cli._app import app, fail
+
+
+@app.command("validate-llm")
+def validate_llm_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows and the summary as JSON.")] = False,
+) -> None:
+    """Predict Korthikanti et al. 2022 Table 5 and SC21 Table 1 (1.7B-18.4B) and print the error."""
+    from mcdla.report.llm_validation import format_table, summary, validate_llm
+
+    rows = validate_llm()
+    if as_json:
+        data = {"rows": [{"run": r.run.name, "model": r.run.model, "source": r.run.source,
+                          "measured_s": r.run.measured_s, "predicted_s": r.predicted.iteration_s, "error": r.error,
+                          "breakdown": r.predicted.to_dict()} for r in rows],
+                **summary(rows)}
+        print(json.dumps(data, indent=2, allow_nan=False))
+        return
+    print(format_table(rows))
+
+
+@app.command("llm-predict")
+def llm_predict_cmd(
+    model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
+    execution: Annotated[Path, typer.Option(help="Execution record (.json/.yaml): tp, pp, dp, batches, ...")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the prediction as JSON.")] = False,
+) -> None:
+    """Predict one iteration of a preset under an execution record on DGX A100 nodes, with its breakdown."""
+    from mcdla.report.llm_validation import dgx_a100_cluster
+    from mcdla.sim.llm import llm_step
+    from mcdla.workload.execution import load_execution
+    from mcdla.workload.transformer import preset
+
+    if not execution.is_file():
+        fail(f"--execution: got {str(execution)[:200]!r}; no such file")
+    step = llm_step(preset(model), load_execution(execution), dgx_a100_cluster())
+    data = step.to_dict()
+    if as_json:
+        print(json.dumps(data, indent=2, allow_nan=False))
+        return
+    for key, value in data.items():
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        print(f"{key:<16} {shown}")

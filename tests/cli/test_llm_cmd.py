@@ -1,0 +1,43 @@
+"""``mcdla validate-llm`` and ``mcdla llm-predict``."""
+
+import json
+
+from mcdla.report.llm_validation import summary, validate_llm
+
+
+def test_validate_llm_prints_every_run_and_the_summary(run_cli):
+    """The table lists the 12 published runs and ends with the mean and max error the report computes."""
+    code, out, err = run_cli("validate-llm")
+    assert code == 0 and not err
+    for name in ("megatron-22b full", "gpt3-175b selective+SP", "megatron-1t full", "megatron-18.4b SC21"):
+        assert name in out
+    s = summary(validate_llm())
+    assert f"mean |error| {s['mean_abs_error']:.1%}, max |error| {s['max_abs_error']:.1%} over 12 runs" in out
+
+
+def test_validate_llm_json(run_cli):
+    """--json gives strict JSON whose errors are predicted / measured - 1."""
+    code, out, _ = run_cli("validate-llm", "--json")
+    data = json.loads(out)
+    assert code == 0 and len(data["rows"]) == 12
+    for row in data["rows"]:
+        assert row["error"] == row["predicted_s"] / row["measured_s"] - 1
+
+
+def test_llm_predict_from_yaml(run_cli, tmp_path):
+    """llm-predict reads an execution record and prints the breakdown."""
+    path = tmp_path / "e.yaml"
+    path.write_text("gpus: 64\ntp: 8\npp: 8\nvirtual_stages: 3\nsequence_parallel: true\nmicro_batch: 1\n"
+                    "global_batch: 64\nrecompute: selective\n")
+    code, out, _ = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["iteration_s"] > data["compute_s"] > 0 and data["fits"] is True
+
+
+def test_llm_predict_bad_record_one_line(run_cli, tmp_path):
+    """An inconsistent record is one line on stderr and exit 2."""
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps({"gpus": 8, "tp": 8, "pp": 2}))
+    code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path))
+    assert code == 2 and not out
+    assert err.startswith("mcdla: error: ") and "execution.gpus" in err and err.count("\n") == 1
