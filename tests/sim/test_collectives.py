@@ -107,3 +107,25 @@ def test_model_parallel_divides_compute() -> None:
     one = simulate(ring_system(1), w, plan_of(w))
     four = simulate(ring_system(4), w, plan_of(w), parallel="model")
     assert four.compute_s == pytest.approx(one.compute_s / 4, rel=1e-12)
+
+
+def test_model_parallel_exchanges_only_after_split_weight_layers() -> None:
+    """conv -> ReLU -> pool -> fc: only the conv and the fc exchange (NOTE [model-parallel exchanges]). The
+    iteration is all-gather(conv out) + all-gather(fc out) + all-reduce(fc input grad = pool out); the ReLU
+    and the pool neither gather their outputs nor all-reduce their input gradients."""
+    n, bandwidth, latency = 4, 10e9, 2e-6
+    conv_out, pool_out, fc_out = 80e6, 20e6, 4e6
+    w = Workload(name="mp", batch=1, layers=(
+        Layer(name="conv", kind=LayerKind.CONV, fwd_flops=0.0, bwd_flops=0.0, output_bytes=conv_out),
+        Layer(name="relu", kind=LayerKind.ELEMENTWISE, fwd_flops=0.0, bwd_flops=0.0, output_bytes=conv_out),
+        Layer(name="pool", kind=LayerKind.POOL, fwd_flops=0.0, bwd_flops=0.0, output_bytes=pool_out),
+        Layer(name="fc", kind=LayerKind.FC, fwd_flops=0.0, bwd_flops=0.0, output_bytes=fc_out),
+    ))
+    system = ring_system(n, bytes_per_s=bandwidth, latency_s=latency, both_directions=True)
+    r = simulate(system, w, plan_of(w), parallel="model", record_timeline=True)
+    assert [s[2] for s in r.spans if s[3] == "collective"] == ["all-gather conv", "all-gather fc",
+                                                               "all-reduce input grad fc"]
+    expected = (_all_gather_s(conv_out, n, 2, bandwidth, latency) + _all_gather_s(fc_out, n, 2, bandwidth, latency)
+                + _all_reduce_s(pool_out, n, 2, bandwidth, latency))
+    assert r.iteration_time_s == pytest.approx(expected, rel=1e-9)
+    assert r.collective_bytes == pytest.approx(conv_out + fc_out + pool_out)

@@ -13,11 +13,15 @@ from dataclasses import dataclass
 
 from mcdla.errors import PlanError
 from mcdla.hardware.model import Device
-from mcdla.workload.model import Workload
+from mcdla.workload.model import LayerKind, Workload
 from mcdla.workload.plan import Action, Plan
 
 __all__ = ["FORWARD", "RECOMPUTE", "BACKWARD", "PHASES", "ALL_REDUCE", "ALL_GATHER", "Op", "Program",
            "roofline_s", "build_program"]
+
+SPLIT_WEIGHT_KINDS = frozenset({LayerKind.CONV, LayerKind.FC, LayerKind.RNN_CELL, LayerKind.ATTENTION,
+                                LayerKind.EMBEDDING})
+"""Layer kinds whose weights model parallelism splits across devices (NOTE [model-parallel exchanges])."""
 
 FORWARD, RECOMPUTE, BACKWARD = 0, 1, 2
 PHASES = ("F", "R", "B")
@@ -139,6 +143,19 @@ def _input_bytes(workload: Workload, i: int) -> float:
     return workload.layers[i - 1].output_bytes if i > 0 else 0.0
 
 
+def _exchanges(workload: Workload, i: int) -> bool:
+    """Whether layer ``i`` exchanges activations under model parallelism.
+
+    NOTE [model-parallel exchanges]
+    As in the paper's and Megatron-style model parallelism, only layers whose weights are split over the
+    devices (conv, fc, recurrent cells, attention, embeddings) exchange: after ``F_i`` its output is
+    all-gathered, after ``B_i`` its input gradient is all-reduced (partial sums over the split weights).
+    Element-wise layers (ReLU, batch-norm, pooling, dropout, the loss) work on each device's slice of the
+    tensor, with their time divided like the rest, and exchange nothing.
+    """
+    return workload.layers[i].kind in SPLIT_WEIGHT_KINDS
+
+
 def build_program(workload: Workload, plan: Plan, device: Device, *, model_parallel: bool, n_devices: int,
                   bucket_bytes: float) -> Program:
     """The program of one device of ``n_devices`` (see ``docs/timing-model.md`` and ``docs/simulator.md``).
@@ -174,7 +191,7 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
                 op.offload = k
         else:  # re-run of F_k: regenerates S_{k+1}
             op = Op(RECOMPUTE, k, f"R {names[k]}", fwd[k], saved[k + 1] + transient[k], transient[k])
-        if model_parallel and collectives and layers[k].output_bytes > 0:
+        if model_parallel and collectives and layers[k].output_bytes > 0 and _exchanges(workload, k):
             op.coll_bytes, op.coll_kind, op.coll_blocks = layers[k].output_bytes, ALL_GATHER, True
             op.coll_label = f"all-gather {names[k]}"
         return op
@@ -211,7 +228,7 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
                 op.coll_bytes, op.coll_kind, op.coll_label = bucket, ALL_REDUCE, f"all-reduce bucket {n_buckets}"
                 bucket = 0.0
                 n_buckets += 1
-        elif collectives:
+        elif collectives and _exchanges(workload, i):
             grad = _input_bytes(workload, i)
             if grad > 0:
                 op.coll_bytes, op.coll_kind, op.coll_blocks = grad, ALL_REDUCE, True
