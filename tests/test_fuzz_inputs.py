@@ -122,7 +122,7 @@ def _clean(load, suffix: str, content: bytes) -> None:
             assert "\n" not in message and len(message) <= MAX_MESSAGE, message[:1000]
 
 
-_FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_FUZZ
@@ -146,7 +146,7 @@ def test_fuzzed_plan_files_load_or_fail_cleanly(case) -> None:
     _clean(Plan.load, ".json", case[1])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_file_bytes(_WORKLOAD), _file_bytes(_SYSTEM))
 def test_fuzzed_files_through_the_cli(workload, system) -> None:
     """``mcdla simulate --json`` on mutated files: exit 0 with strict JSON, 1 (infeasible) or 2, one stderr line."""
