@@ -6,7 +6,7 @@ import pytest
 
 from mcdla.errors import ConfigError
 from mcdla.hardware.model import Device
-from mcdla.report.llm_validation import summary, validate_llm
+from mcdla.report.llm_validation import RUNS, dgx_a100_cluster, summary, validate_llm
 from mcdla.sim.llm import GemmEfficiency, GpuCluster, llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration, preset
@@ -143,3 +143,12 @@ def test_selective_plus_sp_faster_than_full_as_measured():
     rows = {r.run.name: r.predicted.iteration_s for r in validate_llm()}
     for model in ("megatron-22b", "gpt3-175b", "megatron-530b", "megatron-1t"):
         assert rows[f"{model} selective+SP"] < rows[f"{model} full"]
+
+
+def test_curve_fitted_on_korthikanti_predicts_sc21():
+    """Out of sample: the efficiency curve fitted on Korthikanti's 8 runs alone (0.78, 180; docs/llm.md)
+    predicts the 4 SC21 runs within 7.5% each and 5% on average."""
+    sc21 = tuple(r for r in RUNS if r.name.endswith("SC21"))
+    rows = validate_llm(dgx_a100_cluster(GemmEfficiency(peak_fraction=0.78, half_width=180.0)), sc21)
+    s = summary(rows)
+    assert len(rows) == 4 and s["max_abs_error"] <= 0.075 and s["mean_abs_error"] <= 0.05, s
