@@ -60,3 +60,14 @@ def test_rings_visit_every_device_over_existing_links() -> None:
         for r in range(topo.ring_count):
             hops = list(topo.ring_hops(r))
             assert len(hops) == len(topo.system.devices)
+
+
+@pytest.mark.parametrize("name", ["dc-dla", "oracle"])
+def test_pcie_links_carry_the_dma_achievable_rate(name) -> None:
+    """PCIe 3.0 x16 links run at what DMA achieves, 0.8 x the raw 16 GB/s per direction = 12.8 GB/s, and the
+    source states both factors."""
+    pcie = [l for l in load_system(name).links if l.kind is LinkKind.PCIE]
+    assert len(pcie) == 12
+    for link in pcie:
+        assert link.bytes_per_s == pytest.approx(0.8 * 16e9)
+        assert "16 GB/s" in link.source and "0.8" in link.source
