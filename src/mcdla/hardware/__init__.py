@@ -1,5 +1,6 @@
 """Hardware model: devices, pool memories, switches and links, their topology and the bundled presets."""
 
+from mcdla.hardware.cluster import ALGORITHMS, Cluster, FabricDim, load_cluster
 from mcdla.hardware.io import load_system, preset_names, save_system, system_from_dict, system_to_dict
 from mcdla.hardware.pool_link import PoolLink
 from mcdla.hardware.model import Device, Link, LinkKind, Memory, MemoryKind, Switch, System
@@ -8,5 +9,6 @@ from mcdla.hardware.topology import Resource, Route, Topology
 __all__ = [
     "Device", "Link", "LinkKind", "Memory", "MemoryKind", "Switch", "System",
     "Topology", "Route", "Resource", "PoolLink",
+    "Cluster", "FabricDim", "ALGORITHMS", "load_cluster",
     "load_system", "preset_names", "save_system", "system_from_dict", "system_to_dict",
 ]

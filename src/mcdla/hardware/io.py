@@ -133,6 +133,10 @@ def system_from_dict(data: Any, where: str = "system") -> System:
     """Validate a parsed system file and build a :class:`System`; checks routes too (one-line errors)."""
     if not isinstance(data, dict):
         raise HardwareError(f"{where}: got {type(data).__name__}; must be a mapping with format: mcdla-system/1")
+    if "node" in data or "extends" in data:  # a generator (node template x nodes): mcdla.hardware.cluster, docs/hardware-format.md
+        from mcdla.hardware.cluster import cluster_from_dict
+
+        return cluster_from_dict(data, where).expand()
     try:
         spec = _SystemSpec.model_validate(data)
     except ValidationError as exc:

@@ -1,0 +1,576 @@
+"""Generated systems: ``nodes`` copies of a node template joined by a scale-out fabric, and their fabric dimensions.
+
+A system file may describe its structure instead of listing it: a ``node:`` (its GPUs, a scale-up switch such
+as an NVSwitch, CPU/Grace sockets with their memory, optional CXL expanders behind each socket, optional
+MC-DLA memory-nodes on the scale-up switch) and a ``scale_out:`` fabric (InfiniBand, one rail per GPU, the
+fat tree abstracted as one switch with a port per GPU) that joins ``scale_out.nodes`` copies of the node.
+Format: ``docs/hardware-format.md``.
+
+Two views of one description:
+
+* :class:`Cluster` — compact, for models at scale (1,000-16,000 GPUs): the GPU, the node, and the fabric
+  dimensions (:class:`FabricDim`: size, per-GPU bandwidth per direction, latency, collective algorithm),
+  innermost first. Nothing is materialised; :mod:`mcdla.sim.collective_models` prices collectives on them.
+* :meth:`Cluster.expand` — the ordinary :class:`~mcdla.hardware.model.System` with every device, memory,
+  switch, link, pool and ring, for the event-driven engine (a few thousand devices at most in practice).
+
+NOTE [generated names]
+One node: ``gpu{i}``, ``nvswitch`` (the scale-up switch), ``cpu{s}``/``host{s}`` (socket s and its memory),
+``cxl{s}_{e}`` (expander e behind socket s), ``mem{m}`` (memory-node m). With more than one node every name
+gets the prefix ``n{j}.`` and the scale-out switch is named by ``scale_out.name``. GPU i attaches to socket
+``i * sockets // gpus``. Ranks are node-major: rank ``j * gpus + i`` is GPU i of node j.
+
+NOTE [generated rings]
+One node: one ring through the scale-up switch in GPU order (a GPU's port carries each step once per
+direction, so a second, reversed ring would only share the same ports). Several nodes: ``gpus`` rings, ring r
+entering every node at GPU r and leaving it from GPU r-1 over that GPU's rail, so every rail carries exactly one
+ring each way (NCCL's rail-aligned rings). The event engine runs these; the closed forms of
+:mod:`mcdla.sim.collective_models` price the hierarchical and in-network algorithms the engine does not run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mcdla._io_safety import read_document
+from mcdla.errors import HardwareError, brief
+from mcdla.hardware.model import Device, LinkKind, System
+from mcdla.hardware.pool_link import PoolLink
+from mcdla.units import parse_bytes_per_s, parse_seconds
+
+__all__ = ["ALGORITHMS", "FabricDim", "Cluster", "cluster_from_dict", "load_cluster", "is_generated"]
+
+ALGORITHMS = ("ring", "tree", "in-network")
+"""Collective algorithms of a fabric dimension: NCCL-style ring, double binary tree, in-switch reduction
+(NVLink SHARP / InfiniBand SHARP). Hierarchical is not an algorithm of one dimension but the composition over
+several (:func:`mcdla.sim.collective_models.collective_time` with a sequence of dimensions)."""
+
+_Quantity = str | float | int
+_Algorithm = Literal["ring", "tree", "in-network"]
+_MAX_DEVICES = 1 << 20
+
+
+def is_generated(data: Any) -> bool:
+    """Whether a parsed system file is a generator (``node:`` or ``extends:``) rather than an explicit listing."""
+    return isinstance(data, dict) and ("node" in data or "extends" in data)
+
+
+_MAX_EXTENDS = 8
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """``over`` laid onto ``base``: mappings merge key by key, anything else (lists included) replaces."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = _merge(base[key], value) if key in base else value
+        return out
+    return over
+
+
+def _resolve_extends(data: dict[str, Any], where: str, depth: int = 0) -> dict[str, Any]:
+    """A generator with ``extends: PRESET`` as the preset's (resolved) mapping with this file's keys laid on top."""
+    if "extends" not in data:
+        return data
+    from mcdla.hardware.io import preset_names
+
+    base_name = data["extends"]
+    names = preset_names()
+    if not isinstance(base_name, str) or base_name not in names:
+        raise HardwareError(f"{where}: extends: got {brief(base_name)}; must be a preset ({', '.join(names)})")
+    if depth >= _MAX_EXTENDS:
+        raise HardwareError(f"{where}: extends: got a chain of more than {_MAX_EXTENDS} presets (a cycle?); must be shorter")
+    import yaml
+
+    base = yaml.safe_load(resources.files(_PRESET_PACKAGE).joinpath(f"{base_name}.yaml").read_text())
+    if not is_generated(base):
+        raise HardwareError(f"{where}: extends: got {base_name!r}, an explicit system; must be a generator preset (with node:)")
+    base = _resolve_extends(base, f"preset {base_name!r}", depth + 1)
+    return _merge(base, {k: v for k, v in data.items() if k != "extends"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FabricDim:
+    """One dimension of a hierarchical fabric, as a collective sees it.
+
+    Attributes:
+        name: ``"nvlink"``, ``"ib-ndr"``, ...
+        size: ranks in one group of this dimension (GPUs of an NVLink domain, nodes on the scale-out fabric).
+        bytes_per_s: bandwidth of ONE GPU into this dimension, per direction (its NVLink port, its IB rail).
+        latency_s: one-way GPU-to-GPU latency across the dimension (one step of a ring).
+        algorithm: the collective algorithm used on it, one of :data:`ALGORITHMS`.
+        kind: physical kind of its links.
+        source: where the figures come from.
+    """
+
+    name: str
+    size: int
+    bytes_per_s: float
+    latency_s: float = 0.0
+    algorithm: str = "ring"
+    kind: LinkKind = LinkKind.OTHER
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        owner = f"fabric dimension {self.name!r}"
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise HardwareError(f"{owner}.size: got {self.size!r}; must be an integer >= 1")
+        bw = self.bytes_per_s
+        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or math.isnan(bw) or bw <= 0:
+            raise HardwareError(f"{owner}.bytes_per_s: got {bw!r}; must be a number > 0")
+        lat = self.latency_s
+        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not math.isfinite(lat) or lat < 0:
+            raise HardwareError(f"{owner}.latency_s: got {lat!r}; must be finite and >= 0")
+        if self.algorithm not in ALGORITHMS:
+            raise HardwareError(f"{owner}.algorithm: got {self.algorithm!r}; must be one of {', '.join(ALGORITHMS)}")
+        object.__setattr__(self, "bytes_per_s", float(bw))
+        object.__setattr__(self, "latency_s", float(lat))
+        if not isinstance(self.kind, LinkKind):
+            object.__setattr__(self, "kind", LinkKind(self.kind))
+
+    def subgroup(self, size: int) -> FabricDim:
+        """The same dimension for a group of ``size`` of its ranks (a tensor-parallel group of 4 in an NVL8)."""
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= self.size:
+            raise HardwareError(f"fabric dimension {self.name!r}.subgroup: got {size!r}; must be an integer in 1..{self.size}")
+        return dataclasses.replace(self, size=size)
+
+    def with_algorithm(self, algorithm: str) -> FabricDim:
+        """The same dimension with another collective algorithm."""
+        return dataclasses.replace(self, algorithm=algorithm)
+
+
+# -- file spec ------------------------------------------------------------------------------------------------
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _FabricSpec(_Spec):
+    """Figures shared by scale_up and scale_out."""
+
+    name: str
+    kind: Literal["nvlink", "pcie", "cpu-interconnect", "network", "other"]
+    bandwidth: _Quantity = Field(description="per GPU, per direction")
+    latency: _Quantity = Field(default=0.0, description="one-way GPU-to-GPU")
+    algorithm: _Algorithm = "ring"
+    switch_source: str = ""
+    source: str
+
+    @field_validator("bandwidth")
+    @classmethod
+    def _bw(cls, v: _Quantity) -> float:
+        return parse_bytes_per_s(v, "bandwidth")
+
+    @field_validator("latency")
+    @classmethod
+    def _lat(cls, v: _Quantity) -> float:
+        return parse_seconds(v, "latency")
+
+
+class _ScaleUpSpec(_FabricSpec):
+    name: str = "nvlink"
+    kind: Literal["nvlink", "pcie", "cpu-interconnect", "network", "other"] = "nvlink"
+
+
+class _ScaleOutSpec(_FabricSpec):
+    name: str = "scale-out"
+    kind: Literal["nvlink", "pcie", "cpu-interconnect", "network", "other"] = "network"
+    nodes: int = Field(ge=1, le=_MAX_DEVICES)
+
+
+class _SocketsSpec(_Spec):
+    count: int = Field(ge=1, le=_MAX_DEVICES)
+    memory: dict[str, Any]
+    gpu_link: dict[str, Any]
+    interconnect: dict[str, Any] | None = None
+    source: str
+
+
+class _ExpandersSpec(_Spec):
+    per_socket: int = Field(ge=1, le=1024)
+    memory: dict[str, Any]
+    link: dict[str, Any]
+    source: str
+
+
+class _MemoryNodesSpec(_Spec):
+    count: int = Field(ge=1, le=_MAX_DEVICES)
+    memory: dict[str, Any]
+    link: dict[str, Any]
+    source: str
+
+
+class _NodeSpec(_Spec):
+    gpus: int = Field(ge=1, le=_MAX_DEVICES)
+    gpu: dict[str, Any]
+    source: str
+    scale_up: _ScaleUpSpec | None = None
+    sockets: _SocketsSpec | None = None
+    expanders: _ExpandersSpec | None = None
+    memory_nodes: _MemoryNodesSpec | None = None
+    pool: list[Literal["sockets", "expanders", "memory_nodes"]] | None = None
+
+
+class _ClusterSpec(_Spec):
+    format: Literal["mcdla-system/1"]
+    name: str
+    description: str = ""
+    figures: dict[str, Any] = Field(default_factory=dict, description="anchors only; ignored after parsing")
+    node: _NodeSpec
+    scale_out: _ScaleOutSpec | None = None
+
+
+# -- the compact view -----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """``nodes`` copies of a node joined by a scale-out fabric (see the module docstring).
+
+    Attributes:
+        name, description: from the file.
+        nodes: number of nodes.
+        gpus_per_node: GPUs in a node (the scale-up domain: 8 for a DGX, 72 for an NVL72).
+        device: the GPU (named ``"gpu"``).
+        dims: fabric dimensions, innermost first: the scale-up domain (when a node has more than one GPU) and
+            the scale-out fabric (when the file has one), each with the size of one group.
+    """
+
+    name: str
+    description: str
+    nodes: int
+    gpus_per_node: int
+    device: Device
+    dims: tuple[FabricDim, ...]
+    _spec: _ClusterSpec = dataclasses.field(repr=False, compare=False)
+    _where: str = dataclasses.field(default="system", repr=False, compare=False)
+
+    @property
+    def n_devices(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def scale_up(self) -> FabricDim | None:
+        """The scale-up (NVLink) dimension, None for one-GPU nodes."""
+        return self.dims[0] if self._spec.node.scale_up is not None else None
+
+    @property
+    def scale_out(self) -> FabricDim | None:
+        """The scale-out dimension, None when the file has no ``scale_out``."""
+        return self.dims[-1] if self._spec.scale_out is not None else None
+
+    def dim(self, name: str) -> FabricDim:
+        """The dimension called ``name``; one-line HardwareError listing the names otherwise."""
+        for d in self.dims:
+            if d.name == name:
+                return d
+        raise HardwareError(f"cluster {self.name!r}: no fabric dimension {name!r}; has {', '.join(d.name for d in self.dims) or 'none'}")
+
+    def with_nodes(self, nodes: int) -> Cluster:
+        """The same cluster with ``nodes`` nodes (needs a ``scale_out`` fabric when ``nodes`` > 1)."""
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= _MAX_DEVICES:
+            raise HardwareError(f"cluster {self.name!r}.nodes: got {nodes!r}; must be an integer in 1..{_MAX_DEVICES}")
+        if self._spec.scale_out is None:
+            if nodes != 1:
+                raise HardwareError(f"cluster {self.name!r}.nodes: got {nodes}; must be 1 without a scale_out fabric")
+            return self
+        spec = self._spec.model_copy(update={"scale_out": self._spec.scale_out.model_copy(update={"nodes": nodes})})
+        return _cluster(spec, self._where, self.device)
+
+    def group_dims(self, size: int, stride: int = 1) -> tuple[FabricDim, ...]:
+        """The fabric dimensions a parallel group spans, innermost first, for collectives over it.
+
+        The group is ranks ``r, r + stride, ..., r + (size - 1) stride`` in node-major rank order (Megatron
+        order: tensor parallel innermost with stride 1, then the others with the product of the inner sizes).
+        Each dimension is the :meth:`FabricDim.subgroup` of the members it joins; a group inside one node gives
+        only the scale-up dimension, a group of one GPU per node only the scale-out one, and a group of one rank
+        none. Every GPU has its own port and rail, so groups that run side by side do not share bandwidth here.
+        """
+        k = self.gpus_per_node
+        for label, value in (("size", size), ("stride", stride)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise HardwareError(f"cluster {self.name!r}.group_dims: {label} got {value!r}; must be an integer >= 1")
+        if size * stride > self.n_devices and size > 1:
+            raise HardwareError(
+                f"cluster {self.name!r}.group_dims: size {size} x stride {stride} got {size * stride} ranks; "
+                f"must be at most the {self.n_devices} GPUs"
+            )
+        if stride < k:
+            if k % stride:
+                raise HardwareError(f"cluster {self.name!r}.group_dims: stride got {stride}; must divide the {k} GPUs of a node or be a multiple of it")
+            per_node = min(size, k // stride)
+        else:
+            if stride % k:
+                raise HardwareError(f"cluster {self.name!r}.group_dims: stride got {stride}; must divide the {k} GPUs of a node or be a multiple of it")
+            per_node = 1
+        if size % per_node:
+            raise HardwareError(f"cluster {self.name!r}.group_dims: size got {size}; must be a multiple of {per_node} (members per node)")
+        across = size // per_node
+        dims: list[FabricDim] = []
+        if per_node > 1:
+            up = self.scale_up
+            assert up is not None  # more than one member per node means more than one GPU per node
+            dims.append(up.subgroup(per_node))
+        if across > 1:
+            out = self.scale_out
+            assert out is not None  # across > 1 needs nodes > 1, which needs scale_out
+            dims.append(out.subgroup(across))
+        return tuple(dims)
+
+    def dim_between(self, rank_a: int, rank_b: int) -> FabricDim:
+        """The dimension a point-to-point transfer between two ranks crosses (pipeline-parallel neighbours)."""
+        for r in (rank_a, rank_b):
+            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.n_devices:
+                raise HardwareError(f"cluster {self.name!r}.dim_between: rank got {r!r}; must be in 0..{self.n_devices - 1}")
+        if rank_a == rank_b:
+            raise HardwareError(f"cluster {self.name!r}.dim_between: got rank {rank_a} twice; must be two different ranks")
+        if rank_a // self.gpus_per_node == rank_b // self.gpus_per_node:
+            up = self.scale_up
+            assert up is not None
+            return up.subgroup(2)
+        out = self.scale_out
+        assert out is not None
+        return out.subgroup(2)
+
+    def node_system(self) -> System:
+        """One node as a :class:`System` (no scale-out fabric), names without the ``n{j}.`` prefix."""
+        return self.with_nodes(1).expand() if self.nodes != 1 else self.expand()
+
+    def pool_link(self) -> PoolLink:
+        """A GPU's path to its offload pool while EVERY GPU of the node offloads at once (the planners' view).
+
+        Each GPU interleaves its pages evenly over its pool memories; the bandwidth is the offload rate each GPU
+        gets when all do the same: S / max over resources (load / capacity), loads counted on the node's routes.
+        The pool's bytes are the capacity of the GPU's pool memories divided by the GPUs that share each.
+        """
+        from mcdla.hardware.topology import Topology
+
+        system = self.node_system()
+        topo = Topology(system)
+        load: dict[tuple[str, ...], float] = {}
+        sharers: dict[str, int] = {}
+        latency = 0.0
+        for dev in system.device_names:
+            pool = system.pools.get(dev, ())
+            if not pool:
+                raise HardwareError(f"cluster {self.name!r}: device {dev!r} has no pool memory to offload to")
+            for mem in pool:
+                sharers[mem] = sharers.get(mem, 0) + 1
+                route = topo.route(dev, mem)
+                latency = max(latency, route.latency_s)
+                for res in route.resources:
+                    load[res] = load.get(res, 0.0) + 1.0 / len(pool)
+        worst = max((l / topo.capacity(r) for r, l in load.items() if math.isfinite(topo.capacity(r))), default=0.0)
+        bw = math.inf if worst == 0.0 else 1.0 / worst
+        first = system.device_names[0]
+        pool_bytes = sum(system.memory(m).capacity_bytes / sharers[m] for m in system.pools[first])
+        return PoolLink(offload_bytes_per_s=bw, prefetch_bytes_per_s=bw, latency_s=latency, pool_bytes=pool_bytes,
+                        source=f"{self.name}: every GPU of a node offloading at once, pages interleaved over its pool")
+
+    def expand(self) -> System:
+        """Every device, memory, switch, link, pool and ring, as an ordinary :class:`System` (validated)."""
+        from mcdla.hardware.io import system_from_dict
+
+        return system_from_dict(_expand_dict(self._spec), where=self._where)
+
+
+# -- parsing and expansion ------------------------------------------------------------------------------------
+def _check_figures(spec_cls: type[BaseModel], figures: dict[str, Any], where: str, **names: str) -> None:
+    """Validate one template's figures (a device, memory or link without its names) with the explicit schema."""
+    from mcdla.hardware.io import _one_line
+
+    try:
+        spec_cls.model_validate({**names, **figures})
+    except ValidationError as exc:
+        raise _one_line(exc, where) from None
+    except HardwareError as exc:
+        raise HardwareError(f"{where}: {exc}") from None
+
+
+def cluster_from_dict(data: Any, where: str = "system") -> Cluster:
+    """Validate a generator file (with ``node:``) into a :class:`Cluster`; one-line HardwareError otherwise."""
+    from mcdla.hardware.io import _DeviceSpec, _LinkSpec, _MemorySpec, _one_line
+
+    if not isinstance(data, dict):
+        raise HardwareError(f"{where}: got {type(data).__name__}; must be a mapping with format: mcdla-system/1")
+    data = _resolve_extends(data, where)
+    try:
+        spec = _ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _one_line(exc, where) from None
+    except HardwareError as exc:
+        raise HardwareError(f"{where}: {exc}") from None
+    node = spec.node
+    _check_figures(_DeviceSpec, node.gpu, f"{where}: node.gpu", name="gpu")
+    groups = (("sockets", node.sockets, (("memory", _MemorySpec), ("gpu_link", _LinkSpec), ("interconnect", _LinkSpec)))
+              , ("expanders", node.expanders, (("memory", _MemorySpec), ("link", _LinkSpec)))
+              , ("memory_nodes", node.memory_nodes, (("memory", _MemorySpec), ("link", _LinkSpec))))
+    for group, gspec, parts in groups:
+        if gspec is None:
+            continue
+        for part, cls in parts:
+            figures = getattr(gspec, part)
+            if figures is not None:
+                _check_figures(cls, figures, f"{where}: node.{group}.{part}", **({"name": "m"} if cls is _MemorySpec else {"a": "x", "b": "y"}))
+    if node.expanders is not None and node.sockets is None:
+        raise HardwareError(f"{where}: node.expanders: got expanders without sockets; they attach to a socket, add node.sockets")
+    if node.memory_nodes is not None and node.scale_up is None:
+        raise HardwareError(f"{where}: node.memory_nodes: got memory-nodes without scale_up; they attach to the scale-up switch")
+    if node.gpus > 1 and node.scale_up is None:
+        raise HardwareError(f"{where}: node.scale_up: missing; a node of {node.gpus} GPUs needs a scale-up switch")
+    if node.sockets is not None and node.sockets.count > node.gpus:
+        raise HardwareError(f"{where}: node.sockets.count: got {node.sockets.count}; must be at most node.gpus ({node.gpus})")
+    for group in node.pool or ():
+        if getattr(node, group) is None:
+            raise HardwareError(f"{where}: node.pool: got {group!r}; the node has no {group}")
+    if spec.scale_out is not None and node.scale_up is not None and spec.scale_out.name == node.scale_up.name:
+        raise HardwareError(f"{where}: scale_out.name: got {spec.scale_out.name!r}; must differ from node.scale_up.name")
+    nodes = spec.scale_out.nodes if spec.scale_out is not None else 1
+    if nodes * node.gpus > _MAX_DEVICES:
+        raise HardwareError(f"{where}: scale_out.nodes: got {nodes} nodes of {node.gpus} GPUs; must be at most {_MAX_DEVICES} GPUs")
+    dev = _DeviceSpec.model_validate({"name": "gpu", **node.gpu})
+    device = Device(name="gpu", peak_flops_per_s=dev.peak_flops_per_s, hbm_bytes=dev.hbm, hbm_bytes_per_s=dev.hbm_bandwidth,
+                    compute_efficiency=dev.compute_efficiency, memory_efficiency=dev.memory_efficiency, source=dev.source)
+    return _cluster(spec, where, device)
+
+
+def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
+    node = spec.node
+    dims: list[FabricDim] = []
+    if node.scale_up is not None:
+        u = node.scale_up
+        dims.append(FabricDim(name=u.name, size=node.gpus, bytes_per_s=u.bandwidth, latency_s=u.latency,
+                              algorithm=u.algorithm, kind=LinkKind(u.kind), source=u.source))
+    if spec.scale_out is not None:
+        o = spec.scale_out
+        dims.append(FabricDim(name=o.name, size=o.nodes, bytes_per_s=o.bandwidth, latency_s=o.latency,
+                              algorithm=o.algorithm, kind=LinkKind(o.kind), source=o.source))
+    nodes = spec.scale_out.nodes if spec.scale_out is not None else 1
+    return Cluster(name=spec.name, description=spec.description, nodes=nodes, gpus_per_node=node.gpus, device=device,
+                   dims=tuple(dims), _spec=spec, _where=where)
+
+
+def _fabric_link(a: str, b: str, f: _FabricSpec, what: str) -> dict[str, Any]:
+    return {"a": a, "b": b, "bandwidth": f.bandwidth, "latency": f.latency / 2, "kind": f.kind,
+            "source": f"{f.source} ({what}; the GPU-to-GPU latency split over the two links to the switch)"}
+
+
+def _expand_dict(spec: _ClusterSpec) -> dict[str, Any]:
+    """The explicit ``mcdla-system/1`` form of a generator (NOTE [generated names], NOTE [generated rings])."""
+    node = spec.node
+    nodes = spec.scale_out.nodes if spec.scale_out is not None else 1
+    k = node.gpus
+    devices: list[dict[str, Any]] = []
+    memories: list[dict[str, Any]] = []
+    switches: list[dict[str, Any]] = []
+    links: list[dict[str, Any]] = []
+    pools: dict[str, list[str]] = {}
+    up_name = "nvswitch"
+    for j in range(nodes):
+        p = f"n{j}." if nodes > 1 else ""
+        gpu = [f"{p}gpu{i}" for i in range(k)]
+        for g in gpu:
+            devices.append({"name": g, **node.gpu})
+        if node.scale_up is not None:
+            sw = p + up_name
+            switches.append({"name": sw, "source": node.scale_up.switch_source or node.scale_up.source})
+            links += [_fabric_link(g, sw, node.scale_up, f"{node.scale_up.name} port of a GPU") for g in gpu]
+        socket_mem: list[str] = []
+        socket_exp: list[list[str]] = []
+        if node.sockets is not None:
+            s = node.sockets
+            for c in range(s.count):
+                cpu, host = f"{p}cpu{c}", f"{p}host{c}"
+                switches.append({"name": cpu, "source": s.source})
+                memories.append({"name": host, **s.memory})
+                links.append({"a": cpu, "b": host, "bandwidth": "inf", "kind": "other",
+                              "source": f"on-die memory controller; the DRAM bandwidth of {host} is its limit"})
+                socket_mem.append(host)
+                exp: list[str] = []
+                if node.expanders is not None:
+                    for e in range(node.expanders.per_socket):
+                        name = f"{p}cxl{c}_{e}"
+                        memories.append({"name": name, **node.expanders.memory})
+                        links.append({"a": cpu, "b": name, **node.expanders.link})
+                        exp.append(name)
+                socket_exp.append(exp)
+            if s.interconnect is not None:
+                for a in range(s.count):
+                    for b in range(a + 1, s.count):
+                        links.append({"a": f"{p}cpu{a}", "b": f"{p}cpu{b}", **s.interconnect})
+            for i, g in enumerate(gpu):
+                links.append({"a": g, "b": f"{p}cpu{i * s.count // k}", **s.gpu_link})
+        mem_nodes: list[str] = []
+        if node.memory_nodes is not None:
+            for m in range(node.memory_nodes.count):
+                name = f"{p}mem{m}"
+                memories.append({"name": name, **node.memory_nodes.memory})
+                links.append({"a": name, "b": p + up_name, **node.memory_nodes.link})
+                mem_nodes.append(name)
+        groups = node.pool if node.pool is not None else [
+            g for g in ("sockets", "expanders", "memory_nodes") if getattr(node, g) is not None]
+        for i, g in enumerate(gpu):
+            targets: list[str] = []
+            c = i * node.sockets.count // k if node.sockets is not None else 0
+            if "sockets" in groups:
+                targets.append(socket_mem[c])
+            if "expanders" in groups:
+                targets += socket_exp[c]
+            if "memory_nodes" in groups:
+                targets += mem_nodes
+            if targets:
+                pools[g] = targets
+    rings: list[list[str]] = []
+    if nodes == 1 and k > 1:
+        ring: list[str] = []
+        for i in range(k):
+            ring += [f"gpu{i}", up_name]
+        rings.append(ring)
+    elif nodes > 1:
+        o = spec.scale_out
+        assert o is not None
+        switches.append({"name": o.name, "source": o.switch_source or o.source})
+        for j in range(nodes):
+            for i in range(k):
+                links.append(_fabric_link(f"n{j}.gpu{i}", o.name, o, f"{o.name} rail of a GPU"))
+        for r in range(k):
+            ring = []
+            for j in range(nodes):
+                for step in range(k):
+                    ring.append(f"n{j}.gpu{(r + step) % k}")
+                    ring.append(f"n{j}.{up_name}" if step < k - 1 else o.name)
+            rings.append(ring)
+    return {"format": "mcdla-system/1", "name": spec.name, "description": spec.description, "devices": devices,
+            "memories": memories, "switches": switches, "links": links, "pools": pools, "rings": rings}
+
+
+_PRESET_PACKAGE = "mcdla.hardware.presets"
+
+
+def load_cluster(name_or_path: str | Path, *, nodes: int | None = None) -> Cluster:
+    """A generated preset (``"dgx-h100"``) or generator file as a :class:`Cluster`, optionally with ``nodes`` nodes.
+
+    One-line HardwareError for an explicit (listed) system such as ``mc-dla``, which has no fabric dimensions.
+    """
+    import yaml
+
+    from mcdla.hardware.io import preset_names
+
+    text = str(name_or_path)
+    if text in preset_names():
+        where = f"preset {text!r}"
+        data = yaml.safe_load(resources.files(_PRESET_PACKAGE).joinpath(f"{text}.yaml").read_text())
+    else:
+        path = Path(text)
+        if not (path.suffix in (".yaml", ".yml", ".json") or path.exists()):
+            raise HardwareError(f"cluster: got {brief(text)}; must be a preset ({', '.join(preset_names())}) or a .yaml/.json file")
+        where = f"system file {brief(text, 200)}"
+        data = read_document(path, what="system file", error=HardwareError)
+    if not is_generated(data):
+        raise HardwareError(f"{where}: got an explicit system (devices listed); must be a generator with node: (docs/hardware-format.md)")
+    cluster = cluster_from_dict(data, where)
+    return cluster if nodes is None else cluster.with_nodes(nodes)
