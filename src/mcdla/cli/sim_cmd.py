@@ -148,7 +148,8 @@ def reproduce_cmd(
                figures.plot_speedups(rows, out / "speedup.png"),
                figures.plot_breakdown(records, out / "breakdown.png")]
     if sweep:
-        sweep_records = experiments.compute_pcie_sweep(policy=policy.value, precision=precision, workers=workers)
+        sweep_records = experiments.compute_pcie_sweep(policy=policy.value, planner=planner, precision=precision,
+                                                       workers=workers)
         tables.write_records(sweep_records, out / "sweep.json", out / "sweep.csv")
         written += [out / "sweep.json", figures.plot_sweep(sweep_records, out / "sweep.png")]
         console.print(tables.sweep_table(sweep_records))

@@ -6,6 +6,7 @@ tuned toward the paper's 2.8x (see ``docs/reproduction.md`` for the assumptions 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass
 from statistics import geometric_mean
 from typing import Any
 
-from mcdla.hardware import LinkKind, System, load_system
+from mcdla.hardware import LinkKind, MemoryKind, System, load_system
 from mcdla.plan import make_plan, policy_plan
 from mcdla.sim import pool_link, simulate
 from mcdla.workload import Workload, zoo
@@ -23,6 +24,8 @@ __all__ = [
     "Record",
     "PCIE_GENERATIONS",
     "PCIE_DMA_EFFICIENCY",
+    "HOST_DRAM_BY_GENERATION",
+    "sweep_system",
     "COMPUTE_SCALES",
     "run_one",
     "run_matrix",
@@ -37,6 +40,14 @@ PCIE_GENERATIONS: dict[int, float] = {3: 16e9, 4: 32e9, 5: 64e9, 6: 128e9}
 PCIE_DMA_EFFICIENCY = 0.8
 """Fraction of the raw PCIe rate that DMA achieves (TLP/DLLP headers, flow control, ACKs): realistic DMA reaches
 70-80% of nominal (blogs.oracle.com/pyakutis/resource/expected_pcie_bw.html); the dc-dla preset's 12.8 GB/s."""
+HOST_DRAM_BY_GENERATION: dict[int, tuple[float, str]] = {
+    3: (76.8e9, "4 x DDR4-2400 = 76.8 GB/s per socket, the DGX-1's Xeon E5-2698 v4 (dc-dla preset)"),
+    4: (204.8e9, "8 x DDR4-3200 = 8 x 25.6 = 204.8 GB/s per socket, PCIe 4.0-era servers [derived, hardware.md]"),
+    5: (460.8e9, "12 x DDR5-4800 = 460.8 GB/s per socket, EPYC Genoa (PCIe 5.0) [derived, hardware.md]"),
+    6: (460.8e9, "12 x DDR5-4800 = 460.8 GB/s per socket, as PCIe 5.0 [assumption: no newer figure in hardware.md]"),
+}
+"""Host (socket) DRAM bandwidth of the era of each PCIe generation (bytes/s, source): the compute x PCIe sweep
+moves the host memory with the link, else DDR4's 76.8 GB/s caps every generation past 4.0."""
 COMPUTE_SCALES: tuple[float, ...] = (1, 2, 4, 8, 16, 32)
 """Device compute relative to a V100 (the paper: compute grew 20-34x in five years, PCIe 1x)."""
 
@@ -191,27 +202,39 @@ def compute_pcie_sweep(
     generations: Sequence[int] = tuple(PCIE_GENERATIONS),
     parallel: str = "data",
     policy: str = "all",
+    planner: str | None = None,
     precision: str = "fp16",
     saves: str = "cudnn",
     workers: int | None = None,
 ) -> list[Record]:
-    """mc-dla and dc-dla (at each PCIe generation) as device compute grows from 1x to 32x a V100."""
+    """mc-dla and dc-dla (at each PCIe generation: :func:`sweep_system`) as device compute grows from 1x to 32x
+    a V100, under ``policy`` or, when given, ``planner`` (budget: the device memory)."""
     names = tuple(workloads) if workloads is not None else zoo.names()
     built = [zoo.build(n, precision=precision, saves=saves) for n in names]
     dc, mc = load_system("dc-dla"), load_system("mc-dla")
     jobs = []
     for scale in scales:
         for workload in built:
-            jobs.append((mc.with_compute_scale(scale), workload,
-                         {"parallel": parallel, "policy": policy, "compute_scale": scale, "pcie_generation": 0}))
+            jobs.append((mc.with_compute_scale(scale), workload, {"parallel": parallel, "policy": policy,
+                                                                  "planner": planner, "compute_scale": scale,
+                                                                  "pcie_generation": 0}))
             for gen in generations:
-                system = dc.with_compute_scale(scale).with_link_bandwidth(
-                    LinkKind.PCIE, PCIE_GENERATIONS[gen] * PCIE_DMA_EFFICIENCY,
-                    source=f"PCIe {gen}.0 x16 raw (hardware.md) x {PCIE_DMA_EFFICIENCY} DMA efficiency",
-                )
-                jobs.append((system, workload, {"parallel": parallel, "policy": policy,
-                                                "compute_scale": scale, "pcie_generation": gen}))
+                jobs.append((sweep_system(dc, scale, gen), workload,
+                             {"parallel": parallel, "policy": policy, "planner": planner,
+                              "compute_scale": scale, "pcie_generation": gen}))
     return _map(jobs, workers)
+
+
+def sweep_system(dc: System, scale: float, generation: int) -> System:
+    """``dc`` with device compute x ``scale``, PCIe links at ``generation``'s DMA rate and host DRAM of its era."""
+    dram, dram_source = HOST_DRAM_BY_GENERATION[generation]
+    system = dc.with_compute_scale(scale).with_link_bandwidth(
+        LinkKind.PCIE, PCIE_GENERATIONS[generation] * PCIE_DMA_EFFICIENCY,
+        source=f"PCIe {generation}.0 x16 raw (hardware.md) x {PCIE_DMA_EFFICIENCY} DMA efficiency",
+    )
+    return dataclasses.replace(system, memories=tuple(
+        dataclasses.replace(m, dram_bytes_per_s=dram, source=dram_source) if m.kind is MemoryKind.HOST else m
+        for m in system.memories))
 
 
 def sweep_speedups(records: Sequence[Record]) -> dict[int, dict[float, float]]:
