@@ -44,6 +44,7 @@ import torch
 from torch._C._autograd import _get_sequence_nr
 
 from mcdla.errors import McdlaError, OffloadError, RuntimeTierError
+from mcdla.runtime._liveness import _Lingering, untouched_bytes
 from mcdla.runtime._modules import _Attribution
 from mcdla.runtime._policy import _Config, _Policy, fits, freeing_offload, plan_cap_bytes
 from mcdla.runtime._prefetch import _Prefetcher
@@ -99,6 +100,8 @@ class _Step:
         self._failure_raised = False
         self._param_ptrs = attribution.param_storage_ptrs()
         self.final_report: StepReport | None = None
+        self.lingering = _Lingering()  # NOTE [memory honesty] in ``_liveness``
+        self._node_saved = (-1, 0, 0)  # (autograd sequence number, storages, bytes) of the newest saving node
 
     # -- failures and accounting (under the lock) ------------------------------------------------------
     def _fail(self, exc: BaseException) -> None:
@@ -119,6 +122,9 @@ class _Step:
             self._resident += rec.nbytes if resident else -rec.nbytes
 
     def _sample(self) -> None:
+        alive = self._resident + self.lingering.bytes  # NOTE [memory honesty] in ``_liveness``
+        if alive > self.report.peak_alive:
+            self.report.peak_alive = alive
         if self._resident != self._sampled:
             self._sampled = self._resident
             self.report.sample(self._resident)
@@ -127,6 +133,20 @@ class _Step:
     def resident_saved_bytes(self) -> int:
         """Bytes of managed saved storages held on the device now."""
         return self._resident
+
+    @property
+    def alive_saved_bytes(self) -> int:
+        """Bytes of managed saved storages alive now, whoever holds them (NOTE [memory honesty])."""
+        return self._resident + self.lingering.bytes
+
+    def _note_saved(self, seq: int, t: torch.Tensor, nbytes: int) -> None:
+        """Account a new managed storage for ``StepReport.not_freed`` (under the lock)."""
+        node, count, total = self._node_saved
+        node, count, total = (seq, count + 1, total + nbytes) if node == seq else (seq, 1, nbytes)
+        self._node_saved = (node, count, total)
+        if count > self.report.node_saved_max_count:
+            self.report.node_saved_max_count, self.report.node_saved_max_bytes = count, total
+        self.report.untouched_bytes += untouched_bytes(t.untyped_storage())
 
     @property
     def live_records(self) -> int:
@@ -212,6 +232,7 @@ class _Step:
         self._set_resident(rec, True)
         self.report.managed_count += 1
         self.report.managed_bytes += rec.nbytes
+        self._note_saved(seq, t, rec.nbytes)
         evict = self.policy.admit(rec)
         handle = _Handle(rec, t)
         self._sample()
@@ -292,6 +313,7 @@ class _Step:
             block = fut.result()
             rec.tier_name = block.tier.name
             if rec.state is _State.OFFLOADING and not (self.prefetch.in_backward and rec.pending > 0):
+                self.lingering.let_go(rec.source, rec.nbytes, "offloaded")
                 rec.block, rec.source, rec.state = block, None, _State.OFFLOADED
                 self._set_resident(rec, False)
             else:  # the bytes were needed (or dropped) before the copy finished: the copy is not needed
@@ -372,6 +394,9 @@ class _Step:
     def _issue_fetch(self, rec: _Record, *, ahead: bool) -> Future:
         block, rec.block = rec.block, None
         assert block is not None, rec.label
+        if rec.storage_ref() is not None:  # the offload freed nothing (NOTE [memory honesty] in ``_liveness``)
+            self.report.unfreed_count += 1
+            self.report.unfreed_bytes += rec.nbytes
         rec.state = _State.FETCHING
         self._set_resident(rec, True)
         self.prefetch.take(rec)
@@ -434,6 +459,7 @@ class _Step:
         """Every live handle was unpacked: autograd holds what it needs; the runtime lets go."""
         if rec.state in (_State.RESIDENT, _State.READY):
             rec.state = _State.CONSUMED
+            self.lingering.let_go(rec.bytes_now(), rec.nbytes, "returned")  # autograd holds it until used
             rec.source = rec.restored = rec.event = None
             self._set_resident(rec, False)
             self.prefetch.give_back(rec)

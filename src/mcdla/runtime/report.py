@@ -99,6 +99,18 @@ class StepReport:
             on-demand fetch).
         peak_resident_saved_bytes: peak bytes of managed saved storages held in device memory (including
             those being offloaded and those fetched but not yet used).
+        peak_alive_saved_bytes: peak bytes of managed saved storages alive in memory, whoever holds them:
+            those the runtime holds plus those it let go of that something else still references (offloaded
+            but still referenced, handed back to autograd and not yet freed). NOTE [memory honesty] in
+            ``_liveness``.
+        unfreed_count, unfreed_bytes: offloaded storages still alive when backward fetched them back: their
+            offload freed nothing (the model's input or output, held by the caller), and the fetch made a
+            second copy.
+        node_saved_max_count, node_saved_max_bytes: the most managed storages (and their bytes) one
+            autograd node saved (a ``torch.compile`` graph, CPU ``nn.LSTM``'s mkldnn layer): all of them
+            were in memory before the pack hook saw the first.
+        untouched_bytes: managed bytes whose pages were never written when saved (CPU; e.g. the mkldnn
+            LSTM workspace): they took no RAM, yet were copied out, and their fetch makes them resident.
         timeline: (seconds since step start, resident managed saved bytes) at each pack, offload
             completion, fetch and release.
         transfers: every offload and fetch, with its timing.
@@ -123,6 +135,12 @@ class StepReport:
     fetches_on_demand: int = 0
     peak_fetch_window: int = 0
     peak_resident_saved_bytes: int = 0
+    peak_alive_saved_bytes: int = 0
+    unfreed_count: int = 0
+    unfreed_bytes: int = 0
+    node_saved_max_count: int = 0
+    node_saved_max_bytes: int = 0
+    untouched_bytes: int = 0
     timeline: tuple[tuple[float, int], ...] = ()
     timeline_dropped: int = 0
     transfers: tuple[TransferSpan, ...] = ()
@@ -136,13 +154,36 @@ class StepReport:
     def fetched_bytes(self) -> int:
         return sum(self.fetched_bytes_by_tier.values())
 
+    @property
+    def not_freed(self) -> tuple[str, ...]:
+        """One line per reason why offloading freed less memory than it moved (NOTE [memory honesty])."""
+        lines = []
+        if self.unfreed_bytes:
+            lines.append(
+                f"{format_bytes(self.unfreed_bytes)} in {self.unfreed_count} offloaded storages stayed referenced "
+                "outside autograd's saved tensors until backward fetched them (e.g. the model's input or output, "
+                "held by the caller): offloading them freed nothing and the fetch made a second copy")
+        if self.node_saved_max_count > 1:
+            lines.append(
+                f"{format_bytes(self.node_saved_max_bytes)} in {self.node_saved_max_count} storages were saved by "
+                "one autograd node (a torch.compile graph, or a fused op such as CPU nn.LSTM's mkldnn layer): "
+                "they were all in memory before the runtime saw them, and that node's backward unpacks them all "
+                "at once, so offloading cannot lower the peak inside it")
+        if self.untouched_bytes:
+            lines.append(
+                f"{format_bytes(self.untouched_bytes)} of the managed bytes were never written when saved (pages "
+                "not in RAM, e.g. the CPU mkldnn LSTM workspace): offloading them freed nothing and their fetch "
+                "makes them resident")
+        return tuple(lines)
+
     def summary(self) -> str:
         """A few human-readable lines."""
         state = "aborted" if self.aborted else ("complete" if self.complete else "in progress")
         lines = [
             f"step {self.step} ({state}): {self.saved_count} saved tensors, {format_bytes(self.saved_bytes)}; "
             f"{self.managed_count} storages managed, {format_bytes(self.managed_bytes)}",
-            f"  peak resident saved: {format_bytes(self.peak_resident_saved_bytes)}; waited "
+            f"  peak resident saved: {format_bytes(self.peak_resident_saved_bytes)} held by the runtime, "
+            f"{format_bytes(self.peak_alive_saved_bytes)} alive in all; waited "
             f"{format_seconds(self.unpack_wait_s)} in unpack, {format_seconds(self.pack_wait_s)} in pack; "
             f"{self.fetches_ahead} fetches ahead, {self.fetches_on_demand} on demand",
         ]
@@ -152,6 +193,7 @@ class StepReport:
                 f"(stored {format_bytes(self.stored_bytes_by_tier.get(tier, 0))}), "
                 f"fetched {format_bytes(self.fetched_bytes_by_tier.get(tier, 0))}"
             )
+        lines += [f"  not freed: {line}" for line in self.not_freed]
         if self.error:
             lines.append(f"  error: {self.error}")
         return "\n".join(lines)
@@ -213,6 +255,12 @@ class _ReportBuilder:
         self.fetches_on_demand = 0
         self.peak_fetch_window = 0
         self.peak_resident = 0
+        self.peak_alive = 0  # NOTE [memory honesty] in ``_liveness``: the step sets these under its lock
+        self.unfreed_count = 0
+        self.unfreed_bytes = 0
+        self.node_saved_max_count = 0
+        self.node_saved_max_bytes = 0
+        self.untouched_bytes = 0
         self.timeline: list[tuple[float, int]] = []
         self.timeline_dropped = 0
         self.transfers: list[TransferSpan] = []
@@ -274,7 +322,10 @@ class _ReportBuilder:
                 unpack_wait_s=self.unpack_wait_s, pack_wait_s=self.pack_wait_s,
                 fetches_ahead=self.fetches_ahead, fetches_on_demand=self.fetches_on_demand,
                 peak_fetch_window=self.peak_fetch_window,
-                peak_resident_saved_bytes=self.peak_resident, timeline=tuple(self.timeline),
+                peak_resident_saved_bytes=self.peak_resident, peak_alive_saved_bytes=self.peak_alive,
+                unfreed_count=self.unfreed_count, unfreed_bytes=self.unfreed_bytes,
+                node_saved_max_count=self.node_saved_max_count, node_saved_max_bytes=self.node_saved_max_bytes,
+                untouched_bytes=self.untouched_bytes, timeline=tuple(self.timeline),
                 timeline_dropped=self.timeline_dropped, transfers=tuple(self.transfers),
                 waits=tuple(self.waits),
             )

@@ -221,6 +221,12 @@ class Virtualizer(saved_tensors_hooks):
         return 0 if self._last is None else self._last.resident_saved_bytes
 
     @property
+    def alive_saved_bytes(self) -> int:
+        """Bytes of managed saved storages alive now, whoever holds them: those the runtime holds plus those it
+        let go of that something else still references (NOTE [memory honesty] in ``_liveness``)."""
+        return 0 if self._last is None else self._last.alive_saved_bytes
+
+    @property
     def live_steps(self) -> int:
         """Steps entered whose saved tensors are not all released yet."""
         self._drain()

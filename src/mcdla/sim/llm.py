@@ -16,7 +16,9 @@ need and is cheap enough to sweep. NOTE [time model] (also ``docs/llm.md``):
 * Pipeline: per micro-batch a stage runs its ``layers / pp`` layers forward and backward plus, per virtual
   chunk, a point-to-point send of the activation and one of its gradient (``b s h / tp`` bytes with
   Megatron's scatter/gather) over the inter-node network; the last stage adds the vocabulary projection and
-  the loss. Iteration = ``m * T_slowest + (p - 1) / v * T_mean`` (the 1F1B bubble ``(p - 1) / (m v)``).
+  the loss. Iteration = ``m * T_last + (p - 1) / v * T_middle``, the exact length of the (interleaved) 1F1B
+  schedule of these stages (the bubble ``(p - 1) / (m v)`` when balanced); ``mode="ranks"`` schedules every
+  rank instead (``sim/llm_ranks.py``).
 * Data parallelism: one ring all-reduce of the rank's gradients (ZeRO-1/2: reduce-scatter + all-gather, the
   same traffic; ZeRO-3: one more all-gather of weights) after the last backward, or overlapped with the last
   micro-batch's backward (``dp_overlap``); then the Adam step streams the rank's optimizer state through HBM.
@@ -29,13 +31,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from mcdla.errors import ConfigError
+from mcdla.errors import ConfigError, brief
 from mcdla.hardware.model import Device
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
 
-__all__ = ["GemmEfficiency", "GpuCluster", "LlmStep", "llm_step", "elementwise_bytes_per_layer"]
+__all__ = ["GemmEfficiency", "GpuCluster", "LlmStep", "StageCosts", "llm_step", "stage_costs",
+           "elementwise_bytes_per_layer"]
 
 # Adam with mixed precision, per parameter: fp16/bf16 weight and gradient, fp32 master weight, momentum and
 # variance (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 bytes).
@@ -170,8 +173,49 @@ def _dp_ring_bytes_per_s(cluster: GpuCluster, e: Execution) -> float:
     return min(cluster.nvlink_bytes_per_s, per_node * cluster.network_bytes_per_s)
 
 
-def llm_step(spec: TransformerSpec, execution: Execution, cluster: GpuCluster) -> LlmStep:
-    """Predict one training iteration of ``spec`` run as ``execution`` on ``cluster`` (module docstring)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCosts:
+    """Per-rank durations (seconds) of one micro-batch on one pipeline stage, shared by the closed form
+    (:func:`llm_step`, ``mode="fast"``) and the per-rank schedule (:mod:`mcdla.sim.llm_ranks`), so the two
+    differ only in how they compose them.
+
+    ``compute`` parts scale with a rank's speed (a straggler); ``tp``, ``p2p`` and ``offload`` parts are
+    link time. Layer figures are per layer; ``last_*`` is the last stage's vocabulary projection and loss.
+    """
+
+    layers_per_stage: int
+    layer_fwd_s: float  # forward compute of one layer
+    layer_bwd_s: float  # backward compute of one layer (2 x forward)
+    layer_recompute_s: float  # recomputation in the backward of one layer
+    layer_tp_fwd_s: float  # TP collectives in one layer's forward
+    layer_tp_bwd_s: float  # TP collectives in its backward (+ the recomputed forward's with full recompute)
+    p2p_s: float  # one point-to-point transfer of a chunk's activation or its gradient
+    last_fwd_s: float  # logits + loss forward on the last stage, per micro-batch
+    last_bwd_s: float  # their backward (2 x)
+    offload_fwd_s: float  # exposed offload traffic per micro-batch and stage, forward
+    offload_bwd_s: float  # and backward
+    dp_full_s: float  # the data-parallel gradient reduction, whole
+    dp_hidden_s: float  # how much of it the last backward hides (``dp_overlap``), else 0
+    optimizer_s: float  # the Adam step
+    offload_step_s: float  # optimizer state to and from the second tier
+
+    @property
+    def stage_mid_s(self) -> float:
+        """A middle stage's time per micro-batch, all its chunks: compute, recompute, TP, 2 v transfers,
+        offload."""
+        n = self.layers_per_stage
+        return (n * (self.layer_fwd_s + self.layer_bwd_s + self.layer_recompute_s + self.layer_tp_fwd_s
+                     + self.layer_tp_bwd_s) + self.offload_fwd_s + self.offload_bwd_s)
+
+    @property
+    def dp_exposed_s(self) -> float:
+        """The reduction's part that is not hidden behind the last backward."""
+        return max(0.0, self.dp_full_s - self.dp_hidden_s)
+
+
+def stage_costs(spec: TransformerSpec, execution: Execution, cluster: GpuCluster) -> StageCosts:
+    """The per-layer and per-stage costs of one rank (module docstring, NOTE [time model]); checks the
+    execution against the model and the cluster."""
     check_execution(execution, spec)
     e, dev = execution, cluster.device
     if e.tp * e.cp > cluster.gpus_per_node:
@@ -195,50 +239,101 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: GpuCluster) -
 
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
     tp_one = _ring_s(act_bytes, e.tp, cluster.nvlink_bytes_per_s, cluster.nvlink_latency_s)
-    tp_layer = 4 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0)
 
     n_layers = spec.layers // e.pp
     logits = logits_fwd_flops(spec, b) / split / gemm_rate
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
-    last_extra = 3 * logits + 3 * loss
-    compute_mb = n_layers * 3 * layer_fwd
-    recompute_mb = n_layers * layer_recompute
-    tp_mb = n_layers * tp_layer
     p2p_bytes = act_bytes / e.tp
-    pp_mb = 0.0 if e.pp == 1 else 2 * e.virtual_stages * (p2p_bytes / cluster.network_bytes_per_s
-                                                         + cluster.network_latency_s)
+    p2p = 0.0 if e.pp == 1 else p2p_bytes / cluster.network_bytes_per_s + cluster.network_latency_s
 
-    off_mb = 0.0
+    off_fwd = off_bwd = 0.0
     act_stage = n_layers * activation_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
                                                       recompute=e.recompute)
     params_rank = _stage_params(spec, e)
     if e.offload_activations:
         move = act_stage / cluster.offload_bytes_per_s
-        off_mb += max(0.0, move - n_layers * layer_fwd) + max(0.0, move - n_layers * (2 * layer_fwd + layer_recompute))
+        off_fwd += max(0.0, move - n_layers * layer_fwd)
+        off_bwd += max(0.0, move - n_layers * (2 * layer_fwd + layer_recompute))
     if e.offload_weights:
         move = _WEIGHT_BYTES * params_rank / cluster.offload_bytes_per_s
-        off_mb += max(0.0, move - n_layers * layer_fwd) + max(0.0, move - n_layers * 2 * layer_fwd)
-
-    stage_mid = compute_mb + recompute_mb + tp_mb + pp_mb + off_mb
-    stage_last = stage_mid + last_extra
-    stage_mean = stage_mid + last_extra / e.pp
-    m = e.micro_batches
-    bubble = (e.pp - 1) / e.virtual_stages * stage_mean
+        off_fwd += max(0.0, move - n_layers * layer_fwd)
+        off_bwd += max(0.0, move - n_layers * 2 * layer_fwd)
 
     dp_bytes = _GRAD_BYTES * params_rank
     dp_passes = {0: 2.0, 1: 2.0, 2: 2.0, 3: 3.0}[e.zero]
     dp_full = _ring_s(dp_bytes, e.dp, _dp_ring_bytes_per_s(cluster, e), cluster.network_latency_s, dp_passes)
     hidden_by = n_layers * (2 * layer_fwd + layer_recompute) if e.dp_overlap else 0.0
-    dp_exposed = max(0.0, dp_full - hidden_by)
 
     shard = e.dp if e.zero >= 1 else 1
-    optimizer = params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s
     offload_step = 0.0
     if e.offload_optimizer:
         offload_step = 2 * _OPTIMIZER_BYTES * params_rank / shard / cluster.offload_bytes_per_s
+    return StageCosts(
+        layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=2 * layer_fwd,
+        layer_recompute_s=layer_recompute, layer_tp_fwd_s=2 * tp_one,
+        layer_tp_bwd_s=2 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0), p2p_s=p2p,
+        last_fwd_s=logits + loss, last_bwd_s=2 * (logits + loss), offload_fwd_s=off_fwd, offload_bwd_s=off_bwd,
+        dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s,
+        offload_step_s=offload_step)
 
-    iteration = m * stage_last + bubble + dp_exposed + optimizer + offload_step
-    scale = m  # parts of the steady state, read off the slowest (last) stage
+
+def llm_step(spec: TransformerSpec, execution: Execution, cluster: GpuCluster, *, mode: str = "fast",
+             **ranks_options: object) -> LlmStep:
+    """Predict one training iteration of ``spec`` run as ``execution`` on ``cluster`` (module docstring).
+
+    ``mode="fast"`` (default) is the closed form over one representative rank per pipeline role (every
+    stage's ranks are symmetric; the last stage adds the logits): O(1) in the number of GPUs.
+    ``mode="ranks"`` schedules every rank's micro-batches explicitly (:func:`mcdla.sim.llm_ranks.simulate_ranks`,
+    which takes ``ranks_options`` such as a per-rank ``slowdown`` or ``layers_per_stage``) for asymmetric
+    systems; it returns the same record with ``iteration_s`` and ``bubble_s`` from the schedule.
+    """
+    if mode == "ranks":
+        from mcdla.sim.llm_ranks import ranks_step  # the per-rank engine builds on this module
+
+        return ranks_step(spec, execution, cluster, **ranks_options)  # type: ignore[arg-type]
+    if mode != "fast":
+        raise ConfigError(f"llm_step.mode: got {brief(mode)}; must be fast or ranks")
+    if ranks_options:
+        raise ConfigError(f"llm_step: got {', '.join(sorted(ranks_options))} with mode=fast; "
+                          "per-rank options need mode=ranks")
+    c = stage_costs(spec, execution, cluster)
+    e = execution
+    n_layers = c.layers_per_stage
+    compute_mb = n_layers * (c.layer_fwd_s + c.layer_bwd_s)
+    recompute_mb = n_layers * c.layer_recompute_s
+    tp_mb = n_layers * (c.layer_tp_fwd_s + c.layer_tp_bwd_s)
+    pp_mb = 2 * e.virtual_stages * c.p2p_s
+    off_mb = c.offload_fwd_s + c.offload_bwd_s
+    last_extra = c.last_fwd_s + c.last_bwd_s
+
+    stage_mid = compute_mb + recompute_mb + tp_mb + pp_mb + off_mb
+    stage_last = stage_mid + last_extra
+    m = e.micro_batches
+    # The exact length of Megatron's (interleaved) 1F1B schedule when every stage but the last costs
+    # stage_mid and the last is the slowest: the last stage never waits once fed, the fill and the drain are
+    # (p - 1) / v of a middle stage (NOTE [rank schedule] in sim/llm_ranks.py; tested equal to the per-rank
+    # schedule in tests/sim/test_llm_ranks.py).
+    bubble = (e.pp - 1) / e.virtual_stages * stage_mid
+    dp_exposed, optimizer, offload_step = c.dp_exposed_s, c.optimizer_s, c.offload_step_s
+    return _step_record(spec, e, cluster, c, iteration=m * stage_last + bubble + dp_exposed + optimizer + offload_step,
+                        bubble=bubble, compute_s=m * (compute_mb + last_extra), recompute_s=m * recompute_mb,
+                        tp_comm_s=m * tp_mb, pp_comm_s=m * pp_mb, offload_s=m * off_mb + offload_step)
+
+
+def _step_record(spec: TransformerSpec, e: Execution, cluster: GpuCluster, c: StageCosts, *, iteration: float,
+                 bubble: float, compute_s: float, recompute_s: float, tp_comm_s: float, pp_comm_s: float,
+                 offload_s: float) -> LlmStep:
+    """The :class:`LlmStep` of a predicted iteration: FLOPs, MFU and one rank's memory (both modes)."""
+    dev = cluster.device
+    flops_per_s = dev.flops_per_s(cluster.precision)
+    b = e.micro_batch
+    m = e.micro_batches
+    n_layers = c.layers_per_stage
+    params_rank = _stage_params(spec, e)
+    shard = e.dp if e.zero >= 1 else 1
+    act_stage = n_layers * activation_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
+                                                      recompute=e.recompute)
+    dp_exposed, optimizer = c.dp_exposed_s, c.optimizer_s
     model_flops = model_flops_per_iteration(spec, e.global_batch)
 
     in_flight = min(m, e.pp) * (1 + (e.pp - 1) / (e.pp * e.virtual_stages)) if e.virtual_stages > 1 else min(m, e.pp)
@@ -251,14 +346,14 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: GpuCluster) -
     device_bytes = activations + weights + grads + opt - offloaded
     return LlmStep(
         iteration_s=iteration,
-        compute_s=scale * (compute_mb + last_extra),
-        recompute_s=scale * recompute_mb,
-        tp_comm_s=scale * tp_mb,
-        pp_comm_s=scale * pp_mb,
+        compute_s=compute_s,
+        recompute_s=recompute_s,
+        tp_comm_s=tp_comm_s,
+        pp_comm_s=pp_comm_s,
         bubble_s=bubble,
         dp_comm_s=dp_exposed,
         optimizer_s=optimizer,
-        offload_s=scale * off_mb + offload_step,
+        offload_s=offload_s,
         model_flops=model_flops,
         hardware_flops=hardware_flops_per_iteration(spec, e.global_batch, e.recompute),
         mfu=model_flops / (e.gpus * flops_per_s * iteration),

@@ -1,0 +1,116 @@
+"""Honest accounting: which managed storages are really alive, not only those the runtime holds.
+
+NOTE [memory honesty]
+    The runtime counts as resident the storages it holds (``_Step._resident``). Letting go of a storage frees
+    memory only if nothing else holds it, and two cases are common (issue #9, item 3):
+      - offloaded but still referenced: the model's input ``x`` (saved by the first Linear) and its output
+        (saved by a final Tanh/Sigmoid) are held by the caller; offloading them frees nothing, and fetching
+        them in backward makes a second copy;
+      - handed back to autograd: after the last unpack of a storage the runtime lets go, but the node that
+        unpacked it holds it until its backward has run (a compiled graph's backward unpacks all its saved
+        tensors at once and holds them all).
+    ``_Lingering`` watches every storage the runtime lets go of with a weak reference to its Python storage
+    object (torch keeps one such object per storage alive exactly as long as the storage, whoever holds it:
+    a tensor, autograd, a compiled graph) and counts its bytes until it dies. resident + lingering is then
+    the bytes of managed storages alive in memory, which the report's ``peak_alive_saved_bytes`` tracks.
+
+    Two more effects the runtime cannot undo are reported with a reason (``StepReport.not_freed``):
+      - one autograd node saving several storages (a ``torch.compile`` graph saves every activation of its
+        forward at its end, CPU ``nn.LSTM``'s mkldnn layer saves input, output and workspace at once): they
+        are all in memory before the pack hook sees the first, so the peak inside that node stays;
+      - pages never written (CPU): ``mkldnn_rnn_layer`` allocates a workspace much larger than it touches
+        (489 MiB of which 160 MiB written, for a 512-wide LSTM over 256x64); untouched pages take no RAM,
+        but offloading copies them and fetching writes them, so they become resident in backward.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+__all__: list[str] = []
+
+_PAGE = mmap.PAGESIZE
+
+
+def _load_mincore() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).mincore
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_mincore = _load_mincore()
+
+
+def untouched_bytes(storage: Any) -> int:
+    """Bytes of a CPU storage whose pages are not in RAM (never written, or swapped out); 0 if unknown."""
+    if _mincore is None or storage.device.type != "cpu":
+        return 0
+    ptr, n = storage.data_ptr(), storage.nbytes()
+    if n < 16 * _PAGE:  # small storages share pages with others: not worth the system call
+        return 0
+    start = ptr - ptr % _PAGE
+    pages = (ptr + n - start + _PAGE - 1) // _PAGE
+    vec = (ctypes.c_ubyte * pages)()
+    if _mincore(start, pages * _PAGE, vec) != 0:
+        return 0
+    # whole pages inside the storage only; the partial first and last page are counted as touched
+    missing = bytes(vec).count(0) - (vec[0] == 0) - (pages > 1 and vec[pages - 1] == 0)
+    return max(0, missing) * _PAGE
+
+
+class _Lingering:
+    """Storages the runtime let go of that are still alive elsewhere (NOTE [memory honesty]).
+
+    Thread-safe; the weak-reference callbacks run in whichever thread drops a storage's last reference
+    and only touch this object's counters (never the step's or the report's locks).
+    """
+
+    KINDS = ("offloaded", "returned")
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._watched: dict[int, weakref.ref] = {}  # id(storage object) -> weak reference with callback
+        self.bytes = 0
+        self.by_kind = dict.fromkeys(self.KINDS, 0)
+
+    def let_go(self, tensor: torch.Tensor | None, nbytes: int, kind: str) -> None:
+        """The runtime is about to drop ``tensor`` (a view of a managed storage): count it while it lives.
+
+        Call it before dropping the reference; if nothing else holds the storage, it dies when the caller
+        drops it and the count goes back down at once.
+        """
+        if tensor is None:
+            return
+        storage = tensor.untyped_storage()
+        key = id(storage)
+
+        def gone(ref: weakref.ref, key: int = key, n: int = nbytes, kind: str = kind) -> None:
+            with self._mu:
+                if self._watched.get(key) is ref:
+                    del self._watched[key]
+                    self.bytes -= n
+                    self.by_kind[kind] -= n
+
+        with self._mu:
+            if key in self._watched:  # another record let go of the same storage already
+                return
+            self._watched[key] = weakref.ref(storage, gone)
+            self.bytes += nbytes
+            self.by_kind[kind] += nbytes
+
+    def still_alive(self, kind: str) -> int:
+        with self._mu:
+            return self.by_kind[kind]
