@@ -128,8 +128,6 @@ def test_cpu_lstm(tmp_path):
     assert alive == independent  # x at least (held by the caller)
     assert alive >= x.nbytes
     assert report.unfreed_bytes >= x.nbytes
-    with torch.no_grad():
-        fused = model(x)[0].grad_fn is None
     grad_fn = fn(x).grad_fn
     names = []
     while grad_fn is not None and len(names) < 3:
@@ -138,7 +136,6 @@ def test_cpu_lstm(tmp_path):
     if any("Mkldnn" in n for n in names):  # the fused CPU path: one node saves input, output and workspace
         assert report.node_saved_max_count >= 3
         assert report.untouched_bytes <= report.managed_bytes
-    assert fused  # (no graph without grad)
 
 
 @pytest.mark.parametrize("pool", ["host", "file"])
