@@ -96,3 +96,41 @@ def test_ring_carries_collectives_and_prefetches() -> None:
     alone = all_reduce_s(plan_of(w))
     assert alone == pytest.approx(2 * 7 / 8 * params / 150e9 + 14 * 2e-6, rel=1e-9)
     assert all_reduce_s(plan_of(w, {"a": Action.OFFLOAD})) > 1.2 * alone
+
+
+def _slow_hbm_system(hbm_bytes_per_s: float) -> System:
+    """One device with a 100 GB/s, 1 us link to an unlimited-DRAM pool and HBM of ``hbm_bytes_per_s``."""
+    return System(name="one", devices=(device("d0", hbm_bytes_per_s=hbm_bytes_per_s),),
+                  links=(Link(a="d0", b="h", bytes_per_s=100e9, latency_s=1e-6),),
+                  memories=(Memory(name="h", kind=MemoryKind.HOST, capacity_bytes=1e12, dram_bytes_per_s=math.inf),),
+                  pools={"d0": ("h",)})
+
+
+def test_transfers_flow_through_the_device_hbm() -> None:
+    """NOTE [HBM in transfers]: with 10 GB/s of HBM behind a 100 GB/s link an offload of S bytes takes
+    S / 10 GB/s + 1 us, and offloads and prefetches share those 10 GB/s (the pool link looks half duplex);
+    with 900 GB/s of HBM the link binds again (S / 100 GB/s)."""
+    saved = 1e9
+    assert _offload_spans(_slow_hbm_system(10e9), saved) == {0: pytest.approx(saved / 10e9 + 1e-6)}
+    assert _offload_spans(_slow_hbm_system(900e9), saved) == {0: pytest.approx(saved / 100e9 + 1e-6)}
+    link = pool_link(_slow_hbm_system(10e9))
+    assert (link.offload_bytes_per_s, link.prefetch_bytes_per_s) == (pytest.approx(10e9), pytest.approx(10e9))
+    assert link.shared_direction
+    assert not pool_link(_slow_hbm_system(900e9)).shared_direction
+
+
+def test_planner_view_counts_hbm_like_the_system() -> None:
+    """evaluate_plan's one-device fabric crosses the same HBM: an offload-all iteration on a 10 GB/s-HBM device
+    behind a 100 GB/s PoolLink takes as long as the System with that link."""
+    from mcdla.hardware.pool_link import PoolLink
+    from mcdla.sim import evaluate_plan
+
+    saved = 1e9
+    w = _one_offload(saved)
+    plan = plan_of(w, {"x": Action.OFFLOAD})
+    system = _slow_hbm_system(10e9)
+    via_system = simulate(system, w, plan)
+    via_link = evaluate_plan(w, plan, PoolLink.symmetric(100e9, latency_s=1e-6),
+                             device=system.devices[0], budget_bytes=16e9)
+    assert via_link.iteration_time_s == pytest.approx(via_system.iteration_time_s, rel=1e-12)
+    assert via_system.iteration_time_s >= 2 * saved / 10e9  # offload, then prefetch, each at the HBM's 10 GB/s

@@ -11,6 +11,15 @@ have different speeds (``shared_direction`` with offload != prefetch bandwidth):
 (channel-seconds per second) that an offload of ``n`` bytes loads with ``n / offload_bytes_per_s`` and a
 prefetch with ``n / prefetch_bytes_per_s``, so the two directions time-share the channel. Resources of
 infinite capacity never bind and are left out of the solver (a route crossing none of them is instant).
+
+NOTE [HBM in transfers]
+An offload reads the device's HBM and a prefetch writes it, so every pool route also crosses the resource
+``("hbm", device)`` of capacity ``hbm_bytes_per_s``: a device's offloads and prefetches share its memory
+bandwidth max-min fairly with each other (and with nothing else: compute keeps its roofline time, and ring
+collectives do not cross it). On today's presets the links bind long before HBM (12.8 GB/s PCIe or 150 GB/s
+of memory-node links against 900 GB/s), so this matters only for devices whose links rival their HBM. The one
+exception is the planners' half-duplex pool link with different offload and prefetch speeds, whose channel is
+counted in time units (NOTE [fabric units]): there HBM is left out.
 """
 
 from __future__ import annotations
@@ -85,10 +94,14 @@ class Fabric:
         for mem in system.memories:
             builder.resource(("dram", mem.name), mem.dram_bytes_per_s)
         offload, prefetch = [], []
-        for dev in system.device_names:
+        for device in system.devices:
+            dev = device.name
             pool = system.pools.get(dev, ())
-            offload.append(tuple((builder.memory_index[m], builder.route(topo.route(dev, m))) for m in pool))
-            prefetch.append(tuple((builder.memory_index[m], builder.route(topo.route(m, dev))) for m in pool))
+            hbm = ("hbm", dev)
+            if pool:
+                builder.resource(hbm, device.hbm_bytes_per_s)  # NOTE [HBM in transfers]
+            offload.append(tuple((builder.memory_index[m], builder.via(hbm, topo.route(dev, m))) for m in pool))
+            prefetch.append(tuple((builder.memory_index[m], builder.via(hbm, topo.route(m, dev))) for m in pool))
         rings = []
         for r in range(len(system.rings)):
             hops = [route for _dev, _nxt, route in topo.ring_hops(r)]
@@ -105,6 +118,10 @@ class Fabric:
         dev, pool = device.name, POOL_MEMORY
         builder.memory(pool, MemoryKind.HOST.value, link.pool_bytes)
         off, pre = link.offload_bytes_per_s, link.prefetch_bytes_per_s
+        hbm: tuple[Resource, ...] = ()
+        if not link.shared_direction or off == pre:  # NOTE [HBM in transfers]
+            hbm = (("hbm", dev),)
+            builder.resource(hbm[0], device.hbm_bytes_per_s)
         if not link.shared_direction:
             builder.link(dev, pool, off)
             builder.link(pool, dev, pre)
@@ -119,7 +136,7 @@ class Fabric:
             else:  # NOTE [fabric units]: one channel, time-shared
                 builder.resource(("dram", pool), 1.0)
                 scales = (1.0 / off, 1.0 / pre)
-        routes = ((("link", dev, pool), ("dram", pool)), (("link", pool, dev), ("dram", pool)))
+        routes = (hbm + (("link", dev, pool), ("dram", pool)), hbm + (("link", pool, dev), ("dram", pool)))
         off_route = builder.raw_route(routes[0], link.latency_s, scales[0])
         pre_route = builder.raw_route(routes[1], link.latency_s, scales[1])
         return builder.build((device,), (((0, off_route),),), (((0, pre_route),),), ())
@@ -178,6 +195,10 @@ class _Builder:
 
     def route(self, route: Route) -> int:
         return self.raw_route(route.resources, route.latency_s)
+
+    def via(self, first: Resource, route: Route) -> int:
+        """``route`` with resource ``first`` (a device's HBM) crossed too."""
+        return self.raw_route((first, *route.resources), route.latency_s)
 
     def build(self, devices, offload, prefetch, rings) -> Fabric:  # type: ignore[no-untyped-def]
         return Fabric(
