@@ -41,3 +41,18 @@ def test_llm_predict_bad_record_one_line(run_cli, tmp_path):
     code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path))
     assert code == 2 and not out
     assert err.startswith("mcdla: error: ") and "execution.gpus" in err and err.count("\n") == 1
+
+
+def test_llm_predict_ranks_equals_fast_and_sees_a_straggler(run_cli, tmp_path):
+    """--ranks (the per-rank engine) gives the fast path's time on a symmetric system; --slowdown makes it
+    longer; a malformed --slowdown is one line and exit 2."""
+    path = tmp_path / "e.yaml"
+    path.write_text("gpus: 128\ntp: 8\npp: 8\ndp: 2\nmicro_batch: 1\nglobal_batch: 32\nrecompute: selective\n")
+    args = ("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json")
+    fast = json.loads(run_cli(*args)[1])
+    ranks = json.loads(run_cli(*args, "--ranks")[1])
+    slow = json.loads(run_cli(*args, "--slowdown", "127:2")[1])
+    assert abs(ranks["iteration_s"] / fast["iteration_s"] - 1) < 1e-12
+    assert slow["iteration_s"] > 1.5 * fast["iteration_s"]
+    code, out, err = run_cli(*args, "--slowdown", "3x2")
+    assert code == 2 and not out and "--slowdown" in err and err.count("\n") == 1

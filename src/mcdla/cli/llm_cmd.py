@@ -35,6 +35,10 @@ def llm_predict_cmd(
     model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
     execution: Annotated[Path, typer.Option(help="Execution record (.json/.yaml): tp, pp, dp, batches, ...")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the prediction as JSON.")] = False,
+    ranks: Annotated[bool, typer.Option("--ranks", help="Schedule every rank (per-rank engine) instead of the "
+                                        "symmetric closed form; needed for --slowdown.")] = False,
+    slowdown: Annotated[list[str] | None, typer.Option(
+        help="RANK:FACTOR, a straggler whose compute takes FACTOR x as long (repeatable; implies --ranks).")] = None,
 ) -> None:
     """Predict one iteration of a preset under an execution record on DGX A100 nodes, with its breakdown."""
     from mcdla.report.llm_validation import dgx_a100_cluster
@@ -44,7 +48,18 @@ def llm_predict_cmd(
 
     if not execution.is_file():
         fail(f"--execution: got {str(execution)[:200]!r}; no such file")
-    step = llm_step(preset(model), load_execution(execution), dgx_a100_cluster())
+    slow: dict[int, float] = {}
+    for item in slowdown or []:
+        rank, sep, factor = item.partition(":")
+        try:
+            slow[int(rank)] = float(factor)
+        except ValueError:
+            fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
+        if not sep:
+            fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
+    options = {"slowdown": slow} if slow else {}
+    step = llm_step(preset(model), load_execution(execution), dgx_a100_cluster(),
+                    mode="ranks" if ranks or slow else "fast", **options)
     data = step.to_dict()
     if as_json:
         print(json.dumps(data, indent=2, allow_nan=False))
