@@ -244,6 +244,10 @@ def load_workload_file(path: str | Path) -> Workload:
     Only regular UTF-8 files up to 64 MiB are read; YAML aliases and nesting are bounded (``mcdla._io_safety``).
     """
     p = Path(path)
+    if p.name.lower().endswith((".et", ".et.gz")):  # a Chakra execution trace (docs/chakra.md)
+        from mcdla.workload.chakra import load_chakra_workload
+
+        return load_chakra_workload(p)
     suffix = _suffix(p)
     data = read_document(p, what="workload file", error=WorkloadError, json_format=suffix == ".json")
     return workload_from_dict(data, source=f"workload file {str(p)[:200]!r}")

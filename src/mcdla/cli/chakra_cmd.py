@@ -1,0 +1,84 @@
+"""``mcdla export-chakra``: simulate one iteration and write it as Chakra execution traces (``docs/chakra.md``).
+
+Reading a trace back is ``mcdla simulate --workload trace.0.et`` (workload files ending in ``.et``).
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mcdla.cli._app import app, check_batch, check_budget, check_output, console, fail, print_json
+from mcdla.errors import brief
+from mcdla.hardware import load_system
+from mcdla.plan import PLANNERS, make_plan, policy_plan
+from mcdla.report.chakra import chakra_ranks, trace_paths
+from mcdla.sim import pool_link, simulate
+from mcdla.units import format_seconds
+from mcdla.workload import load_workload
+from mcdla.workload.chakra import write_trace
+
+
+class _Parallel(str, Enum):
+    data = "data"
+    model = "model"
+
+
+class _Policy(str, Enum):
+    none = "none"
+    all = "all"
+    conv = "conv"
+
+
+@app.command("export-chakra")
+def export_chakra_cmd(
+    system: Annotated[str, typer.Option(help="Preset name or system file.")],
+    workload: Annotated[str, typer.Option(help="Zoo name or workload file.")],
+    prefix: Annotated[Path, typer.Option(help="Write <prefix>.<rank>.et, one Chakra trace per device.")],
+    batch: Annotated[Optional[int], typer.Option(help="Batch each device processes (default: the workload's).")] = None,
+    parallel: Annotated[_Parallel, typer.Option(help="data: replicas + all-reduce; model: every layer split.")] = _Parallel.data,
+    policy: Annotated[_Policy, typer.Option(help="Fixed vDNN policy (ignored with --planner).")] = _Policy.all,
+    planner: Annotated[Optional[str], typer.Option(help="Budgeted planner instead of a fixed policy.")] = None,
+    budget: Annotated[Optional[str], typer.Option(help="Device-memory budget for --planner, e.g. 8GiB.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the files and the iteration time as JSON.")] = False,
+) -> None:
+    """Simulate one training iteration and write it as Chakra ET files (one per rank) for Chakra's tools and
+    ASTRA-sim. An infeasible iteration writes nothing and exits with status 1."""
+    if planner is not None and planner not in PLANNERS:
+        fail(f"--planner: got {brief(planner)}; must be one of {', '.join(PLANNERS)}")
+    if budget is not None and planner is None:
+        fail("--budget: only used with --planner")
+    check_batch(batch)
+    if not prefix.name:
+        fail(f"--prefix: got {brief(str(prefix), 200)}; must end in a file name")
+    sys_ = load_system(system)
+    for path in trace_paths(prefix, len(sys_.devices)):
+        check_output(path, "--prefix")
+    smallest = min(sys_.devices, key=lambda d: d.hbm_bytes)
+    wl = load_workload(workload, batch=batch)
+    if planner is not None:
+        budget_bytes = check_budget(budget, "--budget", smallest.hbm_bytes, f"{sys_.name} {smallest.name}")
+        plan = make_plan(wl, budget_bytes, pool_link(sys_), planner=planner)
+    else:
+        plan = policy_plan(wl, "none" if math.isinf(smallest.hbm_bytes) else policy.value)
+    result = simulate(sys_, wl, plan, parallel=parallel.value, record_timeline=True)
+    if not result.feasible:
+        fail(f"infeasible: {result.infeasible_reason}; no trace written", code=1)
+    ranks = chakra_ranks(sys_, wl, plan, result, parallel=parallel.value)
+    paths = trace_paths(prefix, len(ranks))
+    try:
+        for rank, path in zip(ranks, paths):
+            write_trace(path, rank.metadata, rank.nodes)
+    except OSError as exc:
+        fail(f"--prefix: got {brief(str(prefix), 200)}; cannot write ({exc.strerror or type(exc).__name__})")
+    if as_json:
+        print_json({"files": [str(p) for p in paths], "iteration_time_s": result.iteration_time_s,
+                    "system": sys_.name, "workload": wl.name, "parallel": parallel.value, "plan": plan.planner})
+        return
+    console.print(f"[b]{wl.name}[/b] on [b]{sys_.name}[/b] ({parallel.value}-parallel, plan {plan.planner}): "
+                  f"iteration {format_seconds(result.iteration_time_s)}")
+    console.print(f"  wrote {len(paths)} Chakra traces: {paths[0]} .. {paths[-1]}")
