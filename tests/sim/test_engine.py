@@ -84,7 +84,8 @@ def test_conservation_and_memory_bounds(run) -> None:  # type: ignore[no-untyped
         assert all(t1 <= t2 for (t1, _), (t2, _) in zip(points, points[1:]))
     if r.feasible:  # everything allocated is freed again: only static bytes remain
         for device in r.devices:
-            assert r.memory_timeline[device][-1][1] == pytest.approx(r.memory_timeline[device][0][1], rel=1e-9)
+            assert r.memory_timeline[device][-1][1] == pytest.approx(  # float rounding of the running sum
+                r.memory_timeline[device][0][1], rel=1e-9, abs=1e-12 * r.peak_bytes_by_node[device])
 
 
 def test_deadlock_reports_needed_bytes() -> None:
@@ -242,7 +243,7 @@ def test_pool_tiers_are_accounted(systems) -> None:  # type: ignore[no-untyped-d
     saved = 500e6
     w = Workload(name="one", batch=1, optimizer_bytes_per_param_byte=0.0, layers=(
         Layer(name="x", kind=LayerKind.CONV, fwd_flops=1e9, bwd_flops=1e9, saved_bytes=saved),))
-    r = simulate(systems["dc-dla"], w, offload_all(w))
+    r = simulate(systems["dc-dla"], w, offload_all(w), record_timeline=True)
     assert r.peak_bytes_by_tier["host"] == pytest.approx(8 * saved)
     assert r.peak_bytes_by_tier["memory-node"] == 0.0
     assert r.peak_bytes_by_node["host0"] == pytest.approx(4 * saved)
@@ -253,3 +254,21 @@ def test_pool_tiers_are_accounted(systems) -> None:  # type: ignore[no-untyped-d
     mc = simulate(systems["mc-dla"], w, offload_all(w))
     assert mc.peak_bytes_by_tier["memory-node"] == pytest.approx(8 * saved)
     assert mc.peak_bytes_by_node["mem0"] == pytest.approx(saved)  # half from gpu0, half from gpu1
+
+
+def test_timelines_are_recorded_only_when_asked(systems) -> None:  # type: ignore[no-untyped-def]
+    """Without record_timeline the engine keeps the tiers' peaks but not their per-step timelines (only device 0's,
+    which mcdla.profile reads); with it, the host tier steps up to 8 x S (eight GPUs offload S each, 16 steps in
+    and out) and back to 0, and results agree."""
+    saved = 500e6
+    w = Workload(name="one", batch=1, optimizer_bytes_per_param_byte=0.0, layers=(
+        Layer(name="x", kind=LayerKind.CONV, fwd_flops=1e9, bwd_flops=1e9, saved_bytes=saved),))
+    off = simulate(systems["dc-dla"], w, offload_all(w))
+    on = simulate(systems["dc-dla"], w, offload_all(w), record_timeline=True)
+    assert off.memory_timeline["host"] == [] and off.memory_timeline["memory-node"] == []
+    assert off.memory_timeline["device"] == on.memory_timeline["device"] != []
+    assert off.peak_bytes_by_tier == on.peak_bytes_by_tier and off.peak_bytes_by_tier["host"] == pytest.approx(8 * saved)
+    assert off.iteration_time_s == on.iteration_time_s
+    host = on.memory_timeline["host"]
+    assert len(host) == 16 and max(v for _t, v in host) == pytest.approx(8 * saved) and host[-1][1] == 0.0
+    assert on.memory_timeline["device"] and on.memory_timeline["memory-node"] == []

@@ -57,7 +57,7 @@ class Engine:
         self.layer_names = programs[0].layer_names
         self.to_settle: list[DeviceState] = []
         self.devices = [
-            DeviceState(self, i, d.name, d.hbm_bytes, programs[i], record or i == 0)
+            DeviceState(self, i, d.name, d.hbm_bytes, programs[i], record or i == 0)  # device 0: always (profile)
             for i, d in enumerate(fabric.devices)
         ]
         self.programs = programs
@@ -69,7 +69,9 @@ class Engine:
         self.mem_timeline: list[list[tuple[float, float]]] | None = [[] for _ in range(n_mem)] if record else None
         self.tier_used = {"host": 0.0, "memory-node": 0.0}
         self.tier_peak = {"host": 0.0, "memory-node": 0.0}
-        self.tier_timeline: dict[str, list[tuple[float, float]]] = {"host": [], "memory-node": []}
+        # Pool timelines only when recording: without it the engine keeps the tiers' peaks, not their steps.
+        self.tier_timeline: dict[str, list[tuple[float, float]]] | None = (
+            {"host": [], "memory-node": []} if record else None)
         self.collectives = CollectiveRunner(self, fabric.rings, len(fabric.devices))
         self.coll_done = self.collectives.done
         self.coll_done_t = self.collectives.done_s
@@ -121,15 +123,16 @@ class Engine:
         self.mem_used[mem] = used
         if used > self.mem_peak[mem]:
             self.mem_peak[mem] = used
-        if self.mem_timeline is not None:
-            self.mem_timeline[mem].append((now, used))
         kind = self.fabric.memory_kinds[mem]
         total = self.tier_used[kind] + delta
         total = total if total > 0.0 else 0.0
         self.tier_used[kind] = total
         if total > self.tier_peak[kind]:
             self.tier_peak[kind] = total
-        self.tier_timeline[kind].append((now, total))
+        if self.mem_timeline is not None:
+            self.mem_timeline[mem].append((now, used))
+        if self.tier_timeline is not None:
+            self.tier_timeline[kind].append((now, total))
 
     def pool_reserve(self, device: DeviceState, layer: int, now: float) -> bool:
         """Reserve the pool space of an offload; False (and queue ``device``) when a pool memory is full."""

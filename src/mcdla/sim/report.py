@@ -73,10 +73,11 @@ def assemble(engine: Engine, *, workload: str, planner: str, parallel: str) -> S
     for mem, name in enumerate(fabric.memory_names):
         node_peak[name] = engine.mem_peak[mem]
         node_cap[name] = fabric.memory_capacity_bytes[mem]
-    timeline: dict[str, list[tuple[float, float]]] = {
+    tiers = engine.tier_timeline or {}
+    timeline: dict[str, list[tuple[float, float]]] = {  # host / memory-node: empty unless recorded
         "device": list(devices[0].timeline or ()),
-        "host": engine.tier_timeline["host"],
-        "memory-node": engine.tier_timeline["memory-node"],
+        "host": tiers.get("host", []),
+        "memory-node": tiers.get("memory-node", []),
     }
     if engine.record:
         for d in devices:

@@ -49,8 +49,9 @@ class SimResult:
         peak_bytes_by_tier: ``"device"``: as ``peak_device_bytes``; ``"host"`` / ``"memory-node"``: peak of the
             total bytes resident in all pool memories of that kind.
         peak_bytes_by_node, capacity_bytes_by_node: per device and per pool memory.
-        memory_timeline: ``(time_s, bytes)`` steps: ``"device"`` (device 0), ``"host"``, ``"memory-node"`` (totals
-            of the tier); with ``record_timeline`` also one entry per device and memory name.
+        memory_timeline: ``(time_s, bytes)`` steps: ``"device"`` (device 0, always), ``"host"``, ``"memory-node"``
+            (totals of the tier; empty lists unless ``record_timeline``); with ``record_timeline`` also one entry
+            per device and memory name.
         offloaded_bytes, prefetched_bytes: summed over devices.
         collective_bytes: summed size of all collectives, each counted once (a 100 MB all-reduce adds 100 MB).
         link_bytes, link_utilization: per directed link ``"a->b"``: bytes carried, and bytes / (bandwidth x
