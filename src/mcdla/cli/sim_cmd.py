@@ -126,6 +126,9 @@ def reproduce_cmd(
     precision: Annotated[str, typer.Option(help="Arithmetic of the zoo workloads (fp16 or fp32).")] = "fp16",
     sweep: Annotated[bool, typer.Option(help="Also run the compute x PCIe-generation sweep.")] = True,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes (default: CPU count).")] = None,
+    modern: Annotated[bool, typer.Option("--modern", help="Instead: GPT-3 175B and Llama-3 405B training on "
+                                         "2026 systems, offload over PCIe5 / C2C / CXL / NVLink5 memory-nodes "
+                                         "vs recompute (docs/reproduction.md).")] = False,
 ) -> None:
     """The paper's comparison: 8 workloads x {dc-dla, mc-dla, oracle} x {data, model}, plus the sweep."""
     _check_planner(planner)
@@ -140,6 +143,9 @@ def reproduce_cmd(
     if not os.access(out, os.W_OK):
         fail(f"--out: got {brief(str(out), 200)}; not writable (permission denied)")
     start = time.perf_counter()
+    if modern:
+        _reproduce_modern(out, start)
+        return
     records = experiments.run_matrix(policy=policy.value, planner=planner, precision=precision, workers=workers)
     rows = experiments.speedup_rows(records)
     console.print(tables.speedup_table(rows, title=f"MC-DLA vs DC-DLA ({planner or 'vDNN-' + policy.value}, {precision})"))
@@ -153,4 +159,14 @@ def reproduce_cmd(
         tables.write_records(sweep_records, out / "sweep.json", out / "sweep.csv")
         written += [out / "sweep.json", figures.plot_sweep(sweep_records, out / "sweep.png")]
         console.print(tables.sweep_table(sweep_records))
+    console.print(f"wrote {', '.join(str(p) for p in written)} in {time.perf_counter() - start:.1f} s")
+
+
+def _reproduce_modern(out: Path, start: float) -> None:
+    """``mcdla reproduce --modern``: the best configuration per system for 175B and 405B (report/modern.py)."""
+    from mcdla.report import modern as modern_report
+
+    rows = modern_report.run_modern()
+    console.print(modern_report.modern_table(rows))
+    written = [*modern_report.write_results(rows, out), modern_report.plot_modern(rows, out / "modern.png")]
     console.print(f"wrote {', '.join(str(p) for p in written)} in {time.perf_counter() - start:.1f} s")

@@ -29,10 +29,14 @@ need and is cheap enough to sweep. NOTE [time model] (also ``docs/llm.md``):
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 
 from mcdla.errors import ConfigError, brief
+from mcdla.hardware.cluster import Cluster, FabricDim
 from mcdla.hardware.model import Device
+from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
@@ -89,6 +93,10 @@ class GpuCluster:
     precision: str = "fp16"
     gemm_efficiency: GemmEfficiency = field(default_factory=lambda: GemmEfficiency(peak_fraction=0.7, half_width=0.0))
     source: str = ""
+    # A preset's fabric (mcdla.hardware.cluster.Cluster): when set, TP/DP collectives and pipeline sends are
+    # priced by sim/collective_models.py on its dimensions (in-network, hierarchical) instead of the rings
+    # below; built by mcdla.sim.llm_systems.gpu_cluster_from_preset.
+    fabric: Cluster | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
@@ -173,6 +181,57 @@ def _dp_ring_bytes_per_s(cluster: GpuCluster, e: Execution) -> float:
     return min(cluster.nvlink_bytes_per_s, per_node * cluster.network_bytes_per_s)
 
 
+def _group_dims(fabric: Cluster, size: int, stride: int) -> tuple[FabricDim, ...]:
+    """The dimensions a group of ``size`` ranks ``stride`` apart spans (:meth:`Cluster.group_dims`); when the
+    group does not tile the nodes evenly (a DP group of 128 over 9 TP groups per NVL72 rack) it is taken as
+    ``gcd`` members per node and the rest across nodes, which prices more scale-out traffic than the layout has."""
+    if size == 1:
+        return ()
+    k = fabric.gpus_per_node
+    per_node = math.gcd(size, k // stride) if stride < k and k % stride == 0 else 1
+    dims: list[FabricDim] = []
+    if per_node > 1 and fabric.scale_up is not None:
+        dims.append(dataclasses.replace(fabric.scale_up, size=per_node))
+    if size // per_node > 1:
+        if fabric.scale_out is None:
+            raise ConfigError(f"cluster {fabric.name!r}: a group of {size} ranks spans nodes but the system has no scale_out")
+        dims.append(dataclasses.replace(fabric.scale_out, size=size // per_node))
+    return tuple(dims)
+
+
+def _tp_allreduce_s(cluster: GpuCluster, e: Execution, nbytes: float) -> float:
+    """One TP all-reduce (or its all-gather + reduce-scatter pair) of ``nbytes`` per rank."""
+    if cluster.fabric is None:
+        return _ring_s(nbytes, e.tp, cluster.nvlink_bytes_per_s, cluster.nvlink_latency_s)
+    if e.sequence_parallel:
+        dims = _group_dims(cluster.fabric, e.tp, 1)
+        return collective_time("all-gather", nbytes, dims) + collective_time("reduce-scatter", nbytes, dims)
+    return collective_time("all-reduce", nbytes, _group_dims(cluster.fabric, e.tp, 1))
+
+
+def _dp_reduce_s(cluster: GpuCluster, e: Execution, nbytes: float) -> float:
+    """The data-parallel gradient reduction (ZeRO-1/2: the same traffic; ZeRO-3: one more all-gather)."""
+    if cluster.fabric is None:
+        passes = {0: 2.0, 1: 2.0, 2: 2.0, 3: 3.0}[e.zero]
+        return _ring_s(nbytes, e.dp, _dp_ring_bytes_per_s(cluster, e), cluster.network_latency_s, passes)
+    dims = _group_dims(cluster.fabric, e.dp, e.tp * e.cp)
+    extra = collective_time("all-gather", nbytes, dims) if e.zero >= 3 else 0.0
+    return collective_time("all-reduce", nbytes, dims) + extra
+
+
+def _p2p_s(cluster: GpuCluster, e: Execution, nbytes: float) -> float:
+    """One pipeline send between neighbouring stages (``tp cp dp`` ranks apart)."""
+    if e.pp == 1:
+        return 0.0
+    if cluster.fabric is None:
+        return nbytes / cluster.network_bytes_per_s + cluster.network_latency_s
+    fabric, stride = cluster.fabric, e.tp * e.cp * e.dp
+    dim = fabric.scale_up if stride < fabric.gpus_per_node and fabric.scale_up is not None else fabric.scale_out
+    if dim is None:
+        raise ConfigError(f"cluster {fabric.name!r}: pipeline stages span nodes but the system has no scale_out")
+    return p2p_time(nbytes, dim)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageCosts:
     """Per-rank durations (seconds) of one micro-batch on one pipeline stage, shared by the closed form
@@ -238,13 +297,13 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: GpuCluster
     layer_recompute = {"none": 0.0, "selective": attn_f + ew["scores"] / hbm_per_s, "full": layer_fwd}[e.recompute]
 
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
-    tp_one = _ring_s(act_bytes, e.tp, cluster.nvlink_bytes_per_s, cluster.nvlink_latency_s)
+    tp_one = _tp_allreduce_s(cluster, e, act_bytes)
 
     n_layers = spec.layers // e.pp
     logits = logits_fwd_flops(spec, b) / split / gemm_rate
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
     p2p_bytes = act_bytes / e.tp
-    p2p = 0.0 if e.pp == 1 else p2p_bytes / cluster.network_bytes_per_s + cluster.network_latency_s
+    p2p = _p2p_s(cluster, e, p2p_bytes)
 
     off_fwd = off_bwd = 0.0
     act_stage = n_layers * activation_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
@@ -260,8 +319,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: GpuCluster
         off_bwd += max(0.0, move - n_layers * 2 * layer_fwd)
 
     dp_bytes = _GRAD_BYTES * params_rank
-    dp_passes = {0: 2.0, 1: 2.0, 2: 2.0, 3: 3.0}[e.zero]
-    dp_full = _ring_s(dp_bytes, e.dp, _dp_ring_bytes_per_s(cluster, e), cluster.network_latency_s, dp_passes)
+    dp_full = _dp_reduce_s(cluster, e, dp_bytes)
     hidden_by = n_layers * (2 * layer_fwd + layer_recompute) if e.dp_overlap else 0.0
 
     shard = e.dp if e.zero >= 1 else 1

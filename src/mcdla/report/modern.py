@@ -1,0 +1,283 @@
+"""The modern reproduction: where should the second memory tier of LLM training sit in 2026?
+
+MC-DLA's question asked again at scale: GPT-3 175B and Llama-3 405B trained on a fixed number of GPUs, with
+the offload tier behind PCIe 5 (DC-DLA 2026, the device-centric baseline), behind NVLink-C2C (GH200, GB200
+NVL72 to their Grace memory), in a CXL pool (DGX H100 + CXL expanders), as MC-DLA-style memory-nodes on the
+NVLink5 switch (GB200 NVL72 + memory-nodes, hypothetical), or absent (recompute instead) on the same GPUs.
+
+For each (model, GPU count, system) an in-process search over TP x PP x DP x virtual stages x micro-batch x
+recomputation x what is offloaded picks the fastest configuration whose per-rank state fits in HBM and whose
+offloaded part fits in the tier's capacity per GPU; the time model is :func:`mcdla.sim.llm.llm_step` on the
+preset via :func:`mcdla.sim.llm_systems.llm_system`. ZeRO-1 (Megatron's distributed optimizer), sequence
+parallelism with TP, gradient reduction overlapped with the last backward, CP = 1, throughout.
+
+NOTE [modern GPU counts]
+1,152 and 4,608 GPUs: whole NVL72 racks (16, 64) and whole DGX H100 nodes (144, 576) at once, so every system
+runs on exactly the same number of GPUs with no partial node. With the published global batches (GPT-3 175B
+1,536 sequences of 2,048, Brown et al. 2020 Table 2.1; Llama-3 405B 2,048 of 8,192 = 16M tokens, Dubey et al.
+2024 sec. 3.4) the factor 9 of these counts must go into PP (or TP) for the batch to split into whole
+micro-batches, which is why Llama-3's 126 layers run with PP 9 or 18 here (Meta used 16 with shortened
+end stages, which the closed-form model does not represent).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from mcdla.errors import ConfigError, HardwareError
+from mcdla.sim.llm import LlmStep, llm_step
+from mcdla.sim.llm_systems import LlmSystem, llm_system
+from mcdla.units import format_bytes, format_seconds
+from mcdla.workload.execution import Execution
+from mcdla.workload.transformer import TransformerSpec, preset
+
+__all__ = ["Variant", "Scenario", "Grid", "VARIANTS", "SCENARIOS", "FULL_GRID", "SMALL_GRID", "BASELINE",
+           "candidates", "fits", "best_config", "run_modern", "write_results", "modern_table", "plot_modern"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Variant:
+    """A system: a hardware preset, with or without its second tier."""
+
+    key: str
+    preset: str
+    offload: bool
+    label: str
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(key="dc-dla-2026", preset="dc-dla-2026", offload=True, label="H100, host DDR5 over PCIe5 (DC-DLA 2026)"),
+    Variant(key="h100-recompute", preset="dc-dla-2026", offload=False, label="H100, no offload (recompute)"),
+    Variant(key="dgx-h100-cxl", preset="dgx-h100-cxl", offload=True, label="H100, DDR5 + CXL pool over PCIe5"),
+    Variant(key="gh200", preset="gh200", offload=True, label="GH200, Grace over C2C"),
+    Variant(key="gb200-nvl72", preset="gb200-nvl72", offload=True, label="GB200 NVL72, Grace over C2C"),
+    Variant(key="b200-recompute", preset="gb200-nvl72", offload=False, label="GB200 NVL72, no offload (recompute)"),
+    Variant(key="gb200-nvl72-memnode", preset="gb200-nvl72-memnode", offload=True,
+            label="GB200 NVL72, memory-nodes on NVLink5 (MC-DLA)"),
+)
+BASELINE = "dc-dla-2026"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """A model, its global batch (sequences) and the GPUs it trains on (NOTE [modern GPU counts])."""
+
+    model: str
+    global_batch: int
+    gpus: int
+
+
+SCENARIOS: tuple[Scenario, ...] = tuple(
+    Scenario(model=m, global_batch=b, gpus=n) for m, b in (("gpt3-175b", 1536), ("llama3-405b", 2048))
+    for n in (1152, 4608))
+
+_OFFLOADS: tuple[tuple[str, ...], ...] = ((), ("activations",), ("optimizer",), ("activations", "optimizer"),
+                                          ("weights", "activations", "optimizer"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grid:
+    """The search space; PP is every divisor of the layers that divides the GPUs (with TP), DP the rest."""
+
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    micro_batch: tuple[int, ...] = (1, 2, 4)
+    virtual_stages: tuple[int, ...] = (1, 2, 3)
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    offload: tuple[tuple[str, ...], ...] = _OFFLOADS
+    max_pp: int = 128
+
+
+FULL_GRID = Grid()
+SMALL_GRID = Grid(tp=(1, 8), micro_batch=(1,), virtual_stages=(1,), recompute=("selective", "full"),
+                  offload=((), ("activations",), ("activations", "optimizer")), max_pp=24)
+
+
+def candidates(spec: TransformerSpec, scenario: Scenario, system: LlmSystem, grid: Grid) -> Iterator[Execution]:
+    """Every execution of the grid that the model, the batch and the system admit (no offload first, so ties
+    go to the simpler configuration)."""
+    n, k = scenario.gpus, system.cluster.gpus_per_node
+    offloads = grid.offload if system.offload_bytes_per_s > 0 else ((),)
+    for off in sorted(offloads, key=len):
+        for tp in grid.tp:
+            if tp > k or k % tp or n % tp:
+                continue
+            for pp in range(1, min(grid.max_pp, spec.layers) + 1):
+                if spec.layers % pp or (n // tp) % pp:
+                    continue
+                dp = n // (tp * pp)
+                for v in grid.virtual_stages:
+                    if v > 1 and (pp == 1 or spec.layers % (pp * v)):
+                        continue
+                    for mb in grid.micro_batch:
+                        for rc in grid.recompute:
+                            try:
+                                yield Execution(
+                                    gpus=n, tp=tp, pp=pp, dp=dp, virtual_stages=v, sequence_parallel=tp > 1,
+                                    zero=1 if dp > 1 else 0, micro_batch=mb, global_batch=scenario.global_batch,
+                                    recompute=rc, offload_activations="activations" in off,  # type: ignore[arg-type]
+                                    offload_weights="weights" in off, offload_optimizer="optimizer" in off,
+                                    dp_overlap=True)
+                            except ConfigError:
+                                continue  # the batch does not split into whole (interleaved) micro-batches
+
+
+def fits(step: LlmStep, system: LlmSystem) -> bool:
+    """The rank's resident state fits in HBM and what it offloads fits in its share of the second tier."""
+    return step.fits and step.offloaded_bytes <= system.offload_capacity_bytes
+
+
+def _offloaded(e: Execution) -> str:
+    parts = [n for n, on in (("weights", e.offload_weights), ("activations", e.offload_activations),
+                             ("optimizer", e.offload_optimizer)) if on]
+    return "+".join(parts) or "none"
+
+
+def best_config(spec: TransformerSpec, scenario: Scenario, system: LlmSystem,
+                grid: Grid = FULL_GRID) -> tuple[Execution | None, LlmStep | None, int, int]:
+    """The fastest fitting execution and its step, with how many were evaluated and how many fit."""
+    best: tuple[Execution, LlmStep] | None = None
+    evaluated = fitting = 0
+    for e in candidates(spec, scenario, system, grid):
+        try:
+            step = llm_step(spec, e, system.cluster)
+        except (ConfigError, HardwareError):
+            continue  # heads, kv-heads or sequence do not split this way
+        evaluated += 1
+        if not fits(step, system):
+            continue
+        fitting += 1
+        if best is None or step.iteration_s < best[1].iteration_s:
+            best = (e, step)
+    return (best[0], best[1], evaluated, fitting) if best else (None, None, evaluated, fitting)
+
+
+def _row(scenario: Scenario, variant: Variant, system: LlmSystem, e: Execution | None, step: LlmStep | None,
+         evaluated: int, fitting: int) -> dict[str, Any]:
+    dev = system.cluster.device
+    row: dict[str, Any] = {
+        "model": scenario.model, "gpus": scenario.gpus, "global_batch": scenario.global_batch,
+        "system": variant.key, "label": variant.label, "preset": variant.preset,
+        "hbm_bytes": dev.hbm_bytes, "offload_bytes_per_s": system.offload_bytes_per_s,
+        "offload_capacity_bytes": system.offload_capacity_bytes,
+        "evaluated": evaluated, "fitting": fitting, "feasible": step is not None,
+    }
+    if e is None or step is None:
+        return row
+    row.update({
+        "iteration_s": step.iteration_s, "mfu": step.mfu,
+        "hbm_used_bytes": step.device_bytes, "offload_used_bytes": step.offloaded_bytes,
+        "tp": e.tp, "pp": e.pp, "dp": e.dp, "virtual_stages": e.virtual_stages, "micro_batch": e.micro_batch,
+        "recompute": e.recompute, "offloaded": _offloaded(e),
+        **{k: getattr(step, k) for k in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s",
+                                          "dp_comm_s", "optimizer_s", "offload_s")},
+    })
+    return row
+
+
+def run_modern(grid: Grid = FULL_GRID, scenarios: Sequence[Scenario] = SCENARIOS,
+               variants: Sequence[Variant] = VARIANTS) -> list[dict[str, Any]]:
+    """One row per (scenario, variant): the best configuration and its time, memory and speedup over the
+    baseline (DC-DLA 2026, when it is among ``variants`` and feasible)."""
+    rows: list[dict[str, Any]] = []
+    for sc in scenarios:
+        spec = preset(sc.model)
+        block = []
+        for v in variants:
+            system = llm_system(v.preset, gpus=sc.gpus, offload=v.offload)
+            block.append(_row(sc, v, system, *best_config(spec, sc, system, grid)))
+        base = next((r for r in block if r["system"] == BASELINE and r["feasible"]), None)
+        for r in block:
+            r["speedup"] = base["iteration_s"] / r["iteration_s"] if base is not None and r["feasible"] else None
+        rows += block
+    return rows
+
+
+_COLUMNS = ("model", "gpus", "global_batch", "system", "label", "preset", "feasible", "iteration_s", "speedup", "mfu",
+            "hbm_used_bytes", "hbm_bytes", "offload_used_bytes", "offload_capacity_bytes", "offload_bytes_per_s",
+            "tp", "pp", "dp", "virtual_stages", "micro_batch", "recompute", "offloaded", "compute_s", "recompute_s",
+            "tp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_s", "optimizer_s", "offload_s", "evaluated", "fitting")
+
+
+def write_results(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    """``results.json`` and ``results.csv`` (one row per model, GPU count and system) in ``out``."""
+    json_path, csv_path = out / "results.json", out / "results.csv"
+    json_path.write_text(json.dumps(list(rows), indent=2) + "\n")
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(_COLUMNS), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return [json_path, csv_path]
+
+
+def _config(r: dict[str, Any]) -> str:
+    v = f" v{r['virtual_stages']}" if r["virtual_stages"] > 1 else ""
+    return f"TP{r['tp']} PP{r['pp']}{v} DP{r['dp']} mb{r['micro_batch']}, {r['recompute']}, off: {r['offloaded']}"
+
+
+def modern_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """The rich table: per model, GPUs and system the best iteration, speedup, MFU, memory per tier, config."""
+    table = Table(title="Modern reproduction: LLM training, best configuration per system", title_justify="left")
+    for col in ("model", "GPUs", "system", "iteration", "vs DC-DLA", "MFU", "HBM used", "offload used / cap",
+                "offload BW/GPU", "best configuration"):
+        table.add_column(col, justify="left" if col in ("model", "system", "best configuration") else "right")
+    for r in rows:
+        cap = format_bytes(r["offload_capacity_bytes"]) if r["offload_capacity_bytes"] else "-"
+        bw = f"{r['offload_bytes_per_s'] / 1e9:.0f} GB/s" if r["offload_bytes_per_s"] else "-"
+        if not r["feasible"]:
+            table.add_row(r["model"], f"{r['gpus']:,}", r["system"], "does not fit", "-", "-", "-", f"- / {cap}", bw, "-")
+            continue
+        used = format_bytes(r["offload_used_bytes"]) if r["offload_used_bytes"] else "0"
+        table.add_row(r["model"], f"{r['gpus']:,}", r["system"], format_seconds(r["iteration_s"]),
+                      f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-", f"{100 * r['mfu']:.1f}%",
+                      f"{format_bytes(r['hbm_used_bytes'])} / {format_bytes(r['hbm_bytes'])}", f"{used} / {cap}",
+                      bw, _config(r))
+    return table
+
+
+def plot_modern(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Two panels: speedup over DC-DLA 2026 per scenario and system; HBM and offload-tier bytes per GPU."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = list(dict.fromkeys((r["model"], r["gpus"]) for r in rows))
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    width = 0.8 / max(1, len(systems))
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 2.2 * len(scenarios) + 3), 7.5))
+    colors = plt.get_cmap("tab10")
+    for j, name in enumerate(systems):
+        xs, speed, hbm, off = [], [], [], []
+        for i, sc in enumerate(scenarios):
+            r = next((r for r in rows if (r["model"], r["gpus"]) == sc and r["system"] == name), None)
+            if r is None or not r["feasible"]:
+                continue
+            xs.append(i + (j - (len(systems) - 1) / 2) * width)
+            speed.append(r["speedup"] if r["speedup"] is not None else math.nan)
+            hbm.append(r["hbm_used_bytes"] / 1e9)
+            off.append(r["offload_used_bytes"] / 1e9)
+        axes[0].bar(xs, speed, width, label=name, color=colors(j))
+        axes[1].bar(xs, hbm, width, color=colors(j), label=name)
+        axes[1].bar(xs, off, width, bottom=hbm, color=colors(j), alpha=0.35, hatch="//")
+    labels = [f"{m}\n{n:,} GPUs" for m, n in scenarios]
+    axes[0].axhline(1.0, color="grey", lw=0.8)
+    axes[0].set_ylabel("speedup over DC-DLA 2026 (x)")
+    axes[0].set_title("Best configuration per system (fits HBM + offload tier)")
+    axes[1].set_ylabel("GB per GPU (solid HBM, hatched offload tier)")
+    for ax in axes:
+        ax.set_xticks(range(len(scenarios)), labels)
+    top = max((r["speedup"] for r in rows if r.get("speedup") is not None), default=1.0)
+    axes[0].set_ylim(0, 1.3 * top)
+    axes[0].legend(fontsize=7, ncol=4, loc="upper center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,128 @@
+"""The modern reproduction (report/modern.py) and the preset adapter of the LLM time model (sim/llm_systems.py).
+
+Expected values are worked out from the presets' published figures and the closed forms of the docstrings,
+not read back from the code under test.
+"""
+
+import dataclasses
+
+import pytest
+
+from mcdla.hardware.cluster import load_cluster
+from mcdla.report import modern
+from mcdla.sim.llm import llm_step, stage_costs
+from mcdla.sim.llm_systems import llm_system
+from mcdla.workload.execution import Execution
+from mcdla.workload.transformer import preset
+
+GPT3 = preset("gpt3-175b")
+ONE = (modern.Scenario(model="gpt3-175b", global_batch=1536, gpus=1152),)
+
+
+def _exec(**kw) -> Execution:
+    base = dict(gpus=1152, tp=8, pp=12, dp=12, sequence_parallel=True, zero=1, micro_batch=1, global_batch=1536,
+                recompute="none", dp_overlap=True)
+    return Execution(**{**base, **kw})
+
+
+@pytest.mark.parametrize("name", ["dc-dla-2026", "dgx-h100-cxl", "gh200", "gb200-nvl72", "gb200-nvl72-memnode"])
+def test_adapter_takes_every_figure_from_the_preset(name) -> None:
+    preset_cluster = load_cluster(name)
+    system = llm_system(name, gpus=1152)
+    c, link = system.cluster, preset_cluster.pool_link()
+    up = preset_cluster.scale_up or preset_cluster.scale_out
+    assert c.device == preset_cluster.device and c.gpus_per_node == preset_cluster.gpus_per_node
+    assert (c.nvlink_bytes_per_s, c.nvlink_latency_s) == (up.bytes_per_s, up.latency_s)
+    assert (c.network_bytes_per_s, c.network_latency_s) == (preset_cluster.scale_out.bytes_per_s,
+                                                            preset_cluster.scale_out.latency_s)
+    assert c.offload_bytes_per_s == link.offload_bytes_per_s
+    assert system.offload_capacity_bytes == link.pool_bytes
+    assert c.fabric.n_devices >= 1152 and c.fabric.n_devices - 1152 < c.gpus_per_node  # whole nodes
+    assert c.gemm_efficiency.peak_fraction == preset_cluster.device.compute_efficiency
+
+
+def test_adapter_hand_figures() -> None:
+    """The headline links from the preset text: PCIe Gen5 x16 at 0.8 of 64 GB/s; 36 memory-nodes x 600 GB/s of
+    NVLink5 shared by 72 GPUs (DRAM 614.4 GB/s each does not bind), 36 x 2 TB over 72 GPUs; H100 80 GB."""
+    dc = llm_system("dc-dla-2026", gpus=1152)
+    assert dc.offload_bytes_per_s == pytest.approx(0.8 * 64e9)
+    assert dc.cluster.device.hbm_bytes == 80e9 and dc.cluster.nvlink_bytes_per_s == 450e9
+    mem = llm_system("gb200-nvl72-memnode", gpus=1152)
+    assert mem.offload_bytes_per_s == pytest.approx(36 * 600e9 / 72)
+    assert mem.offload_capacity_bytes == pytest.approx(36 * 2e12 / 72)
+    off = llm_system("gb200-nvl72-memnode", gpus=1152, offload=False)
+    assert off.offload_bytes_per_s == 0 and off.offload_capacity_bytes == 0
+
+
+def test_fabric_prices_tp_and_dp_collectives_with_the_presets_algorithms() -> None:
+    """TP (sequence parallel) on the NVLink SHARP domain: all-gather + reduce-scatter in-network, each
+    (p-1)/p n/B + 2a; DP of 12 with stride 8 on 8-GPU nodes: one rank per node, a ring on IB,
+    2 (p-1)/p n/B + 2 (p-1) a over the rank's bf16 gradients."""
+    c = stage_costs(GPT3, _exec(), llm_system("dc-dla-2026", gpus=1152).cluster)
+    n = 2 * 1 * 2048 * 12288
+    one = 7 / 8 * n / 450e9 + 2 * 1e-6
+    assert c.layer_tp_fwd_s == pytest.approx(2 * (one + one))
+    params = (96 // 12 * GPT3.params_per_layer() + GPT3.embedding_params()) / 8
+    g = 2 * params
+    assert c.dp_full_s == pytest.approx(2 * 11 / 12 * g / 50e9 + 2 * 11 * 5e-6)
+    assert c.p2p_s == pytest.approx(5e-6 + n / 8 / 50e9)  # stages 96 ranks apart: across IB
+
+
+def test_exposed_activation_offload_by_hand() -> None:
+    """Offloading activations over PCIe5: per micro-batch a stage moves A = n s b h (34 + 5 a s / h) / t bytes
+    (Korthikanti 2022 eq. with SP) out during forward and back during backward; exposed is what n F (forward)
+    and 2 n F (backward) of compute do not hide, paid by m micro-batches plus the (p - 1) bubble slots."""
+    system = llm_system("dc-dla-2026", gpus=1152)
+    plain, off = _exec(), _exec(offload_activations=True)
+    F = stage_costs(GPT3, plain, system.cluster).layer_fwd_s
+    n, s, b, h, a, t = 8, 2048, 1, 12288, 96, 8
+    move = n * s * b * h * (34 + 5 * a * s / h) / t / 51.2e9
+    exposed = max(0.0, move - n * F) + max(0.0, move - 2 * n * F)
+    assert exposed > 0  # the case is not a trivial zero
+    m = 1536 // 12
+    delta = llm_step(GPT3, off, system.cluster).iteration_s - llm_step(GPT3, plain, system.cluster).iteration_s
+    assert delta == pytest.approx((m + 11) * exposed, rel=1e-9)
+
+
+def test_faster_offload_link_is_never_slower() -> None:
+    """Same GPUs and config: DC-DLA 2026's 51.2 GB/s beats the CXL pool's 32 GB/s per GPU, and doubling any link
+    never slows an iteration."""
+    dc, cxl = llm_system("dc-dla-2026", gpus=1152), llm_system("dgx-h100-cxl", gpus=1152)
+    spec, grid = GPT3, modern.SMALL_GRID
+    execs = list(modern.candidates(spec, ONE[0], dc, grid))
+    assert execs
+    for e in execs:
+        t_dc = llm_step(spec, e, dc.cluster).iteration_s
+        assert llm_step(spec, e, cxl.cluster).iteration_s >= t_dc
+        faster = dataclasses.replace(dc.cluster, offload_bytes_per_s=2 * dc.offload_bytes_per_s)
+        assert llm_step(spec, e, faster).iteration_s <= t_dc
+
+
+def test_reduced_experiment_is_consistent() -> None:
+    rows = modern.run_modern(grid=modern.SMALL_GRID, scenarios=ONE)
+    assert [r["system"] for r in rows] == [v.key for v in modern.VARIANTS]
+    by = {r["system"]: r for r in rows}
+    assert by["dc-dla-2026"]["speedup"] == 1.0
+    for r in rows:
+        assert r["feasible"] and r["evaluated"] >= r["fitting"] >= 1
+        assert r["hbm_used_bytes"] <= r["hbm_bytes"] and r["offload_used_bytes"] <= r["offload_capacity_bytes"]
+        assert r["tp"] * r["pp"] * r["dp"] == 1152
+        assert r["speedup"] == pytest.approx(by["dc-dla-2026"]["iteration_s"] / r["iteration_s"])
+    for key in ("h100-recompute", "b200-recompute"):  # offload disabled: everything in HBM
+        assert by[key]["offloaded"] == "none" and by[key]["offload_used_bytes"] == 0
+    # the offload systems search a superset of the no-offload space on the same GPUs
+    assert by["dc-dla-2026"]["iteration_s"] <= by["h100-recompute"]["iteration_s"]
+    assert by["gb200-nvl72-memnode"]["iteration_s"] <= by["b200-recompute"]["iteration_s"]
+
+
+def test_best_config_without_offload_fits_hbm_by_independent_count() -> None:
+    """Recount the chosen no-offload config's resident bytes: bf16 weights and grads plus ZeRO-1 optimizer shards
+    plus min(m, p) micro-batches of stashed activations must be below the H100's 80 GB."""
+    system = llm_system("dc-dla-2026", gpus=1152, offload=False)
+    e, step, _, _ = modern.best_config(GPT3, ONE[0], system, modern.SMALL_GRID)
+    assert e is not None and not (e.offload_activations or e.offload_weights or e.offload_optimizer)
+    from mcdla.workload.transformer import activation_bytes_per_layer
+    params = (96 // e.pp * GPT3.params_per_layer() + GPT3.embedding_params()) / e.tp
+    acts = 96 // e.pp * activation_bytes_per_layer(GPT3, e.micro_batch, tp=e.tp, sp=True, recompute=e.recompute)
+    resident = 4 * params + 12 * params / e.dp + min(e.micro_batches, e.pp) * acts
+    assert resident == pytest.approx(step.device_bytes) and resident <= 80e9
