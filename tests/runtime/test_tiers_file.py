@@ -370,6 +370,7 @@ data = np.ones(5000, dtype=np.uint8)
 blocks = [tier.write(memoryview(data), reserved_bytes=tier.try_reserve(5000), label="t") for _ in range(3)]
 print("ready", flush=True)
 if sys.argv[2] == "exit":
+    sys.stdin.readline()  # exit once the parent has seen the blocks
     sys.exit(0)
 time.sleep(120)
 """
@@ -379,7 +380,8 @@ time.sleep(120)
 def test_blocks_of_a_process_that_died_do_not_stay(tmp_path, end):
     """SIGTERM and a plain exit remove the process's blocks; after SIGKILL the next tier sweeps them, while
     a live process's blocks are never swept."""
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path), end], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path), end], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         assert len(list(tmp_path.glob("*.blk"))) == 3
@@ -389,6 +391,9 @@ def test_blocks_of_a_process_that_died_do_not_stay(tmp_path, end):
             child.send_signal(signal.SIGKILL)
         elif end == "sigterm":
             child.send_signal(signal.SIGTERM)
+        else:
+            child.stdin.write("exit\n")
+            child.stdin.flush()
         rc = child.wait(timeout=60)
     finally:
         if child.poll() is None:
