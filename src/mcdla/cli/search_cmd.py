@@ -1,0 +1,166 @@
+"""``mcdla search``: every valid TP/PP/DP/CP/micro-batch/recompute/ZeRO/offload configuration of an LLM on a
+system, predicted by the fast LLM time model, best by iteration time under the memory limits."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from mcdla.cli._app import app, check_budget, check_output, console, fail, print_json, write_output
+from mcdla.errors import brief
+
+__all__ = ["search_cmd"]
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        fail(f"{option}: got {brief(text)}; must be a comma-separated list of integers >= 1, e.g. 1,2,4")
+    if not values or any(v < 1 for v in values):
+        fail(f"{option}: got {brief(text)}; must be a comma-separated list of integers >= 1, e.g. 1,2,4")
+    return values
+
+
+def _offload_tag(e: Any) -> str:
+    tags = [name for name, on in (("act", e.offload_activations), ("wts", e.offload_weights),
+                                  ("opt", e.offload_optimizer)) if on]
+    return "+".join(tags) or "-"
+
+
+def _row_dict(row: Any) -> dict[str, Any]:
+    return {"index": row.index, "execution": dataclasses.asdict(row.execution), "prediction": row.step.to_dict(),
+            "fits": row.fits}
+
+
+def _csv_text(rows: Any) -> str:
+    from mcdla.sim.llm_search import _EXEC_FIELDS, _STEP_FIELDS
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["index", *_EXEC_FIELDS, *(f"pred_{n}" for n in _STEP_FIELDS), "fits_limits"])
+    for r in rows:
+        writer.writerow([r.index, *(getattr(r.execution, n) for n in _EXEC_FIELDS),
+                         *(getattr(r.step, n) for n in _STEP_FIELDS), r.fits])
+    return buffer.getvalue()
+
+
+@app.command("search")
+def search_cmd(
+    model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
+    system: Annotated[str, typer.Option(help="Generated system preset (dgx-a100, dgx-h100, gb200-nvl72, ...) or file.")],
+    gpus: Annotated[int, typer.Option(help="GPUs in total: whole nodes, or a divisor of one node.")],
+    global_batch: Annotated[int, typer.Option(help="Samples per iteration over all data-parallel replicas.")],
+    seq: Annotated[Optional[int], typer.Option(help="Sequence length (default: the model's).")] = None,
+    cp: Annotated[str, typer.Option(help="Context-parallel degrees to try, comma-separated.")] = "1",
+    max_virtual_stages: Annotated[Optional[int], typer.Option(
+        help="Largest interleaving (virtual stages per pipeline rank) to try (default: any divisor of the layers).")] = None,
+    offload: Annotated[bool, typer.Option("--offload/--no-offload", help="Try offloading activations, weights "
+                                          "and optimizer state to the system's second tier.")] = True,
+    dp_overlap: Annotated[bool, typer.Option("--dp-overlap", help="Overlap the gradient reduction with backward.")] = False,
+    memory_limit: Annotated[Optional[str], typer.Option(
+        help="Device memory a rank may use, with a unit (e.g. 70GiB; default: the GPU's HBM).")] = None,
+    top: Annotated[int, typer.Option(help="Rows of the table (and of --json's top list).")] = 10,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes (default: the CPU count); 1 = in-process.")] = None,
+    use_ray: Annotated[bool, typer.Option("--ray", help="Evaluate on a Ray cluster (a local one unless --ray-address).")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(help="Address of a running Ray cluster (implies --ray).")] = None,
+    chunk_size: Annotated[Optional[int], typer.Option(help="Configurations per task (default: automatic).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary and the top rows as JSON.")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="Write every evaluated configuration as CSV.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Search all valid parallel configurations of a model on a system; print the fastest that fit in memory."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from mcdla.sim.llm_search import RAY_INSTALL_HINT, search
+    from mcdla.sim.llm_systems import llm_system
+    from mcdla.units import format_bytes
+    from mcdla.workload.transformer import preset
+
+    for name, value in (("--gpus", gpus), ("--global-batch", global_batch), ("--top", top), ("--seq", seq),
+                        ("--workers", workers), ("--chunk-size", chunk_size),
+                        ("--max-virtual-stages", max_virtual_stages)):
+        if value is not None and not 1 <= value <= 2**31 - 1:
+            fail(f"{name}: got {brief(value)}; must be >= 1 and <= {2**31 - 1}")
+    cp_values = _int_list(cp, "--cp")
+    check_output(out, "--out")
+    backend = "ray" if use_ray or ray_address else ("serial" if workers == 1 else "process")
+    if backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            fail(f"--ray: the ray package is not installed; install it with {RAY_INSTALL_HINT}")
+    spec = preset(model)
+    if seq is not None:
+        spec = dataclasses.replace(spec, seq_len=seq)
+    sys_ = llm_system(system, gpus=gpus, offload=offload)
+    per_node = sys_.cluster.gpus_per_node
+    if gpus % per_node and per_node % gpus:
+        fail(f"--gpus: got {gpus}; must be a multiple of the {per_node} GPUs per node of {sys_.name} or divide it")
+    device = sys_.cluster.device
+    limit = check_budget(memory_limit, "--memory-limit", device.hbm_bytes, f"{sys_.name}'s GPU")
+    capacity = sys_.offload_capacity_bytes if sys_.offload_bytes_per_s > 0 else None
+
+    err = Console(stderr=True, highlight=False)
+    progress = Progress(TextColumn("evaluating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), console=err, disable=quiet or not err.is_terminal, transient=True)
+    task = progress.add_task("search", total=None)
+    started = time.perf_counter()
+    with progress:
+        result = search(spec, sys_.cluster, gpus=gpus, global_batch=global_batch, cp=cp_values,
+                        max_virtual_stages=max_virtual_stages, offload=offload and sys_.offload_bytes_per_s > 0,
+                        dp_overlap=dp_overlap, memory_limit_bytes=limit, offload_capacity_bytes=capacity,
+                        backend=backend, workers=workers if workers is not None else os.cpu_count() or 1,
+                        chunk_size=chunk_size, ray_address=ray_address,
+                        on_enumerated=lambda en: progress.update(task, total=len(en.executions)),
+                        progress=lambda n: progress.advance(task, n))
+    seconds = time.perf_counter() - started
+    en = result.enumeration
+    if out is not None:
+        write_output(out, _csv_text(result.rows), "--out")
+    summary = {
+        "model": spec.name, "seq_len": spec.seq_len, "system": sys_.name, "gpus": gpus, "global_batch": global_batch,
+        "memory_limit_bytes": limit, "offload_capacity_bytes": capacity, "backend": backend,
+        "candidates": en.candidates, "valid": len(en.executions), "rejected": en.rejected,
+        "fitting": result.fitting, "seconds": seconds,
+        "best": _row_dict(result.best) if result.best is not None else None,
+        "top": [_row_dict(r) for r in result.ranked[:top]],
+        "results_csv": str(out) if out is not None else None,
+    }
+    code = 0 if result.best is not None else 1
+    if as_json:
+        print_json(summary)
+        raise typer.Exit(code)
+    console.print(f"[b]{spec.name}[/b] (seq {spec.seq_len}, global batch {global_batch}) on [b]{sys_.name}[/b], "
+                  f"{gpus} GPUs, memory limit {format_bytes(limit)} per GPU")
+    console.print(f"  {en.candidates} candidates: {len(en.executions)} valid, {en.n_rejected} rejected; "
+                  f"{result.fitting} fit in memory; {seconds:.1f} s ({backend})")
+    for reason, count in en.rejected.items():
+        console.print(f"    rejected {count:>9}  {reason}", markup=False)
+    if result.best is None:
+        why = "no valid configuration" if not en.executions else "no configuration fits in memory"
+        smallest = min(result.rows, key=lambda r: r.step.device_bytes, default=None)
+        extra = f" (least device memory: {format_bytes(smallest.step.device_bytes)})" if smallest is not None else ""
+        console.print(f"[red]{why}[/red]{extra}")
+        raise typer.Exit(code)
+    table = Table(title=f"fastest {min(top, result.fitting)} of {result.fitting} that fit")
+    for column in ("#", "time s", "MFU", "device mem", "tp", "pp", "v", "dp", "cp", "mb", "SP", "ZeRO",
+                   "recompute", "offload"):
+        table.add_column(column, justify="right" if column not in ("recompute", "offload", "SP") else "left")
+    for i, r in enumerate(result.ranked[:top], 1):
+        e, s = r.execution, r.step
+        table.add_row(str(i), f"{s.iteration_s:.3f}", f"{100 * s.mfu:.1f}%", format_bytes(s.device_bytes), str(e.tp),
+                      str(e.pp), str(e.virtual_stages), str(e.dp), str(e.cp), str(e.micro_batch),
+                      "on" if e.sequence_parallel else "-", str(e.zero), e.recompute, _offload_tag(e))
+    console.print(table)
+    if out is not None:
+        console.print(f"  all {len(result.rows)} configurations: {out}")
