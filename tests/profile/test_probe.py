@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from mcdla.errors import ConfigError
 from mcdla.hardware import load_system, save_system
+from mcdla.profile import probe as probe_module
 from mcdla.profile.probe import MachineProbe, TierProbe, _fit, probe_pool, probe_system, probe_tiers
 from mcdla.runtime.pool import Block, Tier
 
@@ -39,32 +40,61 @@ def test_fit_never_returns_a_negative_latency() -> None:
     assert lat == 0.0 and bw == pytest.approx(300 / 4.0)
 
 
+class _Clock:
+    """A clock that only the tier below advances: what the probe times is the tier's own cost, not how long
+    a loaded machine took to wake a sleeping thread (sleeps of 10-40 ms overshoot by up to 25 ms there)."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now_s
+
+    def spend(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
 class _SlowTier(Tier):
-    """A tier that takes 2 ms + bytes / 200 MB/s to write and 1 ms + bytes / 400 MB/s to read."""
+    """A tier that takes 2 ms + bytes / 200 MB/s to write and 1 ms + bytes / 400 MB/s to read: on ``clock`` if
+    given, else in real time (sleeps)."""
 
     kind = "slow"
 
-    def __init__(self) -> None:
+    def __init__(self, clock: _Clock | None = None) -> None:
         super().__init__(name="slow", capacity_bytes=float("inf"), io_threads=0)
+        self.spend = time.sleep if clock is None else clock.spend
 
     def _write(self, data: memoryview, *, reserved_bytes: int, label: str) -> Block:
-        time.sleep(2e-3 + len(data) / 200e6)
+        self.spend(2e-3 + len(data) / 200e6)
         return Block(tier=self, nbytes=len(data), reserved_bytes=reserved_bytes, label=label, payload=bytes(data))
 
     def _read_into(self, block: Block, out: memoryview) -> None:
-        time.sleep(1e-3 + block.nbytes / 400e6)
+        self.spend(1e-3 + block.nbytes / 400e6)
         out[:] = block.payload
 
     def _discard(self, block: Block) -> None:
         block.payload = None
 
 
-def test_probe_measures_a_tier_with_known_speed() -> None:
-    """Probing a tier of known latency and bandwidth recovers the bandwidths within 20%."""
+def test_probe_measures_a_tier_with_known_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probing a tier of known latency and bandwidth recovers them: each write and read is timed on its own,
+    and the fit is exact. The probe's clock is one only the tier advances (see ``_Clock``)."""
+    clock = _Clock()
+    monkeypatch.setattr(probe_module, "time", clock)
+    probe = probe_pool(_SlowTier(clock), sizes_bytes=(2 << 20, 8 << 20), repeats=3)
+    assert probe.link.offload_bytes_per_s == pytest.approx(200e6, rel=1e-6)
+    assert probe.link.prefetch_bytes_per_s == pytest.approx(400e6, rel=1e-6)
+    assert probe.link.latency_s == pytest.approx((2e-3 + 1e-3) / 2, rel=1e-6)
+    assert [w for _, w, _ in probe.samples] == pytest.approx([2e-3 + n / 200e6 for n in (2 << 20, 8 << 20)])
+
+
+def test_probe_measures_a_sleeping_tier_in_real_time() -> None:
+    """The same tier sleeping for real: the probe reads the real clock. Loose bounds: a loaded machine wakes
+    sleepers late (which only makes transfers look slower), but never early."""
     probe = probe_pool(_SlowTier(), sizes_bytes=(2 << 20, 8 << 20), repeats=3)
-    assert probe.link.offload_bytes_per_s == pytest.approx(200e6, rel=0.2)
-    assert probe.link.prefetch_bytes_per_s == pytest.approx(400e6, rel=0.2)
-    assert 0 <= probe.link.latency_s < 10e-3
+    for n, w, r in probe.samples:
+        assert w >= 2e-3 + n / 200e6 and r >= 1e-3 + n / 400e6
+    assert probe.link.offload_bytes_per_s > 0 and probe.link.prefetch_bytes_per_s > 0
 
 
 def test_probe_tiers_measures_host_file_and_compress(tmp_path: Path) -> None:

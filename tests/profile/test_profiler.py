@@ -113,37 +113,70 @@ def test_kind_and_precision_follow_modules_and_dtype() -> None:
 
 class _Sleep(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, fwd_s: float, bwd_s: float) -> torch.Tensor:  # noqa: ANN001
-        time.sleep(fwd_s)
-        ctx.bwd_s = bwd_s
+    def forward(ctx, x: torch.Tensor, fwd_s: float, bwd_s: float, spend) -> torch.Tensor:  # noqa: ANN001
+        spend(fwd_s)
+        ctx.bwd_s, ctx.spend = bwd_s, spend
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
-        time.sleep(ctx.bwd_s)
-        return grad, None, None
+        ctx.spend(ctx.bwd_s)
+        return grad, None, None, None
 
 
 class _Slow(nn.Module):
-    def __init__(self, fwd_s: float, bwd_s: float) -> None:
+    """Takes ``fwd_s`` in forward and ``bwd_s`` in backward: sleeps, or ``spend`` (a clock's advance)."""
+
+    def __init__(self, fwd_s: float, bwd_s: float, spend=time.sleep) -> None:  # noqa: ANN001
         super().__init__()
-        self.fwd_s, self.bwd_s = fwd_s, bwd_s
+        self.fwd_s, self.bwd_s, self.spend = fwd_s, bwd_s, spend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Sleep.apply(x, self.fwd_s, self.bwd_s)
+        return _Sleep.apply(x, self.fwd_s, self.bwd_s, self.spend)
 
 
-def test_times_are_attributed_to_the_layer_that_spent_them() -> None:
-    """A module that sleeps 30 ms in forward and 60 ms in backward gets those times; its neighbours do not."""
+class _Clock:
+    """A clock only ``spend`` advances: attribution is checked exactly, without a loaded machine's late
+    wake-ups (a 30 ms sleep there can take 55 ms) or its preemptions inside the profiler's hooks."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now_s
+
+    def spend(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+def test_times_are_attributed_to_the_layer_that_spent_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module that spends 30 ms in forward and 60 ms in backward gets exactly those times (on the profiler's
+    clock, which only that module advances); its neighbours get none of it."""
+    from mcdla.profile import _passes
+
+    clock = _Clock()
+    monkeypatch.setattr(_passes, "time", clock)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), _Slow(0.03, 0.06), nn.Linear(8, 8))
+    model = nn.Sequential(nn.Linear(8, 8), _Slow(0.03, 0.06, clock.spend), nn.Linear(8, 8))
     w = _quick(model, torch.randn(4, 8), lambda o: o.sum(), measured_steps=2)
     slow = w.layers[w.index_of("1")]
-    assert 0.03 <= slow.fwd_time_s < 0.055
-    assert 0.06 <= slow.bwd_time_s < 0.085
+    assert slow.fwd_time_s == pytest.approx(0.03) and slow.bwd_time_s == pytest.approx(0.06)
     for name in ("0", "2"):
         layer = w.layers[w.index_of(name)]
-        assert layer.fwd_time_s < 0.02 and layer.bwd_time_s < 0.02
+        assert layer.fwd_time_s == 0 and layer.bwd_time_s == 0
+
+
+def test_real_sleeps_are_attributed_to_the_layer_that_spent_them() -> None:
+    """The same on the real clock, with bounds a loaded machine keeps: a sleep is never short, and the
+    sleeping module gets far more than either neighbour."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), _Slow(0.03, 0.06), nn.Linear(8, 8))
+    w = _quick(model, torch.randn(4, 8), lambda o: o.sum(), measured_steps=3)
+    slow = w.layers[w.index_of("1")]
+    assert slow.fwd_time_s >= 0.03 and slow.bwd_time_s >= 0.06
+    for name in ("0", "2"):
+        layer = w.layers[w.index_of(name)]
+        assert layer.fwd_time_s < slow.fwd_time_s / 2 and layer.bwd_time_s < slow.bwd_time_s / 2
 
 
 def test_layer_times_add_up_to_the_step() -> None:

@@ -1,8 +1,10 @@
 """A plan's budget caps the resident saved bytes, as in the timing model: pack waits for in-flight offloads
 (NOTE [plan budget] in ``mcdla.runtime._policy``), never deadlocks, and gradients stay bit-identical.
 
-The tier is slowed with sleeps (no CPU needed, so the timings hold on a loaded 2-core machine) so that
-offloads fall behind the forward. The independent count: every layer saves exactly its input (one storage
+The tier is slowed with sleeps so that offloads fall behind the forward. Sleeps alone do not make that hold
+on a loaded 2-core machine (each layer's own sleep and ops can then take longer than a write), so where a test
+needs the offloads behind, the tier also holds each write until the forward has got far enough
+(``_Probe.hold``): the order of events, not the machine's speed, decides who waits. The independent count: every layer saves exactly its input (one storage
 of ``NBYTES``; a custom Function's saves are packed when its forward returns) and, when the next layer
 starts, the bytes of the storages of all inputs saved so far that are still alive are summed. Nothing but
 the runtime holds an earlier input (each output is a new storage, the model's own input is copied first),
@@ -37,14 +39,40 @@ WRITE_S = 0.06  # each offload: six layers' forward, so offloads fall behind
 class _Probe:
     """Weak references to the storages of the inputs saved so far; the live bytes after each save."""
 
-    def __init__(self) -> None:
+    def __init__(self, lag: int | None = None) -> None:
         self.refs: list[weakref.ref] = []
         self.samples: list[int] = []
+        self.lag = lag  # None: writes are not held
+        self._progress = threading.Condition()
+        self.returned = 0  # layers whose forward has returned
+        self.forward_done = False
 
     def saving(self, x: torch.Tensor) -> None:
         """A layer starts: count what earlier layers saved, then remember its input."""
         self.sample()
         self.refs.append(weakref.ref(x.untyped_storage()))
+
+    def returning(self) -> None:
+        """A layer's forward is about to return (its save is packed next)."""
+        with self._progress:
+            self.returned += 1
+            self._progress.notify_all()
+
+    def done(self) -> None:
+        """The forward is over."""
+        with self._progress:
+            self.forward_done = True
+            self._progress.notify_all()
+
+    def hold(self, label: str) -> None:
+        """Hold the offload of layer i's input until layer i + ``lag``'s forward has returned (so its pack sees
+        the copy still running) or the forward is over. Bounded, so a runtime that waited where it should not
+        fails the test instead of hanging it."""
+        if self.lag is None or "module '" not in label:
+            return
+        layer = int(label.split("module '")[1].split("'")[0])
+        with self._progress:
+            self._progress.wait_for(lambda: self.returned > layer + self.lag or self.forward_done, timeout=10.0)
 
     def sample(self) -> None:
         alive = {}
@@ -64,7 +92,10 @@ class _SinScale(torch.autograd.Function):
             probe.saving(x)
         ctx.save_for_backward(x, w)
         time.sleep(FWD_S)
-        return torch.sin(x * w)
+        y = torch.sin(x * w)
+        if probe is not None:
+            probe.returning()
+        return y
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
@@ -104,6 +135,7 @@ def _step(model: nn.Module, ctx: Any = None, probe: _Probe | None = None) -> lis
         loss = model(x).sum()
         if probe is not None:
             probe.sample()  # the last layer's save, after forward
+            probe.done()
         loss.backward()
     return [p.grad.clone() for p in model.parameters()]
 
@@ -118,10 +150,13 @@ class _SleepyTier(Tier):
 
     kind = "sleepy"
 
-    def __init__(self) -> None:
+    def __init__(self, probe: _Probe | None = None) -> None:
         super().__init__(name="sleepy", capacity_bytes=1 << 30, io_threads=1)
+        self.probe = probe
 
     def _write(self, data, *, reserved_bytes, label):  # noqa: ANN001, ANN202
+        if self.probe is not None:
+            self.probe.hold(label)
         time.sleep(WRITE_S)
         return Block(tier=self, nbytes=len(data), reserved_bytes=reserved_bytes, label=label, payload=bytes(data))
 
@@ -138,11 +173,14 @@ class _SlowFileTier(Tier):
 
     kind = "file"
 
-    def __init__(self, path: Any) -> None:
+    def __init__(self, path: Any, probe: _Probe | None = None) -> None:
         self.inner = FileTier(path, io_threads=1)
         super().__init__(name=f"slow({self.inner.name})", capacity_bytes=math.inf, io_threads=1)
+        self.probe = probe
 
     def _write(self, data, *, reserved_bytes, label):  # noqa: ANN001, ANN202
+        if self.probe is not None:
+            self.probe.hold(label)
         time.sleep(WRITE_S)
         got = self.inner.try_reserve(len(data))
         assert got is not None
@@ -160,12 +198,13 @@ class _SlowFileTier(Tier):
         self.inner.close()
 
 
-def _tier(kind: str, tmp_path: Any) -> Tier:
-    return _SleepyTier() if kind == "sleepy" else _SlowFileTier(tmp_path)
+def _tier(kind: str, tmp_path: Any, probe: _Probe | None = None) -> Tier:
+    return _SleepyTier(probe) if kind == "sleepy" else _SlowFileTier(tmp_path, probe)
 
 
-def _run(tier: Tier, plan: Plan, *, window: int = LAYERS) -> tuple[_Probe, Any, list[torch.Tensor]]:
-    probe = _Probe()
+def _run(tier: Tier, plan: Plan, *, window: int = LAYERS, probe: _Probe | None = None,
+         ) -> tuple[_Probe, Any, list[torch.Tensor]]:
+    probe = _Probe() if probe is None else probe
     model = _model(probe)
     vm = virtualize(tier, plan=plan, model=model, min_bytes=NBYTES, window=window)
     grads = _step(model, vm, probe)
@@ -181,8 +220,10 @@ TIERS = ["sleepy", "file"]
 @pytest.mark.parametrize("tier", TIERS)
 def test_without_a_budget_offloads_pile_up(tmp_path, tier):
     """The scenario is real: with no budget the same plan holds most layers' inputs at once (the window
-    never binds), far above the cap the next test sets."""
-    probe, report, _ = _run(_tier(tier, tmp_path), _plan(ALL, math.inf))
+    never binds), far above the cap the next test sets. The writes are held until the forward is over: a
+    runtime that waited for them without a budget would be caught, however fast the machine runs them."""
+    probe = _Probe(lag=LAYERS)
+    probe, report, _ = _run(_tier(tier, tmp_path, probe), _plan(ALL, math.inf), probe=probe)
     assert max(probe.samples) >= 5 * NBYTES
     assert report.pack_wait_s == 0 and report.offloaded_bytes == LAYERS * NBYTES
 
@@ -194,7 +235,8 @@ def test_plan_budget_caps_resident_saved_bytes(tmp_path, tier):
     forward waited for offloads (reported, and traced), and the gradients are bit-identical."""
     reference = _step(_model())
     cap = 2.5 * NBYTES
-    probe, report, grads = _run(_tier(tier, tmp_path), _plan(ALL, cap))
+    probe = _Probe(lag=2)  # layer i's copy runs until layer i + 2, which needs its room, has packed
+    probe, report, grads = _run(_tier(tier, tmp_path, probe), _plan(ALL, cap), probe=probe)
     assert max(probe.samples) <= 2 * NBYTES
     assert report.peak_resident_saved_bytes <= 2 * NBYTES  # over the whole step, backward included
     assert report.offloaded_bytes == LAYERS * NBYTES and report.complete
@@ -257,10 +299,12 @@ def test_budget_mode_bound_is_kept_bytes_plus_window(tmp_path):
     """budget= without a plan bounds what is kept; evicted storages in flight add at most ``window`` more
     (independent count), also when the tier is slow; gradients stay bit-identical."""
     reference = _step(_model())
-    probe = _Probe()
-    model = _model(probe)
     window = 2
-    vm = virtualize(_SlowFileTier(tmp_path), budget=2 * NBYTES, model=model, min_bytes=NBYTES, window=window)
+    # the pack of layer i + 2 + window waits for layer i's copy (window copies in flight): held until just
+    # before that pack, the copy is still running there
+    probe = _Probe(lag=2 + window)
+    model = _model(probe)
+    vm = virtualize(_SlowFileTier(tmp_path, probe), budget=2 * NBYTES, model=model, min_bytes=NBYTES, window=window)
     grads = _step(model, vm, probe)
     vm.close()
     assert max(probe.samples) <= (2 + window) * NBYTES

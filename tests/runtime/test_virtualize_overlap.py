@@ -22,13 +22,16 @@ class _SleepyTier(Tier):
 
     kind = "sleepy"
 
-    def __init__(self, io_threads: int = 1, delay_s: float = DELAY_S) -> None:
+    def __init__(self, io_threads: int = 1, delay_s: float = DELAY_S, gate: threading.Event | None = None) -> None:
         super().__init__(name="sleepy", capacity_bytes=1 << 30, io_threads=io_threads)
         self.threads: set[str] = set()
         self.delay_s = delay_s
+        self.gate = gate  # if given, writes also wait for it (bounded)
 
     def _write(self, data, *, reserved_bytes, label):
         self.threads.add(threading.current_thread().name)
+        if self.gate is not None:
+            self.gate.wait(timeout=10.0)
         time.sleep(self.delay_s)
         return Block(tier=self, nbytes=len(data), reserved_bytes=reserved_bytes, label=label, payload=bytes(data))
 
@@ -64,18 +67,26 @@ def _step(x):
 
 
 def test_transfers_overlap_with_compute():
-    """Step time is near max(compute, transfer), far below their sum; the compute side barely waits."""
+    """Step time is near max(compute, transfer), far below their sum; the compute side barely waits.
+
+    A loaded machine wakes sleepers late and stalls ops, by different amounts from one step to the next, so
+    the step is timed beside its plain twin up to three times and the best (least) of each is compared."""
     x = torch.randn(256, 256, requires_grad=True)
-    t0 = time.perf_counter()
-    _step(x)
-    compute_s = time.perf_counter() - t0  # the same step without mcdla (>= 2 * LAYERS * DELAY_S)
     transfer_s = 2 * LAYERS * DELAY_S  # each layer's input written once and read once
-    tier = _SleepyTier()
-    t0 = time.perf_counter()
-    with virtualize(tier, min_bytes=0, window=2) as vm:
+    compute_s = step_s = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
         _step(x)
-    step_s = time.perf_counter() - t0
-    r = vm.report
+        compute_s = min(compute_s, time.perf_counter() - t0)  # the step without mcdla (>= 2 * LAYERS * DELAY_S)
+        tier = _SleepyTier()
+        t0 = time.perf_counter()
+        with virtualize(tier, min_bytes=0, window=2) as vm:
+            _step(x)
+        elapsed = time.perf_counter() - t0
+        if elapsed < step_s:
+            step_s, r = elapsed, vm.report
+        if step_s < compute_s + 0.5 * transfer_s and r.unpack_wait_s + r.pack_wait_s < 0.5 * transfer_s:
+            break
     assert r.offloaded_bytes == LAYERS * x.numel() * 4
     assert step_s < compute_s + 0.5 * transfer_s, (step_s, compute_s, r.summary())
     assert r.unpack_wait_s + r.pack_wait_s < 0.5 * transfer_s
@@ -87,7 +98,15 @@ def test_prefetch_runs_ahead_within_window(window):
     """Backward finds its tensors already fetched (at most one on-demand fetch), never more than window+1 out."""
     x = torch.randn(128, 128, requires_grad=True)
     with virtualize(_SleepyTier(io_threads=2), min_bytes=0, window=window) as vm:
-        _step(x)
+        h = x * 1.0
+        for _ in range(LAYERS):
+            h = _SlowLayer.apply(h)
+        # a copy still running when backward wants its tensor is not fetched at all: let all but the last
+        # (started when forward ends) land first, which a loaded machine may not do within a layer's time
+        deadline = time.monotonic() + 10.0
+        while vm.resident_saved_bytes > x.numel() * 4 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        h.sum().backward()
     r = vm.report
     assert r.fetches_on_demand <= 1
     assert r.fetches_ahead >= LAYERS - 2
@@ -121,7 +140,8 @@ def test_inline_tier_uses_no_threads():
 
 def test_synchronize_finishes_a_step_whose_backward_ran_after_exit():
     """Backward outside the context can overtake the offloads; synchronize() lands them and frees every block."""
-    tier = _SleepyTier(delay_s=0.2)  # writes far slower than this forward and backward
+    gate = threading.Event()  # writes wait until backward is over: the race, whatever the machine's load
+    tier = _SleepyTier(delay_s=0.05, gate=gate)
     x = torch.randn(256, 256, requires_grad=True)
     vm = virtualize(tier, min_bytes=0, window=LAYERS)
     with vm:
@@ -130,6 +150,7 @@ def test_synchronize_finishes_a_step_whose_backward_ran_after_exit():
             h = h.tanh()
     h.sum().backward()  # uses the bytes the running offloads still hold
     running = vm.live_steps
+    gate.set()
     vm.synchronize()
     assert running == 1, "backward should have finished before the offloads (the test needs the race)"
     assert vm.live_steps == 0 and vm.live_records == 0
