@@ -16,7 +16,8 @@ Per sample, before comparing (NOTE [verdicts]):
 
 NOTE [verdicts]
     exact             outputs and gradients bit-identical
-    nondeterministic  the two plain runs differ (skipped)
+    nondeterministic  the two plain runs differ, or, after a virtualized run differed, one of RERUNS more plain
+                      runs differs from the first (skipped; linalg.eigh/eigvalsh give one of two answers)
     no-backward       plain forward or backward raises, or nothing differentiable (skipped); the
                       virtualized run raised too (an OffloadError there counts as consistent)
     FAIL mismatch     a silent difference in an output or a gradient
@@ -25,6 +26,11 @@ NOTE [verdicts]
     FAIL missed-error plain PyTorch raised in backward but the virtualized run returned gradients
     An op (module) fails if any of its samples fails; else it is exact if any sample is exact; else it is
     skipped as nondeterministic if any sample was, else as no-backward.
+
+Each sample runs virtualized twice (MODES): with every offload landed before backward, so every managed
+byte comes back from the pool, and with backward right after forward. Inputs are differentiable copies of the
+sample's leaves with the same storage geometry (``_non_leaf``): the runtime never moves leaves that require
+grad, so saves of the raw sample inputs would never reach the pool.
 
 No op or module is skipped by name. Ops without float64 backward on the CPU
 (``supported_backward_dtypes``) and modules without float64 are not collected.
