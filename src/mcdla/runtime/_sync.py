@@ -22,8 +22,11 @@ NOTE [posts during garbage collection]
 NOTE [interrupted tasks]
     A task that raises a BaseException that is not an Exception (KeyboardInterrupt, SystemExit) is reported
     to ``on_error`` as a RuntimeTierError, the lock is released, and the exception propagates to whoever
-    ran the task; the tasks still queued stay queued for the next holder. Before, the interrupt escaped
-    ``release`` with the lock held and every later hook of the step hung.
+    ran the task on the main thread (where signals arrive); the tasks still queued stay queued for the next
+    holder. On any other thread (an I/O worker running a transfer's completion callback) it is recorded the
+    same way and not re-raised: raising there ends the executor's worker thread and strands the queue, and
+    the main thread sees the failure at its next hook. Before, the interrupt escaped ``release`` with the
+    lock held and every later hook of the step hung.
 """
 
 from __future__ import annotations
@@ -88,7 +91,10 @@ class _InboxLock:
                         self._on_error(RuntimeTierError(
                             f"runtime: a bookkeeping task was interrupted ({type(err).__name__}); "
                             "the step's state is incomplete"))
-                        raise
+                        if threading.current_thread() is threading.main_thread():
+                            raise
+                        # an I/O worker (a transfer's completion callback) keeps draining: raising would
+                        # end the executor's thread and strand the tasks queued behind this one
             finally:
                 self._lock.release()
             if not self._inbox or not self._lock.acquire(blocking=False):
