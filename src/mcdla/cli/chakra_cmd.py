@@ -6,13 +6,14 @@ Reading a trace back is ``mcdla simulate --workload trace.0.et`` (workload files
 from __future__ import annotations
 
 import math
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from mcdla.cli._app import app, check_batch, check_budget, check_output, console, fail, print_json
+from mcdla.cli.sim_cmd import Parallel as _Parallel
+from mcdla.cli.sim_cmd import Policy as _Policy
 from mcdla.errors import brief
 from mcdla.hardware import load_system
 from mcdla.plan import PLANNERS, make_plan, policy_plan
@@ -21,17 +22,6 @@ from mcdla.sim import pool_link, simulate
 from mcdla.units import format_seconds
 from mcdla.workload import load_workload
 from mcdla.workload.chakra import write_trace
-
-
-class _Parallel(str, Enum):
-    data = "data"
-    model = "model"
-
-
-class _Policy(str, Enum):
-    none = "none"
-    all = "all"
-    conv = "conv"
 
 
 @app.command("export-chakra")
