@@ -5,8 +5,8 @@ Issue #10 item 6. The eight Table 5 runs (A100-80GB, seq 2048; 22B TP8 PP1, 175B
 ``mcdla.sim.llm.llm_step`` on ``mcdla.report.llm_validation.dgx_a100_cluster`` and by Calculon's ``Llm`` model
 on its own ``systems/a100_80g.json`` with the execution files of its own ``llm-validation`` (``seqsel_tab5``).
 The table gives both predictions against the measured time and the seconds per evaluation of each, medians
-of N evaluations in this process, taken alternately (one mcdla, one Calculon) so load on the shared machine
-hits both alike. An evaluation is one prediction from already-parsed inputs: ``llm_step(spec, execution,
+of N evaluations in this process, taken in alternating rounds (N/10 mcdla, N/10 Calculon, ...) so load on the
+shared machine hits both alike. An evaluation is one prediction from already-parsed inputs: ``llm_step(spec, execution,
 cluster)`` for mcdla; ``Llm(app, log)``, ``compile``, ``run`` and ``get_total_time()`` for Calculon.
 
 Calculon is not a dependency of mcdla: point ``--calculon`` (or ``$CALCULON_PATH``) at a checkout of
@@ -123,14 +123,18 @@ def _check_same(run: MeasuredRun, app: dict[str, Any], exe: dict[str, Any]) -> N
         raise SystemExit(f"bench_calculon: {run.name}: mcdla and Calculon configurations differ (mcdla, Calculon): {diff}")
 
 
-def _alternate(fns: list[Callable[[], Any]], n: int) -> list[float]:
-    """Median seconds of each of ``fns`` over ``n`` calls, the calls interleaved (f0, f1, f0, f1, ...)."""
+def _alternate(fns: list[Callable[[], Any]], n: int, rounds: int = 10) -> list[float]:
+    """Median seconds of each of ``fns`` over about ``n`` calls, in ``rounds`` rounds of ``n / rounds`` calls of
+    each in turn: load on the shared machine hits both alike, and one model's garbage and cache traffic does not
+    land in the other's calls (one call each, alternated, doubled mcdla's median)."""
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(n):
+    per = max(1, n // rounds)
+    for _ in range(max(1, min(rounds, n))):
         for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
+            for _ in range(per):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
     return [statistics.median(ts) for ts in times]
 
 
@@ -195,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="benchmarks.bench_calculon", description=__doc__.splitlines()[0])
     ap.add_argument("--calculon", type=Path, default=os.environ.get("CALCULON_PATH") or None,
                     help="checkout of calculon-ai/calculon (default $CALCULON_PATH; none: mcdla only)")
-    ap.add_argument("-n", type=int, default=200, help="evaluations per run and side, timed alternately (default 200)")
+    ap.add_argument("-n", type=int, default=200, help="evaluations per run and side, in 10 alternating rounds (default 200)")
     ap.add_argument("--no-record", action="store_true", help="print only, leave RESULTS.md alone")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                     help="first wait up to S seconds for the load average to drop below --quiet-load (default 0)")
