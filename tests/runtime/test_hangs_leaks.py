@@ -238,9 +238,11 @@ def test_release_after_copy_is_waited_for_by_synchronize(monkeypatch):
     assert vm.live_steps == 0 and vm.report.complete and vm.report.fetched_bytes > 0
 
 
-def test_release_after_copy_failure_fails_the_step(monkeypatch):
-    """A failing tail (the copy's event reports an error) is the step's failure, not lost."""
-    monkeypatch.setattr(_Mover, "fetch", _fake_cuda_fetch(0.0, fail=True))
+@pytest.mark.parametrize("delay_s", [0.0, 0.2])
+def test_release_after_copy_failure_fails_the_step(monkeypatch, delay_s):
+    """A failing tail (the copy's event reports an error) is the step's failure, not lost; one that fails
+    after backward has used every tensor (0.2 s) still leaves an aborted report with the error."""
+    monkeypatch.setattr(_Mover, "fetch", _fake_cuda_fetch(delay_s, fail=True))
     model, x, y = _model_and_batch()
     host = HostTier(capacity_bytes=1 << 30, buffers=HostBufferPool(pinned=False))
     vm = virtualize(host, min_bytes=1024, model=model)

@@ -504,6 +504,10 @@ class _Step:
 
     def _finish(self) -> None:
         self._finished = True
+        if self._failure is not None and not self.report.aborted:
+            # a transfer failed after backward used every tensor (a CUDA fetch tail, say): nothing is left
+            # to free, but the step failed and its report says so (exit then raises the failure)
+            self.report.aborted, self.report.error = True, _one_line(self._failure)
         self.prefetch.clear()
         self.policy.clear()
         self.mover.shutdown(wait=False)
