@@ -56,3 +56,25 @@ def test_llm_predict_ranks_equals_fast_and_sees_a_straggler(run_cli, tmp_path):
     assert slow["iteration_s"] > 1.5 * fast["iteration_s"]
     code, out, err = run_cli(*args, "--slowdown", "3x2")
     assert code == 2 and not out and "--slowdown" in err and err.count("\n") == 1
+
+
+def test_llm_predict_on_a_preset_matches_the_api_and_rejects_unknown_ones(run_cli, tmp_path):
+    """--system prices the run on a hardware preset: the same numbers as llm_step on llm_system(preset);
+    an unknown preset is one line and exit 2."""
+    from mcdla.sim.llm import llm_step
+    from mcdla.sim.llm_systems import llm_system
+    from mcdla.workload.execution import load_execution
+    from mcdla.workload.transformer import preset
+
+    path = tmp_path / "e.yaml"
+    path.write_text("gpus: 64\ntp: 8\npp: 8\nsequence_parallel: true\nmicro_batch: 1\n"
+                    "global_batch: 64\nrecompute: selective\n")
+    code, out, _ = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json",
+                           "--system", "gb200-nvl72")
+    assert code == 0
+    expected = llm_step(preset("gpt3-175b"), load_execution(path), llm_system("gb200-nvl72", gpus=64).cluster)
+    assert json.loads(out)["iteration_s"] == expected.iteration_s
+    a100 = json.loads(run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json")[1])
+    assert a100["iteration_s"] > expected.iteration_s  # Blackwell on NVLink5 beats the A100 figures
+    code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--system", "nope")
+    assert code == 2 and not out and err.startswith("mcdla: error: ") and err.count("\n") == 1

@@ -1,5 +1,5 @@
 """``mcdla validate-llm`` (predicted vs measured published Megatron runs) and ``mcdla llm-predict`` (one model
-under one execution record on DGX A100 nodes)."""
+under one execution record, on the validated DGX A100 figures or on a hardware preset)."""
 
 from __future__ import annotations
 
@@ -34,15 +34,18 @@ def validate_llm_cmd(
 def llm_predict_cmd(
     model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
     execution: Annotated[Path, typer.Option(help="Execution record (.json/.yaml): tp, pp, dp, batches, ...")],
+    system: Annotated[str | None, typer.Option(help="Hardware preset or file (e.g. dgx-h100, gb200-nvl72), sized "
+                                               "for the execution's GPUs; default: the validated DGX A100.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the prediction as JSON.")] = False,
     ranks: Annotated[bool, typer.Option("--ranks", help="Schedule every rank (per-rank engine) instead of the "
                                         "symmetric closed form; needed for --slowdown.")] = False,
     slowdown: Annotated[list[str] | None, typer.Option(
         help="RANK:FACTOR, a straggler whose compute takes FACTOR x as long (repeatable; implies --ranks).")] = None,
 ) -> None:
-    """Predict one iteration of a preset under an execution record on DGX A100 nodes, with its breakdown."""
+    """Predict one iteration of a preset under an execution record, with its breakdown."""
     from mcdla.report.llm_validation import dgx_a100_cluster
     from mcdla.sim.llm import llm_step
+    from mcdla.sim.llm_systems import llm_system
     from mcdla.workload.execution import load_execution
     from mcdla.workload.transformer import preset
 
@@ -58,8 +61,9 @@ def llm_predict_cmd(
         if not sep:
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
     options = {"slowdown": slow} if slow else {}
-    step = llm_step(preset(model), load_execution(execution), dgx_a100_cluster(),
-                    mode="ranks" if ranks or slow else "fast", **options)
+    record = load_execution(execution)
+    cluster = dgx_a100_cluster() if system is None else llm_system(system, gpus=record.gpus).cluster
+    step = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", **options)
     data = step.to_dict()
     if as_json:
         print(json.dumps(data, indent=2, allow_nan=False))
