@@ -61,3 +61,15 @@ def test_infinite_latency_is_refused() -> None:
     for bad in ("inf", float("inf"), "1e999s"):
         with pytest.raises(ConfigError, match="latency: got"):
             parse_seconds(bad, "latency")
+
+
+def test_field_path_renders_locations_on_one_bounded_line() -> None:
+    """Plain keys are dotted, indices bracketed, anything else quoted and cut (errors.field_path)."""
+    from mcdla.errors import field_path
+
+    assert field_path(("devices", 0, "name")) == "devices[0].name"
+    assert field_path(("decisions", 2, "layer"), "plan") == "plan.decisions[2].layer"
+    assert field_path(()) == "(top level)"
+    assert field_path(("a\nb",)) == "['a\\nb']"
+    long = field_path(("x" * 5000, 1))
+    assert len(long) < 80 and long.endswith("...][1]")

@@ -5,6 +5,8 @@ Messages name the field, the value and what is allowed, e.g.
 and exits 2; nothing below the CLI prints.
 """
 
+import re
+
 __all__ = [
     "McdlaError",
     "ConfigError",
@@ -16,6 +18,7 @@ __all__ = [
     "OffloadError",
     "ProfileError",
     "brief",
+    "field_path",
 ]
 
 
@@ -79,3 +82,23 @@ def brief(value: object, limit: int = 60) -> str:
     else:
         return f"a {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_@+-]{1,60}")
+
+
+def field_path(loc: tuple[object, ...] | list[object], root: str = "") -> str:
+    """A validation error's location as ``root.field[3].name``, safe to print in one line.
+
+    Keys come from the user's file: one that is not a short plain name (a newline, 5,000 characters, an
+    integer key) is shown bounded and quoted (``['a\\nb']``), so the message stays one short line.
+    """
+    text = root
+    for part in loc:
+        if isinstance(part, int) and not isinstance(part, bool):
+            text += f"[{part}]"
+        elif isinstance(part, str) and _PLAIN_KEY.fullmatch(part):
+            text += f".{part}" if text else part
+        else:
+            text += f"[{brief(part)}]"
+    return text or "(top level)"

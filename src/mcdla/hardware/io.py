@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mcdla._io_safety import read_document
-from mcdla.errors import HardwareError, brief
+from mcdla.errors import HardwareError, brief, field_path
 from mcdla.hardware.model import Device, Link, LinkKind, Memory, MemoryKind, Switch, System
 from mcdla.hardware.topology import Topology
 from mcdla.units import parse_bytes, parse_bytes_per_s, parse_flops_per_s, parse_seconds
@@ -113,7 +113,7 @@ class _SystemSpec(_Spec):
 
 def _one_line(exc: ValidationError, where: str) -> HardwareError:
     err = exc.errors()[0]
-    path = ".".join(str(p) for p in err["loc"])
+    path = field_path(err["loc"])
     got = err.get("input")
     msg = " ".join(err["msg"].removeprefix("Value error, ").split())
     if err["type"] == "missing":

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-from mcdla.errors import PlanError, brief
+from mcdla.errors import PlanError, brief, field_path
 
 __all__ = ["check_plan_document"]
 
@@ -58,13 +58,6 @@ _ALLOWED = {
 }
 
 
-def _path(loc: tuple[Any, ...]) -> str:
-    text = "plan"
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return text
-
-
 def check_plan_document(data: Mapping[str, Any]) -> None:
     """Raise one-line PlanError unless ``data`` has the ``mcdla-plan/1`` fields with the right types."""
     try:
@@ -72,7 +65,7 @@ def check_plan_document(data: Mapping[str, Any]) -> None:
     except ValidationError as exc:
         errors = exc.errors()
         err = errors[0]
-        path = _path(tuple(err["loc"]))
+        path = field_path(err["loc"], "plan")
         more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
         if err["type"] == "missing":
             raise PlanError(f"{path}: required field is missing{more}") from None

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mcdla._io_safety import read_document
-from mcdla.errors import ConfigError, brief
+from mcdla.errors import ConfigError, brief, field_path
 from mcdla.workload.transformer import Recompute, TransformerSpec
 
 __all__ = ["Execution", "check_execution", "execution_from_dict", "load_execution", "execution_to_dict"]
@@ -146,7 +146,7 @@ class _ExecutionFile(BaseModel):
 
 def _one_line(exc: ValidationError, source: str) -> str:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    where = field_path(err["loc"])
     if err["type"] == "extra_forbidden":
         allowed = ", ".join(_ExecutionFile.model_fields)
         return f"{source}: execution.{where}: unknown field; allowed: {allowed}"

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mcdla._io_safety import read_document
-from mcdla.errors import ConfigError, WorkloadError, brief
+from mcdla.errors import ConfigError, WorkloadError, brief, field_path
 from mcdla.units import parse_bytes
 from mcdla.workload.model import Layer, LayerKind, Workload
 
@@ -119,16 +119,6 @@ class _WorkloadFile(BaseModel):
         return value
 
 
-def _path_text(loc: tuple[Any, ...]) -> str:
-    text = ""
-    for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else str(part)
-    return text or "(top level)"
-
-
 _GENERIC = MappingProxyType({
     "string_too_short": "must be a non-empty string",
     "string_type": "must be a string",
@@ -163,7 +153,7 @@ def _allowed_text(err: Mapping[str, Any]) -> str:
 
 def _one_line(error: ValidationError) -> str:
     err = error.errors()[0]
-    path = _path_text(tuple(err["loc"]))
+    path = field_path(err["loc"])
     if err["type"] == "missing":
         return f"{path}: required field is missing"
     shown = brief(err.get("input"))
