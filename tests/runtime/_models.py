@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -184,3 +185,19 @@ def assert_identical(ref: list, got: list) -> None:
         assert torch.equal(l_ref, l_got), f"step {step}: loss {l_ref.item()} != {l_got.item()}"
         for i, (a, b) in enumerate(zip(g_ref, g_got)):
             assert torch.equal(a, b), f"step {step}: grad {i} differs by {(a - b).abs().max().item()}"
+
+
+def model_and_batch() -> tuple[MLP, torch.Tensor, torch.Tensor]:
+    """A small MLP (width 128, depth 4) and a seeded classification batch of 32."""
+    torch.manual_seed(0)
+    model = MLP(width=128, depth=4)
+    g = torch.Generator().manual_seed(1)
+    return model, torch.randn(32, 128, generator=g), torch.randint(0, 10, (32,), generator=g)
+
+
+def wait_offloaded(vm: Any, timeout_s: float = 5.0) -> None:
+    """Poll until every managed storage of ``vm``'s step has left the device (offloads landed)."""
+    deadline = time.monotonic() + timeout_s
+    while vm.resident_saved_bytes > 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert vm.resident_saved_bytes == 0

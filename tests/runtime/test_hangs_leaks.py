@@ -20,23 +20,9 @@ from mcdla.runtime._step import _Step
 from mcdla.runtime._sync import _InboxLock
 from mcdla.runtime._transfer import _Mover
 
-from ._models import MLP
+from ._models import model_and_batch, wait_offloaded
 
 HANG_S = 20.0  # generous on a loaded 2-core machine; a deadlock never finishes
-
-
-def _model_and_batch():
-    torch.manual_seed(0)
-    model = MLP(width=128, depth=4)
-    g = torch.Generator().manual_seed(1)
-    return model, torch.randn(32, 128, generator=g), torch.randint(0, 10, (32,), generator=g)
-
-
-def _wait_offloaded(vm, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while vm.resident_saved_bytes > 0 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert vm.resident_saved_bytes == 0
 
 
 def _finishes(fn, timeout_s: float = HANG_S) -> list:
@@ -68,13 +54,13 @@ def _graph_in_a_cycle(vm, model, x, y) -> None:
 def test_handles_dying_in_gc_under_a_held_lock_do_not_deadlock(tmp_path, held):
     """The collector frees a graph while this thread holds the report, tier or virtualizer lock: the dying
     handles' work is deferred (NOTE [posts during garbage collection]) and runs at the next look at the step."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     vm = virtualize(f"file:{tmp_path}", min_bytes=1024, model=model)
     gc.collect()
     gc.disable()  # the cycle must die inside the locked region below, not earlier
     try:
         _graph_in_a_cycle(vm, model, x, y)
-        _wait_offloaded(vm)
+        wait_offloaded(vm)
         step = vm._last
         lock = {"report": step.report._lock, "tier": vm.pool.tiers[0]._lock, "virtualizer": vm._lock}[held]
 
@@ -91,7 +77,7 @@ def test_handles_dying_in_gc_under_a_held_lock_do_not_deadlock(tmp_path, held):
 
 def test_handles_dying_in_gc_are_drained_by_the_next_step():
     """Deferred releases of an old step run when the next step starts; nothing leaks across iterations."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     vm = virtualize("host", min_bytes=1024, model=model)
     gc.collect()
     gc.disable()
@@ -133,7 +119,7 @@ def test_interrupted_task_releases_the_lock_and_keeps_the_rest():
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_interrupt_in_a_handle_task_aborts_the_step_without_hanging(tmp_path, monkeypatch):
     """An interrupt while a dying handle's task runs fails the step; exit aborts it and frees everything."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     real = _Step._on_handle_dead
     calls = []
 
@@ -166,7 +152,7 @@ def test_bad_trace_path_is_a_config_error_at_construction(tmp_path, bad):
 
 def test_trace_write_failing_at_exit_is_an_mcdla_error_and_cleans_up(tmp_path):
     """The trace directory vanishes before the step ends: exit raises ConfigError; the step is not leaked."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     folder = tmp_path / "traces"
     folder.mkdir()
     vm = virtualize("host", min_bytes=1024, model=model, trace=str(folder / "s{step}.json"))
@@ -179,7 +165,7 @@ def test_trace_write_failing_at_exit_is_an_mcdla_error_and_cleans_up(tmp_path):
 
 def test_trace_write_failing_after_exit_is_raised_later_and_leaks_no_step(tmp_path):
     """Backward after the exit: the failed write is kept and raised by the next call; no step piles up."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     folder = tmp_path / "traces"
     folder.mkdir()
     vm = virtualize("host", min_bytes=1024, model=model, trace=str(folder / "s{step}.json"))
@@ -226,12 +212,12 @@ def _fake_cuda_fetch(delay_s: float, fail: bool):
 def test_release_after_copy_is_waited_for_by_synchronize(monkeypatch):
     """The block of a fetch is freed by a tracked tail: synchronize() returns only once every tail ran."""
     monkeypatch.setattr(_Mover, "fetch", _fake_cuda_fetch(0.2, fail=False))
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     host = HostTier(capacity_bytes=1 << 30, buffers=HostBufferPool(pinned=False))
     vm = virtualize(host, min_bytes=1024, model=model)
     with vm:
         loss = F.cross_entropy(model(x), y)
-        _wait_offloaded(vm)
+        wait_offloaded(vm)
     loss.backward()
     vm.synchronize()
     assert host.used_bytes == 0 and host.block_count == 0
@@ -243,12 +229,12 @@ def test_release_after_copy_failure_fails_the_step(monkeypatch, delay_s):
     """A failing tail (the copy's event reports an error) is the step's failure, not lost; one that fails
     after backward has used every tensor (0.2 s) still leaves an aborted report with the error."""
     monkeypatch.setattr(_Mover, "fetch", _fake_cuda_fetch(delay_s, fail=True))
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     host = HostTier(capacity_bytes=1 << 30, buffers=HostBufferPool(pinned=False))
     vm = virtualize(host, min_bytes=1024, model=model)
     with pytest.raises(RuntimeTierError, match="injected CUDA error"):
         with vm:
             loss = F.cross_entropy(model(x), y)
-            _wait_offloaded(vm)
+            wait_offloaded(vm)
             loss.backward()
     assert vm.report.aborted and vm.live_steps == 0 and host.used_bytes == 0

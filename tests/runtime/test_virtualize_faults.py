@@ -14,22 +14,9 @@ from mcdla.errors import OffloadError, RuntimeTierError
 from mcdla.runtime import FileTier, HostBufferPool, HostTier, Pool, TierFullError, keep_resident, virtualize
 
 from ._models import MLP, twin
+from ._models import model_and_batch, wait_offloaded
 
 LABEL = r"saved tensor #\d+ \((module '[\w.]*'|no module), \w+\[[\dx]+\]\)"
-
-
-def _model_and_batch():
-    torch.manual_seed(0)
-    model = MLP(width=128, depth=4)
-    g = torch.Generator().manual_seed(1)
-    return model, torch.randn(32, 128, generator=g), torch.randint(0, 10, (32,), generator=g)
-
-
-def _wait_offloaded(vm, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while vm.resident_saved_bytes > 0 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert vm.resident_saved_bytes == 0
 
 
 def _assert_clean(vm, tmp_path, threads: int) -> None:
@@ -45,13 +32,13 @@ def _assert_clean(vm, tmp_path, threads: int) -> None:
 @pytest.mark.parametrize("damage", ["corrupt", "truncate"])
 def test_damaged_block_file_fails_backward(tmp_path, damage):
     """A block file corrupted or truncated between forward and backward makes backward raise OffloadError."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     threads = threading.active_count()
     vm = virtualize(f"file:{tmp_path}", min_bytes=1024, model=model)
     with pytest.raises(OffloadError, match=LABEL + r".*file:.*(corrupted|truncated)"):
         with vm:
             loss = F.cross_entropy(model(x), y)
-            _wait_offloaded(vm)
+            wait_offloaded(vm)
             for path in sorted(tmp_path.iterdir()):
                 if damage == "corrupt":
                     raw = bytearray(path.read_bytes())
@@ -85,7 +72,7 @@ def test_full_disk_spills_to_next_tier(tmp_path):
 
 def test_full_disk_without_next_tier_raises(tmp_path):
     """ENOSPC with nowhere to spill raises TierFullError naming the tensor and the tier."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     threads = threading.active_count()
     disk = FileTier(tmp_path)
     disk._write_chunks = _raise(OSError(errno.ENOSPC, "No space left on device"))
@@ -98,7 +85,7 @@ def test_full_disk_without_next_tier_raises(tmp_path):
 
 def test_pool_capacity_exhausted_raises_in_forward(tmp_path):
     """A pool whose every tier is at capacity refuses the tensor with a one-line error naming it."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     vm = virtualize(f"host@20KiB,file:{tmp_path}@20KiB", min_bytes=1024, model=model)
     with pytest.raises(TierFullError, match=r"pool .* is full: no room for " + LABEL) as err:
         with vm:
@@ -110,7 +97,7 @@ def test_pool_capacity_exhausted_raises_in_forward(tmp_path):
 @pytest.mark.parametrize("where", ["write", "read"])
 def test_failing_io_thread_is_reported(tmp_path, where):
     """An exception inside the file tier's I/O thread surfaces as RuntimeTierError naming tensor and tier."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     threads = threading.active_count()
     disk = FileTier(tmp_path)
     if where == "write":
@@ -127,7 +114,7 @@ def test_failing_io_thread_is_reported(tmp_path, where):
 
 def test_fetched_twice_is_an_error(tmp_path):
     """A second backward through the same graph cannot silently reuse released tensors."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     vm = virtualize(f"file:{tmp_path}", min_bytes=1024, model=model)
     with pytest.raises(OffloadError, match=LABEL + r": fetched twice \(from tier 'file:"):
         with vm:
@@ -139,7 +126,7 @@ def test_fetched_twice_is_an_error(tmp_path):
 
 def test_keep_resident_allows_double_backward():
     """Under keep_resident() a graph can be backpropagated twice, as without mcdla."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     with virtualize("host", min_bytes=1024, model=model):
         with keep_resident():
             loss = F.cross_entropy(model(x), y)
@@ -160,7 +147,7 @@ def test_in_place_change_after_save_is_detected():
 
 def test_step_raising_midway_leaves_nothing(tmp_path):
     """An exception in the middle of forward: no blocks, files, threads, pinned buffers or records remain."""
-    model, x, _ = _model_and_batch()
+    model, x, _ = model_and_batch()
     threads = threading.active_count()
     host = HostTier(capacity_bytes=16 * 1024, buffers=HostBufferPool(pinned=False))
     vm = virtualize(Pool([host, FileTier(tmp_path)]), min_bytes=1024, model=model)
@@ -182,7 +169,7 @@ def test_step_raising_midway_leaves_nothing(tmp_path):
 
 def test_closed_virtualizer_aborts_pending_steps(tmp_path):
     """close() with a graph never backpropagated frees everything; the graph then refuses backward."""
-    model, x, y = _model_and_batch()
+    model, x, y = model_and_batch()
     vm = virtualize(f"file:{tmp_path}", min_bytes=1024, model=model)
     with vm:
         loss = F.cross_entropy(model(x), y)
