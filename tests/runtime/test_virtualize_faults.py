@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from mcdla.errors import OffloadError, RuntimeTierError
 from mcdla.runtime import FileTier, HostBufferPool, HostTier, Pool, TierFullError, keep_resident, virtualize
 
-from ._models import MLP, twin
+from ._models import twin
 from ._models import model_and_batch, wait_offloaded
 
 LABEL = r"saved tensor #\d+ \((module '[\w.]*'|no module), \w+\[[\dx]+\]\)"
