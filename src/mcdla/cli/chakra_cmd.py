@@ -5,20 +5,19 @@ Reading a trace back is ``mcdla simulate --workload trace.0.et`` (workload files
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from mcdla.cli._app import app, check_batch, check_budget, check_output, console, fail, print_json
+from mcdla.cli._app import app, check_batch, check_output, console, fail, print_json
 from mcdla.cli.sim_cmd import Parallel as _Parallel
 from mcdla.cli.sim_cmd import Policy as _Policy
+from mcdla.cli.sim_cmd import check_planner, plan_for
 from mcdla.errors import brief
 from mcdla.hardware import load_system
-from mcdla.plan import PLANNERS, make_plan, policy_plan
 from mcdla.report.chakra import chakra_ranks, trace_paths
-from mcdla.sim import pool_link, simulate
+from mcdla.sim import simulate
 from mcdla.units import format_seconds
 from mcdla.workload import load_workload
 from mcdla.workload.chakra import write_trace
@@ -38,8 +37,7 @@ def export_chakra_cmd(
 ) -> None:
     """Simulate one training iteration and write it as Chakra ET files (one per rank) for Chakra's tools and
     ASTRA-sim. An infeasible iteration writes nothing and exits with status 1."""
-    if planner is not None and planner not in PLANNERS:
-        fail(f"--planner: got {brief(planner)}; must be one of {', '.join(PLANNERS)}")
+    check_planner(planner)
     if budget is not None and planner is None:
         fail("--budget: only used with --planner")
     check_batch(batch)
@@ -48,13 +46,8 @@ def export_chakra_cmd(
     sys_ = load_system(system)
     for path in trace_paths(prefix, len(sys_.devices)):
         check_output(path, "--prefix")
-    smallest = min(sys_.devices, key=lambda d: d.hbm_bytes)
     wl = load_workload(workload, batch=batch)
-    if planner is not None:
-        budget_bytes = check_budget(budget, "--budget", smallest.hbm_bytes, f"{sys_.name} {smallest.name}")
-        plan = make_plan(wl, budget_bytes, pool_link(sys_), planner=planner)
-    else:
-        plan = policy_plan(wl, "none" if math.isinf(smallest.hbm_bytes) else policy.value)
+    plan = plan_for(sys_, wl, planner=planner, budget=budget, policy=policy.value)
     result = simulate(sys_, wl, plan, parallel=parallel.value, record_timeline=True)
     if not result.feasible:
         fail(f"infeasible: {result.infeasible_reason}; no trace written", code=1)

@@ -7,7 +7,7 @@ import os
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -21,6 +21,10 @@ from mcdla.sim import pool_link, simulate
 from mcdla.units import format_bytes, format_seconds
 from mcdla.workload import load_workload
 
+if TYPE_CHECKING:
+    from mcdla.hardware import System
+    from mcdla.workload import Plan, Workload
+
 
 class Parallel(str, Enum):
     data = "data"
@@ -33,9 +37,19 @@ class Policy(str, Enum):
     conv = "conv"
 
 
-def _check_planner(planner: str | None) -> None:
+def check_planner(planner: str | None) -> None:
     if planner is not None and planner not in PLANNERS:
         fail(f"--planner: got {brief(planner)}; must be one of {', '.join(PLANNERS)}")
+
+
+def plan_for(sys_: System, wl: Workload, *, planner: str | None, budget: str | None, policy: str) -> Plan:
+    """The plan a ``--planner``/``--budget`` or ``--policy`` choice gives on the system's smallest device
+    (a device with unlimited memory gets the no-offload policy)."""
+    smallest = min(sys_.devices, key=lambda d: d.hbm_bytes)
+    if planner is not None:
+        budget_bytes = check_budget(budget, "--budget", smallest.hbm_bytes, f"{sys_.name} {smallest.name}")
+        return make_plan(wl, budget_bytes, pool_link(sys_), planner=planner)
+    return policy_plan(wl, "none" if math.isinf(smallest.hbm_bytes) else policy)
 
 
 @app.command("simulate")
@@ -54,19 +68,14 @@ def simulate_cmd(
     """Simulate one training iteration of a workload on a system with memory virtualization.
 
     An infeasible iteration (it does not fit the device memory) prints its result and exits with status 1."""
-    _check_planner(planner)
+    check_planner(planner)
     check_batch(batch)
     check_output(trace, "--trace")
     if budget is not None and planner is None:
         fail("--budget: only used with --planner")
     sys_ = load_system(system)
-    smallest = min(sys_.devices, key=lambda d: d.hbm_bytes)
     wl = load_workload(workload, batch=batch)
-    if planner is not None:
-        budget_bytes = check_budget(budget, "--budget", smallest.hbm_bytes, f"{sys_.name} {smallest.name}")
-        plan = make_plan(wl, budget_bytes, pool_link(sys_), planner=planner)
-    else:
-        plan = policy_plan(wl, "none" if math.isinf(smallest.hbm_bytes) else policy.value)
+    plan = plan_for(sys_, wl, planner=planner, budget=budget, policy=policy.value)
     result = simulate(sys_, wl, plan, parallel=parallel.value, record_timeline=trace is not None)
     if trace is not None:
         write_output(trace, strict_json(result.to_chrome_trace(), indent=None), "--trace")
@@ -131,7 +140,7 @@ def reproduce_cmd(
                                          "vs recompute (docs/reproduction.md).")] = False,
 ) -> None:
     """The paper's comparison: 8 workloads x {dc-dla, mc-dla, oracle} x {data, model}, plus the sweep."""
-    _check_planner(planner)
+    check_planner(planner)
     if precision not in ("fp16", "fp32"):
         fail(f"--precision: got {brief(precision)}; must be fp16 or fp32")
     if workers is not None and not 1 <= workers <= 1024:
