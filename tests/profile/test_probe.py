@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -40,27 +41,13 @@ def test_fit_never_returns_a_negative_latency() -> None:
     assert lat == 0.0 and bw == pytest.approx(300 / 4.0)
 
 
-class _Clock:
-    """A clock that only the tier below advances: what the probe times is the tier's own cost, not how long
-    a loaded machine took to wake a sleeping thread (sleeps of 10-40 ms overshoot by up to 25 ms there)."""
-
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now_s
-
-    def spend(self, seconds: float) -> None:
-        self.now_s += seconds
-
-
 class _SlowTier(Tier):
     """A tier that takes 2 ms + bytes / 200 MB/s to write and 1 ms + bytes / 400 MB/s to read: on ``clock`` if
     given, else in real time (sleeps)."""
 
     kind = "slow"
 
-    def __init__(self, clock: _Clock | None = None) -> None:
+    def __init__(self, clock: Any = None) -> None:
         super().__init__(name="slow", capacity_bytes=float("inf"), io_threads=0)
         self.spend = time.sleep if clock is None else clock.spend
 
@@ -76,10 +63,10 @@ class _SlowTier(Tier):
         block.payload = None
 
 
-def test_probe_measures_a_tier_with_known_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probe_measures_a_tier_with_known_speed(monkeypatch: pytest.MonkeyPatch, fake_clock) -> None:
     """Probing a tier of known latency and bandwidth recovers them: each write and read is timed on its own,
-    and the fit is exact. The probe's clock is one only the tier advances (see ``_Clock``)."""
-    clock = _Clock()
+    and the fit is exact. The probe's clock is one only the tier advances (the ``fake_clock`` fixture)."""
+    clock = fake_clock
     monkeypatch.setattr(probe_module, "time", clock)
     probe = probe_pool(_SlowTier(clock), sizes_bytes=(2 << 20, 8 << 20), repeats=3)
     assert probe.link.offload_bytes_per_s == pytest.approx(200e6, rel=1e-6)

@@ -135,26 +135,12 @@ class _Slow(nn.Module):
         return _Sleep.apply(x, self.fwd_s, self.bwd_s, self.spend)
 
 
-class _Clock:
-    """A clock only ``spend`` advances: attribution is checked exactly, without a loaded machine's late
-    wake-ups (a 30 ms sleep there can take 55 ms) or its preemptions inside the profiler's hooks."""
-
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now_s
-
-    def spend(self, seconds: float) -> None:
-        self.now_s += seconds
-
-
-def test_times_are_attributed_to_the_layer_that_spent_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_times_are_attributed_to_the_layer_that_spent_them(monkeypatch: pytest.MonkeyPatch, fake_clock) -> None:
     """A module that spends 30 ms in forward and 60 ms in backward gets exactly those times (on the profiler's
     clock, which only that module advances); its neighbours get none of it."""
     from mcdla.profile import _passes
 
-    clock = _Clock()
+    clock = fake_clock
     monkeypatch.setattr(_passes, "time", clock)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), _Slow(0.03, 0.06, clock.spend), nn.Linear(8, 8))
