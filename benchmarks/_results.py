@@ -27,3 +27,10 @@ def record(name: str, title: str, command: str, text: str, path: Path = RESULTS)
     else:
         new = old.rstrip() + "\n\n" + block
     path.write_text(new)
+
+
+def markdown_table(header: tuple[str, ...] | list[str], rows: list[tuple[str, ...]]) -> str:
+    """A Markdown table of string cells (stripped), as RESULTS.md sections hold them."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell.strip() for cell in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 
-from benchmarks._results import record
+from benchmarks._results import markdown_table, record
 from mcdla.report.llm_validation import dgx_a100_cluster
 from mcdla.sim.llm import llm_step
 from mcdla.workload.execution import Execution
@@ -56,18 +56,12 @@ def run(budget_s: float) -> list[tuple[str, ...]]:
     return rows
 
 
-def table(rows: list[tuple[str, ...]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=1.0, help="timing budget per case and mode (s)")
     parser.add_argument("--no-record", action="store_true", help="print only; do not record in RESULTS.md")
     args = parser.parse_args(argv)
-    text = table(run(args.budget_s))
+    text = markdown_table(HEADER, run(args.budget_s))
     print(text)
     if not args.no_record:
         record("llm-scale", "LLM iteration at scale: fast path and per-rank engine (GPT-3 175B)", COMMAND,

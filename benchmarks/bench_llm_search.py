@@ -13,7 +13,7 @@ import argparse
 import os
 import time
 
-from benchmarks._results import record
+from benchmarks._results import markdown_table, record
 from mcdla.sim.llm_search import enumerate_executions, evaluate_executions, rank_rows
 from mcdla.sim.llm_systems import llm_system
 from mcdla.workload.transformer import preset
@@ -63,18 +63,12 @@ def run(serial: bool) -> list[tuple[str, ...]]:
     return rows
 
 
-def table(rows: list[tuple[str, ...]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-serial", action="store_true", help="skip the in-process baseline")
     parser.add_argument("--no-record", action="store_true", help="print only; do not record in RESULTS.md")
     args = parser.parse_args(argv)
-    text = table(run(not args.no_serial))
+    text = markdown_table(HEADER, run(not args.no_serial))
     print(text)
     if not args.no_record:
         record("llm-search", "Configuration search (`mcdla search`, GPT-3 175B on DGX H100)", COMMAND,

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from benchmarks._results import record
+from benchmarks._results import markdown_table, record
 from mcdla.hardware import load_system
 from mcdla.sim import evaluate_plan, pool_link, simulate
 from mcdla.workload.model import Layer, LayerKind, Workload
@@ -87,19 +87,13 @@ HEADER = ("workload", "layers", "system", "parallel", "iterations/s", "ms/iterat
           "ratio", "reps")
 
 
-def table(rows: list[tuple[str, ...]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
-    lines += ["| " + " | ".join(cell.strip() for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=0.5, help="timing budget per simulation (s)")
     parser.add_argument("--no-record", action="store_true", help="print only; do not record in RESULTS.md")
     args = parser.parse_args(argv)
     rows = run(args.budget_s)
-    text = table(rows)
+    text = markdown_table(HEADER, rows)
     print(text)
     if not args.no_record:
         record("sim-speed", "Simulator speed", COMMAND,
