@@ -163,3 +163,51 @@ def test_unwritable_directory_is_a_config_error(tmp_path):
         pytest.skip("permissions are not enforced for this user")
     with pytest.raises(ConfigError, match="not writable"):
         FileTier(ro)
+
+
+_MOVING = {
+    "file-buffered": lambda p: FileTier(p / "f", chunk_bytes=64 << 10, direct=False),
+    "file-direct": lambda p: FileTier(p / "f", chunk_bytes=64 << 10),
+    "compress(host)": lambda p: CompressTier(HostTier(capacity_bytes=1 << 30, buffers=HostBufferPool(pinned=False))),
+    "compress(file)": lambda p: CompressTier(FileTier(p / "c", direct=False)),
+}
+
+
+@pytest.mark.parametrize("kind", list(_MOVING))
+def test_bytes_that_change_while_written_are_not_reported_corrupted(tmp_path, kind):
+    """NOTE [bytes that move]: a thread rewrites the second half of the source during every write.
+
+    The first half is stable and must read back exactly; the second half may hold any mix of versions,
+    but what the tier checks on reading is what it stored, so no read may fail as corrupted. Checksumming
+    (or compressing) the source in place failed 29 of 30 such writes.
+    """
+    import threading
+
+    import torch
+
+    tier = _MOVING[kind](tmp_path)
+    n = 4 << 20
+    src = torch.zeros(n, dtype=torch.uint8)
+    src[: n // 2] = torch.arange(n // 2, dtype=torch.int64).remainder(251).to(torch.uint8)
+    stable = src[: n // 2].clone()
+    stop = threading.Event()
+
+    def rewrite() -> None:  # torch releases the GIL inside add_, so this races the tier's I/O thread
+        tail = src[n // 2 :]
+        while not stop.is_set():
+            tail.add_(1)
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        for _ in range(12):
+            block = tier.write(memoryview(src.numpy()), reserved_bytes=tier.try_reserve(n), label="saved tensor #8")
+            out = torch.empty(n, dtype=torch.uint8)
+            try:
+                tier.read_into(block, memoryview(out.numpy()))
+            finally:
+                tier.free(block)
+            assert torch.equal(out[: n // 2], stable)
+    finally:
+        stop.set()
+        writer.join()

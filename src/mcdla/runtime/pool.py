@@ -25,6 +25,15 @@ NOTE [full marks expire]
     is room again (``_room_returned``: always for tiers that cannot tell, free disk space for the file
     tier); until then its own frees still make room below the lowered capacity. A medium that stays full
     costs at most one failed write per ``full_retry_s``, and none where the tier can see it is still full.
+
+NOTE [bytes that move]
+    ``write`` may be handed bytes that change while it runs. A record offloads its whole storage, but only
+    the bytes under its saved views are final (NOTE [bytes final] in ``_step``); the rest may belong to an
+    alias with its own version counter that is still being written (the CPU LSTM cell's ``unsafe_chunk``,
+    then ``sigmoid_`` on the next chunk while the previous one is offloaded). A tier must therefore check
+    what it stored, not what it was handed: it copies a chunk somewhere private first and checksums or
+    compresses the copy. Checksumming the source and then writing it made the file and compress tiers
+    report "corrupted" for bytes nobody would read (a CI failure; 29 of 30 writes in a stress test).
 """
 
 from __future__ import annotations
@@ -177,6 +186,9 @@ class Tier(abc.ABC):
     # -- blocks ----------------------------------------------------------------------------------------
     def write(self, data: memoryview, *, reserved_bytes: int, label: str) -> Block:
         """Store ``data`` (bytes) under a reservation from :meth:`try_reserve`; return its block.
+
+        ``data`` may change while this runs (NOTE [bytes that move]): what is checked on reading is what
+        was stored.
 
         Raises TierFullError when the medium is full (the pool spills), RuntimeTierError on other failures.
         The reservation stays with the caller when this raises.

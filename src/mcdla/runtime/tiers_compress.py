@@ -12,14 +12,19 @@ NOTE [codec]
 
 from __future__ import annotations
 
+import io
 import math
 import threading
 from typing import Any
+
+import numpy as np
 
 from mcdla.errors import OffloadError
 from mcdla.runtime.pool import Block, Tier, TierFullError
 
 __all__ = ["CompressTier"]
+
+_PIECE = 1 << 20  # bytes copied and fed to the compressor at a time (stays in L2)
 
 
 class CompressTier(Tier):
@@ -69,7 +74,7 @@ class CompressTier(Tier):
         return d
 
     def _write(self, data: memoryview, *, reserved_bytes: int, label: str) -> Block:
-        packed = self._compressor().compress(data)
+        packed = self._compress(data)
         inner_reserved = self.inner.try_reserve(len(packed))
         if inner_reserved is None:
             raise TierFullError(f"tier {self.inner.name!r} (inside {self.name!r}) is full: no room for {label}")
@@ -79,6 +84,26 @@ class CompressTier(Tier):
             self.inner.unreserve(inner_reserved)
             raise
         return Block(tier=self, nbytes=len(data), reserved_bytes=reserved_bytes, label=label, payload=inner_block)
+
+    def _compress(self, data: memoryview) -> memoryview:
+        """One zstd frame of ``data``, compressed from private copies of 1 MiB pieces.
+
+        Not ``compress(data)`` in one call: zstd reads its input more than once (hash, match, checksum),
+        and bytes of ``data`` may change meanwhile (NOTE [bytes that move] in ``pool``); a frame built from
+        two versions of a byte fails its own checksum. The stream copies each piece before it returns.
+        """
+        src = np.frombuffer(data, dtype=np.uint8) if len(data) else np.zeros(0, dtype=np.uint8)
+        n = len(src)
+        snap = getattr(self._codecs, "snap", None)
+        if snap is None:
+            snap = self._codecs.snap = np.empty(_PIECE, dtype=np.uint8)
+        out = io.BytesIO()
+        with self._compressor().stream_writer(out, size=n, closefd=False) as stream:  # faster than compressobj
+            for start in range(0, n, _PIECE):
+                m = min(_PIECE, n - start)
+                np.copyto(snap[:m], src[start : start + m])
+                stream.write(memoryview(snap[:m]))
+        return out.getbuffer()
 
     def _read_into(self, block: Block, out: memoryview) -> None:
         inner_block: Block = block.payload

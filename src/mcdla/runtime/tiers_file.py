@@ -379,10 +379,13 @@ class FileTier(Tier):
         """Write ``data`` to ``fd``; return its CRC-32."""
         view = data.cast("B") if data.format != "B" else data
         n = len(view)
-        if not fio.is_direct(fd):
+        if not fio.is_direct(fd):  # NOTE [bytes that move] in pool: checksum and write a private copy
+            src, snap = fio.bytes_array(view), self._snapshot_buffer(min(n, self.chunk_bytes))
             crc = 0
             for start in range(0, n, self.chunk_bytes):
-                chunk = view[start : start + self.chunk_bytes]
+                m = min(self.chunk_bytes, n - start)
+                np.copyto(snap[:m], src[start : start + m])
+                chunk = memoryview(snap[:m])
                 crc = zlib.crc32(chunk, crc)
                 while chunk:
                     chunk = chunk[os.write(fd, chunk) :]
@@ -482,6 +485,13 @@ class FileTier(Tier):
             with self._lock:
                 self._workers.add(worker)
         return worker
+
+    def _snapshot_buffer(self, nbytes: int) -> np.ndarray:
+        """The calling thread's buffer for copies of buffered writes, at least ``nbytes`` long (kept, reused)."""
+        buf = getattr(self._per_thread, "snap", None)
+        if buf is None or len(buf) < nbytes:
+            buf = self._per_thread.snap = np.empty(nbytes, dtype=np.uint8)
+        return buf
 
     def _acquire_bounce(self, nbytes: int) -> tuple[np.ndarray, ...]:
         with self._lock:
