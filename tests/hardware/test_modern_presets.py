@@ -14,7 +14,7 @@ from mcdla.errors import HardwareError
 from mcdla.hardware import (LinkKind, MemoryKind, Topology, load_cluster, load_system, preset_names, save_system,
                             system_from_dict)
 
-MODERN = ("dgx-a100", "dgx-h100", "dgx-h100-ndr", "h200", "gh200", "gb200-nvl72", "gb200-nvl72-memnode",
+MODERN = ("dgx-a100", "dgx-h100", "dgx-h100-ndr", "h200", "gh200", "dgx-gh200", "gb200-nvl72", "gb200-nvl72-memnode",
           "dgx-h100-cxl", "dc-dla-2026")
 _QUANTITY = re.compile(r"^[+-]?\d+(\.\d+)?([eE][+-]?\d+)?\s*[A-Za-z/]*$")
 

@@ -25,7 +25,7 @@ def _exec(**kw) -> Execution:
     return Execution(**{**base, **kw})
 
 
-@pytest.mark.parametrize("name", ["dc-dla-2026", "dgx-h100-cxl", "gh200", "gb200-nvl72", "gb200-nvl72-memnode"])
+@pytest.mark.parametrize("name", ["dc-dla-2026", "dgx-h100-cxl", "gh200", "dgx-gh200", "gb200-nvl72", "gb200-nvl72-memnode"])
 def test_adapter_takes_every_figure_from_the_preset(name) -> None:
     preset_cluster = load_cluster(name)
     system = llm_system(name, gpus=1152)
@@ -52,6 +52,25 @@ def test_adapter_hand_figures() -> None:
     assert mem.offload_capacity_bytes == pytest.approx(36 * 2e12 / 72)
     off = llm_system("gb200-nvl72-memnode", gpus=1152, offload=False)
     assert off.offload_bytes_per_s == 0 and off.offload_capacity_bytes == 0
+
+
+def test_dgx_gh200_is_the_gh200_superchip_in_a_256_gpu_nvlink_domain() -> None:
+    """dgx-gh200 keeps gh200's GPU, Grace pool and C2C link (450 GB/s per direction, 480 GB per GPU) and adds
+    NVLink4 at 450 GB/s per GPU across 256 GPUs: TP 8 runs there and not on gh200 (one GPU per node), and a
+    DP group of 8 neighbouring ranks is an in-network all-reduce on NVLink, n/B + 2a, instead of gh200's IB
+    ring, 2 (p-1)/p n/B + 2 (p-1) a."""
+    one, dgx = llm_system("gh200", gpus=768), llm_system("dgx-gh200", gpus=768)
+    assert dgx.cluster.device == one.cluster.device and dgx.cluster.gpus_per_node == 256
+    assert (dgx.offload_bytes_per_s, dgx.offload_capacity_bytes) == (450e9, 480e9) == (
+        one.offload_bytes_per_s, one.offload_capacity_bytes)
+    assert dgx.cluster.nvlink_bytes_per_s == 450e9
+    scenario = modern.Scenario(model="gpt3-175b", global_batch=1536, gpus=768)
+    assert max(e.tp for e in modern.candidates(GPT3, scenario, dgx, modern.SMALL_GRID)) == 8
+    assert {e.tp for e in modern.candidates(GPT3, scenario, one, modern.SMALL_GRID)} == {1}
+    e = _exec(gpus=768, tp=1, pp=96, dp=8, sequence_parallel=False)
+    g = 2 * (GPT3.params_per_layer() + GPT3.embedding_params())  # bf16 gradients of the first stage's rank
+    assert stage_costs(GPT3, e, dgx.cluster).dp_full_s == pytest.approx(g / 450e9 + 2 * 1e-6)
+    assert stage_costs(GPT3, e, one.cluster).dp_full_s == pytest.approx(2 * 7 / 8 * g / 50e9 + 2 * 7 * 5e-6)
 
 
 def test_fabric_prices_tp_and_dp_collectives_with_the_presets_algorithms() -> None:
@@ -108,11 +127,12 @@ def test_reduced_experiment_is_consistent() -> None:
         assert r["hbm_used_bytes"] <= r["hbm_bytes"] and r["offload_used_bytes"] <= r["offload_capacity_bytes"]
         assert r["tp"] * r["pp"] * r["dp"] == 1152
         assert r["speedup"] == pytest.approx(by["dc-dla-2026"]["iteration_s"] / r["iteration_s"])
-    for key in ("h100-recompute", "b200-recompute"):  # offload disabled: everything in HBM
+    for key in ("h100-recompute", "dgx-gh200-recompute", "b200-recompute"):  # offload disabled: everything in HBM
         assert by[key]["offloaded"] == "none" and by[key]["offload_used_bytes"] == 0
     # the offload systems search a superset of the no-offload space on the same GPUs
     assert by["dc-dla-2026"]["iteration_s"] <= by["h100-recompute"]["iteration_s"]
     assert by["gb200-nvl72-memnode"]["iteration_s"] <= by["b200-recompute"]["iteration_s"]
+    assert by["dgx-gh200"]["iteration_s"] <= by["dgx-gh200-recompute"]["iteration_s"]
 
 
 def test_best_config_without_offload_fits_hbm_by_independent_count() -> None:

@@ -58,6 +58,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(key="h100-recompute", preset="dc-dla-2026", offload=False, label="H100, no offload (recompute)"),
     Variant(key="dgx-h100-cxl", preset="dgx-h100-cxl", offload=True, label="H100, DDR5 + CXL pool over PCIe5"),
     Variant(key="gh200", preset="gh200", offload=True, label="GH200, Grace over C2C"),
+    Variant(key="dgx-gh200", preset="dgx-gh200", offload=True, label="DGX GH200 (256-GPU NVLink), Grace over C2C"),
+    Variant(key="dgx-gh200-recompute", preset="dgx-gh200", offload=False, label="DGX GH200, no offload (recompute)"),
     Variant(key="gb200-nvl72", preset="gb200-nvl72", offload=True, label="GB200 NVL72, Grace over C2C"),
     Variant(key="b200-recompute", preset="gb200-nvl72", offload=False, label="GB200 NVL72, no offload (recompute)"),
     Variant(key="gb200-nvl72-memnode", preset="gb200-nvl72-memnode", offload=True,
