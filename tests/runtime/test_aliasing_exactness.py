@@ -11,6 +11,7 @@ Reference: the same module and input run with no hooks at all, same RNG seed; re
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 import torch
@@ -86,6 +87,47 @@ def test_recurrent_cells_and_rrelu_are_bit_exact(case, tier, tmp_path):
     got = _grads(twin, x, vm)
     _assert_identical(ref, got)
     assert vm.report.complete and vm.report.offloaded_bytes > 0
+
+
+@pytest.mark.parametrize("tier", ["host", "compress(file)"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_bit_exact_with_module_hooks(case, tier, tmp_path):
+    """With ``model=`` deferred offloads also start in module hooks (NOTE [bytes final]): still exact, rrelu's
+    noise buffer included (its module's post-hook runs after the kernel filled it)."""
+    make, shape = CASES[case]
+    torch.manual_seed(0)
+    module = make().double()
+    x = torch.randn(shape, dtype=torch.float64)
+    twin = copy.deepcopy(module)
+    ref = _grads(module, x)
+    vm = virtualize(_spec(tier, tmp_path), budget=0, min_bytes=1, model=twin)
+    got = _grads(twin, x, vm)
+    _assert_identical(ref, got)
+    assert vm.report.complete and vm.report.offloaded_bytes > 0
+
+
+def test_module_boundary_starts_a_deferred_offload(tmp_path):
+    """A storage saved by the last op of one module is offloaded before the next op that saves: the next
+    module's pre-hook starts it. The probe module saves nothing, so without the hook nothing would start the
+    offload until backward; it waits (up to 10 s) for the resident saved bytes to reach 0."""
+    seen: list[int] = []
+
+    class Probe(nn.Module):
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            deadline = time.monotonic() + 10.0
+            while vm.resident_saved_bytes > 0 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            seen.append(vm.resident_saved_bytes)
+            return h + 1  # saves nothing
+
+    model = nn.Sequential(nn.Sigmoid(), Probe())
+    x = torch.randn(64, 64, requires_grad=True)
+    vm = virtualize(f"file:{tmp_path}", budget=0, min_bytes=1, model=model)
+    with vm:
+        model(x).sum().backward()
+    assert seen == [0]
+    assert vm.report.offloaded_bytes == 64 * 64 * 4
+    assert torch.equal(x.grad, torch.sigmoid(x.detach()) * (1 - torch.sigmoid(x.detach())))
 
 
 @pytest.mark.parametrize("case", ["gru", "lstmcell", "rrelu"])

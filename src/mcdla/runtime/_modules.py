@@ -133,13 +133,15 @@ class _Attribution:
         return ptrs
 
     # -- hooks -----------------------------------------------------------------------------------------
-    def install(self, on_backward_start: Callable[[str], None]) -> None:
-        """Register the module hooks (and recompute wrappers) for one step."""
+    def install(self, on_backward_start: Callable[[str], None], on_boundary: Callable[[], None] = lambda: None) -> None:
+        """Register the module hooks (and recompute wrappers) for one step; ``on_boundary`` runs in every
+        forward pre- and post-hook (NOTE [bytes final] in ``_step``)."""
         if self.model is None:
             return
         for name, module in self._modules.items():
-            self._handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
-            self._handles.append(module.register_forward_hook(self._post_hook(name, on_backward_start), always_call=True))
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook(name, on_boundary)))
+            self._handles.append(module.register_forward_hook(self._post_hook(name, on_backward_start, on_boundary),
+                                                              always_call=True))
         for name in self._recompute:
             module = self._modules[name]
             previous = module.__dict__.get("forward")
@@ -163,16 +165,19 @@ class _Attribution:
         self._patched.clear()
         self._stack().clear()
 
-    def _pre_hook(self, name: str) -> Callable[..., None]:
+    def _pre_hook(self, name: str, on_boundary: Callable[[], None]) -> Callable[..., None]:
         def pre(_module: torch.nn.Module, _args: Any) -> None:
+            on_boundary()
             self._stack().append(name)
 
         return pre
 
-    def _post_hook(self, name: str, on_backward_start: Callable[[str], None]) -> Callable[..., None]:
+    def _post_hook(self, name: str, on_backward_start: Callable[[str], None],
+                   on_boundary: Callable[[], None]) -> Callable[..., None]:
         trigger = name in self._triggers
 
         def post(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            on_boundary()
             stack = self._stack()
             if stack and stack[-1] == name:
                 stack.pop()

@@ -25,7 +25,9 @@ NOTE [bytes final]
     save happens while its op's node is the newest; a storage packed when the counter read ``s`` is final
     once the counter has moved past ``s`` (a later op that records a node has started), when the context
     exits, or when backward begins. Offloads chosen in a pack wait in ``_deferred`` until then: the first
-    pack of the next op starts them, one op later than before. On CUDA the same rule orders the copy after
+    pack of the next op starts them, one op later than before. With ``model=`` a module's forward pre- and
+    post-hooks start them too: a hook runs between ops, so every op numbered up to the counter has returned
+    (in the closed loop a transformer's storages otherwise waited across every op that saves nothing). On CUDA the same rule orders the copy after
     the kernel that writes the bytes, since the copy's event is recorded when it starts.
 """
 
@@ -207,16 +209,28 @@ class _Step:
             self._start_offload(r)
         return handle
 
-    def _take_final(self, seq: int | None) -> list[_Record]:
-        """Deferred offloads whose bytes are final by autograd's counter ``seq`` (None: all of them)."""
+    def _take_final(self, seq: int | None, *, returned: bool = False) -> list[_Record]:
+        """Deferred offloads whose bytes are final by autograd's counter ``seq`` (None: all of them);
+        ``returned``: the op numbered ``seq`` has returned too (a module boundary)."""
         if not self._deferred:
             return []
         if seq is None:
             final, self._deferred = self._deferred, []
         else:
-            final = [r for r in self._deferred if r.saved_seq < seq]
-            self._deferred = [r for r in self._deferred if r.saved_seq >= seq]
+            last = seq if returned else seq - 1
+            final = [r for r in self._deferred if r.saved_seq <= last]
+            self._deferred = [r for r in self._deferred if r.saved_seq > last]
         return final
+
+    def module_boundary(self) -> None:
+        """A module's forward starts or returns (a hook, NOTE [bytes final]): every op so far has returned."""
+        if not self._deferred or self._failure is not None:
+            return
+        seq = _get_sequence_nr()
+        with self._lock:
+            final = self._take_final(seq, returned=True)
+        for r in final:
+            self._start_offload(r)
 
     def _start_deferred(self) -> None:
         """Start every deferred offload (outside the lock): forward is over (NOTE [bytes final])."""

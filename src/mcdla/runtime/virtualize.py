@@ -140,7 +140,7 @@ class Virtualizer(saved_tensors_hooks):
         with self._lock:
             self._live.add(step)
         self._step = self._last = step
-        self._attr.install(step.request_prefetch)
+        self._attr.install(step.request_prefetch, step.module_boundary)
         super().__enter__()
         return self
 
