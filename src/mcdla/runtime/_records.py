@@ -106,7 +106,7 @@ class _Record:
         self.storage_ref = weakref.ref(storage)
         self.root_ref = weakref.ref(view_root(tensor))
         self.version = tensor._version
-        self.saved_seq = saved_seq  # autograd's sequence number when saved (NOTE [bytes final] in _step)
+        self.saved_seq = saved_seq  # autograd's counter when saved; -1: final when saved (NOTE [bytes final] in _step)
         self.layer = layer
         self.dtype = tensor.dtype
         self.shape = tensor.shape

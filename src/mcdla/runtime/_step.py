@@ -25,7 +25,9 @@ NOTE [bytes final]
     save happens while its op's node is the newest; a storage packed when the counter read ``s`` is final
     once the counter has moved past ``s`` (a later op that records a node has started), when the context
     exits, or when backward begins. Offloads chosen in a pack wait in ``_deferred`` until then: the first
-    pack of the next op starts them, one op later than before. With ``model=`` a module's forward pre- and
+    pack of the next op starts them, one op later than before. Not every save waits: a tensor an earlier op
+    produced (its ``grad_fn`` is numbered before the saving op's node: a Linear's input, say) is final
+    already and starts at once (``_made_earlier``), as vDNN and the engine assume. With ``model=`` a module's forward pre- and
     post-hooks start them too: a hook runs between ops, so every op numbered up to the counter has returned
     (in the closed loop a transformer's storages otherwise waited across every op that saves nothing). On CUDA the same rule orders the copy after
     the kernel that writes the bytes, since the copy's event is recorded when it starts.
@@ -61,6 +63,18 @@ __all__: list[str] = []
 # NOTE [bytes final]: autograd's node counter (private, present in the pinned torch). Without it every
 # offload waits for the end of forward or the start of backward: still exact, with less memory freed early.
 _get_sequence_nr = getattr(torch._C._autograd, "_get_sequence_nr", lambda: 0)
+
+
+def _made_earlier(t: torch.Tensor, seq: int) -> bool:
+    """Whether ``t`` is the output of an op that returned before the op saving it began (NOTE [bytes final]).
+
+    The saving op's node holds number ``seq - 1`` (the counter ``seq`` is the next one), so a ``grad_fn``
+    numbered below that is an earlier op's. The saving op cannot write such a tensor behind autograd's back:
+    it is part of the graph, and an op that writes a tensor that requires grad is an in-place op, which
+    bumps the version counter (a later save then makes a new record) and gives it a new ``grad_fn``.
+    """
+    fn = t.grad_fn
+    return seq > 0 and fn is not None and fn._sequence_nr() < seq - 1
 
 _LIVE = frozenset({_State.RESIDENT, _State.OFFLOADING, _State.OFFLOADED, _State.FETCHING, _State.READY})
 
@@ -200,7 +214,7 @@ class _Step:
                 nbytes = storage.nbytes()
                 blocker = None if fits(self._resident, nbytes, self._cap) else freeing_offload(self._offloading)
                 if blocker is None:
-                    handle, evict = self._admit(t, key, layer, decided, seq)
+                    handle, evict = self._admit(t, key, layer, decided, seq, final=_made_earlier(t, seq))
                     self._deferred.extend(r for r in evict if r.saved_seq >= seq)
                     evict = [r for r in evict if r.saved_seq < seq]
                     break
@@ -240,11 +254,12 @@ class _Step:
             self._start_offload(r)
 
     def _admit(self, t: torch.Tensor, key: tuple[Any, ...], layer: str, decided: Any,
-               seq: int) -> tuple[_Handle, list[_Record]]:
-        """A record for ``t``'s new storage (under the lock); returns its handle and what to offload now."""
+               seq: int, *, final: bool = False) -> tuple[_Handle, list[_Record]]:
+        """A record for ``t``'s new storage (under the lock); returns its handle and what to offload now.
+        ``final``: its bytes are final already (NOTE [bytes final]), so an offload may start at once."""
         place = self.policy.place(decided)
         rec = _Record(rid=next(self._ids), key=key, step=self, tensor=t, layer=layer, start_tier=place.start_tier,
-                      prefetch_at=place.prefetch_at, offload_now=place.offload_now, saved_seq=seq)
+                      prefetch_at=place.prefetch_at, offload_now=place.offload_now, saved_seq=-1 if final else seq)
         self._records[rec.id] = self._by_storage[key] = rec
         self._set_resident(rec, True)
         self.report.managed_count += 1
