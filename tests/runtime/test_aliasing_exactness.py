@@ -74,19 +74,23 @@ def _assert_identical(ref, got):
         assert torch.equal(a, b), f"tensor {i} differs: max |diff| {(a - b).abs().max().item():.3g}"
 
 
-@pytest.mark.parametrize("tier", TIERS)
-@pytest.mark.parametrize("case", list(CASES))
-def test_recurrent_cells_and_rrelu_are_bit_exact(case, tier, tmp_path):
+def _check_exact(case: str, spec: str, *, with_model: bool) -> None:
     make, shape = CASES[case]
     torch.manual_seed(0)
     module = make().double()
     x = torch.randn(shape, dtype=torch.float64)
     twin = copy.deepcopy(module)
     ref = _grads(module, x)
-    vm = virtualize(_spec(tier, tmp_path), budget=0, min_bytes=1)
+    vm = virtualize(spec, budget=0, min_bytes=1, model=twin if with_model else None)
     got = _grads(twin, x, vm)
     _assert_identical(ref, got)
     assert vm.report.complete and vm.report.offloaded_bytes > 0
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_recurrent_cells_and_rrelu_are_bit_exact(case, tier, tmp_path):
+    _check_exact(case, _spec(tier, tmp_path), with_model=False)
 
 
 @pytest.mark.parametrize("tier", ["host", "compress(file)"])
@@ -94,16 +98,7 @@ def test_recurrent_cells_and_rrelu_are_bit_exact(case, tier, tmp_path):
 def test_bit_exact_with_module_hooks(case, tier, tmp_path):
     """With ``model=`` deferred offloads also start in module hooks (NOTE [bytes final]): still exact, rrelu's
     noise buffer included (its module's post-hook runs after the kernel filled it)."""
-    make, shape = CASES[case]
-    torch.manual_seed(0)
-    module = make().double()
-    x = torch.randn(shape, dtype=torch.float64)
-    twin = copy.deepcopy(module)
-    ref = _grads(module, x)
-    vm = virtualize(_spec(tier, tmp_path), budget=0, min_bytes=1, model=twin)
-    got = _grads(twin, x, vm)
-    _assert_identical(ref, got)
-    assert vm.report.complete and vm.report.offloaded_bytes > 0
+    _check_exact(case, _spec(tier, tmp_path), with_model=True)
 
 
 def test_module_boundary_starts_a_deferred_offload(tmp_path):
