@@ -27,10 +27,11 @@ NOTE [bytes final]
     exits, or when backward begins. Offloads chosen in a pack wait in ``_deferred`` until then: the first
     pack of the next op starts them, one op later than before. Not every save waits: a tensor an earlier op
     produced (its ``grad_fn`` is numbered before the saving op's node: a Linear's input, say) is final
-    already and starts at once (``_made_earlier``), as vDNN and the engine assume. With ``model=`` a module's forward pre- and
-    post-hooks start them too: a hook runs between ops, so every op numbered up to the counter has returned
-    (in the closed loop a transformer's storages otherwise waited across every op that saves nothing). On CUDA the same rule orders the copy after
-    the kernel that writes the bytes, since the copy's event is recorded when it starts.
+    already and starts at once (``_made_earlier``), as vDNN and the engine assume. With ``model=`` a
+    module's forward pre- and post-hooks start the others too: a hook runs between ops, so every op
+    numbered below the counter has returned (without them a storage also waited across every op that saves
+    nothing). On CUDA the same rule orders the copy after the kernel that writes the bytes, since the
+    copy's event is recorded when it starts.
 """
 
 from __future__ import annotations
