@@ -166,12 +166,13 @@ def main() -> None:
     parser.add_argument("--milp-time-limit", type=float, default=60.0, help="seconds per milp run (default 60)")
     args = parser.parse_args()
     limit = f"milp time limit {args.milp_time_limit:g} s"
+    flag = f" --milp-time-limit {args.milp_time_limit:g}"  # the recorded command reproduces the run
     if args.only in (None, "speed"):
-        _emit(args, "plan-speed", "Planner speed", f"{COMMAND} --only speed",
+        _emit(args, "plan-speed", "Planner speed", f"{COMMAND} --only speed{flag}",
               f"{limit}. Synthetic CNN-like chains (`benchmarks/bench_plan.py`), dc-dla pool link, budget as a "
               f"fraction of the no-offload peak.\n\n{speed(args.milp_time_limit)}")
     if args.only in (None, "quality"):
-        _emit(args, "plan-quality", "Planner quality", f"{COMMAND} --only quality",
+        _emit(args, "plan-quality", "Planner quality", f"{COMMAND} --only quality{flag}",
               f"{limit}. Overhead over the no-offload lower bound (compute floor), as the engine predicts it; `-`: "
               f"the planner cannot meet the budget. Budgets are fractions of each workload's no-offload peak.\n\n"
               f"{quality(args.milp_time_limit)}")
