@@ -133,7 +133,7 @@ class _Attribution:
         return ptrs
 
     # -- hooks -----------------------------------------------------------------------------------------
-    def install(self, on_backward_start: Callable[[str], None], on_boundary: Callable[[], None] = lambda: None) -> None:
+    def install(self, on_backward_start: Callable[[str], None], on_boundary: Callable[[], None]) -> None:
         """Register the module hooks (and recompute wrappers) for one step; ``on_boundary`` runs in every
         forward pre- and post-hook (NOTE [bytes final] in ``_step``)."""
         if self.model is None:
