@@ -21,7 +21,7 @@ from mcdla.sim.collectives import CollectiveRunner
 from mcdla.sim.device import DeviceState
 from mcdla.sim.events import EventQueue
 from mcdla.sim.fabric import Fabric
-from mcdla.sim.flows import FlowNetwork
+from mcdla.sim.flows import FlowNetwork, Transfer
 from mcdla.sim.program import Op, Program, build_program
 from mcdla.sim.report import assemble
 from mcdla.sim.result import SimResult
@@ -31,16 +31,6 @@ from mcdla.workload.plan import Plan
 __all__ = ["simulate", "simulate_fabric", "Engine"]
 
 Parallel = Literal["data", "model"]
-
-
-class _Transfer:
-    __slots__ = ("pending", "latency_s", "handler", "arg")
-
-    def __init__(self, latency_s: float, handler: Callable[[Any, float], None], arg: Any) -> None:
-        self.pending = 0
-        self.latency_s = latency_s
-        self.handler = handler
-        self.arg = arg
 
 
 class Engine:
@@ -89,7 +79,7 @@ class Engine:
         ``latency_s`` (default: the largest latency of the routes)."""
         fabric = self.fabric
         latency = max(fabric.route_latency_s[route] for route, _ in parts) if latency_s is None else latency_s
-        t = _Transfer(latency, handler, arg)
+        t = Transfer(latency, handler, arg)
         routes, scale, route_bytes, net = fabric.routes, fabric.route_scale, self.route_bytes, self.net
         for route, nbytes in parts:
             route_bytes[route] += nbytes

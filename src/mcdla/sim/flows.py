@@ -18,10 +18,10 @@ instant (the engine batches every event of one timestamp before asking).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["max_min_rates", "progressive_filling", "FlowNetwork"]
+__all__ = ["max_min_rates", "progressive_filling", "FlowNetwork", "Transfer"]
 
 _SATURATED = 1e-9  # a resource with less than this fraction of its capacity left counts as saturated
 
@@ -85,6 +85,19 @@ def max_min_rates(capacities: Sequence[float], flows: Sequence[Sequence[int]]) -
     return [rates.get(i, math.inf) for i in range(len(flows))]
 
 
+class Transfer:
+    """A group of flows whose end runs ``handler(arg, t)``, ``latency_s`` after the last one drained (the flows'
+    token in a :class:`FlowNetwork`; ``pending`` counts those in flight)."""
+
+    __slots__ = ("pending", "latency_s", "handler", "arg")
+
+    def __init__(self, latency_s: float, handler: Callable[[Any, float], None], arg: Any) -> None:
+        self.pending = 0
+        self.latency_s = latency_s
+        self.handler = handler
+        self.arg = arg
+
+
 class _Flow:
     __slots__ = ("route", "remaining", "t0", "rate", "finish", "token")
 
@@ -144,6 +157,10 @@ class FlowNetwork:
             self._flows = keep
             self.dirty = True
         return done
+
+    def active(self) -> list[tuple[int, float, Any]]:
+        """``(route id, rate, token)`` of each flow in flight, at the rates of the last :meth:`recompute`."""
+        return [(f.route, f.rate, f.token) for f in self._flows]
 
     def recompute(self, now: float) -> None:
         """Re-solve the rates of the active flows at ``now`` (s) and update :attr:`next_time`."""

@@ -1,0 +1,412 @@
+"""The executor of the program IR (:mod:`mcdla.sim.ir`) on the contention-aware engine over a system's links.
+
+Entry point: :func:`execute` (system, rank programs) -> :class:`Execution`. Every transfer (an offload, a
+prefetch, a send, a collective's phase, :mod:`mcdla.sim.collective_phases`) is placed on its route through the
+:class:`~mcdla.hardware.model.System` (:class:`~mcdla.hardware.topology.Topology`) and shares every link and
+memory max-min fairly with all other flows in flight (:class:`~mcdla.sim.flows.FlowNetwork`, the 2018 engine's
+solver); time advances over the same deterministic event queue (:class:`~mcdla.sim.events.EventQueue`).
+
+NOTE [contention accounting]
+The same programs run twice. Once on the shared fabric; once on an idle one, where every transfer (one copy, or
+one phase of a collective) runs alone, sharing links only among its own flows (a collective's flows through one
+port are part of its algorithm, not contention). ``contention_s`` is the difference of the two makespans. It is
+split over link classes (a link's :class:`~mcdla.hardware.model.LinkKind`, ``"dram"`` for a memory) in
+proportion to the flow-seconds slowed there: between two rate solves, a flow going slower than it would alone
+on its route adds ``dt (1 - rate / alone)`` to the class of its bottleneck (its most loaded resource) when
+flows of another transfer share that bottleneck. The split says where the shared run lost time, not a
+counterfactual per class.
+
+NOTE [phase latency]
+A transfer ends when its last flow has drained plus its latency: a copy's route latency; a collective phase's
+``hops`` times the largest route latency among its flows (the ring's steps, the tree's fill up and down, the
+trip to the reducing switch and back).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mcdla.errors import SimError
+from mcdla.hardware.model import System
+from mcdla.hardware.topology import Resource, Topology
+from mcdla.sim.collective_models import Collective
+from mcdla.sim.collective_phases import Reducer, lower
+from mcdla.sim.events import EventQueue
+from mcdla.sim.flows import FlowNetwork, Transfer
+from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send, validate
+
+__all__ = ["Execution", "execute", "collective_flow_time"]
+
+Parts = tuple[tuple[int, float], ...]
+"""A transfer: ``(route id, bytes)`` of each of its flows."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Execution:
+    """Result of :func:`execute`.
+
+    Attributes:
+        makespan_s: end of the last operation on the shared fabric (s).
+        idle_makespan_s: the same programs on an idle fabric (NOTE [contention accounting]).
+        contention_s: ``makespan_s - idle_makespan_s``.
+        contention_by_class_s: ``contention_s`` split over link classes (NOTE [contention accounting]).
+        slowed_flow_s: the split's weights, flow-seconds slowed per link class.
+        op_end_s: end of each operation on the shared fabric, by ``(rank, op name)`` (s).
+        solves: max-min rate solves of the shared run.
+    """
+
+    makespan_s: float
+    idle_makespan_s: float
+    contention_s: float
+    contention_by_class_s: dict[str, float]
+    slowed_flow_s: dict[str, float]
+    op_end_s: dict[tuple[int, str], float]
+    solves: int
+
+
+class _Compiled:
+    """Routes, resources and transfers of one set of programs on one system, as integers."""
+
+    def __init__(self, system: System, programs: dict[int, RankProgram], devices: Mapping[int, str] | None) -> None:
+        self.system = system
+        self.topo = Topology(system)
+        self.programs = programs
+        names = system.device_names
+        if devices is None:
+            for rank in programs:
+                if rank >= len(names):
+                    raise SimError(f"rank {rank}: system {system.name!r} has {len(names)} devices; give devices= to "
+                                   "place ranks beyond them")
+            self.device = {rank: names[rank] for rank in programs}
+        else:
+            self.device = {}
+            for rank in programs:
+                if rank not in devices or devices[rank] not in names:
+                    raise SimError(f"devices[{rank}]: got {devices.get(rank)!r}; must name a device of system "
+                                   f"{system.name!r}")
+                self.device[rank] = devices[rank]
+        if len(set(self.device.values())) != len(self.device):
+            raise SimError("devices: got two ranks on one device; each rank must have its own")
+        self.devices_by_name = {d.name: d for d in system.devices}
+        self.memories = {m.name for m in system.memories}
+        self.switches = {s.name for s in system.switches}
+        self.resource_id: dict[Resource, int] = {}
+        self.capacities: list[float] = []
+        self.classes: list[str] = []
+        for res, cap in self.topo.resources.items():
+            if math.isfinite(cap):
+                self.resource_id[res] = len(self.capacities)
+                self.capacities.append(cap)
+                self.classes.append("dram" if res[0] == "dram" else self.topo.link(res[1], res[2]).kind.value)
+        self.routes: list[tuple[int, ...]] = []
+        self.latency: list[float] = []
+        self.alone_rate: list[float] = []
+        self._route_index: dict[tuple[str, str, int], int] = {}
+        self._reducer: dict[tuple[int, ...], str] = {}
+        self.collective_parts: dict[Collective, tuple[tuple[Parts, float], ...]] = {}
+        self.copy_parts: dict[tuple[int, int], tuple[Parts, float]] = {}
+        for rank, prog in programs.items():
+            for index, op in enumerate(prog.ops):
+                self._compile(rank, index, op, prog.fold)
+
+    def route(self, src: str, dst: str, fold: int) -> int:
+        """Route id from node ``src`` to node ``dst``, its shared resources counted ``fold`` times (NOTE [folded ranks])."""
+        key = (src, dst, fold)
+        rid = self._route_index.get(key)
+        if rid is not None:
+            return rid
+        route = self.topo.route(src, dst)
+        ends = {n for n in (src, dst) if n in self.devices_by_name}
+        ids: list[int] = []
+        for res in route.resources:
+            if res in self.resource_id:
+                private = res[0] == "link" and (res[1] in ends or res[2] in ends)
+                ids += [self.resource_id[res]] * (1 if private else fold)
+        rid = len(self.routes)
+        self._route_index[key] = rid
+        self.routes.append(tuple(ids))
+        self.latency.append(route.latency_s)
+        counts: dict[int, int] = {}
+        for r in ids:
+            counts[r] = counts.get(r, 0) + 1
+        self.alone_rate.append(min((self.capacities[r] / c for r, c in counts.items()), default=math.inf))
+        return rid
+
+    def reducer(self, members: tuple[int, ...]) -> str:
+        """The switch that reduces for ``members``: on the route between the first two, nearest to all of them."""
+        name = self._reducer.get(members)
+        if name is not None:
+            return name
+        devs = [self.device[m] for m in members]
+        route = self.topo.route(devs[0], devs[1])
+        path = [devs[0]] + [res[2] for res in route.resources if res[0] == "link"]
+        best: tuple[int, str] | None = None
+        for node in path:
+            if node in self.switches:
+                hops = max(len(self.topo.route(node, d).resources) for d in devs)
+                if best is None or hops < best[0]:
+                    best = (hops, node)
+        if best is None:
+            raise SimError(f"in-network collective on ranks {members}: the route {devs[0]} -> {devs[1]} crosses no "
+                           f"switch of system {self.system.name!r} to reduce in; use algorithm 'ring' or 'tree'")
+        self._reducer[members] = best[1]
+        return best[1]
+
+    def _node(self, end: int | Reducer) -> str:
+        return self.reducer(end.members) if isinstance(end, Reducer) else self.device[end]
+
+    def _compile(self, rank: int, index: int, op: Op, fold: int) -> None:
+        dev = self.device[rank]
+        if isinstance(op, (Offload, Prefetch)):
+            if op.memory not in self.memories:
+                raise SimError(f"rank {rank} op {op.name!r}.memory: got {op.memory!r}; must be a memory of system "
+                               f"{self.system.name!r} ({', '.join(sorted(self.memories)) or 'none'})")
+            rid = self.route(dev, op.memory, fold) if isinstance(op, Offload) else self.route(op.memory, dev, fold)
+            self.copy_parts[(rank, index)] = (((rid, op.nbytes),), self.latency[rid])
+        elif isinstance(op, Send):
+            rid = self.route(dev, self.device[op.peer], fold)
+            self.copy_parts[(rank, index)] = (((rid, op.nbytes),), self.latency[rid])
+        elif isinstance(op, CollectiveOp) and op.collective not in self.collective_parts:
+            phases = []
+            for ph in lower(op.collective):
+                parts = tuple((self.route(self._node(f.src), self._node(f.dst), fold), f.nbytes) for f in ph.flows)
+                hop = max(self.latency[rid] for rid, _ in parts)
+                phases.append((parts, ph.hops * hop))
+            self.collective_parts[op.collective] = tuple(phases)
+
+
+class _Meeting:
+    """A rendezvous (send/recv pair or collective) waiting for its members."""
+
+    __slots__ = ("waiting", "needed")
+
+    def __init__(self, needed: int) -> None:
+        self.waiting: list[tuple[int, int]] = []
+        self.needed = needed
+
+
+class _Run:
+    """One run of the programs, on the shared fabric (``shared``) or an idle one (NOTE [contention accounting])."""
+
+    def __init__(self, plan: _Compiled, *, shared: bool, isolated: dict[Parts, float]) -> None:
+        self.plan = plan
+        self.shared = shared
+        self.isolated = isolated
+        self.queue = EventQueue()
+        self.net = FlowNetwork(plan.capacities, plan.routes) if shared else None
+        self.ops = {rank: prog.ops for rank, prog in plan.programs.items()}
+        self.done: dict[int, list[bool]] = {rank: [False] * len(ops) for rank, ops in self.ops.items()}
+        self.started: dict[int, list[bool]] = {rank: [False] * len(ops) for rank, ops in self.ops.items()}
+        self.index: dict[int, dict[str, int]] = {r: {op.name: i for i, op in enumerate(ops)} for r, ops in self.ops.items()}
+        self.streams: dict[int, dict[str, deque[int]]] = {}
+        for rank, ops in self.ops.items():
+            streams: dict[str, deque[int]] = {}
+            for i, op in enumerate(ops):
+                streams.setdefault(op.stream, deque()).append(i)
+            self.streams[rank] = streams
+        self.end_s: dict[tuple[int, str], float] = {}
+        self.meetings: dict[tuple[Any, ...], _Meeting] = {}
+        self.counters: dict[tuple[Any, ...], int] = {}
+        self.slowed: dict[str, float] = {}
+
+    # -- operations -------------------------------------------------------------------------------------------
+    def _try_start(self, rank: int, now: float) -> None:
+        ops, done, started, index = self.ops[rank], self.done[rank], self.started[rank], self.index[rank]
+        for queue in self.streams[rank].values():
+            if queue and not started[queue[0]]:
+                op = ops[queue[0]]
+                if all(done[index[w]] for w in op.waits):
+                    started[queue[0]] = True
+                    self._start(rank, queue[0], op, now)
+
+    def _complete(self, arg: tuple[int, int], now: float) -> None:
+        rank, i = arg
+        self.done[rank][i] = True
+        op = self.ops[rank][i]
+        self.end_s[(rank, op.name)] = now
+        self.streams[rank][op.stream].popleft()
+        self._try_start(rank, now)
+
+    def _meet(self, key: tuple[Any, ...], needed: int, rank: int, i: int) -> list[tuple[int, int]] | None:
+        """Join rendezvous ``key``; returns every member once all ``needed`` have arrived."""
+        meeting = self.meetings.get(key)
+        if meeting is None:
+            meeting = self.meetings[key] = _Meeting(needed)
+        meeting.waiting.append((rank, i))
+        if len(meeting.waiting) < needed:
+            return None
+        del self.meetings[key]
+        return meeting.waiting
+
+    def _next(self, key: tuple[Any, ...]) -> int:
+        j = self.counters.get(key, 0)
+        self.counters[key] = j + 1
+        return j
+
+    def _start(self, rank: int, i: int, op: Op, now: float) -> None:
+        plan = self.plan
+        if isinstance(op, Compute):
+            seconds = op.seconds
+            if seconds is None:
+                dev = plan.devices_by_name[plan.device[rank]]
+                assert op.flops is not None
+                seconds = op.flops / (dev.flops_per_s(op.precision) * dev.compute_efficiency)
+            self.queue.push(now + seconds, self._complete, (rank, i))
+        elif isinstance(op, (Offload, Prefetch)):
+            parts, latency = plan.copy_parts[(rank, i)]
+            self._transfer(parts, latency, self._complete, (rank, i), now)
+        elif isinstance(op, (Send, Recv)):
+            pair = (rank, op.peer) if isinstance(op, Send) else (op.peer, rank)
+            key = ("p2p", *pair, self._next(("p2p", type(op).__name__, *pair)))
+            members = self._meet(key, 2, rank, i)
+            if members is not None:
+                sender = next(m for m in members if isinstance(self.ops[m[0]][m[1]], Send))
+                parts, latency = plan.copy_parts[sender]
+                self._transfer(parts, latency, self._ends, members, now)
+        else:
+            assert isinstance(op, CollectiveOp)
+            coll = op.collective
+            key = ("coll", coll.group, self._next(("coll", coll.group, rank)))
+            members = self._meet(key, coll.size, rank, i)
+            if members is not None:
+                self._phase((plan.collective_parts[coll], 0, members), now)
+
+    def _ends(self, members: list[tuple[int, int]], now: float) -> None:
+        for member in members:
+            self._complete(member, now)
+
+    def _phase(self, state: tuple[tuple[tuple[Parts, float], ...], int, list[tuple[int, int]]], now: float) -> None:
+        phases, j, members = state
+        if j == len(phases):
+            self._ends(members, now)
+            return
+        parts, latency = phases[j]
+        self._transfer(parts, latency, self._phase, (phases, j + 1, members), now)
+
+    # -- transfers --------------------------------------------------------------------------------------------
+    def _transfer(self, parts: Parts, latency_s: float, handler: Callable[[Any, float], None], arg: Any,
+                  now: float) -> None:
+        routes = self.plan.routes
+        if self.net is None:
+            self.queue.push(now + _isolated_s(self.plan, parts, self.isolated) + latency_s, handler, arg)
+            return
+        t = Transfer(latency_s, handler, arg)
+        for route, nbytes in parts:
+            if nbytes > 0.0 and routes[route]:
+                self.net.add(now, route, nbytes, t)
+                t.pending += 1
+        if t.pending == 0:
+            self.queue.push(now + latency_s, handler, arg)
+
+    def _account(self, dt: float) -> None:
+        """NOTE [contention accounting]: charge ``dt`` of the current rates' slowdowns to bottleneck classes."""
+        assert self.net is not None
+        plan = self.plan
+        active = self.net.active()
+        load: dict[int, float] = {}
+        owners: dict[int, set[int]] = {}
+        for route, rate, token in active:
+            for res in plan.routes[route]:
+                load[res] = load.get(res, 0.0) + rate
+                owners.setdefault(res, set()).add(id(token))
+        for route, rate, _token in active:
+            alone = plan.alone_rate[route]
+            if rate <= 0.0 or rate >= alone * (1.0 - 1e-9):
+                continue
+            neck = max(plan.routes[route], key=lambda r: load[r] / plan.capacities[r])
+            if len(owners[neck]) > 1:
+                cls = plan.classes[neck]
+                self.slowed[cls] = self.slowed.get(cls, 0.0) + dt * (1.0 - rate / alone)
+
+    def run(self) -> float:
+        """Run every program to its end; returns the makespan (s). SimError when they deadlock."""
+        queue, net = self.queue, self.net
+        for rank in self.ops:
+            self._try_start(rank, 0.0)
+        now, last_solve = 0.0, 0.0
+        while True:
+            if net is not None and net.dirty:
+                if now > last_solve:
+                    self._account(now - last_solve)
+                net.recompute(now)
+                last_solve = now
+            t_queue = queue.peek_time()
+            t_net = net.next_time if net is not None else math.inf
+            now = t_queue if t_queue < t_net else t_net
+            if now == math.inf:
+                break
+            if net is not None:
+                for transfer in net.pop_finished(now):
+                    transfer.pending -= 1
+                    if transfer.pending == 0:
+                        queue.push(now + transfer.latency_s, transfer.handler, transfer.arg)
+            queue.run_until(now)
+        for rank, done in self.done.items():
+            if not all(done):
+                op = self.ops[rank][done.index(False)]
+                raise SimError(f"programs deadlock: rank {rank} op {op.name!r} never finishes (waits {op.waits}, "
+                               f"stream {op.stream!r}); check the order of sends, receives and collectives")
+        return max(self.end_s.values(), default=0.0)
+
+
+def _isolated_s(plan: _Compiled, parts: Parts, cache: dict[Parts, float]) -> float:
+    """Seconds for the flows of one transfer to drain alone on the fabric (max-min among themselves)."""
+    got = cache.get(parts)
+    if got is not None:
+        return got
+    net = FlowNetwork(plan.capacities, plan.routes)
+    for route, nbytes in parts:
+        if nbytes > 0.0 and plan.routes[route]:
+            net.add(0.0, route, nbytes, None)
+    now = 0.0
+    while len(net):
+        net.recompute(now)
+        now = net.next_time
+        net.pop_finished(now)
+    cache[parts] = now
+    return now
+
+
+def execute(system: System, programs: Iterable[RankProgram], *, devices: Mapping[int, str] | None = None) -> Execution:
+    """Run ``programs`` (validated, :func:`mcdla.sim.ir.validate`) on ``system`` with contention; see :class:`Execution`.
+
+    Args:
+        system: the link-level hardware (``Cluster.expand()`` gives one for a generated preset).
+        programs: one :class:`~mcdla.sim.ir.RankProgram` per rank; a representative subset of a large system
+            folds symmetric peers (NOTE [folded ranks] in :mod:`mcdla.sim.ir`).
+        devices: device name of each rank; default rank ``r`` on ``system.devices[r]``.
+
+    Raises:
+        SimError: an invalid program set, a rank without a device, an unknown memory, an in-network collective
+            with no switch to reduce in, or programs that deadlock. HardwareError: no route between two ends.
+    """
+    plan = _Compiled(system, validate(programs), devices)
+    isolated: dict[Parts, float] = {}
+    shared = _Run(plan, shared=True, isolated=isolated)
+    makespan = shared.run()
+    idle = _Run(plan, shared=False, isolated=isolated).run()
+    contention = makespan - idle
+    total_slowed = sum(shared.slowed.values())
+    by_class = ({c: contention * s / total_slowed for c, s in sorted(shared.slowed.items())}
+                if total_slowed > 0 else {})
+    assert shared.net is not None
+    return Execution(makespan_s=makespan, idle_makespan_s=idle, contention_s=contention,
+                     contention_by_class_s=by_class, slowed_flow_s=dict(sorted(shared.slowed.items())),
+                     op_end_s=dict(shared.end_s), solves=shared.net.solves)
+
+
+def collective_flow_time(collective: Collective, system: System, *, devices: Mapping[int, str] | None = None) -> float:
+    """The flow evaluator: seconds ``collective`` takes on ``system`` when nothing else runs.
+
+    Each phase of :func:`mcdla.sim.collective_phases.lower` runs alone on the system's routes (max-min among its
+    own flows), then its latency (NOTE [phase latency]); equals
+    :func:`~mcdla.sim.collective_models.closed_form_time` on :func:`~mcdla.sim.fabric_of_dims.dims_system`.
+    """
+    op = CollectiveOp(name="c", collective=collective)
+    plan = _Compiled(system, validate(RankProgram(rank=r, ops=(op,)) for r in collective.group), devices)
+    isolated: dict[Parts, float] = {}
+    return sum(_isolated_s(plan, parts, isolated) + latency for parts, latency in plan.collective_parts[collective])
