@@ -327,19 +327,19 @@ class _Run:
         queue, net = self.queue, self.net
         for rank in self.ops:
             self._try_start(rank, 0.0)
-        now, last_solve = 0.0, 0.0
+        now, last_t = 0.0, 0.0
         while True:
             if net is not None and net.dirty:
-                if now > last_solve:
-                    self._account(now - last_solve)
                 net.recompute(now)
-                last_solve = now
             t_queue = queue.peek_time()
             t_net = net.next_time if net is not None else math.inf
             now = t_queue if t_queue < t_net else t_net
             if now == math.inf:
                 break
             if net is not None:
+                if now > last_t:  # rates held since the last instant
+                    self._account(now - last_t)
+                    last_t = now
                 for transfer in net.pop_finished(now):
                     transfer.pending -= 1
                     if transfer.pending == 0:
