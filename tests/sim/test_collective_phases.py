@@ -99,7 +99,7 @@ def test_in_network_without_a_switch_is_one_line_error() -> None:
                                                       hbm_bytes_per_s=1e12) for i in range(2)),
                     links=(Link(a="g0", b="g1", bytes_per_s=1e9),))
     coll = Collective(kind="all-reduce", nbytes=1e6, group=(0, 1), algorithm="in-network")
-    with pytest.raises(SimError, match=r"in-network collective on ranks \(0, 1\).*crosses no switch") as err:
+    with pytest.raises(SimError, match=r"in-network collective on devices \('g0', 'g1'\).*crosses no switch") as err:
         collective_flow_time(coll, system)
     assert "\n" not in str(err.value)
 

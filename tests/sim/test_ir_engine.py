@@ -119,11 +119,38 @@ def test_folded_program_equals_the_unfolded_one() -> None:
     see both; the makespan and every op's end equal the four-rank run's."""
     full = execute(_two_switches(), [_sender(0, 2), _sender(1, 3), _receiver(2, 0), _receiver(3, 1)])
     folded = execute(_two_switches(), [_sender(0, 2, fold=2), _receiver(2, 0, fold=2)])
-    assert folded.makespan_s == pytest.approx(full.makespan_s, rel=1e-12)
-    for key, end in folded.op_end_s.items():
-        assert end == pytest.approx(full.op_end_s[key], rel=1e-12)
+    mirrored = execute(_two_switches(), [_sender(0, 2, fold=2), _receiver(2, 0, fold=2)],
+                       mirrors={0: ("g1",), 2: ("g3",)})
+    for run in (folded, mirrored):
+        assert run.makespan_s == pytest.approx(full.makespan_s, rel=1e-12)
+        for key, end in run.op_end_s.items():
+            assert end == pytest.approx(full.op_end_s[key], rel=1e-12)
     alone = execute(_two_switches(), [_sender(0, 2), _receiver(2, 0)])
     assert alone.makespan_s < full.makespan_s  # the fold does load the shared links
+
+
+def test_folded_program_with_mirrors_equals_the_unfolded_one() -> None:
+    """Rank 0 on g0 with mirror g2 (the other PCIe switch): only core -> host and the DRAM are shared, not pa's
+    uplink; the run equals g0 and g2 offloading and prefetching themselves, and differs from the fold without
+    mirrors (which loads pa's uplink twice)."""
+    def prog(rank: int, fold: int = 1) -> RankProgram:
+        return RankProgram(rank=rank, fold=fold, ops=(Offload(name="o", nbytes=1e9, memory="host"),
+                                                      Prefetch(name="p", nbytes=0.5e9, memory="host", waits=("o",))))
+    full = execute(_two_switches(), [prog(0), prog(2)])
+    mirrored = execute(_two_switches(), [prog(0, fold=2)], mirrors={0: ("g2",)})
+    assert mirrored.makespan_s == pytest.approx(full.makespan_s, rel=1e-12)
+    assert mirrored.op_end_s[(0, "o")] == pytest.approx(full.op_end_s[(0, "o")], rel=1e-12)
+    heavy = execute(_two_switches(), [prog(0, fold=2)])
+    assert heavy.makespan_s > mirrored.makespan_s * 1.05
+
+
+def test_bad_mirrors_are_one_line_errors() -> None:
+    """A mirror list of the wrong length, and a mirror on a device a rank uses."""
+    progs = [RankProgram(rank=0, fold=2, ops=(Offload(name="o", nbytes=1.0, memory="host"),))]
+    with pytest.raises(SimError, match=r"mirrors\[0\]: got \('g1', 'g2'\); must name 1 devices"):
+        execute(_two_switches(), progs, mirrors={0: ("g1", "g2")})
+    with pytest.raises(SimError, match="got a device twice"):
+        execute(_two_switches(), progs, mirrors={0: ("g0",)})
 
 
 def test_deadlock_is_one_line_error() -> None:

@@ -15,10 +15,14 @@ group (the rank tuple) meets the j-th each other member runs on it. Streams run 
 
 NOTE [folded ranks]
 A rank with ``fold = k`` stands for ``k`` identical ranks that run the same program on mirrored devices (the
-other tensor-parallel peers of a pipeline stage, the other data-parallel replicas). Its flows count ``k`` times
-on every resource they cross except the links at their own two endpoint devices (each mirror has its own),
-so a representative set of ranks loads shared links (a PCIe switch's uplink, a memory's DRAM, a spine) as the
-full system would. Ranks that exchange data (a send/recv pair, a collective's members) must have one fold.
+other tensor-parallel peers of a pipeline stage, the other data-parallel replicas), so a representative set of
+ranks loads shared links (a PCIe switch's uplink, a memory's DRAM, a spine) as the full system would. Given the
+mirrors' devices (``execute(..., mirrors=)``), each flow is placed at its own ends and at each mirror's (a peer
+rank's mirror, the same slot of the mirror's memory pool), and every resource on its route counts as many times
+as those ``k`` routes cross it. Without them, its flows count ``k`` times on every resource except the links at
+their own two end devices (each mirror has its own ports): right for mirrors that share everything behind their
+ports (peers under one PCIe switch), too heavy for mirrors in other nodes. Ranks that exchange data (a
+send/recv pair, a collective's members) must have one fold.
 """
 
 from __future__ import annotations

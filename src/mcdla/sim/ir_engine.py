@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from mcdla.sim.events import EventQueue
 from mcdla.sim.flows import FlowNetwork, Transfer
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send, validate
 
-__all__ = ["Execution", "execute", "collective_flow_time"]
+__all__ = ["Execution", "execute", "CollectiveFlows", "collective_flow_time"]
 
 Parts = tuple[tuple[int, float], ...]
 """A transfer: ``(route id, bytes)`` of each of its flows."""
@@ -71,9 +71,10 @@ class Execution:
 class _Compiled:
     """Routes, resources and transfers of one set of programs on one system, as integers."""
 
-    def __init__(self, system: System, programs: dict[int, RankProgram], devices: Mapping[int, str] | None) -> None:
+    def __init__(self, system: System, programs: dict[int, RankProgram], devices: Mapping[int, str] | None,
+                 topo: Topology | None = None, mirrors: Mapping[int, Sequence[str]] | None = None) -> None:
         self.system = system
-        self.topo = Topology(system)
+        self.topo = Topology(system) if topo is None else topo
         self.programs = programs
         names = system.device_names
         if devices is None:
@@ -89,8 +90,18 @@ class _Compiled:
                     raise SimError(f"devices[{rank}]: got {devices.get(rank)!r}; must name a device of system "
                                    f"{system.name!r}")
                 self.device[rank] = devices[rank]
-        if len(set(self.device.values())) != len(self.device):
-            raise SimError("devices: got two ranks on one device; each rank must have its own")
+        self.mirror: dict[int, tuple[str, ...]] = {}
+        for rank, devs in (mirrors or {}).items():
+            prog = programs.get(rank)
+            devs = tuple(devs)
+            if prog is None or len(devs) != prog.fold - 1 or any(d not in names for d in devs):
+                fold = prog.fold if prog else None
+                raise SimError(f"mirrors[{rank}]: got {devs!r}; must name {fold - 1 if fold else 'the'} devices of "
+                               f"system {system.name!r} for a rank of fold {fold}")
+            self.mirror[rank] = devs
+        used = [*self.device.values(), *(d for devs in self.mirror.values() for d in devs)]
+        if len(set(used)) != len(used):
+            raise SimError("devices and mirrors: got a device twice; each rank and mirror must have its own")
         self.devices_by_name = {d.name: d for d in system.devices}
         self.memories = {m.name for m in system.memories}
         self.switches = {s.name for s in system.switches}
@@ -105,43 +116,51 @@ class _Compiled:
         self.routes: list[tuple[int, ...]] = []
         self.latency: list[float] = []
         self.alone_rate: list[float] = []
-        self._route_index: dict[tuple[str, str, int], int] = {}
-        self._reducer: dict[tuple[int, ...], str] = {}
+        self._route_index: dict[tuple[tuple[tuple[str, str], ...], int], int] = {}
+        self._reducer: dict[tuple[str, ...], str] = {}
         self.collective_parts: dict[Collective, tuple[tuple[Parts, float], ...]] = {}
         self.copy_parts: dict[tuple[int, int], tuple[Parts, float]] = {}
         for rank, prog in programs.items():
             for index, op in enumerate(prog.ops):
                 self._compile(rank, index, op, prog.fold)
 
-    def route(self, src: str, dst: str, fold: int) -> int:
-        """Route id from node ``src`` to node ``dst``, its shared resources counted ``fold`` times (NOTE [folded ranks])."""
-        key = (src, dst, fold)
+    def route(self, pairs: tuple[tuple[str, str], ...], fold: int) -> int:
+        """Route id of the flow between ``pairs[0]`` (source node, destination node), loaded as ``fold`` flows:
+        on ``pairs`` (its own and each mirror's ends) each resource counts as often as their routes cross it;
+        with only its own ends, every resource but its end devices' ports counts ``fold`` times
+        (NOTE [folded ranks] in :mod:`mcdla.sim.ir`)."""
+        key = (pairs, fold)
         rid = self._route_index.get(key)
         if rid is not None:
             return rid
-        route = self.topo.route(src, dst)
-        ends = {n for n in (src, dst) if n in self.devices_by_name}
-        ids: list[int] = []
-        for res in route.resources:
-            if res in self.resource_id:
-                private = res[0] == "link" and (res[1] in ends or res[2] in ends)
-                ids += [self.resource_id[res]] * (1 if private else fold)
+        route = self.topo.route(*pairs[0])
+        counts: dict[int, int] = {}
+        if len(pairs) == 1:
+            ends = {n for n in pairs[0] if n in self.devices_by_name}
+            for res in route.resources:
+                if res in self.resource_id:
+                    private = res[0] == "link" and (res[1] in ends or res[2] in ends)
+                    counts[self.resource_id[res]] = counts.get(self.resource_id[res], 0) + (1 if private else fold)
+        else:
+            own = {self.resource_id[res] for res in route.resources if res in self.resource_id}
+            for pair in pairs:
+                for res in self.topo.route(*pair).resources:
+                    rid_res = self.resource_id.get(res)
+                    if rid_res in own:
+                        counts[rid_res] = counts.get(rid_res, 0) + 1
+        ids = tuple(r for r, c in counts.items() for _ in range(c))
         rid = len(self.routes)
         self._route_index[key] = rid
-        self.routes.append(tuple(ids))
+        self.routes.append(ids)
         self.latency.append(route.latency_s)
-        counts: dict[int, int] = {}
-        for r in ids:
-            counts[r] = counts.get(r, 0) + 1
         self.alone_rate.append(min((self.capacities[r] / c for r, c in counts.items()), default=math.inf))
         return rid
 
-    def reducer(self, members: tuple[int, ...]) -> str:
-        """The switch that reduces for ``members``: on the route between the first two, nearest to all of them."""
-        name = self._reducer.get(members)
+    def reducer(self, devs: tuple[str, ...]) -> str:
+        """The switch that reduces for devices ``devs``: on the route between the first two, nearest to all."""
+        name = self._reducer.get(devs)
         if name is not None:
             return name
-        devs = [self.device[m] for m in members]
         route = self.topo.route(devs[0], devs[1])
         path = [devs[0]] + [res[2] for res in route.resources if res[0] == "link"]
         best: tuple[int, str] | None = None
@@ -151,29 +170,59 @@ class _Compiled:
                 if best is None or hops < best[0]:
                     best = (hops, node)
         if best is None:
-            raise SimError(f"in-network collective on ranks {members}: the route {devs[0]} -> {devs[1]} crosses no "
+            raise SimError(f"in-network collective on devices {devs}: the route {devs[0]} -> {devs[1]} crosses no "
                            f"switch of system {self.system.name!r} to reduce in; use algorithm 'ring' or 'tree'")
-        self._reducer[members] = best[1]
+        self._reducer[devs] = best[1]
         return best[1]
 
-    def _node(self, end: int | Reducer) -> str:
-        return self.reducer(end.members) if isinstance(end, Reducer) else self.device[end]
+    def _copies(self, rank: int) -> int:
+        """How many ends each flow of ``rank`` is placed at: its own, plus one per mirror."""
+        return 1 + len(self.mirror.get(rank, ()))
+
+    def _dev(self, rank: int, j: int, by: int) -> str:
+        """Device of ``rank`` in copy ``j`` (0: itself, else its mirror j-1), for a flow of rank ``by``."""
+        if j == 0:
+            return self.device[rank]
+        if rank not in self.mirror:
+            raise SimError(f"mirrors: rank {by} has mirrors, rank {rank} (its peer) none; ranks that exchange data "
+                           "must both have them or both not")
+        return self.mirror[rank][j - 1]
+
+    def _node(self, end: int | Reducer, j: int, by: int) -> str:
+        if isinstance(end, Reducer):
+            return self.reducer(tuple(self._dev(m, j, by) for m in end.members))
+        return self._dev(end, j, by)
+
+    def _memory(self, rank: int, memory: str, j: int) -> str:
+        """The memory copy ``j`` of ``rank`` uses: the same place in the mirror's pool, or a memory of no pool."""
+        pool = self.system.pools.get(self.device[rank], ())
+        if j == 0 or memory not in pool:
+            return memory
+        mirror_pool = self.system.pools.get(self.mirror[rank][j - 1], ())
+        if len(mirror_pool) != len(pool):
+            raise SimError(f"mirrors[{rank}]: device {self.mirror[rank][j - 1]!r} has {len(mirror_pool)} pool memories, "
+                           f"{self.device[rank]!r} {len(pool)}; a mirror must have the same pool")
+        return mirror_pool[pool.index(memory)]
 
     def _compile(self, rank: int, index: int, op: Op, fold: int) -> None:
-        dev = self.device[rank]
+        copies = range(self._copies(rank))
         if isinstance(op, (Offload, Prefetch)):
             if op.memory not in self.memories:
                 raise SimError(f"rank {rank} op {op.name!r}.memory: got {op.memory!r}; must be a memory of system "
                                f"{self.system.name!r} ({', '.join(sorted(self.memories)) or 'none'})")
-            rid = self.route(dev, op.memory, fold) if isinstance(op, Offload) else self.route(op.memory, dev, fold)
+            pairs = tuple((self._dev(rank, j, rank), self._memory(rank, op.memory, j)) for j in copies)
+            if isinstance(op, Prefetch):
+                pairs = tuple((b, a) for a, b in pairs)
+            rid = self.route(pairs, fold)
             self.copy_parts[(rank, index)] = (((rid, op.nbytes),), self.latency[rid])
         elif isinstance(op, Send):
-            rid = self.route(dev, self.device[op.peer], fold)
+            rid = self.route(tuple((self._dev(rank, j, rank), self._dev(op.peer, j, rank)) for j in copies), fold)
             self.copy_parts[(rank, index)] = (((rid, op.nbytes),), self.latency[rid])
         elif isinstance(op, CollectiveOp) and op.collective not in self.collective_parts:
             phases = []
             for ph in lower(op.collective):
-                parts = tuple((self.route(self._node(f.src), self._node(f.dst), fold), f.nbytes) for f in ph.flows)
+                parts = tuple((self.route(tuple((self._node(f.src, j, rank), self._node(f.dst, j, rank))
+                                                for j in copies), fold), f.nbytes) for f in ph.flows)
                 hop = max(self.latency[rid] for rid, _ in parts)
                 phases.append((parts, ph.hops * hop))
             self.collective_parts[op.collective] = tuple(phases)
@@ -371,7 +420,8 @@ def _isolated_s(plan: _Compiled, parts: Parts, cache: dict[Parts, float]) -> flo
     return now
 
 
-def execute(system: System, programs: Iterable[RankProgram], *, devices: Mapping[int, str] | None = None) -> Execution:
+def execute(system: System, programs: Iterable[RankProgram], *, devices: Mapping[int, str] | None = None,
+            mirrors: Mapping[int, Sequence[str]] | None = None) -> Execution:
     """Run ``programs`` (validated, :func:`mcdla.sim.ir.validate`) on ``system`` with contention; see :class:`Execution`.
 
     Args:
@@ -379,12 +429,14 @@ def execute(system: System, programs: Iterable[RankProgram], *, devices: Mapping
         programs: one :class:`~mcdla.sim.ir.RankProgram` per rank; a representative subset of a large system
             folds symmetric peers (NOTE [folded ranks] in :mod:`mcdla.sim.ir`).
         devices: device name of each rank; default rank ``r`` on ``system.devices[r]``.
+        mirrors: for a folded rank, the devices of the ``fold - 1`` ranks it stands for; its flows then load
+            exactly the resources their mirrored routes share (otherwise every resource but its end ports).
 
     Raises:
         SimError: an invalid program set, a rank without a device, an unknown memory, an in-network collective
-            with no switch to reduce in, or programs that deadlock. HardwareError: no route between two ends.
+            with no switch to reduce in, mirrors that do not fit, or programs that deadlock. HardwareError: no route between two ends.
     """
-    plan = _Compiled(system, validate(programs), devices)
+    plan = _Compiled(system, validate(programs), devices, mirrors=mirrors)
     isolated: dict[Parts, float] = {}
     shared = _Run(plan, shared=True, isolated=isolated)
     makespan = shared.run()
@@ -399,14 +451,30 @@ def execute(system: System, programs: Iterable[RankProgram], *, devices: Mapping
                      op_end_s=dict(shared.end_s), solves=shared.net.solves)
 
 
-def collective_flow_time(collective: Collective, system: System, *, devices: Mapping[int, str] | None = None) -> float:
-    """The flow evaluator: seconds ``collective`` takes on ``system`` when nothing else runs.
+class CollectiveFlows:
+    """The flow evaluator of collectives on one system, its routes kept across evaluations.
 
-    Each phase of :func:`mcdla.sim.collective_phases.lower` runs alone on the system's routes (max-min among its
-    own flows), then its latency (NOTE [phase latency]); equals
-    :func:`~mcdla.sim.collective_models.closed_form_time` on :func:`~mcdla.sim.fabric_of_dims.dims_system`.
+    :meth:`time` gives the seconds a collective takes when nothing else runs: each phase of
+    :func:`mcdla.sim.collective_phases.lower` alone on the system's routes (max-min among its own flows), then its
+    latency (NOTE [phase latency]). On :func:`~mcdla.sim.fabric_of_dims.dims_system` it equals
+    :func:`~mcdla.sim.collective_models.closed_form_time` (NOTE [why the phases equal the closed forms]).
     """
-    op = CollectiveOp(name="c", collective=collective)
-    plan = _Compiled(system, validate(RankProgram(rank=r, ops=(op,)) for r in collective.group), devices)
-    isolated: dict[Parts, float] = {}
-    return sum(_isolated_s(plan, parts, isolated) + latency for parts, latency in plan.collective_parts[collective])
+
+    def __init__(self, system: System, *, devices: Mapping[int, str] | None = None) -> None:
+        """``devices``: device name of each rank; default rank ``r`` on ``system.devices[r]``."""
+        self.system = system
+        self.devices = devices
+        self.topo = Topology(system)
+
+    def time(self, collective: Collective) -> float:
+        """Seconds ``collective`` takes on the idle system."""
+        op = CollectiveOp(name="c", collective=collective)
+        programs = validate(RankProgram(rank=r, ops=(op,)) for r in collective.group)
+        plan = _Compiled(self.system, programs, self.devices, self.topo)
+        isolated: dict[Parts, float] = {}
+        return sum(_isolated_s(plan, parts, isolated) + latency for parts, latency in plan.collective_parts[collective])
+
+
+def collective_flow_time(collective: Collective, system: System, *, devices: Mapping[int, str] | None = None) -> float:
+    """Seconds ``collective`` takes alone on ``system`` by its flow phases (:meth:`CollectiveFlows.time`)."""
+    return CollectiveFlows(system, devices=devices).time(collective)
