@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcdla.errors import SimError
-from mcdla.hardware import FabricDim, LinkKind
+from mcdla.hardware import FabricDim, LinkKind, load_cluster
 from mcdla.sim.collective_models import KINDS, Collective, closed_form_time, double_binary_tree
 from mcdla.sim.collective_phases import Reducer, lower
 from mcdla.sim.fabric_of_dims import dims_system
-from mcdla.sim.ir_engine import collective_flow_time
+from mcdla.sim.ir_engine import CollectiveFlows, collective_flow_time
 
 _ALGS = ("ring", "tree", "in-network")
 
@@ -118,3 +118,19 @@ def test_bad_collective_is_one_line_error(kwargs: dict[str, object], match: str)
     with pytest.raises(SimError, match=match) as err:
         Collective(**fields)  # type: ignore[arg-type]
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100-ndr", "dgx-a100", "gh200",
+                                    pytest.param("gb200-nvl72", marks=pytest.mark.slow)])  # 144 GPUs: ~8 s
+def test_flow_phases_on_expanded_presets_equal_the_closed_form_on_their_dims(preset: str) -> None:
+    """The two hardware views of a generated preset agree: a collective over all GPUs of 2 nodes, run as flows
+    on ``Cluster.expand()``'s links, takes the closed form on ``Cluster.dims``, for every algorithm and kind."""
+    cluster = load_cluster(preset)
+    cluster = cluster.with_nodes(2) if cluster.scale_out is not None else cluster
+    flows = CollectiveFlows(cluster.expand())
+    levels = tuple(d.size for d in cluster.dims)
+    for alg in _ALGS:
+        for kind in ("all-reduce", "reduce-scatter", "all-to-all"):
+            coll = Collective(kind=kind, nbytes=1e9, group=tuple(range(cluster.n_devices)), levels=levels,
+                              algorithm=alg)
+            assert flows.time(coll) == pytest.approx(closed_form_time(coll, cluster.dims), rel=1e-9)
