@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcdla.errors import SimError
 from mcdla.hardware import FabricDim, LinkKind
 from mcdla.hardware.model import Device, Link, Memory, MemoryKind, Switch, System
 from mcdla.sim.collective_models import Collective, closed_form_time
 from mcdla.sim.fabric_of_dims import dims_system
-from mcdla.sim.ir import CollectiveOp, Compute, Offload, Prefetch, RankProgram, Recv, Send
+from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
 from mcdla.sim.ir_engine import execute
 
 _FLOPS = {"fp16": 1e15}
@@ -166,3 +170,47 @@ def test_unknown_memory_is_one_line_error() -> None:
     """An offload to a memory the system lacks names the op, the memory and the system's memories."""
     with pytest.raises(SimError, match=r"rank 0 op 'o'.memory: got 'cxl'; must be a memory of system 'uplink' \(host\)"):
         execute(_shared_uplink(), [RankProgram(rank=0, ops=(Offload(name="o", nbytes=1.0, memory="cxl"),))])
+
+
+@st.composite
+def _mirrored_pair(draw: st.DrawFn) -> tuple[list[RankProgram], list[RankProgram]]:
+    """Random programs for a sender on pa and a receiver on pb (with one send of random size at random places),
+    as two ranks of fold 2 and as the four ranks they stand for."""
+    def ops(peer_send: int | None, peer_recv: int | None) -> list[Op]:
+        out: list[Op] = []
+        for i in range(draw(st.integers(1, 5))):
+            kind = draw(st.sampled_from(("compute", "offload", "prefetch")))
+            waits = (out[-1].name,) if out and draw(st.booleans()) else ()
+            size = draw(st.floats(1e6, 2e9))
+            out.append(Compute(name=f"c{i}", seconds=size / 1e11, waits=waits) if kind == "compute" else
+                       Offload(name=f"o{i}", nbytes=size, memory="host", waits=waits) if kind == "offload" else
+                       Prefetch(name=f"p{i}", nbytes=size, memory="host", waits=waits))
+        at = draw(st.integers(0, len(out)))
+        nbytes = 3e8
+        if peer_send is not None:
+            out.insert(at, Send(name="s", nbytes=nbytes, peer=peer_send))
+        if peer_recv is not None:
+            out.insert(at, Recv(name="r", nbytes=nbytes, peer=peer_recv))
+        return out
+
+    sender, receiver = ops(2, None), ops(None, 0)
+    full = [RankProgram(rank=0, ops=tuple(sender)), RankProgram(rank=1, ops=tuple(_peer(sender, 3))),
+            RankProgram(rank=2, ops=tuple(receiver)), RankProgram(rank=3, ops=tuple(_peer(receiver, 1)))]
+    folded = [RankProgram(rank=0, ops=tuple(sender), fold=2), RankProgram(rank=2, ops=tuple(receiver), fold=2)]
+    return full, folded
+
+
+def _peer(ops: list[Op], peer: int) -> list[Op]:
+    return [dataclasses.replace(op, peer=peer) if isinstance(op, (Send, Recv)) else op for op in ops]
+
+
+@settings(max_examples=40, deadline=None)
+@given(_mirrored_pair())
+def test_random_folded_programs_equal_the_unfolded_ones(case: tuple[list[RankProgram], list[RankProgram]]) -> None:
+    """Any mix of compute, copies and a send on ranks 0 -> 2 folded x2 with mirrors g1, g3: every op ends when
+    it does in the four-rank run of the same programs."""
+    full_progs, folded_progs = case
+    full = execute(_two_switches(), full_progs)
+    folded = execute(_two_switches(), folded_progs, mirrors={0: ("g1",), 2: ("g3",)})
+    for key, end in folded.op_end_s.items():
+        assert end == pytest.approx(full.op_end_s[key], rel=1e-9)

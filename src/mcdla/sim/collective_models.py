@@ -18,11 +18,12 @@ Uncontended, bandwidth-optimal pipelining, no protocol overhead; each formula is
 =================  =================================  ====================================================
 kind               ring                               in-network (NVLink SHARP / IB SHARP)
 =================  =================================  ====================================================
-all-reduce         2 (p-1)/p n/B + 2 (p-1) a          n/B + a  (each GPU sends n up while the switch
-                                                      multicasts the reduced n down: one pipelined trip)
-reduce-scatter     (p-1)/p n/B + (p-1) a              (p-1)/p n/B + a
-all-gather         (p-1)/p n/B + (p-1) a              (p-1)/p n/B + a  (multicast: latency, not bytes)
-broadcast          n/B + (p-1) a  (pipelined chain)   n/B + a
+all-reduce         2 (p-1)/p n/B + 2 (p-1) a          n/B + 2 a  (each GPU sends n up while the switch
+                                                      multicasts the reduced n down, pipelined; a for each
+                                                      way: to the reducing switch, back from it)
+reduce-scatter     (p-1)/p n/B + (p-1) a              (p-1)/p n/B + 2 a
+all-gather         (p-1)/p n/B + (p-1) a              (p-1)/p n/B + 2 a  (multicast: latency, not bytes)
+broadcast          n/B + (p-1) a  (pipelined chain)   n/B + 2 a
 =================  =================================  ====================================================
 
 ``tree`` (NCCL's double binary tree, :func:`double_binary_tree`) is an all-reduce algorithm: two trees, each
@@ -191,7 +192,7 @@ def _one(kind: str, n: float, dim: FabricDim, algorithm: str) -> float:
     if kind == "all-to-all":
         return (p - 1) / p * n / b + a
     if algorithm == "in-network":
-        return n / b + a if kind in ("all-reduce", "broadcast") else (p - 1) / p * n / b + a
+        return n / b + 2 * a if kind in ("all-reduce", "broadcast") else (p - 1) / p * n / b + 2 * a
     if kind == "broadcast":
         return n / b + (p - 1) * a
     if algorithm == "tree" and kind == "all-reduce":

@@ -19,7 +19,8 @@ all-reduce on the outermost, all-gather back), every group of that level at once
 * in-network: each member sends to the reducer what the switch needs (all-reduce n, reduce-scatter the
   (p-1)/p of others' shards, all-gather its n/p shard) while the reducer sends each member what it gets back
   (n, its n/p shard, the (p-1)/p it lacks): up and down are different link directions and run at once, then
-  two hop latencies (to the switch and back).
+  two hops, each the latency between two members (the dimension's GPU-to-GPU latency ``a``, to the reducing
+  switch and back, as the closed form counts it).
 * all-to-all: every member sends n/P to every member whose highest differing level is this one, one hop.
 * broadcast: a pipelined chain from the group's root (ring), or root -> reducer -> members (in-network).
 * p2p: one flow, one hop.
@@ -66,14 +67,16 @@ class Flow:
 
 @dataclass(frozen=True, slots=True)
 class Phase:
-    """Flows that start together; the phase ends ``hops`` largest route latencies after the last drains.
+    """Flows that start together; the phase ends ``hops`` hop latencies after the last drains.
 
-    ``level`` is the hierarchy level it runs on (for reports).
+    A hop is the largest route latency among the flows, or, when ``hop_pairs`` names rank pairs, among the
+    routes between them. ``level`` is the hierarchy level it runs on (for reports).
     """
 
     flows: tuple[Flow, ...]
     hops: int
     level: int
+    hop_pairs: tuple[tuple[int, int], ...] = ()
 
 
 def _groups(levels: tuple[int, ...], level: int, *, rooted: bool = False) -> list[list[int]]:
@@ -97,7 +100,7 @@ def _level(kind: str, n: float, members: list[int], alg: str, level: int) -> lis
             up, down = {"all-reduce": (n, n), "reduce-scatter": ((p - 1) / p * n, n / p),
                         "all-gather": (n / p, (p - 1) / p * n)}[kind]
             flows = [Flow(m, red, up) for m in members] + [Flow(red, m, down) for m in members]
-        return [Phase(tuple(flows), 2, level)]
+        return [Phase(tuple(flows), 2, level, ((members[0], members[1]),))]
     if kind == "broadcast":
         return [Phase(tuple(Flow(a, b, n) for a, b in zip(members, members[1:])), p - 1, level)]
     if alg == "tree" and kind == "all-reduce":
@@ -117,7 +120,8 @@ def _merge(per_group: list[list[Phase]]) -> list[Phase]:
     merged = []
     for phases in zip(*per_group):
         assert len({ph.hops for ph in phases}) == 1, "groups of one level have the same structure"
-        merged.append(Phase(tuple(f for ph in phases for f in ph.flows), phases[0].hops, phases[0].level))
+        merged.append(Phase(tuple(f for ph in phases for f in ph.flows), phases[0].hops, phases[0].level,
+                            tuple(pair for ph in phases for pair in ph.hop_pairs)))
     return merged
 
 

@@ -190,6 +190,9 @@ class CompiledPrograms:
             for ph in lower(op.collective):
                 parts = tuple((self.route(tuple((self._node(f.src, j, rank), self._node(f.dst, j, rank))
                                                 for j in copies), fold), f.nbytes) for f in ph.flows)
-                hop = max(self.latency[rid] for rid, _ in parts)
+                if ph.hop_pairs:
+                    hop = max(self.topo.route(self.device[a], self.device[b]).latency_s for a, b in ph.hop_pairs)
+                else:
+                    hop = max(self.latency[rid] for rid, _ in parts)
                 phases.append((parts, ph.hops * hop))
             self.collective_parts[op.collective] = tuple(phases)

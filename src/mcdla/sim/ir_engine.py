@@ -18,8 +18,8 @@ counterfactual per class.
 
 NOTE [phase latency]
 A transfer ends when its last flow has drained plus its latency: a copy's route latency; a collective phase's
-``hops`` times the largest route latency among its flows (the ring's steps, the tree's fill up and down, the
-trip to the reducing switch and back).
+``hops`` times the largest route latency among its flows (the ring's steps, the tree's fill up and down), or
+for in-network, among the routes between members (a GPU-to-GPU latency to the reducing switch, one back).
 """
 
 from __future__ import annotations
