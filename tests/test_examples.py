@@ -11,6 +11,7 @@ import pytest
 from mcdla.cli import main
 from mcdla.hardware import load_system
 from mcdla.plan import make_plan
+from mcdla.profile import profile
 from mcdla.sim import pool_link
 from mcdla.workload import load_workload
 from mcdla.workload.execution import check_execution, load_execution
@@ -108,13 +109,26 @@ def test_virtualize_example_keeps_gradients_exact(capsys) -> None:
 
 
 def test_tutorial_script_plans_predicts_and_runs(tmp_path) -> None:
-    """tutorial.py: the runtime offloads exactly the planned layers, gradients stay exact, files reload."""
+    """tutorial.py: the runtime offloads the planned layers' profiled saved bytes, gradients stay exact."""
     tutorial = _load_script("tutorial")
     result = tutorial.run(tmp_path, batch=4, systems=("dc-dla", "mc-dla"))
-    assert result.planned_offloads and result.offloaded_layers == result.planned_offloads
+    assert result.planned_offload_bytes
+    assert result.offloaded_bytes == pytest.approx(result.planned_offload_bytes)
     assert result.gradients_identical
     # MC-DLA's memory-nodes give the pool more bandwidth than DC-DLA's PCIe: never slower for the same plan.
     assert 0 < result.iteration_s["mc-dla"] <= result.iteration_s["dc-dla"]
     workload = load_workload(str(tmp_path / "my-net.yaml"))
     assert workload.measured_on is not None and workload.has_measured_times
     Plan.load(tmp_path / "plan.json").check_matches(workload.layer_names, workload.name)
+
+
+def test_shipped_profiled_workload_is_the_tutorial_model() -> None:
+    """workloads/tutorial-cnn.yaml has the FLOPs and saved bytes a fresh profile of the tutorial's model counts."""
+    tutorial = _load_script("tutorial")
+    shipped = load_workload(str(EXAMPLES / "workloads" / "tutorial-cnn.yaml"))
+    model, x, loss_fn = tutorial.make_model(shipped.batch)
+    fresh = profile(model, x, loss_fn, name=shipped.name, warmup_steps=0, measured_steps=1)
+    counted = ("fwd_flops", "bwd_flops", "saved_bytes", "param_bytes", "output_bytes")
+    assert [(l.name, *(getattr(l, f) for f in counted)) for l in shipped.layers] == \
+        [(l.name, *(getattr(l, f) for f in counted)) for l in fresh.layers]
+    assert shipped.measured_on is not None and shipped.has_measured_times

@@ -7,7 +7,8 @@
 3. Predict the iteration time on DC-DLA, MC-DLA and two 2026 systems. The measured times are this CPU's,
    so they are rescaled to each GPU first (``--scale-to roofline`` on the command line).
 4. Run a training step under ``mcdla.virtualize`` with the plan and compare it with the plan and with a run
-   without virtualization: the offloaded layers, and bit-identical gradients.
+   without virtualization: the bytes offloaded per layer equal the profiled saved bytes of the planned
+   layers, and the gradients are bit-identical.
 
 Run it (about 10 s on a laptop CPU, most of it simulating the 72-GPU system)::
 
@@ -33,6 +34,7 @@ from mcdla.plan import make_plan
 from mcdla.profile import profile
 from mcdla.sim import pool_link, simulate
 from mcdla.sim.measured import scale_measured_times
+from mcdla.units import format_bytes
 from mcdla.workload import Action, save_workload
 
 SYSTEMS = ("dc-dla", "mc-dla", "dc-dla-2026", "gb200-nvl72-memnode")
@@ -54,11 +56,14 @@ def make_model(batch: int = 16) -> tuple[nn.Module, torch.Tensor, Callable[[torc
 
 @dataclass(frozen=True)
 class TutorialResult:
-    """What the tutorial found: the iteration time per system (s), and the runtime's check of the plan."""
+    """What the tutorial found: the iteration time per system (s), and the runtime's run of the plan.
+
+    ``planned_offload_bytes`` are the saved bytes (per layer) of the layers the plan offloads, from the profile;
+    ``offloaded_bytes`` what the runtime moved to the pool per module."""
 
     iteration_s: dict[str, float]
-    planned_offloads: frozenset[str]
-    offloaded_layers: frozenset[str]
+    planned_offload_bytes: dict[str, float]
+    offloaded_bytes: dict[str, int]
     gradients_identical: bool
 
 
@@ -88,22 +93,24 @@ def run(out: Path, batch: int = 16, systems: Sequence[str] = SYSTEMS) -> Tutoria
                                plan).iteration_time_s
 
     # 4. Run: one step under the plan, one without; the gradients must be equal bit for bit.
-    def grads(virtualized: bool) -> tuple[list[torch.Tensor], frozenset[str]]:
+    # min_bytes=0 moves every planned storage, however small (by default those under 256 KiB stay).
+    def grads(virtualized: bool) -> tuple[list[torch.Tensor], dict[str, int]]:
         model.zero_grad(set_to_none=True)
         if not virtualized:
             loss_fn(model(x)).backward()
-            return [p.grad.clone() for p in model.parameters()], frozenset()
-        with mcdla.virtualize(pool="host", plan=plan, model=model) as v:
+            return [p.grad.clone() for p in model.parameters()], {}
+        with mcdla.virtualize(pool="host", plan=plan, model=model, min_bytes=0) as v:
             loss_fn(model(x)).backward()
-        moved = frozenset(layer for layer, nbytes in v.report.offloaded_bytes_by_layer.items() if nbytes)
+        moved = {layer: nbytes for layer, nbytes in v.report.offloaded_bytes_by_layer.items() if nbytes}
         return [p.grad.clone() for p in model.parameters()], moved
 
     plain, _ = grads(False)
     virtualized, moved = grads(True)
     return TutorialResult(
         iteration_s=times,
-        planned_offloads=frozenset(plan.layers_with(Action.OFFLOAD)),
-        offloaded_layers=moved,
+        planned_offload_bytes={name: workload.layers[workload.index_of(name)].saved_bytes
+                               for name in plan.layers_with(Action.OFFLOAD)},
+        offloaded_bytes=moved,
         gradients_identical=all(torch.equal(a, b) for a, b in zip(plain, virtualized)),
     )
 
@@ -117,10 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     base = result.iteration_s[SYSTEMS[0]]
     for name, seconds in result.iteration_s.items():
         print(f"{name:<22} {seconds * 1e3:9.3f} ms  speedup over {SYSTEMS[0]} {base / seconds:5.2f}x")
-    print(f"planned offloads: {', '.join(sorted(result.planned_offloads)) or 'none'}")
-    print(f"runtime offloaded: {', '.join(sorted(result.offloaded_layers)) or 'none'}")
+    for label, per_layer in (("planned offloads", result.planned_offload_bytes),
+                             ("runtime offloaded", result.offloaded_bytes)):
+        print(f"{label:<18} " + (", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(per_layer.items())) or "none"))
     print(f"gradients {'identical' if result.gradients_identical else 'DIFFER'} with and without virtualization")
-    return 0 if result.gradients_identical and result.offloaded_layers == result.planned_offloads else 1
+    same_bytes = result.offloaded_bytes == {k: int(v) for k, v in result.planned_offload_bytes.items()}
+    return 0 if result.gradients_identical and same_bytes else 1
 
 
 if __name__ == "__main__":
