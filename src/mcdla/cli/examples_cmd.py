@@ -55,9 +55,14 @@ def examples_cmd(
     """List the example files shipped with mcdla (system, workload, LLM execution record, plan, scripts)."""
     names = example_files()
     if copy is None:
-        console.print(f"examples in {_root()}:")
+        from rich.table import Table
+
+        table = Table(title=f"examples in {_root()}", title_justify="left", box=None, show_header=False)
+        table.add_column("file", no_wrap=True)
+        table.add_column("what")
         for name in names:
-            console.print(f"  {name.as_posix():<28} {describe(name)}")
+            table.add_row(name.as_posix(), describe(name))
+        console.print(table)
         return
     if copy.exists() and not copy.is_dir():
         fail(f"--copy: got {brief(str(copy), 200)}; it is a file, must be a directory")

@@ -19,7 +19,7 @@ from mcdla.hardware import load_system
 from mcdla.plan import PLANNERS, make_plan, policy_plan
 from mcdla.report import experiments, figures, tables
 from mcdla.sim import pool_link, simulate
-from mcdla.sim.measured import measurement_mismatch, scale_measured_times
+from mcdla.sim.measured import SCALE_MODES, measurement_mismatch, scale_measured_times
 from mcdla.units import format_bytes, format_seconds
 from mcdla.workload import load_workload
 
@@ -39,10 +39,7 @@ class Policy(str, Enum):
     conv = "conv"
 
 
-class ScaleTo(str, Enum):
-    peak = "peak"
-    roofline = "roofline"
-
+ScaleTo = Enum("ScaleTo", {mode: mode for mode in SCALE_MODES}, type=str)  # --scale-to's choices
 
 def check_planner(planner: str | None) -> None:
     if planner is not None and planner not in PLANNERS:
