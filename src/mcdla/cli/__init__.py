@@ -23,7 +23,8 @@ from mcdla.errors import McdlaError, brief
 __all__ = ["app", "main"]
 
 
-_COMMAND_MODULES = ("sim_cmd", "plan_cmd", "runtime_cmd", "validate_cmd", "llm_cmd", "chakra_cmd", "search_cmd")
+_COMMAND_MODULES = ("sim_cmd", "plan_cmd", "runtime_cmd", "validate_cmd", "llm_cmd", "chakra_cmd", "search_cmd",
+                    "examples_cmd")
 # OS errors that a user's path causes (missing, not allowed, a directory, full disk), not a bug.
 _USER_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.EROFS,
                 errno.ENOSPC, errno.ENAMETOOLONG, errno.EEXIST, errno.ELOOP}

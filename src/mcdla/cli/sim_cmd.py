@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from enum import Enum
 from pathlib import Path
@@ -18,6 +19,7 @@ from mcdla.hardware import load_system
 from mcdla.plan import PLANNERS, make_plan, policy_plan
 from mcdla.report import experiments, figures, tables
 from mcdla.sim import pool_link, simulate
+from mcdla.sim.measured import SCALE_MODES, measurement_mismatch, scale_measured_times
 from mcdla.units import format_bytes, format_seconds
 from mcdla.workload import load_workload
 
@@ -36,6 +38,8 @@ class Policy(str, Enum):
     all = "all"
     conv = "conv"
 
+
+ScaleTo = Enum("ScaleTo", {mode: mode for mode in SCALE_MODES}, type=str)  # --scale-to's choices
 
 def check_planner(planner: str | None) -> None:
     if planner is not None and planner not in PLANNERS:
@@ -64,10 +68,15 @@ def simulate_cmd(
         help="Device-memory budget for --planner with a unit, e.g. 8GiB, at most the device memory (default: all of it).")] = None,
     trace: Annotated[Optional[Path], typer.Option(help="Write a Chrome trace (open in Perfetto).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    scale_to: Annotated[Optional[ScaleTo], typer.Option(
+        "--scale-to", help="Make a profiled workload's measured layer times hold on the system: peak (times the "
+        "measured/target peak FLOP/s ratio) or roofline (drop them; time layers from FLOPs and bytes).")] = None,
 ) -> None:
     """Simulate one training iteration of a workload on a system with memory virtualization.
 
-    An infeasible iteration (it does not fit the device memory) prints its result and exits with status 1."""
+    An infeasible iteration (it does not fit the device memory) prints its result and exits with status 1.
+    A workload with measured layer times simulated on other hardware than it was measured on gets a one-line
+    warning on stderr unless --scale-to says how to rescale them."""
     check_planner(planner)
     check_batch(batch)
     check_output(trace, "--trace")
@@ -75,6 +84,10 @@ def simulate_cmd(
         fail("--budget: only used with --planner")
     sys_ = load_system(system)
     wl = load_workload(workload, batch=batch)
+    if scale_to is not None:
+        wl = scale_measured_times(wl, sys_.devices[0], scale_to.value)
+    elif (mismatch := measurement_mismatch(wl, sys_)) is not None:
+        print(f"mcdla: warning: {mismatch}", file=sys.stderr)
     plan = plan_for(sys_, wl, planner=planner, budget=budget, policy=policy.value)
     result = simulate(sys_, wl, plan, parallel=parallel.value, record_timeline=trace is not None)
     if trace is not None:

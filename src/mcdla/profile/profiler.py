@@ -36,6 +36,8 @@ whose ``forward`` only calls its children) hand their time to the next layer int
 
 from __future__ import annotations
 
+import math
+import platform
 import socket
 import statistics
 from collections import defaultdict
@@ -53,7 +55,7 @@ from mcdla.profile._kinds import kind_of
 from mcdla.profile._owners import LOSS_NAME, ROOT_NAME, Granularity, owner_names, units_of
 from mcdla.profile._passes import Counts, count_step, time_steps
 from mcdla.profile._steps import LossFn, infer_batch, normalize_inputs, precision_of, zero_grads
-from mcdla.workload.model import Layer, LayerKind, Workload
+from mcdla.workload.model import Layer, LayerKind, Measurement, Workload
 
 __all__ = ["ProfileResult", "SharedOwner", "profile", "profile_run"]
 
@@ -128,6 +130,7 @@ def profile_run(
     optimizer_bytes_per_param_byte: float = 0.0,
     shared_storage_owner: SharedOwner = "first",
     min_saved_bytes: int = 0,
+    peak_flops_per_s: float | None = None,
 ) -> ProfileResult:
     """Profile ``model`` and return the workload with its raw measurements; see :func:`profile`."""
     if not isinstance(model, nn.Module):
@@ -143,6 +146,10 @@ def profile_run(
         raise ProfileError(f"shared_storage_owner: got {shared_storage_owner!r}; must be 'last' or 'first'")
     if loss_fn is not None and not callable(loss_fn):
         raise ProfileError(f"loss_fn: got {type(loss_fn).__name__}; must be callable or None")
+    peak = peak_flops_per_s
+    if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float)) or not math.isfinite(peak)
+                             or peak <= 0):
+        raise ProfileError(f"peak_flops_per_s: got {peak_flops_per_s!r}; must be a finite FLOP/s > 0 or None")
     inputs = normalize_inputs(example_inputs)
     units = units_of(model, granularity)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -192,6 +199,7 @@ def profile_run(
             f"profiled by mcdla.profile on {socket.gethostname()} ({device}) at {stamp}: {granularity} "
             f"granularity, median of {measured_steps} steps after {warmup_steps} warm-up"
         ),
+        measured_on=Measurement(device=_device_description(device), peak_flops_per_s=peak_flops_per_s),
     )
     return ProfileResult(
         workload=workload,
@@ -217,6 +225,7 @@ def profile(
     optimizer_bytes_per_param_byte: float = 0.0,
     shared_storage_owner: SharedOwner = "first",
     min_saved_bytes: int = 0,
+    peak_flops_per_s: float | None = None,
 ) -> Workload:
     """Measure one training step of ``model`` into a workload whose layers are its modules.
 
@@ -235,6 +244,8 @@ def profile(
             analytical zoo's rule).
         min_saved_bytes: storages smaller than this are not counted as saved (to match a runtime that leaves
             them on the device, ``mcdla.virtualize(min_bytes=...)``).
+        peak_flops_per_s: the measuring device's peak FLOP/s in the model's precision, if known; recorded in
+            the workload's ``measured_on`` so ``mcdla simulate --scale-to peak`` can rescale the times.
 
     Returns:
         A workload at the inputs' batch size; per layer FLOPs (FLOP), saved, output and parameter bytes and
@@ -253,7 +264,29 @@ def profile(
         optimizer_bytes_per_param_byte=optimizer_bytes_per_param_byte,
         shared_storage_owner=shared_storage_owner,
         min_saved_bytes=min_saved_bytes,
+        peak_flops_per_s=peak_flops_per_s,
     ).workload
+
+
+def _device_description(device: torch.device) -> str:
+    """The device that measures, in words: its kind, model name and host (``"cuda: NVIDIA H100 on node1"``)."""
+    if device.type == "cuda":
+        what = torch.cuda.get_device_name(device)
+    else:
+        what = _cpu_model() or platform.machine() or "unknown processor"
+    return f"{device.type}: {what} on {socket.gethostname()}"
+
+
+def _cpu_model() -> str:
+    """The processor's model name from ``/proc/cpuinfo`` (Linux), else ``platform.processor()``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def _layers(counts: Counts, order: list[str], unit_names: frozenset[str]) -> list[str]:

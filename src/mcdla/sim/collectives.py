@@ -121,7 +121,8 @@ class CollectiveRunner:
         self.last_end_s = now
         engine = self.engine
         if engine.spans is not None:
-            engine.spans.append((-1, 3, coll.label, "collective", coll.start_s, now))
+            engine.record_span((-1, 3, coll.label, "collective", coll.start_s, now), bytes=coll.nbytes,
+                               kind="all-reduce" if coll.kind == ALL_REDUCE else "all-gather")
         for device in engine.devices:
             if device.wait_coll == coll.index:
                 device.try_compute(now)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["DeviceState"]
 
 _FIT_SLACK = 1e-9
+_PHASES = ("forward", "recompute", "backward")  # a compute span's phase, by Op.kind
 
 
 class DeviceState:
@@ -242,7 +243,9 @@ class DeviceState:
             self.recompute_s += op.duration_s
         engine = self.engine
         if engine.spans is not None:
-            engine.spans.append((self.index, 0, op.label, "compute", self.op_start, now))
+            engine.record_span((self.index, 0, op.label, "compute", self.op_start, now),
+                               layer=engine.layer_names[op.layer], phase=_PHASES[op.kind], flops=op.flops,
+                               bytes_moved=op.bytes_moved)
         self.free(op.free_bytes, now)
         layer = op.offload
         if layer >= 0 and self.off_done[layer]:
@@ -279,8 +282,10 @@ class DeviceState:
         engine = self.engine
         engine.offloaded_bytes += self.saved[layer]
         if engine.spans is not None:
-            engine.spans.append((self.index, 1, f"offload {engine.layer_names[layer]}", "offload",
-                                 self.d2h_start, now))
+            name = engine.layer_names[layer]
+            engine.record_span((self.index, 1, f"offload {name}", "offload", self.d2h_start, now),
+                               layer=name, tensor=f"saved {name}", bytes=self.saved[layer],
+                               tier=engine.pool_names(self.index))
         if self.fwd_done[layer]:
             self.free(self.saved[layer], now)
         self.try_d2h(now)
@@ -320,8 +325,10 @@ class DeviceState:
         engine.prefetched_bytes += self.saved[layer]
         engine.pool_release(self, layer, now)
         if engine.spans is not None:
-            engine.spans.append((self.index, 2, f"prefetch {engine.layer_names[layer]}", "prefetch",
-                                 self.h2d_start, now))
+            name = engine.layer_names[layer]
+            engine.record_span((self.index, 2, f"prefetch {name}", "prefetch", self.h2d_start, now),
+                               layer=name, tensor=f"saved {name}", bytes=self.saved[layer],
+                               tier=engine.pool_names(self.index))
         self.try_h2d(now)
         self.try_compute(now)
 

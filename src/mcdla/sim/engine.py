@@ -42,6 +42,7 @@ class Engine:
         self.queue = EventQueue()
         self.net = FlowNetwork(fabric.capacities, fabric.routes)
         self.spans: list[Any] | None = [] if record else None
+        self.span_args: list[dict[str, Any]] = []
         self.record = record
         self.unlimited = unlimited_virtualization
         self.layer_names = programs[0].layer_names
@@ -71,6 +72,17 @@ class Engine:
         self.finished = 0
         self.end_s = 0.0
         self.events = 0
+
+    def record_span(self, span: tuple[int, int, str, str, float, float], **args: Any) -> None:
+        """Keep one operation for the trace (only when recording) with its details (``Span`` and its args)."""
+        if self.spans is not None:
+            self.spans.append(span)
+            self.span_args.append(args)
+
+    def pool_names(self, device_index: int) -> str:
+        """The pool memories a device's offloads are spread over, as one string (a span's ``tier``)."""
+        names = self.fabric.memory_names
+        return ",".join(names[mem] for mem, _route in self.fabric.offload_routes[device_index])
 
     # -- transfers ---------------------------------------------------------------------------------------------
     def transfer(self, parts: list[tuple[int, float]], handler: Callable[[Any, float], None], arg: Any,

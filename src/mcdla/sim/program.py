@@ -40,7 +40,7 @@ class Op:
 
     Attributes:
         kind: FORWARD, RECOMPUTE (a re-run of a forward) or BACKWARD; layer: its layer index; label: name.
-        duration_s: roofline time.
+        duration_s: roofline time; flops, bytes_moved: the FLOP and bytes it executes (for traces).
         alloc_bytes: allocated when it starts; free_bytes: freed when it ends.
         need_data: layer whose prefetch must have completed before it starts (-1: none).
         reach_prefetch: layers whose prefetch is issued when the stream reaches this op (recompute base).
@@ -51,7 +51,7 @@ class Op:
         coll_label: its name; coll_blocks: whether the next op waits for it (model parallel).
     """
 
-    __slots__ = ("kind", "layer", "label", "duration_s", "alloc_bytes", "free_bytes", "need_data",
+    __slots__ = ("kind", "layer", "label", "duration_s", "flops", "bytes_moved", "alloc_bytes", "free_bytes", "need_data",
                  "reach_prefetch", "start_prefetch", "end_prefetch", "offload", "coll_bytes", "coll_kind",
                  "coll_label", "coll_blocks")
 
@@ -61,6 +61,8 @@ class Op:
         self.layer = layer
         self.label = label
         self.duration_s = duration_s
+        self.flops = 0.0
+        self.bytes_moved = 0.0
         self.alloc_bytes = alloc_bytes
         self.free_bytes = free_bytes
         self.need_data = -1
@@ -185,12 +187,14 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
     def forward(kind: int, k: int) -> Op:
         if kind == FORWARD:
             op = Op(FORWARD, k, f"F {names[k]}", fwd[k], saved[k] + transient[k], transient[k])
+            op.flops, op.bytes_moved = layers[k].fwd_flops / share, layers[k].fwd_bytes_moved / share
             if actions[k] is Action.RECOMPUTE:
                 op.free_bytes += saved[k]
             elif actions[k] is Action.OFFLOAD:
                 op.offload = k
         else:  # re-run of F_k: regenerates S_{k+1}
             op = Op(RECOMPUTE, k, f"R {names[k]}", fwd[k], saved[k + 1] + transient[k], transient[k])
+            op.flops, op.bytes_moved = layers[k].fwd_flops / share, layers[k].fwd_bytes_moved / share
         if model_parallel and collectives and layers[k].output_bytes > 0 and _exchanges(workload, k):
             op.coll_bytes, op.coll_kind, op.coll_blocks = layers[k].output_bytes, ALL_GATHER, True
             op.coll_label = f"all-gather {names[k]}"
@@ -219,6 +223,7 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
         l = layers[i]
         back = 2 * l.output_bytes / share + l.workspace_bytes / share
         op = Op(BACKWARD, i, f"B {names[i]}", bwd[i], back, back + saved[i])
+        op.flops, op.bytes_moved = l.bwd_flops / share, l.bwd_bytes_moved / share
         if actions[i] is Action.OFFLOAD:
             op.need_data = i
         op.start_prefetch = tuple(issued_at.get(i, ()))

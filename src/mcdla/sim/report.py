@@ -114,5 +114,6 @@ def assemble(engine: Engine, *, workload: str, planner: str, parallel: str) -> S
         dram_bytes=dict(zip(fabric.memory_names, dram_bytes)),
         recorded=engine.record,
         spans=tuple(engine.spans) if engine.spans is not None else (),
+        span_args=tuple(engine.span_args),
         stats={"events": engine.events, "rate_recomputes": engine.net.recomputes, "rate_solves": engine.net.solves},
     )

@@ -15,6 +15,7 @@ of data parallelism) is communication.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ class SimResult:
             iteration time) (0 for unlimited links).
         dram_bytes: bytes read or written per pool memory's DRAM.
         spans: recorded operations (only with ``record_timeline``); use :meth:`trace_events`.
+        span_args: the details of each span, in the same order (a compute span's layer, phase, FLOPs and bytes
+            moved; an offload's or prefetch's layer, tensor, bytes and pool memories; a collective's bytes and
+            kind): the ``args`` of the trace's events.
         stats: engine counters (events, rate solves) for benchmarks.
     """
 
@@ -88,6 +92,7 @@ class SimResult:
     dram_bytes: dict[str, float]
     recorded: bool = False
     spans: tuple[Span, ...] = field(default=(), repr=False)
+    span_args: tuple[dict[str, Any], ...] = field(default=(), repr=False)
     stats: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -103,7 +108,8 @@ class SimResult:
     # -- Chrome trace -------------------------------------------------------------------------------------------
     def trace_events(self) -> list[dict[str, Any]]:
         """Chrome trace events: one process per device (threads = streams) and per pool memory, ``X`` events for
-        operations, transfers and collectives, ``C`` counters for memory. Times in microseconds."""
+        operations, transfers and collectives (their ``args`` from :attr:`span_args`), a flow (``s`` / ``f``)
+        from each offload to the prefetch of the same tensor, ``C`` counters for memory. Times in microseconds."""
         if not self.recorded:
             raise SimError("trace: the result has no timeline; simulate with record_timeline=True")
         events: list[dict[str, Any]] = []
@@ -112,10 +118,12 @@ class SimResult:
             events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
             for tid, stream in enumerate(STREAMS):
                 events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": stream}})
-        for dev, tid, name, cat, start, end in self.spans:
+        args = self.span_args if len(self.span_args) == len(self.spans) else ({},) * len(self.spans)
+        for (dev, tid, name, cat, start, end), details in zip(self.spans, args):
             for pid in range(n) if dev < 0 else (dev,):
                 events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid,
-                               "ts": start * 1e6, "dur": (end - start) * 1e6})
+                               "ts": start * 1e6, "dur": (end - start) * 1e6, "args": dict(details)})
+        events.extend(_offload_flows(self.spans, args))
         pools = [node for node in self.capacity_bytes_by_node if node not in self.devices]
         for offset, node in enumerate(pools):
             events.append({"ph": "M", "name": "process_name", "pid": n + offset, "tid": 0, "args": {"name": node}})
@@ -144,3 +152,27 @@ class SimResult:
     def save_chrome_trace(self, path: str | Path) -> None:
         """Write :meth:`to_chrome_trace` to ``path`` as JSON."""
         Path(path).write_text(json.dumps(self.to_chrome_trace()))
+
+
+def _offload_flows(spans: tuple[Span, ...], args: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    """Flow events (Chrome's ``s`` / ``f``, drawn as arrows by Perfetto) from each offload to the prefetch that
+    brings the same tensor back to the same device.
+
+    Each flow starts in the middle of its offload slice and ends in the middle of its prefetch slice (``bp: "e"``
+    binds the end to the enclosing slice, not the next one); ids count from 1 in the order of the offloads.
+    """
+    open_flows: dict[tuple[int, str], int] = {}  # (device, layer) -> id of the flow its offload started
+    ids = itertools.count(1)
+    flows: list[dict[str, Any]] = []
+    for (dev, tid, name, cat, start, end), details in zip(spans, args):
+        if cat not in ("offload", "prefetch"):
+            continue
+        key = (dev, str(details.get("layer", name.partition(" ")[2])))
+        flow = {"name": "offload to prefetch", "cat": "virtualization", "pid": dev, "tid": tid,
+                "ts": (start + end) / 2 * 1e6}
+        if cat == "offload":
+            open_flows[key] = next(ids)
+            flows.append({"ph": "s", "id": open_flows[key], **flow})
+        elif key in open_flows:
+            flows.append({"ph": "f", "bp": "e", "id": open_flows.pop(key), **flow})
+    return flows

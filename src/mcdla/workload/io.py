@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, WorkloadError, brief, field_path
-from mcdla.units import parse_bytes
-from mcdla.workload.model import Layer, LayerKind, Workload
+from mcdla.units import parse_bytes, parse_flops_per_s
+from mcdla.workload.model import Layer, LayerKind, Measurement, Workload
 
 __all__ = ["FORMAT", "SUFFIXES", "workload_to_dict", "workload_from_dict", "load_workload_file", "save_workload"]
 
@@ -100,6 +100,27 @@ class _LayerFile(BaseModel):
         return _byte_number(value)
 
 
+class _MeasuredOnFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(min_length=1)
+    peak_flops_per_s: float | None = None
+
+    @field_validator("peak_flops_per_s", mode="before")
+    @classmethod
+    def _peak(cls, value: Any) -> float | None:
+        if value is None:
+            return None
+        allowed = "must be a finite peak rate > 0 such as 312TFLOP/s (or a plain FLOP/s number), or null"
+        try:
+            peak = parse_flops_per_s(value) if not isinstance(value, bool) else math.nan
+        except ConfigError:
+            raise ValueError(allowed) from None
+        if not (math.isfinite(peak) and peak > 0):
+            raise ValueError(allowed)
+        return peak
+
+
 class _WorkloadFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -109,6 +130,7 @@ class _WorkloadFile(BaseModel):
     precision: str = "fp16"
     optimizer_bytes_per_param_byte: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     description: str = ""
+    measured_on: _MeasuredOnFile | None = None
     layers: list[_LayerFile] = Field(min_length=1)
 
     @field_validator("format")
@@ -189,8 +211,16 @@ def workload_to_dict(workload: Workload) -> dict[str, Any]:
         "precision": workload.precision,
         "optimizer_bytes_per_param_byte": _plain(float(workload.optimizer_bytes_per_param_byte)),
         "description": workload.description,
+        **({"measured_on": _measured_on_dict(workload.measured_on)} if workload.measured_on is not None else {}),
         "layers": layers,
     }
+
+
+def _measured_on_dict(measured: Measurement) -> dict[str, Any]:
+    doc: dict[str, Any] = {"device": measured.device}
+    if measured.peak_flops_per_s is not None:
+        doc["peak_flops_per_s"] = _plain(float(measured.peak_flops_per_s))
+    return doc
 
 
 def workload_from_dict(data: Any, *, source: str = "workload") -> Workload:
@@ -213,6 +243,7 @@ def workload_from_dict(data: Any, *, source: str = "workload") -> Workload:
             precision=parsed.precision,
             optimizer_bytes_per_param_byte=parsed.optimizer_bytes_per_param_byte,
             description=parsed.description,
+            measured_on=None if parsed.measured_on is None else Measurement(**parsed.measured_on.model_dump()),
         )
     except WorkloadError as exc:
         raise WorkloadError(f"{source}: {exc}") from None

@@ -15,7 +15,7 @@ from enum import Enum
 
 from mcdla.errors import WorkloadError
 
-__all__ = ["LayerKind", "Layer", "Workload"]
+__all__ = ["LayerKind", "Layer", "Measurement", "Workload"]
 
 
 class LayerKind(str, Enum):
@@ -129,6 +129,29 @@ class Layer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """Where a workload's measured layer times (``fwd_time_s`` / ``bwd_time_s``) were taken.
+
+    Measured times hold for that device only; simulating them on other hardware needs them rescaled
+    (``mcdla simulate --scale-to``), which the peak makes possible.
+
+    Attributes:
+        device: what measured them, in words (``"cpu: Intel(R) Xeon(R) ... on host1"``, ``"cuda: NVIDIA H100"``).
+        peak_flops_per_s: that device's peak FLOP/s in the workload's precision, when known (None: unknown).
+    """
+
+    device: str
+    peak_flops_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, str) or not self.device:
+            raise WorkloadError(f"measured_on.device: got {self.device!r}; must be a non-empty string")
+        peak = self.peak_flops_per_s
+        if peak is not None and not (isinstance(peak, (int, float)) and math.isfinite(peak) and peak > 0):
+            raise WorkloadError(f"measured_on.peak_flops_per_s: got {peak!r}; must be a finite FLOP/s > 0 or null")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
     """A training step: layers in forward (topological) order, at a given batch size.
 
@@ -140,6 +163,7 @@ class Workload:
         optimizer_bytes_per_param_byte: optimizer state kept per parameter byte (0 for SGD, 1 for momentum,
             2 for Adam), resident on the device beside weights and gradients.
         description: free text (shapes, sources).
+        measured_on: where the layers' measured times were taken (None: not measured, or not recorded).
     """
 
     name: str
@@ -148,6 +172,7 @@ class Workload:
     precision: str = "fp16"
     optimizer_bytes_per_param_byte: float = 1.0
     description: str = ""
+    measured_on: Measurement | None = None
     _index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -189,6 +214,11 @@ class Workload:
             return self._index[name]
         except KeyError:
             raise WorkloadError(f"workload {self.name!r}: no layer named {name!r}") from None
+
+    @property
+    def has_measured_times(self) -> bool:
+        """Whether any layer carries a measured ``fwd_time_s`` or ``bwd_time_s`` (then it is not a roofline)."""
+        return any(layer.fwd_time_s is not None or layer.bwd_time_s is not None for layer in self.layers)
 
     @property
     def layer_names(self) -> tuple[str, ...]:
