@@ -66,8 +66,8 @@ def test_reproduce_writes_results_and_figures(tmp_path, run_cli) -> None:
 
 @pytest.mark.slow
 def test_reproduce_with_sweep(tmp_path, run_cli) -> None:
-    """The full reproduce, sweep included, writes the sweep figure and prints its table."""
-    code, out, _ = run_cli("reproduce", "--out", str(tmp_path))
+    """The full reproduce, sweep and sensitivity grid included, writes their figures and prints the sweep table."""
+    code, out, _ = run_cli("reproduce", "--out", str(tmp_path), "--sensitivity")
     assert code == 0 and "PCIe 6.0" in out and "the paper's 2.8x at" in out
     for name in ("sweep.png", "sensitivity.png", "sensitivity.json", "variants.json"):
         assert (tmp_path / name).exists()

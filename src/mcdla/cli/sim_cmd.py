@@ -141,10 +141,11 @@ def reproduce_cmd(
         help="dc-dla's PCIe bandwidth per GPU with all offloading at once, e.g. 12.8GB/s (default: the preset's "
              "6.4GB/s, two GPUs per switch).")] = None,
     sensitivity: Annotated[bool, typer.Option(
-        help="Also run the compute-efficiency x PCIe-share grid (sensitivity.json, sensitivity.png).")] = True,
+        help="Also run the compute-efficiency x PCIe-share grid (sensitivity.json, sensitivity.png; 784 "
+             "simulations, ~5-15 s).")] = False,
     variants: Annotated[str, typer.Option(
-        help="Variants whose geo. mean speedup.png shows, comma-separated from fp32, conv, lp, pofo (slow), "
-             "or none.")] = "fp32,conv,lp",
+        help="Variants whose geo. mean speedup.png shows, comma-separated from fp32, conv, lp (~2 s), pofo "
+             "(~35 s), or none.")] = "fp32,conv",
     workers: Annotated[Optional[int], typer.Option(help="Worker processes (default: CPU count).")] = None,
     modern: Annotated[bool, typer.Option("--modern", help="Instead: GPT-3 175B and Llama-3 405B training on "
                                          "2026 systems, offload over PCIe5 / C2C / CXL / NVLink5 memory-nodes "
@@ -179,7 +180,8 @@ def reproduce_cmd(
         {name: {"speedup": mean, "feasible": n} for name, (mean, n) in found.items()}), "--out")
     written = [out / "results.json", out / "results.csv", out / "variants.json",
                figures.plot_speedups(rows, out / "speedup.png", precision=precision, policy=label,
-                                     variants={name: mean for name, (mean, _n) in found.items()}),
+                                     variants={f"{name} ({n}/{len(rows)} fit)": mean
+                                               for name, (mean, n) in found.items()}),
                figures.plot_breakdown(records, out / "breakdown.png")]
     if sensitivity:
         grid = sensitivity_grid(policy=policy.value, planner=planner, precision=precision, workers=workers)
