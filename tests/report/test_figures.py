@@ -62,14 +62,18 @@ def test_speedup_title_names_precision_policy_and_system(records) -> None:
 
 
 def test_speedup_marks_the_paper_and_every_variant(records) -> None:
-    """Both panels draw the 2.8x line; the variant panel has one labelled bar per variant plus this run."""
+    """Both panels draw the 2.8x line; the variant panel has one labelled bar per variant plus this run; the
+    legend sits above the bars."""
     variants = {"fp32, vDNN-all": 3.4, "fp16, lp planner": 1.6}
     fig = speedup_figure(speedup_rows(records), precision="fp16", policy="vDNN-all", variants=variants)
     main, side = fig.axes
-    assert _lines_at(main, 2.8) and _lines_at(side, 2.8)
-    ticks = [t.get_text() for t in side.get_xticklabels()]
+    assert _lines_at(main, 2.8)
+    assert [l for l in side.get_lines() if list(l.get_xdata()) == [2.8, 2.8]]
+    ticks = [t.get_text() for t in side.get_yticklabels()]
     assert ticks[1:] == list(variants) and "fp16, vDNN-all" in ticks[0]
-    assert [p.get_height() for p in side.patches][1:] == pytest.approx(list(variants.values()))
+    assert [p.get_width() for p in side.patches][1:] == pytest.approx(list(variants.values()))
+    fig.canvas.draw()
+    assert not main.get_legend().get_window_extent().overlaps(main.get_window_extent())
 
 
 def test_breakdown_text_is_legible_and_its_legend_covers_no_panel(records) -> None:

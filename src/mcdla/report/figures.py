@@ -56,7 +56,7 @@ def speedup_figure(rows: Sequence[dict[str, Any]], *, precision: str, policy: st
     (label -> geo-mean speedup)."""
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     parallels = list(dict.fromkeys(r["parallel"] for r in rows))
-    fig, (ax, side) = plt.subplots(1, 2, figsize=(11.5, 4.6), width_ratios=(3.2, 1), layout="constrained")
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(12.5, 4.8), width_ratios=(2.6, 1), layout="constrained")
     width = 0.8 / max(1, len(parallels))
     for j, par in enumerate(parallels):
         xs, ys, oracle = [], [], []
@@ -76,17 +76,19 @@ def speedup_figure(rows: Sequence[dict[str, Any]], *, precision: str, policy: st
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xticks(range(len(workloads)), workloads, rotation=30, ha="right", fontsize=9)
     ax.set_ylabel("speedup over dc-dla (x)", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", ncol=2)
-    ax.set_ylim(0, 1.25 * max([r["dc-dla_s"] / r["oracle_s"] for r in rows if r["speedup"] is not None] + [mean, PAPER_SPEEDUP]))
-    labels = [f"this run\n{precision}, {policy}", *(variants or {})]
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.01), ncol=3, borderaxespad=0)
+    ax.set_ylim(0, 1.1 * max([r["dc-dla_s"] / r["oracle_s"] for r in rows if r["speedup"] is not None] + [mean, PAPER_SPEEDUP]))
+    labels = [f"this run: {precision}, {policy}", *(variants or {})]
     values = [mean, *(variants or {}).values()]
-    bars = side.bar(range(len(values)), values, 0.7, color=[OKABE_ITO[4]] + [OKABE_ITO[6]] * (len(values) - 1),
-                    edgecolor="black", lw=0.5)
+    ys = list(range(len(values)))[::-1]
+    bars = side.barh(ys, values, 0.7, color=[OKABE_ITO[4]] + [OKABE_ITO[6]] * (len(values) - 1),
+                     edgecolor="black", lw=0.5)
     side.bar_label(bars, [f"{v:.2f}x" for v in values], fontsize=8, padding=2)
-    side.axhline(PAPER_SPEEDUP, color=OKABE_ITO[3], ls="--", lw=1.5)
-    side.set_xticks(range(len(values)), labels, rotation=30, ha="right", fontsize=8)
-    side.set_ylim(0, 1.2 * max(values + [PAPER_SPEEDUP]))
-    side.set_title("geo. mean per variant", fontsize=9)
+    side.axvline(PAPER_SPEEDUP, color=OKABE_ITO[3], ls="--", lw=1.5)
+    side.set_yticks(ys, labels, fontsize=8)
+    side.set_xlim(0, 1.25 * max(values + [PAPER_SPEEDUP]))
+    side.set_xlabel("geo. mean speedup (x)", fontsize=9)
+    side.set_title("variants", fontsize=9)
     fig.suptitle(f"MC-DLA speedup over DC-DLA, {precision}, {policy}: geo. mean {mean:.2f}x ({_PAPER_LABEL})\n"
                  f"{SYSTEM_SETUP}", fontsize=10)
     return fig
@@ -177,7 +179,7 @@ def sensitivity_figure(grid: SensitivityGrid) -> Figure:
     ax.set_yticks(effs, [f"{e:g}%" for e in effs])
     ax.set_xlabel("PCIe bandwidth per GPU, all 8 offloading at once (GB/s)", fontsize=9)
     ax.set_ylabel("device compute efficiency (% of V100 fp16 tensor peak)", fontsize=9)
-    ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
+    fig.legend(loc="outside lower center", fontsize=8)
     ax.set_title(f"Where MC-DLA's speedup is the paper's {PAPER_SPEEDUP:g}x ({grid.precision}, {grid.policy}, "
                  f"{grid.configurations} configurations)", fontsize=10)
     return fig
