@@ -136,10 +136,11 @@ def reproduce_cmd(
     precision: Annotated[str, typer.Option(help="Arithmetic of the zoo workloads (fp16 or fp32).")] = "fp16",
     sweep: Annotated[bool, typer.Option(help="Also run the compute x PCIe-generation sweep.")] = True,
     compute_efficiency: Annotated[Optional[float], typer.Option(
-        help="Sustained fraction of every device's peak FLOP/s, > 0 and <= 1 (default: the presets' 0.7).")] = None,
+        help="Sustained fraction of every device's peak FLOP/s, > 0 and <= 1, for the matrix and the variants "
+             "(default: the presets' 0.7; the sweep and --sensitivity vary their own).")] = None,
     pcie_share: Annotated[Optional[str], typer.Option(
-        help="dc-dla's PCIe bandwidth per GPU with all offloading at once, e.g. 12.8GB/s (default: the preset's "
-             "6.4GB/s, two GPUs per switch).")] = None,
+        help="dc-dla's PCIe bandwidth per GPU with all offloading at once, e.g. 12.8GB/s, for the matrix and the "
+             "variants (default: the preset's 6.4GB/s, two GPUs per switch).")] = None,
     sensitivity: Annotated[bool, typer.Option(
         help="Also run the compute-efficiency x PCIe-share grid (sensitivity.json, sensitivity.png; 784 "
              "simulations, ~5-15 s).")] = False,
