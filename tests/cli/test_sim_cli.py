@@ -51,7 +51,8 @@ def test_simulate_bad_input_is_one_line(run_cli, argv, needle) -> None:
 
 def test_reproduce_writes_results_and_figures(tmp_path, run_cli) -> None:
     """reproduce (without the sweep) writes records for 8 workloads x 3 systems x 2 parallelisms and PNGs."""
-    code, out, _ = run_cli("reproduce", "--out", str(tmp_path), "--no-sweep", "--workers", "1")
+    code, out, _ = run_cli("reproduce", "--out", str(tmp_path), "--no-sweep", "--no-sensitivity", "--variants", "none",
+                           "--workers", "1")
     assert code == 0 and "geo. mean" in out
     records = json.loads((tmp_path / "results.json").read_text())
     assert len(records) == len(zoo.names()) * 3 * 2
@@ -65,7 +66,8 @@ def test_reproduce_writes_results_and_figures(tmp_path, run_cli) -> None:
 
 @pytest.mark.slow
 def test_reproduce_with_sweep(tmp_path, run_cli) -> None:
-    """The full reproduce, sweep included, writes the sweep figure and prints its table."""
-    code, out, _ = run_cli("reproduce", "--out", str(tmp_path))
-    assert code == 0 and "PCIe 6.0" in out
-    assert (tmp_path / "sweep.png").exists()
+    """The full reproduce, sweep and sensitivity grid included, writes their figures and prints the sweep table."""
+    code, out, _ = run_cli("reproduce", "--out", str(tmp_path), "--sensitivity")
+    assert code == 0 and "PCIe 6.0" in out and "the paper's 2.8x at" in out
+    for name in ("sweep.png", "sensitivity.png", "sensitivity.json", "variants.json"):
+        assert (tmp_path / name).exists()

@@ -266,7 +266,7 @@ def test_attributes_use_chakras_names_and_types(exported) -> None:
             assert n["attr"]["tensor_size"][0] == "uint64"
         elif n["type"] in (MEM_LOAD, MEM_STORE):
             layer = n["name"].split(" ", 1)[1]
-            assert n["attr"]["tensor_size"] == ("uint64", round(w.layers[w.index_of(layer)].saved_bytes))
+            assert n["attr"]["tensor_size"] == ("uint64", round(programs[0].saved_bytes[w.index_of(layer)]))
         else:
             op = colls[n["name"]]
             assert n["attr"]["comm_type"] == ("int64", 0 if op.coll_label.startswith("all-reduce") else 2)

@@ -74,7 +74,10 @@ def test_conservation_and_memory_bounds(run) -> None:  # type: ignore[no-untyped
         assert r.offloaded_bytes == pytest.approx(r.prefetched_bytes, rel=1e-12)
         n_dev = len(r.devices)
         offloaded = sum(l.saved_bytes for l in w.layers if plan.action(l.name) is Action.OFFLOAD)
-        assert r.offloaded_bytes == pytest.approx(n_dev * offloaded, rel=1e-12)
+        if parallel == "data":
+            assert r.offloaded_bytes == pytest.approx(n_dev * offloaded, rel=1e-12)
+        else:  # each device holds between a 1/n_dev slice and all of a layer's saved bytes
+            assert offloaded * (1 - 1e-12) <= r.offloaded_bytes <= n_dev * offloaded * (1 + 1e-12)
         assert r.iteration_time_s == pytest.approx(
             r.compute_s + r.recompute_s + r.exposed_virtualization_s + r.exposed_communication_s, rel=1e-9)
     for node, cap in r.capacity_bytes_by_node.items():

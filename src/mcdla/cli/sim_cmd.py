@@ -14,13 +14,14 @@ import typer
 
 from mcdla.cli._app import (app, check_batch, check_budget, check_output, console, fail, print_json,
                            strict_json, write_output)
-from mcdla.errors import brief
+from mcdla.errors import ConfigError, brief
 from mcdla.hardware import load_system
 from mcdla.plan import PLANNERS, make_plan, policy_plan
 from mcdla.report import experiments, figures, tables
+from mcdla.report.sensitivity import paper_crossings, sensitivity_grid
 from mcdla.sim import pool_link, simulate
 from mcdla.sim.measured import SCALE_MODES, measurement_mismatch, scale_measured_times
-from mcdla.units import format_bytes, format_seconds
+from mcdla.units import format_bytes, format_seconds, parse_bytes_per_s
 from mcdla.workload import load_workload
 
 if TYPE_CHECKING:
@@ -147,6 +148,18 @@ def reproduce_cmd(
     planner: Annotated[Optional[str], typer.Option(help="Budgeted planner instead of the fixed policy.")] = None,
     precision: Annotated[str, typer.Option(help="Arithmetic of the zoo workloads (fp16 or fp32).")] = "fp16",
     sweep: Annotated[bool, typer.Option(help="Also run the compute x PCIe-generation sweep.")] = True,
+    compute_efficiency: Annotated[Optional[float], typer.Option(
+        help="Sustained fraction of every device's peak FLOP/s, > 0 and <= 1, for the matrix and the variants "
+             "(default: the presets' 0.7; the sweep and --sensitivity vary their own).")] = None,
+    pcie_share: Annotated[Optional[str], typer.Option(
+        help="dc-dla's PCIe bandwidth per GPU with all offloading at once, e.g. 12.8GB/s, for the matrix and the "
+             "variants (default: the preset's 6.4GB/s, two GPUs per switch).")] = None,
+    sensitivity: Annotated[bool, typer.Option(
+        help="Also run the compute-efficiency x PCIe-share grid (sensitivity.json, sensitivity.png; 784 "
+             "simulations, ~5-15 s).")] = False,
+    variants: Annotated[str, typer.Option(
+        help="Variants whose geo. mean speedup.png shows, comma-separated from fp32, conv, lp (~2 s), pofo "
+             "(~35 s), or none.")] = "fp32,conv",
     workers: Annotated[Optional[int], typer.Option(help="Worker processes (default: CPU count).")] = None,
     modern: Annotated[bool, typer.Option("--modern", help="Instead: GPT-3 175B and Llama-3 405B training on "
                                          "2026 systems, offload over PCIe5 / C2C / CXL / NVLink5 memory-nodes "
@@ -164,17 +177,33 @@ def reproduce_cmd(
         fail(f"--out: got {brief(str(out), 200)}; cannot create it ({exc.strerror or type(exc).__name__})")
     if not os.access(out, os.W_OK):
         fail(f"--out: got {brief(str(out), 200)}; not writable (permission denied)")
+    levers = _levers(compute_efficiency, pcie_share)
+    variant_keys = _variant_keys(variants)
     start = time.perf_counter()
     if modern:
         _reproduce_modern(out, start)
         return
-    records = experiments.run_matrix(policy=policy.value, planner=planner, precision=precision, workers=workers)
+    label = planner or f"vDNN-{policy.value}"
+    records = experiments.run_matrix(policy=policy.value, planner=planner, precision=precision, workers=workers,
+                                     **levers)
     rows = experiments.speedup_rows(records)
-    console.print(tables.speedup_table(rows, title=f"MC-DLA vs DC-DLA ({planner or 'vDNN-' + policy.value}, {precision})"))
+    console.print(tables.speedup_table(rows, title=f"MC-DLA vs DC-DLA ({label}, {precision})"))
     tables.write_records(records, out / "results.json", out / "results.csv")
-    written = [out / "results.json", out / "results.csv",
-               figures.plot_speedups(rows, out / "speedup.png"),
+    found = experiments.variant_speedups(variant_keys, workers=workers, **levers)
+    write_output(out / "variants.json", strict_json(
+        {name: {"speedup": mean, "feasible": n} for name, (mean, n) in found.items()}), "--out")
+    written = [out / "results.json", out / "results.csv", out / "variants.json",
+               figures.plot_speedups(rows, out / "speedup.png", precision=precision, policy=label,
+                                     variants={f"{name} ({n}/{len(rows)} fit)": mean
+                                               for name, (mean, n) in found.items()}),
                figures.plot_breakdown(records, out / "breakdown.png")]
+    if sensitivity:
+        grid = sensitivity_grid(policy=policy.value, planner=planner, precision=precision, workers=workers)
+        write_output(out / "sensitivity.json", strict_json(grid.to_dict()), "--out")
+        written += [out / "sensitivity.json", figures.plot_sensitivity(grid, out / "sensitivity.png")]
+        console.print("sensitivity: the paper's 2.8x at " + ", ".join(
+            f"{100 * eff:g}% -> {share / 1e9:.1f} GB/s" for eff, share in paper_crossings(grid))
+            + " (compute efficiency -> PCIe share per GPU)")
     if sweep:
         sweep_records = experiments.compute_pcie_sweep(policy=policy.value, planner=planner, precision=precision,
                                                        workers=workers)
@@ -182,6 +211,34 @@ def reproduce_cmd(
         written += [out / "sweep.json", figures.plot_sweep(sweep_records, out / "sweep.png")]
         console.print(tables.sweep_table(sweep_records))
     console.print(f"wrote {', '.join(str(p) for p in written)} in {time.perf_counter() - start:.1f} s")
+
+
+def _levers(compute_efficiency: float | None, pcie_share: str | None) -> dict[str, float | None]:
+    """The checked ``--compute-efficiency`` and ``--pcie-share`` as :func:`experiments.run_matrix` settings."""
+    if compute_efficiency is not None and not 0 < compute_efficiency <= 1:
+        fail(f"--compute-efficiency: got {brief(compute_efficiency)}; must be > 0 and <= 1")
+    share = None
+    if pcie_share is not None:
+        if not pcie_share.strip().lower().endswith("/s"):
+            fail(f"--pcie-share: got {brief(pcie_share)}; must be a bandwidth with its unit, e.g. 12.8GB/s")
+        try:
+            share = parse_bytes_per_s(pcie_share, "--pcie-share")
+            experiments.with_pcie_share(load_system("dc-dla"), share)
+        except ConfigError as exc:
+            fail(f"--pcie-share: got {brief(pcie_share)}; {str(exc).split('; ', 1)[-1]}")
+    return {"compute_efficiency": compute_efficiency, "pcie_share_bytes_per_s": share}
+
+
+def _variant_keys(text: str) -> tuple[str, ...]:
+    """The ``--variants`` list: keys of :data:`experiments.VARIANTS`, or none."""
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    if keys == ("none",):
+        return ()
+    unknown = [k for k in keys if k not in experiments.VARIANTS]
+    if unknown or not keys:
+        fail(f"--variants: got {brief(text)}; must be a comma-separated list of {', '.join(experiments.VARIANTS)}, "
+             "or none")
+    return keys
 
 
 def _reproduce_modern(out: Path, start: float) -> None:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from statistics import geometric_mean
 from typing import Any
 
+from mcdla.errors import ConfigError
 from mcdla.hardware import LinkKind, MemoryKind, System, load_system
 from mcdla.plan import make_plan, policy_plan
 from mcdla.sim import pool_link, simulate
@@ -33,6 +34,10 @@ __all__ = [
     "mean_speedup",
     "compute_pcie_sweep",
     "sweep_speedups",
+    "with_compute_efficiency",
+    "with_pcie_share",
+    "VARIANTS",
+    "variant_speedups",
 ]
 
 PCIE_GENERATIONS: dict[int, float] = {3: 16e9, 4: 32e9, 5: 64e9, 6: 128e9}
@@ -48,6 +53,13 @@ HOST_DRAM_BY_GENERATION: dict[int, tuple[float, str]] = {
 }
 """Host (socket) DRAM bandwidth of the era of each PCIe generation (bytes/s, source): the compute x PCIe sweep
 moves the host memory with the link, else DDR4's 76.8 GB/s caps every generation past 4.0."""
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "fp32": ("fp32, vDNN-all", {"precision": "fp32"}),
+    "conv": ("fp16, vDNN-conv", {"policy": "conv"}),
+    "lp": ("fp16, lp planner", {"planner": "lp"}),
+    "pofo": ("fp16, pofo planner", {"planner": "pofo"}),
+}
+"""The reproduction's variants of the default (fp16, vDNN-all): key -> (label, :func:`run_matrix` settings)."""
 COMPUTE_SCALES: tuple[float, ...] = (1, 2, 4, 8, 16, 32)
 """Device compute relative to a V100 (the paper: compute grew 20-34x in five years, PCIe 1x)."""
 
@@ -135,6 +147,53 @@ def _map(jobs: Sequence[tuple[System, Workload, dict[str, Any]]], workers: int |
         return list(pool.map(_run_job, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
 
 
+def with_compute_efficiency(system: System, efficiency: float) -> System:
+    """``system`` with every device sustaining ``efficiency`` of its peak FLOP/s (the device-speed lever:
+    a slower device hides more of each offloaded byte behind compute)."""
+    if not 0 < efficiency <= 1:
+        raise ConfigError(f"compute_efficiency: got {efficiency!r}; must be > 0 and <= 1")
+    return dataclasses.replace(system, devices=tuple(
+        dataclasses.replace(d, compute_efficiency=efficiency) for d in system.devices))
+
+
+def _offloads_to_host(system: System) -> bool:
+    kinds = {m.name: m.kind for m in system.memories}
+    return any(kinds[m] is MemoryKind.HOST for pool in system.pools.values() for m in pool)
+
+
+def with_pcie_share(system: System, share_bytes_per_s: float) -> System:
+    """``system`` with its PCIe links scaled so that each device gets ``share_bytes_per_s`` to its host pool
+    when every device offloads at once (:func:`mcdla.sim.pool_link`); a system whose pool is not host memory
+    (mc-dla's memory-nodes) is returned unchanged.
+
+    On dc-dla two GPUs share each switch uplink, so a share of 6.4 GB/s is the preset (12.8 GB/s links) and
+    12.8 GB/s is what a whole x16 per GPU would give. Past the host DRAM's share per device (19.2 GB/s: four
+    GPUs per 76.8 GB/s socket) the links no longer decide, and the share is refused.
+    """
+    if not 0 < share_bytes_per_s < math.inf:
+        raise ConfigError(f"pcie_share: got {share_bytes_per_s!r} bytes/s; must be > 0 and finite")
+    if not _offloads_to_host(system):
+        return system
+    factor = share_bytes_per_s / pool_link(system).offload_bytes_per_s
+    scaled = dataclasses.replace(system, links=tuple(
+        dataclasses.replace(l, bytes_per_s=l.bytes_per_s * factor,
+                            source=f"{l.source}; x {factor:.3g} for a {share_bytes_per_s / 1e9:g} GB/s PCIe share per GPU")
+        if l.kind is LinkKind.PCIE else l for l in system.links))
+    reached = pool_link(scaled).offload_bytes_per_s
+    if not math.isclose(reached, share_bytes_per_s, rel_tol=1e-9):
+        raise ConfigError(f"pcie_share: got {share_bytes_per_s / 1e9:g} GB/s; must be at most "
+                          f"{reached / 1e9:g} GB/s on {system.name} (its host DRAM's share per device)")
+    return scaled
+
+
+def _adjusted(system: System, compute_efficiency: float | None, pcie_share_bytes_per_s: float | None) -> System:
+    if compute_efficiency is not None:
+        system = with_compute_efficiency(system, compute_efficiency)
+    if pcie_share_bytes_per_s is not None:
+        system = with_pcie_share(system, pcie_share_bytes_per_s)
+    return system
+
+
 def run_matrix(
     workloads: Iterable[str] | None = None,
     systems: Sequence[str] = ("dc-dla", "mc-dla", "oracle"),
@@ -144,14 +203,18 @@ def run_matrix(
     planner: str | None = None,
     precision: str = "fp16",
     saves: str = "cudnn",
+    compute_efficiency: float | None = None,
+    pcie_share_bytes_per_s: float | None = None,
     workers: int | None = None,
 ) -> list[Record]:
     """The reproduction matrix: workloads x systems x parallelism, at each workload's default batch.
 
     ``saves``: what layers save (:func:`mcdla.workload.zoo.build`); ``"cudnn"`` by default, as vDNN's cuDNN
-    layers (a max-pool keeps no int64 indices)."""
+    layers (a max-pool keeps no int64 indices). ``compute_efficiency`` (fraction of peak, every system) and
+    ``pcie_share_bytes_per_s`` (systems that offload to host memory): :func:`with_compute_efficiency`,
+    :func:`with_pcie_share`; None keeps the presets' figures."""
     names = tuple(workloads) if workloads is not None else zoo.names()
-    loaded = [load_system(s) for s in systems]
+    loaded = [_adjusted(load_system(s), compute_efficiency, pcie_share_bytes_per_s) for s in systems]
     built = [zoo.build(n, precision=precision, saves=saves) for n in names]
     jobs = [
         (system, workload, {"parallel": p, "policy": policy, "planner": planner})
@@ -160,6 +223,17 @@ def run_matrix(
         for system in loaded
     ]
     return _map(jobs, workers)
+
+
+def variant_speedups(keys: Sequence[str], **settings: Any) -> dict[str, tuple[float, int]]:
+    """Per variant key (:data:`VARIANTS`): label -> (geo-mean speedup, feasible configurations) of its
+    :func:`run_matrix`, the other ``settings`` (e.g. ``compute_efficiency``, ``workers``) shared by all."""
+    found = {}
+    for key in keys:
+        label, own = VARIANTS[key]
+        rows = speedup_rows(run_matrix(**{**settings, **own}))
+        found[label] = (mean_speedup(rows), sum(r["feasible"] for r in rows))
+    return found
 
 
 def speedup_rows(records: Sequence[Record], base: str = "dc-dla", target: str = "mc-dla", oracle: str = "oracle") -> list[dict[str, Any]]:

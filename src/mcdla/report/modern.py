@@ -245,41 +245,8 @@ def modern_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 
 def plot_modern(rows: Sequence[dict[str, Any]], path: Path) -> Path:
-    """Two panels: speedup over DC-DLA 2026 per scenario and system; HBM and offload-tier bytes per GPU."""
-    import matplotlib
+    """Two panels: speedup over DC-DLA 2026 per scenario and system; HBM and offload-tier bytes per GPU with
+    each system's HBM capacity marked (:func:`mcdla.report.figures.modern_figure`), saved as a PNG."""
+    from mcdla.report.figures import modern_figure, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    scenarios = list(dict.fromkeys((r["model"], r["gpus"]) for r in rows))
-    systems = list(dict.fromkeys(r["system"] for r in rows))
-    width = 0.8 / max(1, len(systems))
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, 2.2 * len(scenarios) + 3), 7.5))
-    colors = plt.get_cmap("tab10")
-    for j, name in enumerate(systems):
-        xs, speed, hbm, off = [], [], [], []
-        for i, sc in enumerate(scenarios):
-            r = next((r for r in rows if (r["model"], r["gpus"]) == sc and r["system"] == name), None)
-            if r is None or not r["feasible"]:
-                continue
-            xs.append(i + (j - (len(systems) - 1) / 2) * width)
-            speed.append(r["speedup"] if r["speedup"] is not None else math.nan)
-            hbm.append(r["hbm_used_bytes"] / 1e9)
-            off.append(r["offload_used_bytes"] / 1e9)
-        axes[0].bar(xs, speed, width, label=name, color=colors(j))
-        axes[1].bar(xs, hbm, width, color=colors(j), label=name)
-        axes[1].bar(xs, off, width, bottom=hbm, color=colors(j), alpha=0.35, hatch="//")
-    labels = [f"{m}\n{n:,} GPUs" for m, n in scenarios]
-    axes[0].axhline(1.0, color="grey", lw=0.8)
-    axes[0].set_ylabel("speedup over DC-DLA 2026 (x)")
-    axes[0].set_title("Best configuration per system (fits HBM + offload tier)")
-    axes[1].set_ylabel("GB per GPU (solid HBM, hatched offload tier)")
-    for ax in axes:
-        ax.set_xticks(range(len(scenarios)), labels)
-    top = max((r["speedup"] for r in rows if r.get("speedup") is not None), default=1.0)
-    axes[0].set_ylim(0, 1.3 * top)
-    axes[0].legend(fontsize=7, ncol=4, loc="upper center")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(modern_figure(rows), path)

@@ -1,4 +1,7 @@
-"""PNG of a step's measured memory timeline beside the simulator's predicted one (matplotlib, Agg)."""
+"""PNG of a step's measured memory timeline beside the simulator's predicted one (matplotlib, Agg).
+
+Curves take the Okabe-Ito colours of :mod:`mcdla.report.figures` (colour-blind safe); the legend sits below the
+axes so that it covers no curve."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mcdla.profile.timeline import MemoryTimeline  # noqa: E402
+from mcdla.report.figures import OKABE_ITO  # noqa: E402
 
 __all__ = ["plot_memory_timelines"]
 
@@ -44,18 +48,18 @@ def plot_memory_timelines(
     Dotted lines mark each curve's peak, dashed lines each step's end (``*_step_s``, seconds). ``extra``
     adds further (label, timeline) curves, e.g. CUDA allocated bytes next to resident saved bytes.
     """
-    fig, ax = plt.subplots(figsize=(8, 4))
-    _draw(ax, measured, f"measured ({measured.what}), peak {measured.peak_bytes / _MIB:.1f} MiB", "#c44e52", measured_step_s)
-    _draw(ax, predicted, f"predicted ({predicted.what}), peak {predicted.peak_bytes / _MIB:.1f} MiB", "#4c72b0", predicted_step_s)
-    colors = ("#55a868", "#8172b2", "#937860")
-    for (label, line), color in zip(extra, colors):
+    fig, ax = plt.subplots(figsize=(8, 4.6), layout="constrained")
+    _draw(ax, measured, f"measured ({measured.what}), peak {measured.peak_bytes / _MIB:.1f} MiB", OKABE_ITO[3],
+          measured_step_s)
+    _draw(ax, predicted, f"predicted ({predicted.what}), peak {predicted.peak_bytes / _MIB:.1f} MiB", OKABE_ITO[0],
+          predicted_step_s)
+    for (label, line), color in zip(extra, (OKABE_ITO[2], OKABE_ITO[5], OKABE_ITO[1])):
         _draw(ax, line, label, color, None)
-    ax.set_xlabel("time since step start (ms)")
-    ax.set_ylabel("MiB")
+    ax.set_xlabel("time since step start (ms)", fontsize=9)
+    ax.set_ylabel("MiB", fontsize=9)
     ax.set_ylim(bottom=0)
-    ax.set_title(title or "memory over one training step: measured vs predicted")
-    ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
+    ax.set_title(title or "memory over one training step: measured vs predicted", fontsize=10)
+    fig.legend(fontsize=8, loc="outside lower center", ncol=2)
     out = Path(path)
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -82,7 +82,7 @@ class Program:
 
     Attributes:
         ops: compute-stream operations in order.
-        saved_bytes: ``S_i`` of each layer (bytes, full size on every device).
+        saved_bytes: ``S_i`` of each layer as this device holds it (bytes; NOTE [model-parallel saved bytes]).
         layer_names: layer names.
         static_bytes: resident throughout (weights, gradients, optimizer state; per device).
         offloaded: whether each layer's tensor is offloaded (after zero-byte offloads became keeps).
@@ -158,6 +158,38 @@ def _exchanges(workload: Workload, i: int) -> bool:
     return workload.layers[i].kind in SPLIT_WEIGHT_KINDS
 
 
+def _device_saved_bytes(workload: Workload, i: int, share: int) -> float:
+    """Bytes of layer ``i``'s saved tensors that one of ``share`` model-parallel devices holds.
+
+    NOTE [model-parallel saved bytes]
+    A split-weight layer is split by output channels (output features, hidden units), which is what the
+    all-gather of its output and the all-reduce of its input gradient (NOTE [model-parallel exchanges])
+    model: device ``d`` computes ``Y_d = X W_d`` and its weight gradient ``X^T dY_d``, so it needs the
+    *whole* input ``X`` in forward and in backward and saves all of it. An element-wise layer works on the
+    device's channel slice (its time is divided like its FLOPs), so what it saves (a batch-norm input and
+    statistics, a pool's input, a dropout mask) is a ``1 / share`` slice. Split by input channels instead,
+    each device would hold only its input slice but every output would need an all-reduce in forward;
+    that is not the scheme simulated here. A storage saved by an element-wise layer and by the next
+    split-weight layer (a ReLU output feeding a conv) is counted once, whole, for the split layer
+    (NOTE [saved-bytes attribution]); the ReLU's own slice, a separate buffer before the all-gather on a real
+    system, is left out (an under-count of ``1 / share`` of that tensor). A recurrent chunk
+    split by hidden units needs every step's previous hidden state whole (``h W_hh^T`` and its weight
+    gradient read all of ``h``) but keeps only its slice of the cell state and gates: its whole part is its
+    hidden states, bounded by its output bytes (the hidden states it produces, plus the final cell state
+    for an LSTM), and the rest is a slice.
+    """
+    layer = workload.layers[i]
+    saved = layer.saved_bytes
+    if share == 1:
+        return saved
+    if not _exchanges(workload, i):
+        return saved / share
+    if layer.kind is LayerKind.RNN_CELL:
+        whole = min(saved, layer.output_bytes)
+        return whole + (saved - whole) / share
+    return saved
+
+
 def build_program(workload: Workload, plan: Plan, device: Device, *, model_parallel: bool, n_devices: int,
                   bucket_bytes: float) -> Program:
     """The program of one device of ``n_devices`` (see ``docs/timing-model.md`` and ``docs/simulator.md``).
@@ -167,14 +199,15 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
 
     Args:
         model_parallel: split each layer over the devices (FLOPs, bytes moved, params, output and workspace
-            divided by ``n_devices``; saved tensors kept whole); otherwise data parallel.
+            divided by ``n_devices``; saved tensors per NOTE [model-parallel saved bytes]); otherwise data
+            parallel.
         bucket_bytes: gradient bucket size of the data-parallel all-reduce (bytes).
     """
     layers = workload.layers
     n = len(layers)
     share = n_devices if model_parallel else 1
     actions, trigger = _actions(workload, plan)
-    saved = tuple(layer.saved_bytes for layer in layers)
+    saved = tuple(_device_saved_bytes(workload, i, share) for i in range(n))
     names = workload.layer_names
     prec = workload.precision
     fwd = [roofline_s(l.fwd_flops / share, l.fwd_bytes_moved / share, device, prec) if l.fwd_time_s is None
