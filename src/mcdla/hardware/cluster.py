@@ -268,6 +268,10 @@ class Cluster:
     offload: PoolLink | None = dataclasses.field(compare=False)
     _spec: _ClusterSpec = dataclasses.field(repr=False, compare=False)
     _where: str = dataclasses.field(default="system", repr=False, compare=False)
+    # (size, stride) -> group_dims' answer: a pure function of the frozen fields, asked once per group and
+    # configuration by the LLM model, so a search over 10^5 configurations asks a handful of distinct ones
+    _group_memo: dict[tuple[int, int], tuple[FabricDim, ...]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n_devices(self) -> int:
@@ -341,6 +345,9 @@ class Cluster:
         ``gcd`` members per node, which counts more scale-out traffic than the layout has. A group of one rank
         spans no dimension. Every GPU has its own port and rail, so groups side by side share no bandwidth here.
         """
+        memo = self._group_memo.get((size, stride))
+        if memo is not None and type(size) is int and type(stride) is int:
+            return memo
         for label, value in (("size", size), ("stride", stride)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise HardwareError(f"cluster {self.name!r}.group_dims: {label} got {brief(value)}; must be an integer >= 1")
@@ -363,6 +370,7 @@ class Cluster:
             # a ring over the groups' rails, one rail per member: more members than nodes when the group does not
             # tile them (the gcd above), so not a subgroup of the node count
             dims.append(dataclasses.replace(out, size=size // per_node))
+        self._group_memo[(size, stride)] = tuple(dims)
         return tuple(dims)
 
     def dim_between(self, rank_a: int, rank_b: int) -> FabricDim:
