@@ -3,35 +3,39 @@
 An analytical per-rank model of one 1F1B (or interleaved 1F1B) iteration, not the event engine: the engine
 simulates one device's layer chain with its copies; here the pipeline, the tensor-parallel collectives and
 the data-parallel reduction are closed forms over per-layer costs, which is what the published Megatron runs
-need and is cheap enough to sweep. NOTE [time model] (also ``docs/llm.md``):
+need and is cheap enough to sweep. The hardware is one generated :class:`~mcdla.hardware.cluster.Cluster` (the
+GPU, its GEMM efficiency curve, the fabric dimensions, the offload link); the precision is the run's choice.
+Ranks are laid out by :class:`~mcdla.workload.parallel_dims.ParallelDims` and each parallel group is priced by
+:mod:`mcdla.sim.collective_models` on the fabric dimensions it spans (:meth:`Cluster.group_dims`).
+NOTE [time model] (also ``docs/llm.md``):
 
 * Per layer and micro-batch on one rank: GEMM FLOPs (projections, FFN) and attention-core FLOPs (``QK^T``,
-  ``xV``) divided by ``tp * cp``, at ``peak * efficiency``; memory-bound elementwise kernels (norms,
+  ``xV``) divided by ``tp * cp``, at ``peak * gemm_efficiency(h / tp)``; memory-bound elementwise kernels (norms,
   bias-dropout-add, activation function, softmax and its dropout) at ``hbm_bytes_per_s *
   memory_efficiency``; backward costs twice the forward. Recompute adds a forward (``full``) or the
   attention core with its softmax and dropout (``selective``).
 * Tensor parallelism: two all-reduces of the layer's ``b s h`` activation per forward and two per backward
-  (with sequence parallelism an all-gather plus a reduce-scatter, the same ring traffic), on the NVLink domain;
+  (with sequence parallelism an all-gather plus a reduce-scatter, the same ring traffic), on the TP group's
+  dimensions (the NVLink domain, in-network where the switch reduces);
   full recomputation repeats the forward ones. Not overlapped with compute (Megatron-LM 2021-2022).
 * Pipeline: per micro-batch a stage runs its ``layers / pp`` layers forward and backward plus, per virtual
   chunk, a point-to-point send of the activation and one of its gradient (``b s h / tp`` bytes with
-  Megatron's scatter/gather) over the inter-node network; the last stage adds the vocabulary projection and
+  Megatron's scatter/gather) over the dimension neighbouring stages are apart on; the last stage adds the vocabulary projection and
   the loss. Iteration = ``m * T_last + (p - 1) / v * T_middle``, the exact length of the (interleaved) 1F1B
   schedule of these stages (the bubble ``(p - 1) / (m v)`` when balanced); ``mode="ranks"`` schedules every
   rank instead (``sim/llm_ranks.py``).
-* Data parallelism: one ring all-reduce of the rank's gradients (ZeRO-1/2: reduce-scatter + all-gather, the
-  same traffic; ZeRO-3: one more all-gather of weights) after the last backward, or overlapped with the last
+* Data parallelism: one all-reduce of the rank's gradients on the DP group's dimensions (hierarchical over
+  NVLink and the network when a node holds several members; ZeRO-1/2: reduce-scatter + all-gather, the same
+  traffic; ZeRO-3: one more all-gather of weights) after the last backward, or overlapped with the last
   micro-batch's backward (``dp_overlap``); then the Adam step streams the rank's optimizer state through HBM.
 * Offload: activations go out during forward and come back during backward, weights are fetched for every
-  forward and backward of a micro-batch, optimizer state crosses the link twice per step; what the compute
-  does not hide is exposed.
+  forward and backward of a micro-batch, optimizer state crosses the link twice per step, at the offload
+  bandwidth each GPU gets while every GPU of its node offloads; what the compute does not hide is exposed.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
