@@ -7,10 +7,12 @@ import pytest
 
 from mcdla.errors import HardwareError
 from mcdla.hardware.cluster import cluster_from_dict, load_cluster
-from mcdla.hardware.io import preset_names
+from mcdla.hardware.io import load_system, preset_names
+from mcdla.hardware.traffic import routed_offload_link
 from mcdla.sim import pool_link
 
-GENERATED = [n for n in preset_names() if n not in ("dc-dla", "hc-dla", "mc-dla", "mc-dla-1n", "oracle")]
+PRESETS_2018 = ("dc-dla", "hc-dla", "mc-dla", "mc-dla-1n", "oracle")
+GENERATED = [n for n in preset_names() if n not in PRESETS_2018]
 
 
 def _same(a, b) -> bool:
@@ -26,6 +28,15 @@ def test_closed_form_equals_routed_max_min_on_every_generated_preset(name) -> No
     each way, direction sharing, latency and pool share."""
     c = load_cluster(name)
     assert _same(c.pool_link(), pool_link(c.node_system()))
+    assert _same(c.pool_link(), routed_offload_link(c.node_system()))
+
+
+@pytest.mark.parametrize("name", PRESETS_2018)
+def test_closed_form_over_routes_equals_routed_max_min_on_the_2018_presets(name) -> None:
+    """The explicit 2018 systems (dc-dla: two GPUs per PCIe switch uplink, 6.4 GB/s each; mc-dla: memory-nodes on
+    the NVLink rings): the closed form over their routes equals the flow drain, directions included."""
+    system = load_system(name)
+    assert _same(routed_offload_link(system), pool_link(system))
 
 
 @pytest.mark.parametrize("gpus, sockets, expanders, memory_nodes, dram", [

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from mcdla.errors import HardwareError
-from mcdla.hardware.model import Device
+from mcdla.hardware.model import Device, System
 from mcdla.hardware.pool_link import PoolLink
 
-__all__ = ["TRAFFIC_CLASSES", "PathResource", "TrafficPath", "node_paths", "offload_link"]
+__all__ = ["TRAFFIC_CLASSES", "PathResource", "TrafficPath", "node_paths", "offload_link", "routed_offload_link"]
 
 TRAFFIC_CLASSES = ("offload", "scale-up", "scale-out")
 """``offload``: a GPU's copies to and from its pool memories; ``scale-up``: its collectives and sends inside the
@@ -115,6 +115,65 @@ def offload_link(path: TrafficPath, *, pool_bytes: float, source: str) -> PoolLi
     shared = math.isfinite(one) and 1.0 / both > 1.5 / one
     return PoolLink(offload_bytes_per_s=one, prefetch_bytes_per_s=one, latency_s=path.latency_s,
                     shared_direction=shared, pool_bytes=pool_bytes, source=source)
+
+
+def routed_offload_link(system: System, device: str | None = None) -> PoolLink:
+    """The same offload link for an explicit system (the 2018 presets, an expanded node), from its routes: every
+    device with a pool offloads at once, pages interleaved evenly over its pool; a resource's load is the summed
+    fraction of each device's traffic its routes put on it, each way (offload routes device -> memory, prefetch
+    routes memory -> device), and the device's bandwidth is the least capacity / load over its own routes (NOTE
+    [symmetric closed form]; equal to the max-min drain of :func:`mcdla.sim.pool_link` when the devices that share
+    a resource are symmetric, which tests check on the presets). One-line HardwareError for an unknown device or
+    one without a pool."""
+    from mcdla.hardware.topology import Topology
+
+    topo = Topology(system)
+    name = device if device is not None else system.devices[0].name
+    system.device(name)
+    pool = system.pool_of(name)
+    if not pool:
+        raise HardwareError(f"system {system.name!r}: device {name!r} has no pool memory to offload to")
+    off: dict[tuple[str, ...], float] = {}
+    pre: dict[tuple[str, ...], float] = {}
+    users: dict[str, int] = {}
+    for dev in system.devices:
+        mems = system.pools.get(dev.name, ())
+        for mem in mems:
+            users[mem] = users.get(mem, 0) + 1
+            for load, route in ((off, topo.route(dev.name, mem)), (pre, topo.route(mem, dev.name))):
+                for res in (("hbm", dev.name), *route.resources):
+                    load[res] = load.get(res, 0.0) + 1.0 / len(mems)
+    capacity = dict(topo.resources)
+    capacity.update({("hbm", d.name): d.hbm_bytes_per_s for d in system.devices})
+
+    def shared(res: tuple[str, ...]) -> bool:
+        return res[0] != "link"  # DRAM and HBM: both directions on one bus (NOTE [direction sharing])
+
+    def seconds_per_byte(routes: list[tuple[str, ...]], *, both: bool, load: dict[tuple[str, ...], float]) -> float:
+        worst = 0.0
+        for res in routes:
+            cap = capacity[res]
+            if math.isinf(cap):
+                continue
+            total = load.get(res, 0.0)
+            if both:  # the other direction's traffic on this resource: the same bus, or this link direction
+                total += (pre if load is off else off).get(res, 0.0)
+            worst = max(worst, total / cap)
+        return worst
+
+    own_off = sorted({("hbm", name), *(r for m in pool for r in topo.route(name, m).resources)})
+    own_pre = sorted({("hbm", name), *(r for m in pool for r in topo.route(m, name).resources)})
+    one_off = seconds_per_byte(own_off, both=False, load=off)
+    one_pre = seconds_per_byte(own_pre, both=False, load=pre)
+    both = max(seconds_per_byte(own_off, both=True, load=off), seconds_per_byte(own_pre, both=True, load=pre))
+    rate = lambda t: math.inf if t == 0.0 else 1.0 / t  # noqa: E731 - seconds per byte to bytes/s
+    apart, serial = max(one_off, one_pre), one_off + one_pre
+    return PoolLink(offload_bytes_per_s=rate(one_off), prefetch_bytes_per_s=rate(one_pre),
+                    latency_s=max(topo.route(name, m).latency_s for m in pool),
+                    shared_direction=serial > apart and both > (apart + serial) / 2,
+                    pool_bytes=sum(system.memory(m).capacity_bytes / users[m] for m in pool),
+                    source=f"{system.name}: {name} with every device offloading at once, pages interleaved over "
+                           f"{'+'.join(pool)} (closed form over routes, mcdla.hardware.traffic)")
 
 
 def _link(figures: dict[str, Any]) -> tuple[float, float, str]:
