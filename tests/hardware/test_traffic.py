@@ -107,3 +107,24 @@ def test_unknown_traffic_class_is_one_line() -> None:
     """Asking for a class the node lacks names the classes it has."""
     with pytest.raises(HardwareError, match=r"traffic class got 'offload'; has scale-up"):
         load_cluster("gb200-nvl72").without_offload().path("offload")
+
+
+def test_nic_behind_the_gpu_link_only_where_the_file_says() -> None:
+    """scale_out.via_gpu_link puts the GPU's socket link on the scale-out path of DGX A100/H100 (and the presets
+    extending dgx-h100); Grace-based nodes reach their NIC without crossing C2C."""
+    for name, via in (("dgx-a100", True), ("dgx-h100", True), ("dc-dla-2026", True), ("gh200", False),
+                      ("gb200-nvl72", False)):
+        resources = [r.resource for r in load_cluster(name).path("scale-out").resources]
+        assert (("link", "gpu0", "cpu0") in resources) == via, name
+
+
+def test_sizing_and_dropping_the_pool() -> None:
+    """for_gpus takes the fewest whole nodes; without_offload keeps everything but the pool and says so in the
+    name; a bad GPU count is one line."""
+    c = load_cluster("gb200-nvl72")
+    assert c.for_gpus(73).nodes == 2 and c.for_gpus(72).nodes == 1
+    bare = c.without_offload()
+    assert bare.offload is None and bare.name == "gb200-nvl72 (no offload)" and bare.device == c.device
+    assert [p.traffic for p in bare.paths] == ["scale-up", "scale-out"]
+    with pytest.raises(HardwareError, match=r"gpus: got 0; must be an integer"):
+        c.for_gpus(0)
