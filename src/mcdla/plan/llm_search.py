@@ -4,7 +4,7 @@ Two steps, usable apart (``mcdla search`` and ``mcdla reproduce --modern`` share
 
 * :func:`enumerate_executions` lists the candidate :class:`Execution` records of ``(model, cluster, GPUs,
   global batch)`` and keeps those the record's own validation accepts (``Execution.__post_init__``,
-  :func:`check_execution`, and the cluster rules of :func:`mcdla.sim.offload_rejection`: TP x CP inside one
+  :func:`check_execution`, and the cluster rules of :func:`mcdla.sim.cluster_rejection`: TP x CP inside one
   NVLink domain, offload only with a second tier), counting the rejected candidates by reason. Candidates:
   TP over the divisors of the GPU count up to a node's GPUs, CP from ``cp`` (default 1), PP over the divisors
   of what is left, DP the rest; virtual stages over the divisors of the layer count (``pp > 1`` only);
@@ -34,7 +34,7 @@ from typing import Any
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
-from mcdla.sim import LlmStep, llm_step, offload_rejection
+from mcdla.sim import LlmStep, llm_step, cluster_rejection
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.transformer import TransformerSpec
 
@@ -68,13 +68,13 @@ def _reason(message: str) -> str:
 
 def execution_rejection(spec: TransformerSpec, execution: Execution, cluster: Cluster) -> str | None:
     """Why ``llm_step`` would refuse ``execution`` (the message of its ConfigError), or None if it runs: the
-    model checks of :func:`check_execution`, then the cluster checks of :func:`mcdla.sim.offload_rejection`,
+    model checks of :func:`check_execution`, then the cluster checks of :func:`mcdla.sim.cluster_rejection`,
     without computing any cost."""
     try:
         check_execution(execution, spec)
     except ConfigError as exc:
         return str(exc)
-    return offload_rejection(execution, cluster)
+    return cluster_rejection(execution, cluster)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
 
-__all__ = ["DEFAULT_PRECISION", "LlmStep", "StageCosts", "llm_step", "offload_rejection", "stage_costs", "step_record",
+__all__ = ["DEFAULT_PRECISION", "LlmStep", "StageCosts", "llm_step", "cluster_rejection", "stage_costs", "step_record",
            "elementwise_bytes_per_layer"]
 
 DEFAULT_PRECISION = "bf16"
@@ -148,7 +148,7 @@ def _offload_bytes_per_s(cluster: Cluster) -> float:
     return 0.0 if cluster.offload is None else cluster.offload.offload_bytes_per_s
 
 
-def offload_rejection(execution: Execution, cluster: Cluster) -> str | None:
+def cluster_rejection(execution: Execution, cluster: Cluster) -> str | None:
     """Why ``cluster`` cannot run ``execution`` (TP x CP beyond one NVLink domain, offload without a pool), or
     None; the message of :func:`stage_costs`' ConfigError."""
     e = execution
@@ -197,10 +197,10 @@ class StageCosts:
 def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
                 precision: str = DEFAULT_PRECISION) -> StageCosts:
     """The per-layer and per-stage costs of one rank (module docstring, NOTE [time model]); checks the
-    execution against the model and the cluster (:func:`offload_rejection`)."""
+    execution against the model and the cluster (:func:`cluster_rejection`)."""
     check_execution(execution, spec)
     e, dev = execution, cluster.device
-    why = offload_rejection(e, cluster)
+    why = cluster_rejection(e, cluster)
     if why is not None:
         raise ConfigError(why)
     layout = ParallelDims.of(e)
