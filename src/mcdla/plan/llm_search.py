@@ -34,7 +34,7 @@ from typing import Any
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
-from mcdla.sim import LlmStep, llm_step, cluster_rejection
+from mcdla.sim import LlmStep, cluster_rejection, llm_step
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.transformer import TransformerSpec
 
