@@ -79,3 +79,13 @@ def test_llm_predict_on_a_preset_matches_the_api_and_rejects_unknown_ones(run_cl
     assert a100["iteration_s"] == shipped.iteration_s > expected.iteration_s  # Blackwell on NVLink5 beats A100
     code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--system", "nope")
     assert code == 2 and not out and err.startswith("mcdla: error: ") and err.count("\n") == 1
+
+
+def test_validate_llm_runs_on_a_named_system_and_names_a_bad_one(run_cli):
+    """validate-llm --system: the default dgx-a100 preset's rows equal validate_llm's; an unknown system is one
+    line naming --system and exit 2."""
+    code, out, _ = run_cli("validate-llm", "--json")
+    assert code == 0
+    assert [r["predicted_s"] for r in json.loads(out)["rows"]] == [r.predicted.iteration_s for r in validate_llm()]
+    code, out, err = run_cli("validate-llm", "--system", "nope")
+    assert code == 2 and not out and err.startswith("mcdla: error: --system: ") and err.count("\n") == 1

@@ -5,11 +5,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from mcdla.cli._app import app, fail
+from mcdla.errors import HardwareError
+
+if TYPE_CHECKING:
+    from mcdla.hardware.cluster import Cluster
+
+__all__ = ["llm_predict_cmd", "validate_llm_cmd"]
+
+
+def _cluster(system: str) -> Cluster:
+    """The ``--system`` preset or file as a generated cluster; a bad one fails naming the option."""
+    from mcdla.hardware.cluster import load_cluster
+
+    try:
+        return load_cluster(system)
+    except HardwareError as exc:
+        fail(f"--system: {exc}")
 
 
 @app.command("validate-llm")
@@ -21,7 +37,7 @@ def validate_llm_cmd(
     """Predict Korthikanti et al. 2022 Table 5 and SC21 Table 1 (1.7B-18.4B) and print the error."""
     from mcdla.report.llm_validation import format_table, summary, validate_llm
 
-    rows = validate_llm(system)
+    rows = validate_llm(_cluster(system))
     if as_json:
         data = {"rows": [{"run": r.run.name, "model": r.run.model, "source": r.run.source,
                           "measured_s": r.run.measured_s, "predicted_s": r.predicted.iteration_s, "error": r.error,
@@ -45,7 +61,6 @@ def llm_predict_cmd(
         help="RANK:FACTOR, a straggler whose compute takes FACTOR x as long (repeatable; implies --ranks).")] = None,
 ) -> None:
     """Predict one iteration of a preset under an execution record, with its breakdown."""
-    from mcdla.hardware.cluster import load_cluster
     from mcdla.sim import llm_step
     from mcdla.workload.execution import load_execution
     from mcdla.workload.transformer import preset
@@ -63,7 +78,7 @@ def llm_predict_cmd(
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
-    cluster = load_cluster(system).for_gpus(record.gpus)
+    cluster = _cluster(system).for_gpus(record.gpus)
     step = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", **options)
     data = step.to_dict()
     if as_json:
