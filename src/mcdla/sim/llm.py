@@ -193,6 +193,25 @@ class StageCosts:
         """The reduction's part that is not hidden behind the last backward."""
         return max(0.0, self.dp_full_s - self.dp_hidden_s)
 
+    def middle_stage_s(self, virtual_stages: int) -> float:
+        """A middle stage's time per micro-batch over its ``virtual_stages`` chunks: compute, recompute, TP, the
+        ``2 v`` pipeline transfers, exposed offload (the last stage adds ``last_fwd_s + last_bwd_s``)."""
+        n = self.layers_per_stage
+        return (n * (self.layer_fwd_s + self.layer_bwd_s) + n * self.layer_recompute_s
+                + n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s) + 2 * virtual_stages * self.p2p_s
+                + self.offload_fwd_s + self.offload_bwd_s)
+
+    def iteration_parts(self, micro_batches: int, virtual_stages: int) -> dict[str, float]:
+        """The steady-state parts of an iteration, the last stage's over ``micro_batches`` micro-batches
+        (seconds; ``LlmStep`` field names): compute (logits and loss included), recompute, TP, PP, and offload
+        with the optimizer state's round trip. Both the closed form and the per-rank schedule report these."""
+        n, m = self.layers_per_stage, micro_batches
+        return dict(compute_s=m * (n * (self.layer_fwd_s + self.layer_bwd_s) + self.last_fwd_s + self.last_bwd_s),
+                    recompute_s=m * (n * self.layer_recompute_s),
+                    tp_comm_s=m * (n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s)),
+                    pp_comm_s=m * (2 * virtual_stages * self.p2p_s),
+                    offload_s=m * (self.offload_fwd_s + self.offload_bwd_s) + self.offload_step_s)
+
 
 def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
                 precision: str = DEFAULT_PRECISION) -> StageCosts:
@@ -278,27 +297,17 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
                           "per-rank options need mode=ranks")
     c = stage_costs(spec, execution, cluster, precision=precision)
     e = execution
-    n_layers = c.layers_per_stage
-    compute_mb = n_layers * (c.layer_fwd_s + c.layer_bwd_s)
-    recompute_mb = n_layers * c.layer_recompute_s
-    tp_mb = n_layers * (c.layer_tp_fwd_s + c.layer_tp_bwd_s)
-    pp_mb = 2 * e.virtual_stages * c.p2p_s
-    off_mb = c.offload_fwd_s + c.offload_bwd_s
-    last_extra = c.last_fwd_s + c.last_bwd_s
-
-    stage_mid = compute_mb + recompute_mb + tp_mb + pp_mb + off_mb
-    stage_last = stage_mid + last_extra
+    stage_mid = c.middle_stage_s(e.virtual_stages)
+    stage_last = stage_mid + c.last_fwd_s + c.last_bwd_s
     m = e.micro_batches
     # The exact length of Megatron's (interleaved) 1F1B schedule when every stage but the last costs
     # stage_mid and the last is the slowest: the last stage never waits once fed, the fill and the drain are
     # (p - 1) / v of a middle stage (NOTE [rank schedule] in sim/llm_ranks.py; tested equal to the per-rank
     # schedule in tests/sim/test_llm_ranks.py).
     bubble = (e.pp - 1) / e.virtual_stages * stage_mid
-    dp_exposed, optimizer, offload_step = c.dp_exposed_s, c.optimizer_s, c.offload_step_s
-    return step_record(spec, e, cluster, c, precision=precision,
-                       iteration=m * stage_last + bubble + dp_exposed + optimizer + offload_step,
-                       bubble=bubble, compute_s=m * (compute_mb + last_extra), recompute_s=m * recompute_mb,
-                       tp_comm_s=m * tp_mb, pp_comm_s=m * pp_mb, offload_s=m * off_mb + offload_step)
+    iteration = m * stage_last + bubble + c.dp_exposed_s + c.optimizer_s + c.offload_step_s
+    return step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble,
+                       **c.iteration_parts(m, e.virtual_stages))
 
 
 def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageCosts, *, precision: str,

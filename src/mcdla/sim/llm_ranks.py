@@ -232,14 +232,8 @@ def ranks_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
     e = execution
     result = simulate_ranks(spec, e, cluster, slowdown=slowdown, layers_per_stage=layers_per_stage,
                             precision=precision)
-    c, m = result.costs, e.micro_batches
-    n = c.layers_per_stage
-    compute_mb = n * (c.layer_fwd_s + c.layer_bwd_s)
-    last_extra = c.last_fwd_s + c.last_bwd_s
-    parts = dict(compute_s=m * (compute_mb + last_extra), recompute_s=m * n * c.layer_recompute_s,
-                 tp_comm_s=m * n * (c.layer_tp_fwd_s + c.layer_tp_bwd_s),
-                 pp_comm_s=m * 2 * e.virtual_stages * c.p2p_s,
-                 offload_s=m * (c.offload_fwd_s + c.offload_bwd_s) + c.offload_step_s)
+    c = result.costs
+    parts = c.iteration_parts(e.micro_batches, e.virtual_stages)
     rest = sum(parts.values()) + c.dp_exposed_s + c.optimizer_s
     bubble = result.iteration_s - rest
     assert bubble > -1e-9 * result.iteration_s, (bubble, rest)  # the schedule never beats its busy time
