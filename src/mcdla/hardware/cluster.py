@@ -272,6 +272,9 @@ class Cluster:
     # configuration by the LLM model, so a search over 10^5 configurations asks a handful of distinct ones
     _group_memo: dict[tuple[int, int], tuple[FabricDim, ...]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
+    # same node? -> dim_between's answer, for the same reason
+    _between_memo: dict[bool, FabricDim] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n_devices(self) -> int:
@@ -380,13 +383,13 @@ class Cluster:
                 raise HardwareError(f"cluster {self.name!r}.dim_between: rank got {r!r}; must be in 0..{self.n_devices - 1}")
         if rank_a == rank_b:
             raise HardwareError(f"cluster {self.name!r}.dim_between: got rank {rank_a} twice; must be two different ranks")
-        if rank_a // self.gpus_per_node == rank_b // self.gpus_per_node:
-            up = self.scale_up
-            assert up is not None
-            return up.subgroup(2)
-        out = self.scale_out
-        assert out is not None
-        return out.subgroup(2)
+        same = rank_a // self.gpus_per_node == rank_b // self.gpus_per_node
+        memo = self._between_memo.get(same)
+        if memo is None:
+            dim = self.scale_up if same else self.scale_out
+            assert dim is not None  # two GPUs of one node need scale_up; of two nodes, scale_out
+            memo = self._between_memo[same] = dim.subgroup(2)
+        return memo
 
     def node_system(self) -> System:
         """One node as a :class:`System` (no scale-out fabric), names without the ``n{j}.`` prefix."""

@@ -133,14 +133,11 @@ def _dp_reduce_s(cluster: Cluster, layout: ParallelDims, zero: int, nbytes: floa
 
 
 def _p2p_s(cluster: Cluster, layout: ParallelDims, nbytes: float) -> float:
-    """One pipeline send between neighbouring stages (``stride("pp")`` ranks apart)."""
+    """One pipeline send between neighbouring stages: rank 0 of stage 0 to its peer ``stride("pp")`` ranks on,
+    across the dimension that separates them (:meth:`Cluster.dim_between`)."""
     if layout.pp == 1:
         return 0.0
-    stride = layout.stride("pp")
-    dim = cluster.scale_up if stride < cluster.gpus_per_node and cluster.scale_up is not None else cluster.scale_out
-    if dim is None:
-        raise ConfigError(f"cluster {cluster.name!r}: pipeline stages span nodes but the system has no scale_out")
-    return p2p_time(nbytes, dim)
+    return p2p_time(nbytes, cluster.dim_between(0, layout.stride("pp")))
 
 
 def _offload_bytes_per_s(cluster: Cluster) -> float:
