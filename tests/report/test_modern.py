@@ -92,7 +92,7 @@ def test_exposed_activation_offload_by_hand() -> None:
     (Korthikanti 2022 eq. with SP) out during forward and back during backward; exposed is what n F (forward)
     and 2 n F (backward) of compute do not hide, paid by m micro-batches plus the (p - 1) bubble slots."""
     system = _system("dc-dla-2026")
-    plain, off = _exec(), _exec(offload_activations=True)
+    plain, off = _exec(attention="materialized"), _exec(offload_activations=True, attention="materialized")
     F = stage_costs(GPT3, plain, system).layer_fwd_s
     n, s, b, h, a, t = 8, 2048, 1, 12288, 96, 8
     move = n * s * b * h * (34 + 5 * a * s / h) / t / 51.2e9
@@ -147,6 +147,7 @@ def test_best_config_without_offload_fits_hbm_by_independent_count() -> None:
     assert not (e.offload_activations or e.offload_weights or e.offload_optimizer)
     from mcdla.workload.transformer import activation_bytes_per_layer
     params = (96 // e.pp * GPT3.params_per_layer() + GPT3.embedding_params()) / e.tp
-    acts = 96 // e.pp * activation_bytes_per_layer(GPT3, e.micro_batch, tp=e.tp, sp=True, recompute=e.recompute)
+    acts = 96 // e.pp * activation_bytes_per_layer(GPT3, e.micro_batch, tp=e.tp, sp=True, recompute=e.recompute,
+                                                 attention=e.attention)
     resident = 4 * params + 12 * params / e.dp + min(e.micro_batches, e.pp) * acts
     assert resident == pytest.approx(step.device_bytes) and resident <= 80e9

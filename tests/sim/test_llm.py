@@ -31,7 +31,8 @@ SMALL = TransformerSpec(name="s", layers=8, hidden=1024, heads=16, vocab=1, seq_
 def test_flops_bound_iteration_is_hardware_flops_over_rate(recompute, tp, llm_cluster):
     """Without communication or memory-bound time, one iteration = hardware FLOPs / (GPUs x peak x eff)."""
     spec = preset("megatron-1.7b")
-    e = Execution(gpus=tp, tp=tp, micro_batch=2, global_batch=8, recompute=recompute)
+    e = Execution(gpus=tp, tp=tp, micro_batch=2, global_batch=8, recompute=recompute,
+                  attention="materialized")
     step = llm_step(spec, e, _cluster(llm_cluster))
     assert step.iteration_s == pytest.approx(hardware_flops_per_iteration(spec, 8, recompute) / (tp * PEAK * EFF),
                                              rel=1e-9)
@@ -41,7 +42,7 @@ def test_flops_bound_iteration_is_hardware_flops_over_rate(recompute, tp, llm_cl
 def test_pipeline_bubble_closed_form(p, v, m, llm_cluster):
     """With a balanced pipeline, iteration = ideal x (1 + (p - 1) / (m v)) (SC21, sec. 2.2); vocabulary 1
     leaves the last stage's logits ~1e-5 of the work, hence the tolerance."""
-    e = Execution(gpus=p, pp=p, virtual_stages=v, micro_batch=1, global_batch=m)
+    e = Execution(gpus=p, pp=p, virtual_stages=v, micro_batch=1, global_batch=m, attention="materialized")
     ideal = hardware_flops_per_iteration(SMALL, m, "none") / (p * PEAK * EFF)
     step = llm_step(SMALL, e, _cluster(llm_cluster))
     assert step.iteration_s == pytest.approx(ideal * (1 + (p - 1) / (m * v)), rel=1e-4)
@@ -103,7 +104,8 @@ def test_first_stage_holds_p_micro_batches_of_activations(llm_cluster):
     times 1 + (p - 1)/(p v) when interleaved (Korthikanti et al. 2022, sec. 4.2.3)."""
     spec = preset("gpt3-175b")
     per_layer = activation_bytes_per_layer(spec, 1, tp=8, sp=True, recompute="selective")
-    base = dict(gpus=64, tp=8, pp=8, sequence_parallel=True, recompute="selective", micro_batch=1, global_batch=64)
+    base = dict(gpus=64, tp=8, pp=8, sequence_parallel=True, recompute="selective", micro_batch=1, global_batch=64,
+                attention="materialized")
     plain = llm_step(spec, Execution(**base), _cluster(llm_cluster))
     inter = llm_step(spec, Execution(**base, virtual_stages=3), _cluster(llm_cluster))
     assert inter.device_bytes - plain.device_bytes == pytest.approx(spec.layers * per_layer * 7 / 24, rel=1e-9)
@@ -163,7 +165,7 @@ def test_fits_counts_the_offload_tier_too():
     activations) exceeds the 2 x 1 TB / 8 = 250 GB host share of each GPU, so it does not fit."""
     spec, cluster = preset("gpt3-175b"), load_cluster("dgx-h100").for_gpus(64)
     e = Execution(gpus=64, tp=8, pp=8, sequence_parallel=True, micro_batch=8, global_batch=64,
-                  offload_activations=True, offload_weights=True, offload_optimizer=True)
+                  offload_activations=True, offload_weights=True, offload_optimizer=True, attention="materialized")
     step = llm_step(spec, e, cluster)
     params = (96 // 8 * spec.params_per_layer() + spec.embedding_params()) / 8
     acts = 8 * 96 // 8 * activation_bytes_per_layer(spec, 8, tp=8, sp=True, recompute="none")

@@ -104,7 +104,8 @@ def test_fast_path_equals_per_rank_engine_on_symmetric_systems(kw):
 def test_per_rank_engine_against_independent_flop_count(v, llm_cluster):
     """FLOPs-only cluster: T_mid = (layers/p) x 3 x layer forward, T_last = T_mid + 3 x logits forward, counted
     here from the GPT FLOP formulas; iteration = m T_last + (p-1)/v T_mid."""
-    e = Execution(gpus=16, tp=2, pp=4, dp=2, virtual_stages=v, micro_batch=1, global_batch=16)
+    e = Execution(gpus=16, tp=2, pp=4, dp=2, virtual_stages=v, micro_batch=1, global_batch=16,
+                  attention="materialized")
     layer, logits = _flops_times(SPEC, tp=2)
     t_mid = SPEC.layers // 4 * 3 * layer
     t_last = t_mid + 3 * logits
@@ -149,7 +150,7 @@ def test_uneven_layer_split_closed_form(llm_cluster):
     """1F1B with layers 3/3/3/7 on a FLOPs-only system, tiny vocabulary: the last stage is the slowest, so the
     schedule takes ``m T_last + sum of the other stages' T`` = ``(7 m + 9) x 3 x layer`` (+ the tiny logits)."""
     spec = TransformerSpec(name="s", layers=16, hidden=1024, heads=16, vocab=8, seq_len=1024)
-    e = Execution(gpus=4, pp=4, micro_batch=1, global_batch=8)
+    e = Execution(gpus=4, pp=4, micro_batch=1, global_batch=8, attention="materialized")
     layer, logits = _flops_times(spec, tp=1)
     got = simulate_ranks(spec, e, _flops_cluster(llm_cluster), layers_per_stage=[3, 3, 3, 7]).iteration_s
     assert got == pytest.approx(8 * (7 * 3 * layer + 3 * logits) + 9 * 3 * layer, rel=1e-12)

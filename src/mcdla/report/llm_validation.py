@@ -48,7 +48,8 @@ def _korthikanti(model: str, tp: int, pp: int, batch: int, mb: int, v: int, full
                  ) -> list[MeasuredRun]:
     src = "Korthikanti et al. 2022, Table 5 (config: Table 3)"
     gpus = tp * pp
-    common = dict(gpus=gpus, tp=tp, pp=pp, dp=1, virtual_stages=v, micro_batch=mb, global_batch=batch)
+    common = dict(gpus=gpus, tp=tp, pp=pp, dp=1, virtual_stages=v, micro_batch=mb, global_batch=batch,
+                  attention="materialized")
     return [
         MeasuredRun(name=f"{model} full", model=model, measured_s=full_s, source=src,
                     execution=Execution(**common, recompute="full")),  # type: ignore[arg-type]
@@ -64,7 +65,7 @@ def _sc21(model: str, tp: int, gpus: int, batch: int, tflops_per_gpu: float) -> 
         name=f"{model} SC21", model=model, measured_s=seconds,
         source=f"Narayanan et al. SC21, Table 1: {tflops_per_gpu:g} TFLOP/s per GPU on {gpus} GPUs, batch {batch}",
         execution=Execution(gpus=gpus, tp=tp, pp=1, dp=gpus // tp, micro_batch=4, global_batch=batch,
-                            recompute="full"))
+                            recompute="full", attention="materialized"))
 
 
 RUNS: tuple[MeasuredRun, ...] = (

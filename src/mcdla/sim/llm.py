@@ -35,27 +35,76 @@ NOTE [time model] (also ``docs/llm.md``):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.parallel_dims import ParallelDims
-from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
+from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer, attention_bwd_flops_ratio,
+                                        flash_attention_bytes, fp8_cast_bytes_per_layer, hardware_flops_per_iteration,
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
 
-__all__ = ["DEFAULT_PRECISION", "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
+__all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
            "llm_step", "stage_costs", "step_record"]
 
 DEFAULT_PRECISION = "bf16"
 """The number format of the GEMMs (a run choice, not hardware): the key of the device's ``peak_flops_per_s``."""
 
-# Adam with mixed precision, per parameter: fp16/bf16 weight and gradient, fp32 master weight, momentum and
-# variance (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 bytes).
-_WEIGHT_BYTES, _GRAD_BYTES, _OPTIMIZER_BYTES = 2, 2, 12
-# The Adam step reads the gradient (2) and reads and writes master weight, momentum, variance (3 x 8) and
-# writes the fp16 weight (2): 28 bytes of HBM traffic per parameter.
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Precision:
+    """What a run's precision choice means for time and memory (NOTE [precision]).
+
+    Attributes:
+        name: the choice (``bf16``, ``fp8``, ``fp16``, ``fp32``).
+        gemm_peak: key of ``peak_flops_per_s`` the linear layers' GEMMs run at.
+        other_peak: key the attention core and the logits run at.
+        element_bytes: activation, weight and gradient element size.
+        optimizer_bytes: Adam state per parameter (fp32 master copy, momentum, variance; no master in fp32).
+        fp8_weight_bytes: extra bytes per parameter of the fp8 weight copy Transformer Engine keeps.
+    """
+
+    name: str
+    gemm_peak: str
+    other_peak: str
+    element_bytes: int
+    optimizer_bytes: int
+    fp8_weight_bytes: int = 0
+
+    @property
+    def fp8(self) -> bool:
+        """The linear layers' GEMMs run in fp8 (inputs cast, fp8 inputs saved)."""
+        return self.gemm_peak == "fp8"
+
+
+PRECISIONS: dict[str, Precision] = {p.name: p for p in (
+    Precision(name="bf16", gemm_peak="bf16", other_peak="bf16", element_bytes=2, optimizer_bytes=12),
+    Precision(name="fp16", gemm_peak="fp16", other_peak="fp16", element_bytes=2, optimizer_bytes=12),
+    Precision(name="fp8", gemm_peak="fp8", other_peak="bf16", element_bytes=2, optimizer_bytes=12,
+              fp8_weight_bytes=1),
+    Precision(name="fp32", gemm_peak="fp32", other_peak="fp32", element_bytes=4, optimizer_bytes=8),
+)}
+"""NOTE [precision] ``bf16``/``fp16``: mixed precision, everything at that peak (ZeRO's 2 + 2 + 12 bytes per
+parameter: Rajbhandari et al. 2020, sec. 3.1). ``fp8``: Transformer Engine: the linear layers' GEMMs at the fp8 peak, the attention core (a bf16
+FlashAttention kernel), the logits, elementwise kernels and the optimizer in bf16/fp32; every GEMM input cast to
+fp8 (current scaling adds an amax pass, :func:`~mcdla.workload.transformer.fp8_cast_bytes_per_layer`), an fp8
+copy of the weights (1 byte per parameter), the linear layers' inputs saved in fp8 for backward. ``fp32``: 4-byte
+activations, weights and gradients, Adam's momentum and variance (no master copy)."""
+
+
+def precision_of(name: str) -> Precision:
+    """The :class:`Precision` of a name; one-line ConfigError listing the known ones otherwise."""
+    try:
+        return PRECISIONS[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"precision: got {brief(name)}; must be one of {', '.join(PRECISIONS)}") from None
+
+
+# The mixed-precision Adam step reads the gradient (2) and reads and writes master weight, momentum, variance
+# (3 x 8) and writes the bf16 weight (2); in fp32 it reads the gradient (4) and reads and writes weight,
+# momentum and variance (3 x 8): 28 bytes of HBM traffic per parameter either way.
 _ADAM_TRAFFIC_BYTES = 28
 # Vocabulary-parallel cross entropy works in fp32 over the b x s x V/tp logits: about four passes each way.
 _LOSS_PASSES, _LOSS_ELEMENT_BYTES = 4, 4
@@ -94,12 +143,14 @@ class LlmStep:
 
 
 def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, sp: bool = False,
-                                cp: int = 1) -> dict[str, float]:
+                                cp: int = 1, attention: Attention = "materialized") -> dict[str, float]:
     """HBM bytes of a layer's memory-bound forward kernels on one rank: ``block`` (two norms read and write
     ``b s h``; two bias-dropout-adds read input and residual, write output and a 1-byte mask; the activation
     function reads its input(s) and writes ``b s f``) and ``scores`` (softmax reads and writes the ``a s^2 b``
     scores, their dropout reads, writes and stores a mask). Counted from the kernels Megatron-LM runs (fused
-    bias-GELU, fused scale-mask-softmax, fused bias-dropout-add); no fitting."""
+    bias-GELU, fused scale-mask-softmax, fused bias-dropout-add); no fitting. ``attention="flash"`` has no
+    score kernels (``scores`` is 0; the fused kernel's traffic is
+    :func:`~mcdla.workload.transformer.flash_attention_bytes`)."""
     e = spec.bytes_per_element
     b, s, h, f = micro_batch, spec.seq_len / cp, spec.hidden, float(spec.ffn_hidden)  # type: ignore[arg-type]
     mask = 1.0 if spec.dropout else 0.0
@@ -107,7 +158,7 @@ def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: 
     norms = 2 * 2 * e * sbh
     residual = 2 * (3 * e + mask) * sbh
     activation = spec.top_k * spec.ffn_matrices * e * s * b * f  # GELU: read f, write f; SwiGLU: read 2f
-    scores = spec.heads * s * spec.seq_len * b * (2 * e + mask * (2 * e + 1))
+    scores = spec.heads * s * spec.seq_len * b * (2 * e + mask * (2 * e + 1)) if attention == "materialized" else 0.0
     return {"block": (norms + residual) / (tp if sp else 1) + activation / tp, "scores": scores / tp}
 
 
@@ -171,10 +222,10 @@ class StageCosts:
 
     layers_per_stage: int
     layer_fwd_s: float  # forward compute of one layer
-    layer_bwd_s: float  # backward compute of one layer (2 x forward)
+    layer_bwd_s: float  # backward compute of one layer (2 x forward; FlashAttention's core 2.5 x)
     layer_recompute_s: float  # recomputation in the backward of one layer
-    layer_tp_fwd_s: float  # TP collectives in one layer's forward
-    layer_tp_bwd_s: float  # TP collectives in its backward (+ the recomputed forward's with full recompute)
+    layer_tp_fwd_s: float  # TP collectives in one layer's forward, the part not hidden (``tp_comm_overlap``)
+    layer_tp_bwd_s: float  # in its backward (+ the recomputed forward's with full recompute), likewise
     p2p_s: float  # one point-to-point transfer of a chunk's activation or its gradient
     last_fwd_s: float  # logits + loss forward on the last stage, per micro-batch
     last_bwd_s: float  # their backward (2 x)
@@ -221,56 +272,87 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         raise ConfigError(why)
     layout = ParallelDims.of(e)
     offload_bytes_per_s = _offload_bytes_per_s(cluster)
+    prec = precision_of(precision)
+    spec = _at_precision(spec, prec)
     b, split = e.micro_batch, e.tp * e.cp
-    flops_per_s = dev.flops_per_s(precision)
     hbm_per_s = dev.hbm_bytes_per_s * dev.memory_efficiency
-    gemm_rate = flops_per_s * cluster.gemm_efficiency.at(spec.hidden / e.tp)
+    efficiency = cluster.gemm_efficiency.at(spec.hidden / e.tp)
+    gemm_rate = dev.flops_per_s(prec.gemm_peak) * efficiency
+    other_rate = dev.flops_per_s(prec.other_peak) * efficiency
 
-    flops = layer_fwd_flops(spec, b)
-    ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp)
+    flops = layer_fwd_flops(spec, b, attention=e.attention)
+    ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, attention=e.attention)
     gemm_f = flops["gemm"] / split / gemm_rate
-    attn_f = flops["attention"] / split / gemm_rate
-    elem_f = (ew["block"] + ew["scores"]) / hbm_per_s
-    layer_fwd = gemm_f + attn_f + elem_f
-    layer_recompute = {"none": 0.0, "selective": attn_f + ew["scores"] / hbm_per_s, "full": layer_fwd}[e.recompute]
+    attn_f = flops["attention"] / split / other_rate
+    if e.attention == "flash":
+        kernel = flash_attention_bytes(spec, b, tp=e.tp, cp=e.cp)
+        core_fwd, core_bwd = kernel["fwd"] / hbm_per_s, kernel["bwd"] / hbm_per_s
+    else:
+        core_fwd = ew["scores"] / hbm_per_s
+        core_bwd = 2 * core_fwd
+    cast_fwd = cast_bwd = 0.0
+    if prec.fp8:
+        cast = fp8_cast_bytes_per_layer(spec, b, tp=e.tp, cp=e.cp, scaling=e.fp8_scaling)
+        cast_fwd, cast_bwd = cast["fwd"] / hbm_per_s, cast["bwd"] / hbm_per_s
+    block_f = ew["block"] / hbm_per_s
+    layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd
+    layer_bwd = (2 * (gemm_f + block_f) + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd + cast_bwd)
+    layer_recompute = {"none": 0.0, "selective": attn_f + core_fwd, "full": layer_fwd}[e.recompute]
 
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
     tp_one = _tp_allreduce_s(cluster, layout, e.sequence_parallel, act_bytes)
+    tp_fwd = 2 * tp_one
+    tp_bwd = 2 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0)
+    if e.tp_comm_overlap:
+        # each collective overlaps the GEMM it pairs with (userbuffers): hidden up to the GEMMs' time
+        tp_fwd = max(0.0, tp_fwd - gemm_f)
+        tp_bwd = max(0.0, tp_bwd - 2 * gemm_f - (gemm_f if e.recompute == "full" else 0.0))
 
     n_layers = spec.layers // e.pp
-    logits = logits_fwd_flops(spec, b) / split / gemm_rate
+    logits = logits_fwd_flops(spec, b) / split / other_rate
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
     p2p_bytes = act_bytes / e.tp
     p2p = _p2p_s(cluster, layout, p2p_bytes)
 
     off_fwd = off_bwd = 0.0
-    act_stage = n_layers * activation_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
-                                                      recompute=e.recompute)
+    act_stage = n_layers * _activation_bytes(spec, e, prec)
     params_rank = _stage_params(spec, e)
     if e.offload_activations:
         move = act_stage / offload_bytes_per_s
         off_fwd += max(0.0, move - n_layers * layer_fwd)
-        off_bwd += max(0.0, move - n_layers * (2 * layer_fwd + layer_recompute))
+        off_bwd += max(0.0, move - n_layers * (layer_bwd + layer_recompute))
     if e.offload_weights:
-        move = _WEIGHT_BYTES * params_rank / offload_bytes_per_s
+        move = prec.element_bytes * params_rank / offload_bytes_per_s
         off_fwd += max(0.0, move - n_layers * layer_fwd)
-        off_bwd += max(0.0, move - n_layers * 2 * layer_fwd)
+        off_bwd += max(0.0, move - n_layers * layer_bwd)
 
-    dp_bytes = _GRAD_BYTES * params_rank
+    dp_bytes = prec.element_bytes * params_rank
     dp_full = _dp_reduce_s(cluster, layout, e.zero, dp_bytes)
-    hidden_by = n_layers * (2 * layer_fwd + layer_recompute) if e.dp_overlap else 0.0
+    hidden_by = n_layers * (layer_bwd + layer_recompute) if e.dp_overlap else 0.0
 
     shard = e.dp if e.zero >= 1 else 1
     offload_step = 0.0
     if e.offload_optimizer:
-        offload_step = 2 * _OPTIMIZER_BYTES * params_rank / shard / offload_bytes_per_s
+        offload_step = 2 * prec.optimizer_bytes * params_rank / shard / offload_bytes_per_s
     return StageCosts(
-        layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=2 * layer_fwd,
-        layer_recompute_s=layer_recompute, layer_tp_fwd_s=2 * tp_one,
-        layer_tp_bwd_s=2 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0), p2p_s=p2p,
+        layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=layer_bwd,
+        layer_recompute_s=layer_recompute, layer_tp_fwd_s=tp_fwd, layer_tp_bwd_s=tp_bwd, p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=2 * (logits + loss), offload_fwd_s=off_fwd, offload_bwd_s=off_bwd,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s,
         offload_step_s=offload_step)
+
+
+def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
+    """``spec`` with the activation element size of ``prec``."""
+    if spec.bytes_per_element == prec.element_bytes:
+        return spec
+    return replace(spec, bytes_per_element=prec.element_bytes)
+
+
+def _activation_bytes(spec: TransformerSpec, e: Execution, prec: Precision) -> float:
+    """One layer's stashed bytes per micro-batch on one rank under ``e`` and ``prec``."""
+    return activation_bytes_per_layer(spec, e.micro_batch, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
+                                      recompute=e.recompute, attention=e.attention, fp8_gemm_inputs=prec.fp8)
 
 
 def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, mode: str = "fast",
@@ -313,22 +395,22 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
     """The :class:`LlmStep` of a predicted iteration: FLOPs, MFU and one rank's memory (both modes, so the
     per-rank schedule of :mod:`mcdla.sim.llm_ranks` reports the same record)."""
     dev = cluster.device
-    flops_per_s = dev.flops_per_s(precision)
-    b = e.micro_batch
+    prec = precision_of(precision)
+    spec = _at_precision(spec, prec)
+    flops_per_s = dev.flops_per_s(prec.gemm_peak)
     m = e.micro_batches
     n_layers = c.layers_per_stage
     params_rank = _stage_params(spec, e)
     shard = e.dp if e.zero >= 1 else 1
-    act_stage = n_layers * activation_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
-                                                      recompute=e.recompute)
+    act_stage = n_layers * _activation_bytes(spec, e, prec)
     dp_exposed, optimizer = c.dp_exposed_s, c.optimizer_s
     model_flops = model_flops_per_iteration(spec, e.global_batch)
 
     in_flight = min(m, e.pp) * (1 + (e.pp - 1) / (e.pp * e.virtual_stages)) if e.virtual_stages > 1 else min(m, e.pp)
     activations = act_stage * in_flight
-    weights = _WEIGHT_BYTES * params_rank / (e.dp if e.zero >= 3 else 1)
-    grads = _GRAD_BYTES * params_rank / (e.dp if e.zero >= 2 else 1)
-    opt = _OPTIMIZER_BYTES * params_rank / shard
+    weights = (prec.element_bytes + prec.fp8_weight_bytes) * params_rank / (e.dp if e.zero >= 3 else 1)
+    grads = prec.element_bytes * params_rank / (e.dp if e.zero >= 2 else 1)
+    opt = prec.optimizer_bytes * params_rank / shard
     offloaded = (activations if e.offload_activations else 0.0) + (weights if e.offload_weights else 0.0) + (
         opt if e.offload_optimizer else 0.0)
     device_bytes = activations + weights + grads + opt - offloaded
@@ -343,7 +425,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         optimizer_s=optimizer,
         offload_s=offload_s,
         model_flops=model_flops,
-        hardware_flops=hardware_flops_per_iteration(spec, e.global_batch, e.recompute),
+        hardware_flops=hardware_flops_per_iteration(spec, e.global_batch, e.recompute, attention=e.attention),
         mfu=model_flops / (e.gpus * flops_per_s * iteration),
         device_bytes=device_bytes,
         offloaded_bytes=offloaded,

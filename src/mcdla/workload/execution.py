@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, field_path
-from mcdla.workload.transformer import Recompute, TransformerSpec
+from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
 
 __all__ = ["Execution", "check_execution", "execution_from_dict", "load_execution", "execution_to_dict"]
 
@@ -43,6 +43,12 @@ class Execution:
         recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input).
         offload_activations, offload_weights, offload_optimizer: keep these in the second memory tier.
         dp_overlap: overlap the gradient reduction with backward (else it runs after the last backward).
+        attention: ``flash`` (fused FlashAttention-2, no stored scores) or ``materialized`` (the ``s x s``
+            scores in HBM, Megatron's fused softmax of the published A100 runs); NOTE [flash attention] in
+            :mod:`mcdla.workload.transformer`.
+        fp8_scaling: Transformer Engine's recipe when the GEMMs run in fp8: ``current`` or ``delayed``.
+        tp_comm_overlap: hide the TP collectives behind the GEMMs they pair with, up to those GEMMs' time
+            (Transformer Engine's userbuffers).
     """
 
     gpus: int
@@ -60,6 +66,9 @@ class Execution:
     offload_weights: bool = False
     offload_optimizer: bool = False
     dp_overlap: bool = False
+    attention: Attention = "flash"
+    fp8_scaling: Literal["delayed", "current"] = "current"
+    tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -67,13 +76,18 @@ class Execution:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= 1")
         for name in ("sequence_parallel", "offload_activations", "offload_weights", "offload_optimizer",
-                     "dp_overlap"):
+                     "dp_overlap", "tp_comm_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"execution.zero: got {brief(self.zero)}; must be 0, 1, 2 or 3 (3 = FSDP)")
         if self.recompute not in _RECOMPUTE:
             raise ConfigError(f"execution.recompute: got {brief(self.recompute)}; must be one of {', '.join(_RECOMPUTE)}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"execution.attention: got {brief(self.attention)}; must be one of {', '.join(ATTENTIONS)}")
+        if self.fp8_scaling not in FP8_SCALINGS:
+            raise ConfigError(f"execution.fp8_scaling: got {brief(self.fp8_scaling)}; "
+                              f"must be one of {', '.join(FP8_SCALINGS)}")
         product = self.tp * self.pp * self.dp * self.cp
         if product != self.gpus:
             raise ConfigError(f"execution.gpus: got {self.gpus}; must equal tp*pp*dp*cp = "
@@ -142,6 +156,9 @@ class _ExecutionFile(BaseModel):
     offload_weights: bool = False
     offload_optimizer: bool = False
     dp_overlap: bool = False
+    attention: Literal["flash", "materialized"] = "flash"
+    fp8_scaling: Literal["delayed", "current"] = "current"
+    tp_comm_overlap: bool = False
 
 
 def _one_line(exc: ValidationError, source: str) -> str:

@@ -11,9 +11,20 @@ closed forms, which the tests check: forward FLOPs ``24 b s h^2 + 4 b s^2 h`` pe
 ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` per iteration (Korthikanti et al. 2022, sec. 6; Narayanan et al.
 SC21, appendix, which with full recomputation gives ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``); activation
 bytes per layer ``s b h (34 + 5 a s / h)`` and its tensor/sequence-parallel and recompute variants
-(Korthikanti et al. 2022, sec. 4, Table 2). The attention core is counted over the full ``s x s`` score
-matrix (no causal halving), as both papers do. Biases and norms are counted in parameters but their FLOPs
-are ignored (both papers ignore them).
+(Korthikanti et al. 2022, sec. 4, Table 2). With ``attention="materialized"`` (Megatron's fused softmax, the
+default of these functions) the attention core is counted over the full ``s x s`` score matrix (no causal
+halving), as both papers do. Biases and norms are counted in parameters but their FLOPs are ignored (both
+papers ignore them).
+
+NOTE [flash attention] ``attention="flash"`` is a fused FlashAttention-2 kernel (Dao 2023, "FlashAttention-2",
+sec. 3): the ``s x s`` scores live in on-chip memory only, so a layer stashes no scores, only the softmax
+statistics (logsumexp, fp32, ``b x a x s``); with a causal mask the kernel skips the blocks above the diagonal,
+halving the attention-core FLOPs (``2 b s^2 h`` forward instead of ``4 b s^2 h``); the backward recomputes
+``S = Q K^T`` and ``P`` from Q, K and the logsumexp, five matrix products against the forward's two: 2.5x the
+forward core FLOPs (sec. 3.2). Its compulsory HBM traffic is Q, K, V read and O (and the logsumexp) written in
+forward; Q, K, V, O, dO and the logsumexp read and dQ, dK, dV written in backward. Re-reads of K and V across
+query blocks are counted as served by the L2 cache (a head's K and V fit in it at the lengths trained today).
+Model FLOPs (the MFU numerator) keep the full-matrix count of the published formulas either way.
 """
 
 from __future__ import annotations
@@ -34,9 +45,21 @@ __all__ = [
     "model_flops_per_iteration",
     "hardware_flops_per_iteration",
     "activation_bytes_per_layer",
+    "Attention",
+    "ATTENTIONS",
+    "attention_bwd_flops_ratio",
+    "flash_attention_bytes",
+    "fp8_cast_bytes_per_layer",
+    "FP8_SCALINGS",
 ]
 
 Recompute = Literal["none", "selective", "full"]
+Attention = Literal["flash", "materialized"]
+ATTENTIONS: tuple[str, ...] = ("flash", "materialized")
+"""``flash``: a fused FlashAttention-2 kernel; ``materialized``: the ``s x s`` scores written to HBM (Megatron's
+fused scale-mask-softmax), the accounting of the published A100 runs (NOTE [flash attention])."""
+_FLASH_BWD_RATIO = 2.5  # FA2 backward: 5 matmuls (S, dP, dV, dQ, dK) against the forward's 2 (Dao 2023, sec. 3.2)
+_LSE_BYTES = 4  # logsumexp statistics are fp32
 _MLPS = ("gelu", "swiglu")
 _POSITIONS = ("learned", "rope")
 
@@ -63,6 +86,7 @@ class TransformerSpec:
         bias: linear layers carry biases (GPT yes, Llama no); parameters only.
         position: ``learned`` (an ``s x h`` table) or ``rope`` (no parameters).
         tied_embeddings: the output projection reuses the input embedding.
+        causal: the attention mask is causal (decoder LMs): a FlashAttention kernel skips the upper blocks.
         bytes_per_element: activation/weight element size (2 for fp16 or bf16).
         source: where the shape comes from.
     """
@@ -82,6 +106,7 @@ class TransformerSpec:
     bias: bool = True
     position: Literal["learned", "rope"] = "learned"
     tied_embeddings: bool = True
+    causal: bool = True
     bytes_per_element: int = 2
     source: str = ""
 
@@ -89,6 +114,8 @@ class TransformerSpec:
         owner = f"transformer {self.name!r}"
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "experts", "top_k", "bytes_per_element"):
             _positive_int(owner, name, getattr(self, name))
+        if not isinstance(self.causal, bool):
+            raise WorkloadError(f"{owner}.causal: got {brief(self.causal)}; must be true or false")
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden is None:
@@ -154,17 +181,45 @@ class TransformerSpec:
         return replace(self, seq_len=seq_len)
 
 
-def layer_fwd_flops(spec: TransformerSpec, batch: int) -> dict[str, float]:
+def _check_attention(attention: str) -> None:
+    if attention not in ATTENTIONS:
+        raise WorkloadError(f"attention: got {brief(attention)}; must be one of {', '.join(ATTENTIONS)}")
+
+
+def layer_fwd_flops(spec: TransformerSpec, batch: int, *, attention: Attention = "materialized") -> dict[str, float]:
     """Forward FLOPs of one layer for ``batch`` samples: ``gemm`` (projections, FFN, router) and ``attention``
-    (``Q K^T`` and ``attention x V``), kept apart because they run at different efficiencies."""
+    (``Q K^T`` and ``attention x V``), kept apart because they run at different efficiencies and precisions.
+    ``attention="flash"`` with a causal mask halves the core (NOTE [flash attention])."""
+    _check_attention(attention)
     b, s, h = batch, spec.seq_len, spec.hidden
     f = float(spec.ffn_hidden)  # type: ignore[arg-type]
     qkv = 2.0 * b * s * h * (h + 2 * spec.kv_hidden)
     proj = 2.0 * b * s * h * h
     ffn = spec.top_k * spec.ffn_matrices * 2.0 * b * s * h * f
     router = 2.0 * b * s * h * spec.experts if spec.experts > 1 else 0.0
-    attention = 2.0 * 2.0 * b * s * s * h
-    return {"gemm": qkv + proj + ffn + router, "attention": attention}
+    core = 2.0 * 2.0 * b * s * s * h
+    if attention == "flash" and spec.causal:
+        core /= 2.0
+    return {"gemm": qkv + proj + ffn + router, "attention": core}
+
+
+def attention_bwd_flops_ratio(attention: Attention) -> float:
+    """Backward over forward FLOPs of the attention core: 2 for the materialised scores (four matrix products
+    against the forward's two), 2.5 for FlashAttention-2, whose backward recomputes the scores (NOTE [flash attention])."""
+    _check_attention(attention)
+    return _FLASH_BWD_RATIO if attention == "flash" else 2.0
+
+
+def flash_attention_bytes(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, cp: int = 1) -> dict[str, float]:
+    """HBM bytes of one layer's fused FlashAttention-2 kernel on one rank, ``fwd`` and ``bwd`` (NOTE [flash
+    attention]): Q, K, V in and O and the fp32 logsumexp out; backward reads Q, K, V, O, dO and the logsumexp
+    and writes dQ, dK, dV. Heads split over ``tp``, the sequence over ``cp``."""
+    e = spec.bytes_per_element
+    tokens = micro_batch * spec.seq_len / cp
+    qkv = e * tokens * (spec.hidden + 2 * spec.kv_hidden) / tp
+    out = e * tokens * spec.hidden / tp
+    lse = _LSE_BYTES * tokens * spec.heads / tp
+    return {"fwd": qkv + out + lse, "bwd": qkv + 2 * out + lse + qkv}
 
 
 def logits_fwd_flops(spec: TransformerSpec, batch: int) -> float:
@@ -173,23 +228,49 @@ def logits_fwd_flops(spec: TransformerSpec, batch: int) -> float:
 
 
 def model_flops_per_iteration(spec: TransformerSpec, global_batch: int) -> float:
-    """Model FLOPs of one iteration (forward + backward = 3x forward), no recomputation counted: the numerator
-    of model FLOPs utilisation."""
+    """Model FLOPs of one iteration (forward + backward = 3x forward), no recomputation counted and the attention
+    core over the full score matrix: the numerator of model FLOPs utilisation, as the papers count it."""
     layer = layer_fwd_flops(spec, global_batch)
     return 3.0 * (spec.layers * (layer["gemm"] + layer["attention"]) + logits_fwd_flops(spec, global_batch))
 
 
-def hardware_flops_per_iteration(spec: TransformerSpec, global_batch: int, recompute: Recompute) -> float:
+def hardware_flops_per_iteration(spec: TransformerSpec, global_batch: int, recompute: Recompute, *,
+                                 attention: Attention = "materialized") -> float:
     """FLOPs the devices execute, recomputation included: ``full`` re-runs every layer's forward, ``selective``
-    only the attention core (Korthikanti et al. 2022, sec. 5)."""
-    layer = layer_fwd_flops(spec, global_batch)
+    only the attention core (Korthikanti et al. 2022, sec. 5); with ``attention="flash"`` the core is the
+    kernel's (causal halving, a 2.5x backward: NOTE [flash attention])."""
+    layer = layer_fwd_flops(spec, global_batch, attention=attention)
     extra = {"none": 0.0, "selective": layer["attention"], "full": layer["gemm"] + layer["attention"]}[recompute]
-    return model_flops_per_iteration(spec, global_batch) + spec.layers * extra
+    per_layer = 3.0 * layer["gemm"] + (1.0 + attention_bwd_flops_ratio(attention)) * layer["attention"]
+    return spec.layers * (per_layer + extra) + 3.0 * logits_fwd_flops(spec, global_batch)
+
+
+FP8_SCALINGS: tuple[str, ...] = ("delayed", "current")
+"""Transformer Engine's fp8 recipes: ``delayed`` scales by an amax history (the amax comes out of the cast
+kernel), ``current`` by the tensor's own amax, a separate reduction pass before the cast."""
+
+
+def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, cp: int = 1,
+                             scaling: str = "current") -> dict[str, float]:
+    """HBM bytes of one layer's fp8 quantisation on one rank, ``fwd`` and ``bwd``: every GEMM input is cast
+    (read at ``bytes_per_element``, written at 1 byte) before its fp8 GEMM; ``current`` scaling first reads it
+    once more for its amax. Forward inputs: QKV and fc1 inputs (``b s h``, whole on every TP rank), projection
+    and fc2 inputs (split over ``tp``); backward: the output gradients of the four GEMMs. Weights are cast once
+    per iteration and kept (their fp8 copy is memory, not per-layer traffic)."""
+    if scaling not in FP8_SCALINGS:
+        raise WorkloadError(f"fp8_scaling: got {brief(scaling)}; must be one of {', '.join(FP8_SCALINGS)}")
+    e = spec.bytes_per_element
+    per_element = 2 * e + 1 if scaling == "current" else e + 1
+    tokens = micro_batch * spec.seq_len / cp
+    h, kv, f, k = spec.hidden, spec.kv_hidden, float(spec.ffn_hidden), spec.top_k  # type: ignore[arg-type]
+    fwd = tokens * (h + h / tp + k * h + k * f / tp)
+    bwd = tokens * ((h + 2 * kv) / tp + h + k * f * (spec.ffn_matrices - 1) / tp + k * h)
+    return {"fwd": per_element * fwd, "bwd": per_element * bwd}
 
 
 def activation_bytes_per_layer(
     spec: TransformerSpec, micro_batch: int, *, tp: int = 1, sp: bool = False, cp: int = 1,
-    recompute: Recompute = "none",
+    recompute: Recompute = "none", attention: Attention = "materialized", fp8_gemm_inputs: bool = False,
 ) -> float:
     """Bytes one layer stashes for backward per micro-batch on one rank (Korthikanti et al. 2022, sec. 4).
 
@@ -198,8 +279,13 @@ def activation_bytes_per_layer(
     input(s), fc2 input, dropout mask. Tensor parallelism splits what lies between the two collectives by
     ``tp``; sequence parallelism also splits the rest. Context parallelism splits the sequence by ``cp``.
     ``selective`` drops the ``s x s`` terms (recomputed); ``full`` keeps only the layer input.
+    ``attention="flash"`` stores no ``s x s`` terms but the fp32 logsumexp, ``4 a s b`` bytes (NOTE [flash
+    attention]). ``fp8_gemm_inputs``: Transformer Engine saves the fp8 copy of each linear layer's input (QKV,
+    projection, fc1, fc2 inputs: 1 byte an element) instead of the bf16 one.
     """
+    _check_attention(attention)
     e = spec.bytes_per_element
+    g = 1 if fp8_gemm_inputs else e  # bytes of a saved GEMM input
     b, s, h, a = micro_batch, spec.seq_len / cp, spec.hidden, spec.heads
     f = float(spec.ffn_hidden)  # type: ignore[arg-type]
     kv = spec.kv_hidden
@@ -208,11 +294,13 @@ def activation_bytes_per_layer(
     if recompute == "full":
         return e * sbh / (tp if sp else 1)
     # outside the tensor-parallel region: two norm inputs, QKV and fc1 inputs, two dropout masks
-    outside = 2 * e * sbh + 2 * e * sbh + 2 * mask * sbh
+    outside = 2 * e * sbh + 2 * g * sbh + 2 * mask * sbh
     inside = (e * s * b * (h + 2 * kv)             # Q, K, V
-              + e * sbh                              # projection input (attention x V)
-              + spec.top_k * (e * s * b * f * (spec.ffn_matrices - 1) + e * s * b * f))  # act input(s), fc2 input
-    if recompute == "none":
+              + g * sbh                              # projection input (attention x V)
+              + spec.top_k * (e * s * b * f * (spec.ffn_matrices - 1) + g * s * b * f))  # act input(s), fc2 input
+    if attention == "flash":
+        inside += _LSE_BYTES * a * s * b
+    elif recompute == "none":
         # softmax output, dropout mask and dropout output over the a x s x s scores (the full sequence of keys)
         inside += (e + mask + e * mask) * a * s * spec.seq_len * b
     return outside / (tp if sp else 1) + inside / tp
