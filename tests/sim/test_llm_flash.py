@@ -1,0 +1,121 @@
+"""FlashAttention, precision per GEMM and TP-communication overlap in the LLM time and memory model, against
+closed forms counted here."""
+
+import dataclasses
+import math
+
+import pytest
+
+from mcdla.errors import ConfigError, HardwareError
+from mcdla.hardware.cluster import load_cluster
+from mcdla.sim.llm import llm_step, precision_of
+from mcdla.workload.execution import Execution
+from mcdla.workload.transformer import TransformerSpec, preset
+
+PEAK, EFF = 300e12, 0.5
+GPT = TransformerSpec(name="g", layers=8, hidden=1024, heads=16, vocab=1000, seq_len=2048)
+
+
+def _cluster(make, fp8=None, nvlink=math.inf, capacity=80e9):
+    """A FLOPs-only cluster (infinite HBM and links unless given), with an fp8 peak when ``fp8`` is given."""
+    c = make(peak_flops_per_s=PEAK, gemm_peak_fraction=EFF, nvlink_bytes_per_s=nvlink, hbm_bytes=capacity)
+    if fp8 is None:
+        return c
+    peaks = {**c.device.peak_flops_per_s, "fp8": fp8}
+    return dataclasses.replace(c, device=dataclasses.replace(c.device, peak_flops_per_s=peaks))
+
+
+def _gpt_times(b, rate_gemm, rate_core):
+    """One GPT layer's GEMMs (24 b s h^2) and causal FlashAttention core (2 b s^2 h) forward, and the logits'
+    forward (2 b s h V), seconds."""
+    s, h = GPT.seq_len, GPT.hidden
+    return 24 * b * s * h * h / rate_gemm, 2 * b * s * s * h / rate_core, 2 * b * s * h * GPT.vocab / rate_core
+
+
+def test_flash_iteration_is_3x_gemms_plus_3_5x_causal_core(llm_cluster):
+    """FLOPs-only, one GPU: iteration = m x l x (3 G + 3.5 A) + m x 3 logits, FA2's backward 2.5x its forward."""
+    m, b = 3, 2
+    e = Execution(gpus=1, micro_batch=b, global_batch=b * m, attention="flash")
+    g, a, logits = _gpt_times(b, PEAK * EFF, PEAK * EFF)
+    step = llm_step(GPT, e, _cluster(llm_cluster))
+    assert step.iteration_s == pytest.approx(m * (GPT.layers * (3 * g + 3.5 * a) + 3 * logits), rel=1e-12)
+
+
+def test_fp8_runs_only_the_linear_gemms_at_the_fp8_peak(llm_cluster):
+    """With a 2x fp8 peak the linear GEMMs take half as long; the attention core and the logits stay in bf16."""
+    m, b = 2, 1
+    e = Execution(gpus=1, micro_batch=b, global_batch=b * m)
+    g, a, logits = _gpt_times(b, 2 * PEAK * EFF, PEAK * EFF)
+    step = llm_step(GPT, e, _cluster(llm_cluster, fp8=2 * PEAK), precision="fp8")
+    assert step.iteration_s == pytest.approx(m * (GPT.layers * (3 * g + 3.5 * a) + 3 * logits), rel=1e-12)
+
+
+def test_fp8_memory_adds_a_weight_copy_and_saves_fp8_inputs(llm_cluster):
+    """One GPU, fp8: weights 2 + 1 (fp8 copy) + gradients 2 + Adam 12 bytes per parameter, and one micro-batch
+    of activations per layer: s b h (4 norm + 2 fp8 QKV/fc1 inputs + 2 masks + 6 QKV + 1 projection + 8 GELU
+    input + 4 fp8 fc2 input) + the fp32 logsumexp 4 a s b."""
+    b = 2
+    s, h, a = GPT.seq_len, GPT.hidden, GPT.heads
+    step = llm_step(GPT, Execution(gpus=1, micro_batch=b, global_batch=b), _cluster(llm_cluster, fp8=2 * PEAK),
+                    precision="fp8")
+    acts = GPT.layers * (s * b * h * 27 + 4 * a * s * b)
+    assert step.device_bytes == pytest.approx(17 * GPT.params() + acts, rel=1e-12)
+
+
+def test_fp8_on_a_device_without_an_fp8_peak_is_one_line(llm_cluster):
+    """A cluster whose GPU has no fp8 figure refuses fp8, naming the precision and the known ones."""
+    with pytest.raises(HardwareError, match=r"no peak for precision 'fp8'; has bf16, fp16$"):
+        llm_step(GPT, Execution(gpus=1), _cluster(llm_cluster), precision="fp8")
+
+
+def test_unknown_precision_lists_the_choices():
+    """An unknown precision is a one-line ConfigError with the four choices."""
+    with pytest.raises(ConfigError, match=r"^precision: got 'int4'; must be one of bf16, fp16, fp8, fp32$"):
+        precision_of("int4")
+
+
+def test_fp32_doubles_activation_and_weight_bytes(llm_cluster):
+    """fp32: 4-byte activations, weights and gradients and 8 bytes of Adam moments: the same 16 bytes per parameter,
+    activations (a dropout-free model with materialised scores: no 1-byte masks, no fp32 logsumexp) exactly twice
+    bf16's."""
+    spec = dataclasses.replace(GPT, dropout=False)
+    c = _cluster(llm_cluster)
+    c = dataclasses.replace(c, device=dataclasses.replace(c.device, peak_flops_per_s={"bf16": PEAK, "fp32": PEAK}))
+    e = Execution(gpus=1, micro_batch=1, global_batch=1, attention="materialized")
+    bf16, fp32 = llm_step(spec, e, c), llm_step(spec, e, c, precision="fp32")
+    states = 16 * spec.params()
+    assert fp32.device_bytes - states == pytest.approx(2 * (bf16.device_bytes - states), rel=1e-12)
+
+
+@pytest.mark.parametrize("bw", [20e9, 200e9, 5e12])
+def test_tp_comm_overlap_hides_collectives_up_to_the_gemms(bw, llm_cluster):
+    """Per layer: forward exposes max(0, 2 R - G), backward max(0, 2 R - 2 G), with R one ring all-reduce of
+    b s h bf16 elements over t ranks (2 (t-1)/t n / B) and G the layer's forward GEMMs on one rank."""
+    t, b, m = 4, 1, 2
+    e = dict(gpus=t, tp=t, micro_batch=b, global_batch=b * m)
+    c = _cluster(llm_cluster, nvlink=bw)
+    r = 2 * (t - 1) / t * 2 * b * GPT.seq_len * GPT.hidden / bw
+    g = _gpt_times(b, PEAK * EFF * t, PEAK * EFF * t)[0]
+    plain = llm_step(GPT, Execution(**e), c)
+    overlap = llm_step(GPT, Execution(**e, tp_comm_overlap=True), c)
+    assert plain.tp_comm_s == pytest.approx(m * GPT.layers * 4 * r, rel=1e-12)
+    exposed = m * GPT.layers * (max(0.0, 2 * r - g) + max(0.0, 2 * r - 2 * g))
+    assert overlap.tp_comm_s == pytest.approx(exposed, rel=1e-9, abs=1e-15)
+    assert overlap.iteration_s == pytest.approx(plain.iteration_s - (plain.tp_comm_s - exposed), rel=1e-12)
+
+
+def test_llama3_70b_megatron_bridge_config_fits_80gb_only_with_flash_attention():
+    """Llama 3 70B, TP4 PP8 VP5, micro-batch 1, sequence 8192, 64 GPUs, SP and the distributed optimizer
+    (Megatron-Bridge's published 80 GB H100 configuration): fits with FlashAttention; the materialised scores
+    do not: the difference is the first stage's 10 layers x 1 + 7/40 of 8 micro-batches in flight, each with
+    2 a s^2 / t bytes of softmax output instead of FlashAttention's 4 a s / t of logsumexp."""
+    spec, cluster = preset("llama3-70b"), load_cluster("dgx-h100").for_gpus(64)
+    e = Execution(gpus=64, tp=4, pp=8, dp=2, virtual_stages=5, sequence_parallel=True, zero=1, micro_batch=1,
+                  global_batch=128)
+    flash = llm_step(spec, e, cluster)
+    materialized = llm_step(spec, dataclasses.replace(e, attention="materialized"), cluster)
+    assert flash.fits and flash.device_bytes <= 80e9
+    a, s = spec.heads, spec.seq_len
+    stored = 10 * 8 * (1 + 7 / 40) * (2 * a * s * s - 4 * a * s) / 4
+    assert not materialized.fits
+    assert materialized.device_bytes - flash.device_bytes == pytest.approx(stored, rel=1e-12)
