@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mcdla.errors import ConfigError, HardwareError
+from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.llm import llm_step, precision_of
 from mcdla.workload.execution import Execution
@@ -63,8 +63,9 @@ def test_fp8_memory_adds_a_weight_copy_and_saves_fp8_inputs(llm_cluster):
 
 
 def test_fp8_on_a_device_without_an_fp8_peak_is_one_line(llm_cluster):
-    """A cluster whose GPU has no fp8 figure refuses fp8, naming the precision and the known ones."""
-    with pytest.raises(HardwareError, match=r"no peak for precision 'fp8'; has bf16, fp16$"):
+    """A cluster whose GPU has no fp8 figure refuses fp8, naming the cluster and the precisions it has."""
+    with pytest.raises(ConfigError, match=r"^precision: got 'fp8'; figures gives no fp8 peak for its GPU "
+                                          r"\(has bf16, fp16\)$"):
         llm_step(GPT, Execution(gpus=1), _cluster(llm_cluster), precision="fp8")
 
 

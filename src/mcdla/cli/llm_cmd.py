@@ -59,6 +59,8 @@ def llm_predict_cmd(
                                         "symmetric closed form; needed for --slowdown.")] = False,
     slowdown: Annotated[list[str] | None, typer.Option(
         help="RANK:FACTOR, a straggler whose compute takes FACTOR x as long (repeatable; implies --ranks).")] = None,
+    precision: Annotated[str, typer.Option(help="Number format of the GEMMs: bf16, fp8 (Transformer Engine: "
+                                           "linear layers in fp8, the rest in bf16), fp16 or fp32.")] = "bf16",
 ) -> None:
     """Predict one iteration of a preset under an execution record, with its breakdown."""
     from mcdla.sim import llm_step
@@ -79,7 +81,8 @@ def llm_predict_cmd(
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
     cluster = _cluster(system).for_gpus(record.gpus)
-    step = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", **options)
+    step = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", precision=precision,
+                    **options)
     data = step.to_dict()
     if as_json:
         print(json.dumps(data, indent=2, allow_nan=False))

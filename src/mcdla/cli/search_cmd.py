@@ -75,6 +75,7 @@ def search_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary and the top rows as JSON.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Write every evaluated configuration as CSV.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    precision: Annotated[str, typer.Option(help="Number format of the GEMMs: bf16, fp8, fp16 or fp32.")] = "bf16",
 ) -> None:
     """Search all valid parallel configurations of a model on a system; print the fastest that fit in memory."""
     from rich.console import Console
@@ -122,7 +123,7 @@ def search_cmd(
                         max_virtual_stages=max_virtual_stages, offload=offload and sys_.offload is not None,
                         dp_overlap=dp_overlap, memory_limit_bytes=limit,
                         backend=backend, workers=workers if workers is not None else os.cpu_count() or 1,
-                        chunk_size=chunk_size, ray_address=ray_address,
+                        chunk_size=chunk_size, ray_address=ray_address, precision=precision,
                         on_enumerated=lambda en: progress.update(task, total=len(en.executions)),
                         progress=lambda n: progress.advance(task, n))
     seconds = time.perf_counter() - started

@@ -35,6 +35,7 @@ from typing import Any
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim import LlmStep, cluster_rejection, llm_step
+from mcdla.sim.llm import DEFAULT_PRECISION, cluster_precision
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.transformer import TransformerSpec
 
@@ -215,6 +216,7 @@ class _Context:
     spec: TransformerSpec
     cluster: Cluster
     memory_limit_bytes: float
+    precision: str = DEFAULT_PRECISION
 
 
 def _evaluate_chunk(context: _Context, chunk: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -222,7 +224,7 @@ def _evaluate_chunk(context: _Context, chunk: Sequence[tuple[Any, ...]]) -> list
     out = []
     for values in chunk:
         e = Execution(**dict(zip(EXECUTION_FIELDS, values)))
-        step = llm_step(context.spec, e, context.cluster)
+        step = llm_step(context.spec, e, context.cluster, precision=context.precision)
         fits = step.fits and step.device_bytes <= context.memory_limit_bytes
         out.append(tuple(getattr(step, name) for name in STEP_FIELDS) + (fits,))
     return out
@@ -293,8 +295,9 @@ def evaluate_executions(spec: TransformerSpec, cluster: Cluster, executions: Seq
                         memory_limit_bytes: float | None = None, backend: str = "serial",
                         workers: int | None = None, chunk_size: int | None = None,
                         ray_address: str | None = None,
-                        progress: Callable[[int], None] | None = None) -> list[SearchRow]:
-    """``llm_step`` (fast path) of every execution, in the given order (module docstring).
+                        progress: Callable[[int], None] | None = None,
+                        precision: str = DEFAULT_PRECISION) -> list[SearchRow]:
+    """``llm_step`` (fast path) of every execution at ``precision``, in the given order (module docstring).
 
     ``workers`` (default ``os.cpu_count()``) sizes the process pool or the local Ray instance; ``progress``
     is called with the number of configurations each finished chunk held.
@@ -305,7 +308,8 @@ def evaluate_executions(spec: TransformerSpec, cluster: Cluster, executions: Seq
     limit = cluster.device.hbm_bytes if memory_limit_bytes is None else memory_limit_bytes
     if not limit > 0:
         raise ConfigError(f"search.memory_limit_bytes: got {brief(limit)}; must be > 0")
-    context = _Context(spec=spec, cluster=cluster, memory_limit_bytes=limit)
+    cluster_precision(cluster, precision)  # a GPU without that peak fails here, once, not in every worker
+    context = _Context(spec=spec, cluster=cluster, memory_limit_bytes=limit, precision=precision)
     n = len(executions)
     size = chunk_size if chunk_size is not None else max(32, min(2048, math.ceil(n / (workers * 8)) if n else 1))
     _positive("chunk_size", size)
@@ -366,7 +370,8 @@ def search(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
            memory_limit_bytes: float | None = None, backend: str = "serial", workers: int | None = None,
            chunk_size: int | None = None, ray_address: str | None = None,
            progress: Callable[[int], None] | None = None,
-           on_enumerated: Callable[[Enumeration], None] | None = None, **space: Any) -> SearchResult:
+           on_enumerated: Callable[[Enumeration], None] | None = None, precision: str = DEFAULT_PRECISION,
+           **space: Any) -> SearchResult:
     """Enumerate (``space``: the options of :func:`enumerate_executions`), evaluate and rank (module
     docstring); ``on_enumerated`` sees the enumeration before the evaluation starts (to size a progress bar)."""
     enumeration = enumerate_executions(spec, cluster, gpus=gpus, global_batch=global_batch, **space)
@@ -374,6 +379,6 @@ def search(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
         on_enumerated(enumeration)
     rows = evaluate_executions(spec, cluster, enumeration.executions, memory_limit_bytes=memory_limit_bytes,
                                backend=backend, workers=workers, chunk_size=chunk_size, ray_address=ray_address,
-                               progress=progress)
+                               progress=progress, precision=precision)
     return SearchResult(enumeration=enumeration, rows=tuple(rows), ranked=rank_rows(rows))
 

@@ -46,7 +46,7 @@ from mcdla.workload.transformer import (Attention, TransformerSpec, activation_b
                                         flash_attention_bytes, fp8_cast_bytes_per_layer, hardware_flops_per_iteration,
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
 
-__all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
+__all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision", "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
            "llm_step", "stage_costs", "step_record"]
 
 DEFAULT_PRECISION = "bf16"
@@ -100,6 +100,18 @@ def precision_of(name: str) -> Precision:
         return PRECISIONS[name]
     except (KeyError, TypeError):
         raise ConfigError(f"precision: got {brief(name)}; must be one of {', '.join(PRECISIONS)}") from None
+
+
+def cluster_precision(cluster: Cluster, name: str) -> Precision:
+    """The :class:`Precision` ``name`` after checking that ``cluster``'s GPU has the peaks it runs at; a one-line
+    ConfigError naming the cluster and the precisions its GPU has otherwise."""
+    prec = precision_of(name)
+    peaks = cluster.device.peak_flops_per_s
+    for key in (prec.gemm_peak, prec.other_peak):
+        if key not in peaks:
+            raise ConfigError(f"precision: got {brief(name)}; {cluster.name} gives no {key} peak for its GPU "
+                              f"(has {', '.join(sorted(peaks))})")
+    return prec
 
 
 # The mixed-precision Adam step reads the gradient (2) and reads and writes master weight, momentum, variance
@@ -272,7 +284,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         raise ConfigError(why)
     layout = ParallelDims.of(e)
     offload_bytes_per_s = _offload_bytes_per_s(cluster)
-    prec = precision_of(precision)
+    prec = cluster_precision(cluster, precision)
     spec = _at_precision(spec, prec)
     b, split = e.micro_batch, e.tp * e.cp
     hbm_per_s = dev.hbm_bytes_per_s * dev.memory_efficiency
