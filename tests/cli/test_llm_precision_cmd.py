@@ -1,8 +1,11 @@
-"""``--precision`` of ``mcdla llm-predict`` and ``mcdla search``."""
+"""``--precision`` of ``mcdla llm-predict`` and ``mcdla search``; ``--family`` of ``mcdla validate-llm``."""
 
 import json
 
+import pytest
+
 from mcdla.hardware.cluster import load_cluster
+from mcdla.report.llm_validation import FAMILIES
 from mcdla.sim.llm import llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
@@ -46,3 +49,21 @@ def test_search_refuses_a_precision_the_system_has_no_peak_for(run_cli, tmp_path
                            "--global-batch", "8", "--precision", "fp8", "--workers", "1", "--quiet")
     assert code == 2
     assert err == "mcdla: error: precision: got 'fp8'; nofp8 gives no fp8 peak for its GPU (has bf16, fp16)\n"
+
+
+def test_validate_llm_family_json_summarises_each_family(run_cli):
+    """--family all --json gives one summary per family, each the mean and max |error| of its own rows."""
+    code, out, _ = run_cli("validate-llm", "--family", "all", "--json")
+    data = json.loads(out)
+    assert code == 0 and set(data["families"]) == set(FAMILIES)
+    for family, s in data["families"].items():
+        errors = [abs(r["error"]) for r in data["rows"] if r["family"] == family]
+        assert s["mean_abs_error"] == pytest.approx(sum(errors) / len(errors)) and s["max_abs_error"] == max(errors)
+
+
+def test_validate_llm_unknown_family_is_one_line(run_cli):
+    """An unknown family exits 2 naming the families."""
+    code, _, err = run_cli("validate-llm", "--family", "mlperf")
+    assert code == 2
+    assert err == ("mcdla: error: validate-llm.family: got 'mlperf'; must be one of megatron-a100, "
+                   "megatron-bridge-fp8, all\n")

@@ -8,6 +8,7 @@ import pytest
 
 from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import load_cluster
+from mcdla.hardware.gemm import GemmEfficiency
 from mcdla.sim.llm import llm_step, precision_of
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -42,11 +43,14 @@ def test_flash_iteration_is_3x_gemms_plus_3_5x_causal_core(llm_cluster):
 
 
 def test_fp8_runs_only_the_linear_gemms_at_the_fp8_peak(llm_cluster):
-    """With a 2x fp8 peak the linear GEMMs take half as long; the attention core and the logits stay in bf16."""
+    """With a 2x fp8 peak reached at 0.6 of the bf16 efficiency the linear GEMMs run at 1.2x the bf16 rate; the
+    attention core and the logits stay in bf16."""
     m, b = 2, 1
     e = Execution(gpus=1, micro_batch=b, global_batch=b * m)
-    g, a, logits = _gpt_times(b, 2 * PEAK * EFF, PEAK * EFF)
-    step = llm_step(GPT, e, _cluster(llm_cluster, fp8=2 * PEAK), precision="fp8")
+    g, a, logits = _gpt_times(b, 2 * PEAK * EFF * 0.6, PEAK * EFF)
+    c = _cluster(llm_cluster, fp8=2 * PEAK)
+    c = dataclasses.replace(c, gemm_efficiency=GemmEfficiency(peak_fraction=EFF, half_width=0, fp8_fraction=0.6))
+    step = llm_step(GPT, e, c, precision="fp8")
     assert step.iteration_s == pytest.approx(m * (GPT.layers * (3 * g + 3.5 * a) + 3 * logits), rel=1e-12)
 
 

@@ -31,21 +31,30 @@ def _cluster(system: str) -> Cluster:
 @app.command("validate-llm")
 def validate_llm_cmd(
     system: Annotated[str, typer.Option(
-        help="Hardware preset or generator file the runs are predicted on.")] = "dgx-a100",
+        help="Hardware preset or generator file the A100 runs are predicted on.")] = "dgx-a100",
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows and the summary as JSON.")] = False,
+    family: Annotated[str, typer.Option(
+        help="Published runs: megatron-a100 (Korthikanti Table 5, SC21 Table 1), megatron-bridge-fp8 "
+             "(Megatron-Bridge 25.11 FP8 on H100/GB200, each on its own preset) or all.")] = "megatron-a100",
 ) -> None:
-    """Predict Korthikanti et al. 2022 Table 5 and SC21 Table 1 (1.7B-18.4B) and print the error."""
-    from mcdla.report.llm_validation import format_table, summary, validate_llm
+    """Predict published runs (by default Korthikanti et al. 2022 Table 5 and SC21 Table 1, 1.7B-18.4B) and print
+    the error per family."""
+    from mcdla.report.llm_validation import family_runs, format_table, summary, validate_llm
 
-    rows = validate_llm(_cluster(system))
+    runs = family_runs(family)
+    rows = validate_llm(_cluster(system), runs)
+    families = list(dict.fromkeys(r.run.family for r in rows))
     if as_json:
-        data = {"rows": [{"run": r.run.name, "model": r.run.model, "source": r.run.source,
+        data = {"rows": [{"run": r.run.name, "family": r.run.family, "model": r.run.model, "system": r.run.system,
+                          "precision": r.run.precision, "source": r.run.source, "choices": r.run.choices,
                           "measured_s": r.run.measured_s, "predicted_s": r.predicted.iteration_s, "error": r.error,
                           "breakdown": r.predicted.to_dict()} for r in rows],
-                **summary(rows)}
+                **summary(rows),
+                "families": {f: summary([r for r in rows if r.run.family == f]) for f in families}}
         print(json.dumps(data, indent=2, allow_nan=False))
         return
-    print(format_table(rows))
+    print("\n\n".join(f"{f}\n{format_table([r for r in rows if r.run.family == f])}" if len(families) > 1
+                      else format_table(rows) for f in families))
 
 
 @app.command("llm-predict")

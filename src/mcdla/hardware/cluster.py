@@ -41,7 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief
-from mcdla.hardware.gemm import DEFAULT_HALF_WIDTH, GemmEfficiency
+from mcdla.hardware.gemm import (DEFAULT_BACKWARD_RATIO, DEFAULT_FP8_FRACTION, DEFAULT_HALF_TOKENS, DEFAULT_HALF_WIDTH,
+                                 GemmEfficiency)
 from mcdla.hardware.model import Device, LinkKind, System
 from mcdla.hardware.pool_link import PoolLink
 from mcdla.hardware.traffic import TrafficPath, node_paths, offload_link
@@ -192,6 +193,9 @@ class _GemmSpec(_Spec):
     peak_fraction: float = Field(gt=0, le=1)
     half_width: float = Field(ge=0, allow_inf_nan=False)
     source: str
+    half_tokens: float = Field(default=DEFAULT_HALF_TOKENS, ge=0, allow_inf_nan=False)
+    backward_ratio: float = Field(default=DEFAULT_BACKWARD_RATIO, gt=0, allow_inf_nan=False)
+    fp8_fraction: float = Field(default=DEFAULT_FP8_FRACTION, gt=0, le=1)
 
 
 class _SocketsSpec(_Spec):
@@ -324,7 +328,9 @@ class Cluster:
 
     def with_gemm_efficiency(self, gemm: GemmEfficiency) -> Cluster:
         """The same cluster with another GEMM efficiency curve (a refit), kept by :meth:`with_nodes`."""
-        curve = _GemmSpec(peak_fraction=gemm.peak_fraction, half_width=gemm.half_width, source=gemm.source or "given")
+        curve = _GemmSpec(peak_fraction=gemm.peak_fraction, half_width=gemm.half_width, source=gemm.source or "given",
+                          half_tokens=gemm.half_tokens, backward_ratio=gemm.backward_ratio,
+                          fp8_fraction=gemm.fp8_fraction)
         spec = self._spec.model_copy(update={"node": self._spec.node.model_copy(update={"gemm_efficiency": curve})})
         return _cluster(spec, self._where, self.device)
 
@@ -483,7 +489,9 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
                               algorithm=o.algorithm, kind=LinkKind(o.kind), source=o.source))
     nodes = spec.scale_out.nodes if spec.scale_out is not None else 1
     g = node.gemm_efficiency
-    gemm = (GemmEfficiency(peak_fraction=g.peak_fraction, half_width=g.half_width, source=g.source) if g is not None
+    gemm = (GemmEfficiency(peak_fraction=g.peak_fraction, half_width=g.half_width, source=g.source,
+                           half_tokens=g.half_tokens, backward_ratio=g.backward_ratio, fp8_fraction=g.fp8_fraction)
+            if g is not None
             else GemmEfficiency(peak_fraction=device.compute_efficiency, half_width=DEFAULT_HALF_WIDTH,
                                 source=f"{spec.name}: no node.gemm_efficiency; compute_efficiency "
                                        f"{device.compute_efficiency} as peak, the DGX A100 half-width {DEFAULT_HALF_WIDTH}"))

@@ -1,4 +1,5 @@
-"""A GPU's GEMM efficiency curve: the fraction of peak a matrix multiply reaches against its per-rank width."""
+"""A GPU's GEMM efficiency curve: the fraction of peak a matrix multiply reaches against its per-rank width and
+the tokens it multiplies, and how much longer its backward takes."""
 
 from __future__ import annotations
 
@@ -7,36 +8,60 @@ from dataclasses import dataclass
 
 from mcdla.errors import HardwareError
 
-__all__ = ["DEFAULT_HALF_WIDTH", "GemmEfficiency"]
+__all__ = ["DEFAULT_BACKWARD_RATIO", "DEFAULT_FP8_FRACTION", "DEFAULT_HALF_TOKENS", "DEFAULT_HALF_WIDTH",
+           "GemmEfficiency"]
 
 DEFAULT_HALF_WIDTH = 150.0
 """Elements of per-rank GEMM width at which efficiency is half its peak: the DGX A100 fit of ``docs/llm.md``
 (the ``gemm_efficiency`` of the ``dgx-a100`` preset), assumed for a GPU whose file gives no curve."""
 
+DEFAULT_HALF_TOKENS = 0.0
+"""Tokens per GEMM at which efficiency is half its peak along the token dimension; 0 = no dependence (the fit
+of ``docs/llm.md`` "Kernel times" found none on the published runs)."""
+
+DEFAULT_BACKWARD_RATIO = 2.0
+"""Backward over forward time of a GEMM (its dgrad and wgrad, twice the FLOPs) at the same efficiency."""
+
+DEFAULT_FP8_FRACTION = 0.80
+"""Fraction of the bf16 curve's efficiency an fp8 GEMM reaches against the fp8 peak: the least-squares fit on
+Megatron-Bridge's FP8 runs (``validate-llm --family megatron-bridge-fp8``, ``docs/llm.md`` "Kernel times")."""
+
+
+def _check(name: str, value: object, low: float, high: float = math.inf, low_open: bool = False) -> float:
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    if bad or value < low or (low_open and value == low) or value > high:  # type: ignore[operator]
+        bound = f"in ({low:g}, {high:g}]" if high < math.inf else f"finite and {'>' if low_open else '>='} {low:g}"
+        raise HardwareError(f"gemm_efficiency.{name}: got {value!r}; must be {bound}")
+    return float(value)  # type: ignore[arg-type]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GemmEfficiency:
-    """Fraction of peak a GEMM reaches as a function of its per-rank width ``x = hidden / tp`` (elements):
-    ``peak_fraction * x / (x + half_width)``.
+    """Fraction of peak a GEMM reaches as a function of its per-rank width ``x = hidden / tp`` (elements) and the
+    tokens it multiplies ``t = micro_batch * seq / cp``: ``peak_fraction * x / (x + half_width) * t / (t +
+    half_tokens)``; its backward takes ``backward_ratio`` x its forward; in fp8 it reaches ``fp8_fraction`` of
+    that efficiency against the fp8 peak.
 
-    Narrow per-rank matrices (small models, wide TP) fill fewer tiles and waves of the GPU. The curve belongs to
-    the device, so it sits in the hardware description with its source; it is the only fitted part of the LLM
-    time model (``docs/llm.md``, "Fitting").
+    Narrow per-rank matrices (small models, wide TP) and short token counts fill fewer tiles and waves of the GPU.
+    The curve belongs to the device, so it sits in the hardware description with its source; it is the fitted
+    part of the LLM time model (``docs/llm.md``, "Fitting" and "Kernel times").
     """
 
     peak_fraction: float
     half_width: float
     source: str = ""
+    half_tokens: float = DEFAULT_HALF_TOKENS
+    backward_ratio: float = DEFAULT_BACKWARD_RATIO
+    fp8_fraction: float = DEFAULT_FP8_FRACTION
 
     def __post_init__(self) -> None:
-        p, w = self.peak_fraction, self.half_width
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise HardwareError(f"gemm_efficiency.peak_fraction: got {p!r}; must be in (0, 1]")
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w >= 0):
-            raise HardwareError(f"gemm_efficiency.half_width: got {w!r}; must be finite and >= 0")
-        object.__setattr__(self, "peak_fraction", float(p))
-        object.__setattr__(self, "half_width", float(w))
+        object.__setattr__(self, "peak_fraction", _check("peak_fraction", self.peak_fraction, 0, 1, low_open=True))
+        object.__setattr__(self, "half_width", _check("half_width", self.half_width, 0))
+        object.__setattr__(self, "half_tokens", _check("half_tokens", self.half_tokens, 0))
+        object.__setattr__(self, "backward_ratio", _check("backward_ratio", self.backward_ratio, 0, low_open=True))
+        object.__setattr__(self, "fp8_fraction", _check("fp8_fraction", self.fp8_fraction, 0, 1, low_open=True))
 
-    def at(self, width: float) -> float:
-        """Efficiency for a per-rank GEMM width (elements)."""
-        return self.peak_fraction * width / (width + self.half_width)
+    def at(self, width: float, tokens: float = math.inf) -> float:
+        """Efficiency for a per-rank GEMM width (elements) multiplying ``tokens`` tokens (default: saturated)."""
+        along_tokens = 1.0 if math.isinf(tokens) or self.half_tokens == 0 else tokens / (tokens + self.half_tokens)
+        return self.peak_fraction * width / (width + self.half_width) * along_tokens

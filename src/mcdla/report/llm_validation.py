@@ -15,7 +15,15 @@ Two sources, every number cited where it is written down:
 The cluster is the shipped ``dgx-a100`` preset (``mcdla.hardware.presets``, every figure sourced there), sized to
 each run's GPUs: A100 80 GB (312 TFLOP/s dense fp16/bf16, 2039 GB/s HBM2e), NVLink 3 through NVSwitch at 300 GB/s
 per direction per GPU, one HDR InfiniBand 200 Gb/s rail (25 GB/s) per GPU, and the GEMM efficiency curve fitted
-to these runs (``node.gemm_efficiency``, ``docs/llm.md`` "Fitting").
+to these runs (``node.gemm_efficiency``, ``docs/llm.md`` "Fitting"). These runs used Megatron's fused softmax,
+so they are predicted with ``attention="materialized"``.
+
+A second family, ``megatron-bridge-fp8`` (:data:`BRIDGE_FP8_RUNS`): Megatron-Bridge 25.11's published FP8
+(current scaling) runs of Llama 3 on DGX H100 and GB200 (``performance-summary.md``, copied in
+``shared/reference/llm-published.md``), the rows the model can express: the Llama 3.1 405B rows need an uneven
+pipeline split (126 layers) or TP x CP beyond one NVLink domain, and B200/GB300 have no preset, so they are left
+out. Measured seconds per iteration = ``GBS x 8192 / (tokens/s/GPU x GPUs)``. Every unpublished field is stated
+in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused attention), ``precision="fp8"``.
 """
 
 from __future__ import annotations
@@ -23,12 +31,16 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+import dataclasses
+
+from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.sim.llm import LlmStep, llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, hardware_flops_per_iteration, preset
 
-__all__ = ["MeasuredRun", "ValidationRow", "RUNS", "VALIDATION_SYSTEM", "validate_llm", "summary", "format_table"]
+__all__ = ["MeasuredRun", "ValidationRow", "RUNS", "BRIDGE_FP8_RUNS", "FAMILIES", "VALIDATION_SYSTEM", "validate_llm",
+           "summary", "format_table", "family_runs"]
 
 VALIDATION_SYSTEM = "dgx-a100"
 """The preset the published runs ran on (Selene: DGX A100 80 GB nodes on HDR InfiniBand)."""
@@ -42,6 +54,10 @@ class MeasuredRun:
     execution: Execution
     measured_s: float
     source: str
+    system: str = "dgx-a100"
+    precision: str = "bf16"
+    choices: str = ""
+    family: str = "megatron-a100"
 
 
 def _korthikanti(model: str, tp: int, pp: int, batch: int, mb: int, v: int, full_s: float, sel_s: float,
@@ -80,6 +96,71 @@ RUNS: tuple[MeasuredRun, ...] = (
 )
 
 
+_BRIDGE = "Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Megatron-Bridge), FP8-CS, seq 8192"
+_BRIDGE_COMMON = ("distributed optimizer (Megatron-Bridge's recipes: use_distributed_optimizer) as ZeRO-1, "
+                  "or FSDP=1 as ZeRO-3; flash attention; no dp_overlap")
+
+
+def _bridge(system: str, model: str, gpus: int, gbs: int, tokens_per_s_per_gpu: float, choices: str,
+            **execution: object) -> MeasuredRun:
+    seconds = gbs * 8192 / (tokens_per_s_per_gpu * gpus)
+    return MeasuredRun(
+        name=f"{model} {system}", model=model, system=system, precision="fp8", measured_s=seconds,
+        family="megatron-bridge-fp8",
+        source=f"{_BRIDGE}: {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} GPUs, GBS {gbs}",
+        choices=f"{choices}; {_BRIDGE_COMMON}",
+        execution=Execution(gpus=gpus, global_batch=gbs, **execution))  # type: ignore[arg-type]
+
+
+BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
+    _bridge("dgx-h100", "llama3-8b", 8, 128, 14451, "FSDP=1 -> zero=3 over dp 8; the recipe's recompute of 5 of "
+            "32 layers is not expressible and left out (recompute=none)", dp=8, zero=3, micro_batch=1),
+    _bridge("dgx-h100", "llama3-70b", 64, 128, 1602, "TP4 PP8 VP5 -> dp 2, zero=1; sequence_parallel and "
+            "tp_comm_overlap on (the Llama 3 70B recipe's)", tp=4, pp=8, dp=2, virtual_stages=5,
+            sequence_parallel=True, zero=1, micro_batch=1, tp_comm_overlap=True),
+    _bridge("gb200-nvl72", "llama3-8b", 8, 128, 31508, "FSDP=0 -> zero=1 over dp 8; CUDA graphs not modelled",
+            dp=8, zero=1, micro_batch=2),
+    _bridge("gb200-nvl72", "llama3-70b", 64, 256, 4312, "FSDP=1 -> zero=3 over dp 64; the recipe offloads 40 "
+            "of 80 layers' activations to Grace memory, taken as offload_activations (all layers)",
+            dp=64, zero=3, micro_batch=2, offload_activations=True),
+)
+
+FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS}
+"""The validation families by name: the published A100 Megatron-LM runs and Megatron-Bridge's FP8 runs."""
+
+# FP8 dense peaks used when a preset gives none yet (the GPU's datasheet figure).
+_FP8_DATASHEET: dict[str, float] = {
+    "dgx-h100": 1979e12,  # NVIDIA H100 Tensor Core GPU datasheet, SXM: 1,979 TFLOP/s FP8 (3,958 with sparsity)
+    "gb200-nvl72": 5e15,  # NVIDIA GB200 NVL72 datasheet: 720 PFLOP/s FP8 with sparsity / 72 GPUs / 2 = 5 PFLOP/s
+}
+
+
+def family_runs(family: str) -> tuple[MeasuredRun, ...]:
+    """The runs of a family by name (or all of them for ``all``); one-line ConfigError listing them otherwise."""
+    if family == "all":
+        return tuple(run for runs in FAMILIES.values() for run in runs)
+    try:
+        return FAMILIES[family]
+    except KeyError:
+        raise ConfigError(f"validate-llm.family: got {brief(family)}; must be one of "
+                          f"{', '.join(FAMILIES)}, all") from None
+
+
+def _run_cluster(run: MeasuredRun, system: str | Cluster | None) -> Cluster:
+    """The cluster a run is predicted on: ``system`` for the A100 family when given, else the run's preset (with
+    its datasheet fp8 peak when the preset gives none)."""
+    if system is not None and run.system == VALIDATION_SYSTEM:
+        cluster = system if isinstance(system, Cluster) else load_cluster(system)
+    else:
+        cluster = load_cluster(run.system)
+    cluster = cluster.for_gpus(run.execution.gpus)
+    peaks = cluster.device.peak_flops_per_s
+    if run.precision == "fp8" and "fp8" not in peaks and run.system in _FP8_DATASHEET:
+        device = dataclasses.replace(cluster.device, peak_flops_per_s={**peaks, "fp8": _FP8_DATASHEET[run.system]})
+        cluster = dataclasses.replace(cluster, device=device)
+    return cluster
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ValidationRow:
     """One run: measured and predicted seconds per iteration and the relative error (predicted / measured - 1)."""
@@ -93,14 +174,15 @@ class ValidationRow:
         return self.predicted.iteration_s / self.run.measured_s - 1.0
 
 
-def validate_llm(system: str | Cluster = VALIDATION_SYSTEM, runs: tuple[MeasuredRun, ...] = RUNS) -> list[ValidationRow]:
-    """Predict every run on ``system`` (a preset, a generator file or a :class:`Cluster`), sized to each run's
-    GPUs."""
-    cluster = system if isinstance(system, Cluster) else load_cluster(system)
+def validate_llm(system: str | Cluster | None = VALIDATION_SYSTEM,
+                 runs: tuple[MeasuredRun, ...] = RUNS) -> list[ValidationRow]:
+    """Predict every run, sized to its GPUs: the A100 runs on ``system`` (a preset, a generator file or a
+    :class:`Cluster`; None = their own preset), the other families on the preset each run names."""
     rows = []
     for run in runs:
         spec: TransformerSpec = preset(run.model)
-        rows.append(ValidationRow(run=run, predicted=llm_step(spec, run.execution, cluster.for_gpus(run.execution.gpus))))
+        step = llm_step(spec, run.execution, _run_cluster(run, system), precision=run.precision)
+        rows.append(ValidationRow(run=run, predicted=step))
     return rows
 
 

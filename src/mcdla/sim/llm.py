@@ -288,9 +288,11 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     spec = _at_precision(spec, prec)
     b, split = e.micro_batch, e.tp * e.cp
     hbm_per_s = dev.hbm_bytes_per_s * dev.memory_efficiency
-    efficiency = cluster.gemm_efficiency.at(spec.hidden / e.tp)
-    gemm_rate = dev.flops_per_s(prec.gemm_peak) * efficiency
+    curve = cluster.gemm_efficiency
+    efficiency = curve.at(spec.hidden / e.tp, tokens=b * spec.seq_len / e.cp)
+    gemm_rate = dev.flops_per_s(prec.gemm_peak) * efficiency * (curve.fp8_fraction if prec.fp8 else 1.0)
     other_rate = dev.flops_per_s(prec.other_peak) * efficiency
+    gemm_bwd_ratio = curve.backward_ratio
 
     flops = layer_fwd_flops(spec, b, attention=e.attention)
     ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, attention=e.attention)
@@ -308,7 +310,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         cast_fwd, cast_bwd = cast["fwd"] / hbm_per_s, cast["bwd"] / hbm_per_s
     block_f = ew["block"] / hbm_per_s
     layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd
-    layer_bwd = (2 * (gemm_f + block_f) + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd + cast_bwd)
+    layer_bwd = (gemm_bwd_ratio * gemm_f + 2 * block_f + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd
+                 + cast_bwd)
     layer_recompute = {"none": 0.0, "selective": attn_f + core_fwd, "full": layer_fwd}[e.recompute]
 
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
@@ -318,7 +321,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     if e.tp_comm_overlap:
         # each collective overlaps the GEMM it pairs with (userbuffers): hidden up to the GEMMs' time
         tp_fwd = max(0.0, tp_fwd - gemm_f)
-        tp_bwd = max(0.0, tp_bwd - 2 * gemm_f - (gemm_f if e.recompute == "full" else 0.0))
+        tp_bwd = max(0.0, tp_bwd - gemm_bwd_ratio * gemm_f - (gemm_f if e.recompute == "full" else 0.0))
 
     n_layers = spec.layers // e.pp
     logits = logits_fwd_flops(spec, b) / split / other_rate
@@ -349,7 +352,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     return StageCosts(
         layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=layer_bwd,
         layer_recompute_s=layer_recompute, layer_tp_fwd_s=tp_fwd, layer_tp_bwd_s=tp_bwd, p2p_s=p2p,
-        last_fwd_s=logits + loss, last_bwd_s=2 * (logits + loss), offload_fwd_s=off_fwd, offload_bwd_s=off_bwd,
+        last_fwd_s=logits + loss, last_bwd_s=gemm_bwd_ratio * logits + 2 * loss, offload_fwd_s=off_fwd, offload_bwd_s=off_bwd,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s,
         offload_step_s=offload_step)
 

@@ -1,0 +1,37 @@
+"""The validation families of ``validate-llm``: the Megatron-Bridge FP8 records against the published table."""
+
+import pytest
+
+from mcdla.report.llm_validation import BRIDGE_FP8_RUNS, FAMILIES, family_runs, summary, validate_llm
+
+# shared/reference/llm-published.md, Megatron-Bridge 25.11: (system, model) -> GPUs, GBS, mbs, TP, PP, VP,
+# tokens/s/GPU, as published.
+PUBLISHED = {("dgx-h100", "llama3-8b"): (8, 128, 1, 1, 1, 1, 14451),
+             ("dgx-h100", "llama3-70b"): (64, 128, 1, 4, 8, 5, 1602),
+             ("gb200-nvl72", "llama3-8b"): (8, 128, 2, 1, 1, 1, 31508),
+             ("gb200-nvl72", "llama3-70b"): (64, 256, 2, 1, 1, 1, 4312)}
+
+
+@pytest.mark.parametrize("run", BRIDGE_FP8_RUNS, ids=lambda r: r.name)
+def test_bridge_records_match_the_published_table(run):
+    """Each record's GPUs, batches and TP/PP/VP are the table's, and its seconds are GBS x 8192 tokens over
+    (tokens/s/GPU x GPUs); it is predicted in fp8 with FlashAttention and states its unpublished choices."""
+    gpus, gbs, mbs, tp, pp, vp, tokens = PUBLISHED[(run.system, run.model)]
+    e = run.execution
+    assert (e.gpus, e.global_batch, e.micro_batch, e.tp, e.pp, e.virtual_stages) == (gpus, gbs, mbs, tp, pp, vp)
+    assert run.measured_s == pytest.approx(gbs * 8192 / (tokens * gpus), rel=1e-12)
+    assert run.precision == "fp8" and e.attention == "flash" and "Megatron-Bridge 25.11" in run.source
+    assert run.choices and run.family == "megatron-bridge-fp8"
+
+
+def test_a100_family_keeps_materialized_attention_and_its_accuracy():
+    """The published A100 runs used Megatron's fused softmax: every record is materialized, and the family stays
+    within the 5 % mean / 10 % max goal against the measured times."""
+    assert all(r.execution.attention == "materialized" for r in FAMILIES["megatron-a100"])
+    s = summary(validate_llm(runs=FAMILIES["megatron-a100"]))
+    assert s["mean_abs_error"] <= 0.05 and s["max_abs_error"] <= 0.10
+
+
+def test_all_is_every_family_in_order():
+    """``all`` is the concatenation of the families."""
+    assert family_runs("all") == tuple(r for runs in FAMILIES.values() for r in runs)
