@@ -124,3 +124,44 @@ def test_llama3_70b_megatron_bridge_config_fits_80gb_only_with_flash_attention()
     stored = 10 * 8 * (1 + 7 / 40) * (2 * a * s * s - 4 * a * s) / 4
     assert not materialized.fits
     assert materialized.device_bytes - flash.device_bytes == pytest.approx(stored, rel=1e-12)
+
+
+def _with_curve(c, **kw):
+    return dataclasses.replace(c, gemm_efficiency=GemmEfficiency(peak_fraction=EFF, half_width=0, **kw))
+
+
+@pytest.mark.parametrize("b", [1, 4, 16])
+def test_tokens_per_gemm_slow_every_gemm_by_t_over_t_plus_half(b, llm_cluster):
+    """FLOPs-only: with half_tokens T every GEMM (and the attention core) runs at t / (t + T) of the saturated
+    efficiency, t = micro-batch x seq; so the time per sample grows by (t + T) / t, more for small micro-batches."""
+    half = 4096.0
+    e = Execution(gpus=1, micro_batch=b, global_batch=16)
+    c = _cluster(llm_cluster)
+    saturated = llm_step(GPT, e, _with_curve(c)).iteration_s
+    slowed = llm_step(GPT, e, _with_curve(c, half_tokens=half)).iteration_s
+    t = b * GPT.seq_len
+    assert slowed == pytest.approx(saturated * (t + half) / t, rel=1e-12)
+
+
+@pytest.mark.parametrize("ratio", [1.6, 2.0, 2.4])
+def test_gemm_backward_ratio_scales_only_the_gemm_backward(ratio, llm_cluster):
+    """FLOPs-only, FlashAttention: iteration = m (l ((1 + r) G + 3.5 A) + (1 + r) logits): the linear layers' and
+    the logits' backward take r x their forward, the attention core keeps FA2's 2.5x."""
+    m, b = 2, 1
+    e = Execution(gpus=1, micro_batch=b, global_batch=b * m)
+    g, a, logits = _gpt_times(b, PEAK * EFF, PEAK * EFF)
+    step = llm_step(GPT, e, _with_curve(_cluster(llm_cluster), backward_ratio=ratio))
+    expect = m * (GPT.layers * ((1 + ratio) * g + 3.5 * a) + (1 + ratio) * logits)
+    assert step.iteration_s == pytest.approx(expect, rel=1e-12)
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("half_tokens", -1.0, "finite and >= 0"), ("backward_ratio", 0.0, "finite and > 0"),
+    ("fp8_fraction", 1.5, "in (0, 1]")])
+def test_bad_curve_fields_are_one_line(field, value, allowed):
+    """A bad kernel-time figure names the field, the value and what is allowed."""
+    from mcdla.errors import HardwareError
+
+    with pytest.raises(HardwareError, match=rf"^gemm_efficiency\.{field}: got {value!r}; must be {allowed}"
+                                            .replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        GemmEfficiency(peak_fraction=0.5, half_width=0, **{field: value})
