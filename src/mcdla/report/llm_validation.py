@@ -40,7 +40,7 @@ from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, hardware_flops_per_iteration, preset
 
 __all__ = ["MeasuredRun", "ValidationRow", "RUNS", "BRIDGE_FP8_RUNS", "FAMILIES", "VALIDATION_SYSTEM", "validate_llm",
-           "summary", "format_table", "family_runs"]
+           "summary", "format_table", "family_runs", "run_cluster"]
 
 VALIDATION_SYSTEM = "dgx-a100"
 """The preset the published runs ran on (Selene: DGX A100 80 GB nodes on HDR InfiniBand)."""
@@ -146,7 +146,7 @@ def family_runs(family: str) -> tuple[MeasuredRun, ...]:
                           f"{', '.join(FAMILIES)}, all") from None
 
 
-def _run_cluster(run: MeasuredRun, system: str | Cluster | None) -> Cluster:
+def run_cluster(run: MeasuredRun, system: str | Cluster | None) -> Cluster:
     """The cluster a run is predicted on: ``system`` for the A100 family when given, else the run's preset (with
     its datasheet fp8 peak when the preset gives none)."""
     if system is not None and run.system == VALIDATION_SYSTEM:
@@ -181,7 +181,7 @@ def validate_llm(system: str | Cluster | None = VALIDATION_SYSTEM,
     rows = []
     for run in runs:
         spec: TransformerSpec = preset(run.model)
-        step = llm_step(spec, run.execution, _run_cluster(run, system), precision=run.precision)
+        step = llm_step(spec, run.execution, run_cluster(run, system), precision=run.precision)
         rows.append(ValidationRow(run=run, predicted=step))
     return rows
 
