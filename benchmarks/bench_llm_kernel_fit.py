@@ -37,7 +37,9 @@ def _clusters() -> dict[str, tuple[MeasuredRun, Cluster]]:
     return {run.name: (run, run_cluster(run, None)) for runs in FAMILIES.values() for run in runs}
 
 
-def _errors(runs: dict[str, tuple[MeasuredRun, Cluster]], figures: tuple[float, float, float]) -> dict[str, list[float]]:
+def _errors(runs: dict[str, tuple[MeasuredRun, Cluster]],
+            figures: tuple[float, float, float]) -> dict[str, list[float]]:
+    """Each family's signed relative errors with the kernel-time ``figures`` (half_tokens, ratio, fp8)."""
     half_tokens, ratio, fp8 = figures
     by_family: dict[str, list[float]] = {}
     for run, cluster in runs.values():

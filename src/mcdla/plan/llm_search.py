@@ -34,8 +34,7 @@ from typing import Any
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
-from mcdla.sim import LlmStep, cluster_rejection, llm_step
-from mcdla.sim.llm import DEFAULT_PRECISION, cluster_precision
+from mcdla.sim import DEFAULT_PRECISION, LlmStep, cluster_precision, cluster_rejection, llm_step
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.transformer import TransformerSpec
 

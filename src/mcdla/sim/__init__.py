@@ -7,7 +7,7 @@ design, breakdown and assumptions: ``docs/simulator.md``.
 
 from mcdla.sim.engine import simulate
 from mcdla.sim.flows import max_min_rates
-from mcdla.sim.llm import LlmStep, cluster_rejection, llm_step
+from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, cluster_precision, cluster_rejection, llm_step
 from mcdla.sim.pool_link import pool_link
 from mcdla.sim.program import BACKWARD, FORWARD, build_program, roofline_s
 from mcdla.sim.result import SimResult
@@ -28,4 +28,6 @@ __all__ = [
     "LlmStep",
     "llm_step",
     "cluster_rejection",
+    "cluster_precision",
+    "DEFAULT_PRECISION",
 ]

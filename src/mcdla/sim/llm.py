@@ -10,14 +10,18 @@ Ranks are laid out by :class:`~mcdla.workload.parallel_dims.ParallelDims` and ea
 NOTE [time model] (also ``docs/llm.md``):
 
 * Per layer and micro-batch on one rank: GEMM FLOPs (projections, FFN) and attention-core FLOPs (``QK^T``,
-  ``xV``) divided by ``tp * cp``, at ``peak * gemm_efficiency(h / tp)``; memory-bound elementwise kernels (norms,
-  bias-dropout-add, activation function, softmax and its dropout) at ``hbm_bytes_per_s *
-  memory_efficiency``; backward costs twice the forward. Recompute adds a forward (``full``) or the
-  attention core with its softmax and dropout (``selective``).
+  ``xV``) divided by ``tp * cp``, at ``peak * gemm_efficiency(h / tp, b s / cp)`` (the GEMMs at the precision's
+  GEMM peak, times the curve's ``fp8_fraction`` in fp8; the core and the logits at its other peak: NOTE
+  [precision]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and softmax and
+  its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``: NOTE [flash
+  attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts;
+  backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x.
+  Recompute adds a forward (``full``) or the attention core with its softmax and dropout (``selective``).
 * Tensor parallelism: two all-reduces of the layer's ``b s h`` activation per forward and two per backward
   (with sequence parallelism an all-gather plus a reduce-scatter, the same ring traffic), on the TP group's
   dimensions (the NVLink domain, in-network where the switch reduces);
-  full recomputation repeats the forward ones. Not overlapped with compute (Megatron-LM 2021-2022).
+  full recomputation repeats the forward ones. Not overlapped with compute (Megatron-LM 2021-2022) unless
+  ``tp_comm_overlap``: then hidden behind the GEMMs they pair with, up to those GEMMs' time (TE userbuffers).
 * Pipeline: per micro-batch a stage runs its ``layers / pp`` layers forward and backward plus, per virtual
   chunk, a point-to-point send of the activation and one of its gradient (``b s h / tp`` bytes with
   Megatron's scatter/gather) over the dimension neighbouring stages are apart on; the last stage adds the vocabulary projection and
