@@ -8,7 +8,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -23,13 +23,30 @@ app = typer.Typer(
     name="mcdla",
     help="Simulate, plan, run and profile deep-learning training past the device-memory wall (MC-DLA).",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 MAX_BATCH = 2**31 - 1
 _MAX_MESSAGE = 600
+
+
+def _print_version(value: bool) -> None:
+    """``--version``: print the installed package's version (pyproject.toml's, via its metadata) and stop."""
+    if value:
+        from mcdla import __version__
+
+        print(f"mcdla {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Simulate, plan, run and profile deep-learning training past the device-memory wall (MC-DLA)."""
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

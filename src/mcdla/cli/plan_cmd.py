@@ -10,11 +10,7 @@ import typer
 
 from mcdla.cli._app import app, check_batch, check_budget, check_output, console, fail, print_json
 from mcdla.errors import brief
-from mcdla.hardware import load_system
-from mcdla.plan import PLANNERS, evaluate, make_plan
-from mcdla.sim import pool_link
 from mcdla.units import format_bytes, format_seconds
-from mcdla.workload import load_workload
 
 __all__ = ["plan_cmd"]
 
@@ -25,12 +21,18 @@ def plan_cmd(
     system: Annotated[str, typer.Option(help="Preset name or system file; its first device and pool link are used.")],
     budget: Annotated[Optional[str], typer.Option(
         help="Device-memory budget with a unit, e.g. 16GiB or 512MiB, at most the device's memory (default: all of it).")] = None,
-    planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNERS)}.")] = "lp",
+    planner: Annotated[str, typer.Option(
+        help="Planner name (lp, milp, rotor, vdnn-all, ...; a wrong name lists them all).")] = "lp",
     batch: Annotated[Optional[int], typer.Option(help="Batch size (default: the workload's).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the plan as JSON (mcdla-plan/1).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Plan what to offload, prefetch or recompute, and print the predicted iteration time and its overhead."""
+    from mcdla.hardware import load_system
+    from mcdla.plan import PLANNERS, evaluate, make_plan
+    from mcdla.sim import pool_link
+    from mcdla.workload import load_workload
+
     if planner not in PLANNERS:
         fail(f"--planner: got {brief(planner)}; must be one of {', '.join(PLANNERS)}")
     check_batch(batch)

@@ -14,12 +14,7 @@ import typer
 from mcdla.cli._app import (app, check_batch, check_budget, check_output, console, fail, print_json,
                            strict_json, write_output)
 from mcdla.errors import brief
-from mcdla.hardware import load_system
-from mcdla.plan import PLANNERS, make_plan, policy_plan
-from mcdla.report import experiments, figures, tables
-from mcdla.sim import pool_link, simulate
 from mcdla.units import format_bytes, format_seconds
-from mcdla.workload import load_workload
 
 if TYPE_CHECKING:
     from mcdla.hardware import System
@@ -38,6 +33,9 @@ class Policy(str, Enum):
 
 
 def check_planner(planner: str | None) -> None:
+    """Fail unless ``planner`` is None or a registered planner name."""
+    from mcdla.plan import PLANNERS  # the planners load scipy: only when a command runs
+
     if planner is not None and planner not in PLANNERS:
         fail(f"--planner: got {brief(planner)}; must be one of {', '.join(PLANNERS)}")
 
@@ -45,6 +43,9 @@ def check_planner(planner: str | None) -> None:
 def plan_for(sys_: System, wl: Workload, *, planner: str | None, budget: str | None, policy: str) -> Plan:
     """The plan a ``--planner``/``--budget`` or ``--policy`` choice gives on the system's smallest device
     (a device with unlimited memory gets the no-offload policy)."""
+    from mcdla.plan import make_plan, policy_plan
+    from mcdla.sim import pool_link
+
     smallest = min(sys_.devices, key=lambda d: d.hbm_bytes)
     if planner is not None:
         budget_bytes = check_budget(budget, "--budget", smallest.hbm_bytes, f"{sys_.name} {smallest.name}")
@@ -68,6 +69,10 @@ def simulate_cmd(
     """Simulate one training iteration of a workload on a system with memory virtualization.
 
     An infeasible iteration (it does not fit the device memory) prints its result and exits with status 1."""
+    from mcdla.hardware import load_system
+    from mcdla.sim import simulate
+    from mcdla.workload import load_workload
+
     check_planner(planner)
     check_batch(batch)
     check_output(trace, "--trace")
@@ -140,6 +145,8 @@ def reproduce_cmd(
                                          "vs recompute (docs/reproduction.md).")] = False,
 ) -> None:
     """The paper's comparison: 8 workloads x {dc-dla, mc-dla, oracle} x {data, model}, plus the sweep."""
+    from mcdla.report import experiments, figures, tables
+
     check_planner(planner)
     if precision not in ("fp16", "fp32"):
         fail(f"--precision: got {brief(precision)}; must be fp16 or fp32")
