@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+import mcdla
+
 from mcdla.sim.llm_search import search
 from mcdla.sim.llm_systems import llm_system
 from mcdla.workload.transformer import preset
@@ -21,6 +23,7 @@ def test_json_and_csv_match_the_python_search(run_cli, tmp_path):
     code, stdout, stderr = run_cli("search", *SMALL, "--workers", "1", "--json", "--top", "4", "--out", str(out))
     assert code == 0, stderr
     data = json.loads(stdout)
+    assert data["meta"]["mcdla_version"] == mcdla.__version__
     sys_ = llm_system("dgx-a100", gpus=8)
     expected = search(preset("megatron-1.7b"), sys_.cluster, gpus=8, global_batch=16, max_virtual_stages=2,
                       offload_capacity_bytes=sys_.offload_capacity_bytes)
@@ -30,7 +33,7 @@ def test_json_and_csv_match_the_python_search(run_cli, tmp_path):
     assert data["best"]["prediction"]["iteration_s"] == expected.best.step.iteration_s
     assert [r["index"] for r in data["top"]] == [r.index for r in expected.ranked[:4]]
     with out.open() as f:
-        rows = list(csv.DictReader(f))
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     assert len(rows) == data["valid"]
     fastest = min((r for r in rows if r["fits_limits"] == "True"), key=lambda r: float(r["pred_iteration_s"]))
     assert float(fastest["pred_iteration_s"]) == data["best"]["prediction"]["iteration_s"]

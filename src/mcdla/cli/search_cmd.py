@@ -81,6 +81,7 @@ def search_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.table import Table
 
+    from mcdla.report.meta import meta_comment_lines, results_meta
     from mcdla.sim.llm_search import RAY_INSTALL_HINT, search
     from mcdla.sim.llm_systems import llm_system
     from mcdla.units import format_bytes
@@ -125,9 +126,11 @@ def search_cmd(
                         progress=lambda n: progress.advance(task, n))
     seconds = time.perf_counter() - started
     en = result.enumeration
+    meta = results_meta()
     if out is not None:
-        write_output(out, _csv_text(result.rows), "--out")
+        write_output(out, meta_comment_lines(meta) + _csv_text(result.rows), "--out")
     summary = {
+        "meta": meta,
         "model": spec.name, "seq_len": spec.seq_len, "system": sys_.name, "gpus": gpus, "global_batch": global_batch,
         "memory_limit_bytes": limit, "offload_capacity_bytes": capacity, "backend": backend,
         "candidates": en.candidates, "valid": len(en.executions), "rejected": en.rejected,

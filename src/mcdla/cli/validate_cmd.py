@@ -76,7 +76,9 @@ def validate_cmd(
         baseline=baseline, copy_interference=copy_interference, io_threads=io_threads or None,  # type: ignore[arg-type]
     )
     if as_json:
-        print_json(result.to_dict())
+        from mcdla.report.meta import results_meta
+
+        print_json({"meta": results_meta(), **result.to_dict()})
         return
     print(result.summary())
 

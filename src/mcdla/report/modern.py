@@ -22,8 +22,6 @@ end stages, which the closed-form model does not represent).
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from typing import Any
 from rich.table import Table
 
 from mcdla.errors import ConfigError, HardwareError
+from mcdla.report.meta import results_meta, write_results_csv, write_results_json
 from mcdla.sim.llm import LlmStep, llm_step
 from mcdla.sim.llm_systems import LlmSystem, llm_system
 from mcdla.units import format_bytes, format_seconds
@@ -210,13 +209,9 @@ _COLUMNS = ("model", "gpus", "global_batch", "system", "label", "preset", "feasi
 
 def write_results(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     """``results.json`` and ``results.csv`` (one row per model, GPU count and system) in ``out``."""
-    json_path, csv_path = out / "results.json", out / "results.csv"
-    json_path.write_text(json.dumps(list(rows), indent=2) + "\n")
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(_COLUMNS), extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return [json_path, csv_path]
+    meta = results_meta()
+    return [write_results_json(out / "results.json", rows, meta),
+            write_results_csv(out / "results.csv", rows, _COLUMNS, meta)]
 
 
 def _config(r: dict[str, Any]) -> str:
