@@ -157,7 +157,8 @@ def test_memnode_variant_is_marked_hypothetical_and_pools_over_nvlink() -> None:
     assert len(nodes) == 36 and all("HYPOTHETICAL" in m.source for m in nodes)
     assert "HYPOTHETICAL" in s.description
     assert all(set(p) == {m.name for m in nodes} for p in s.pools.values())
-    assert all(Topology(s).link(m.name, "nvswitch").bytes_per_s == 600e9 for m in nodes)
+    topology = Topology(s)
+    assert all(topology.link(m.name, "nvswitch").bytes_per_s == 600e9 for m in nodes)
 
 
 def test_variants_change_only_what_they_say() -> None:
