@@ -261,3 +261,14 @@ def test_nodes_need_a_scale_out_fabric() -> None:
         cluster_from_dict(_mini()).with_nodes(2)
     with pytest.raises(HardwareError, match=r"got an explicit system \(devices listed\)"):
         load_cluster("mc-dla")
+
+
+def test_nodes_for_is_the_nodes_a_job_occupies() -> None:
+    """Cluster.nodes_for gives the fewest 72-GPU nodes holding the job (brute force over 1..400) and refuses
+    counts below one or past the largest system in one line naming the field."""
+    cluster = load_cluster("gb200-nvl72")
+    for gpus in range(1, 401):
+        assert cluster.nodes_for(gpus) == min(n for n in range(1, 7) if n * 72 >= gpus)
+    for bad in (0, -3, 2.5, True, 10**12):
+        with pytest.raises(HardwareError, match=r"^execution\.gpus: got .*; must be an integer in 1\.\."):
+            cluster.nodes_for(bad, field="execution.gpus")

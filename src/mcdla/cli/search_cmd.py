@@ -56,7 +56,7 @@ def _csv_text(rows: Any) -> str:
 def search_cmd(
     model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
     system: Annotated[str, typer.Option(help="Generated system preset (dgx-a100, dgx-h100, gb200-nvl72, ...) or file.")],
-    gpus: Annotated[int, typer.Option(help="GPUs in total: whole nodes, or a divisor of one node.")],
+    gpus: Annotated[int, typer.Option(help="GPUs in total (any count; the last node may be partly used).")],
     global_batch: Annotated[int, typer.Option(help="Samples per iteration over all data-parallel replicas.")],
     seq: Annotated[Optional[int], typer.Option(help="Sequence length (default: the model's).")] = None,
     cp: Annotated[str, typer.Option(help="Context-parallel degrees to try, comma-separated.")] = "1",
@@ -81,6 +81,7 @@ def search_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.table import Table
 
+    from mcdla.hardware.cluster import load_cluster
     from mcdla.report.meta import meta_comment_lines, results_meta
     from mcdla.sim.llm_search import RAY_INSTALL_HINT, search
     from mcdla.sim.llm_systems import llm_system
@@ -103,10 +104,9 @@ def search_cmd(
     spec = preset(model)
     if seq is not None:
         spec = dataclasses.replace(spec, seq_len=seq)
-    sys_ = llm_system(system, gpus=gpus, offload=offload)
-    per_node = sys_.cluster.gpus_per_node
-    if gpus % per_node and per_node % gpus:
-        fail(f"--gpus: got {gpus}; must be a multiple of the {per_node} GPUs per node of {sys_.name} or divide it")
+    cluster = load_cluster(system)
+    cluster.nodes_for(gpus, field="--gpus")
+    sys_ = llm_system(cluster, gpus=gpus, offload=offload)
     device = sys_.cluster.device
     limit = check_budget(memory_limit, "--memory-limit", device.hbm_bytes, f"{sys_.name}'s GPU")
     capacity = sys_.offload_capacity_bytes if sys_.offload_bytes_per_s > 0 else None

@@ -134,6 +134,14 @@ class LlmStep:
     device_bytes: float
     offloaded_bytes: float
     fits: bool
+    weight_bytes: float
+    """One rank's parameters (bytes, before offload); with the next three, minus ``offloaded_bytes``, this is
+    ``device_bytes``."""
+    gradient_bytes: float
+    optimizer_bytes: float
+    """Optimizer state: master weights and both Adam moments."""
+    activation_bytes: float
+    """Activations saved for backward by the micro-batches in flight."""
 
     def to_dict(self) -> dict[str, float | bool]:
         """Plain data for JSON."""
@@ -418,4 +426,8 @@ def _step_record(spec: TransformerSpec, e: Execution, cluster: GpuCluster, c: St
         device_bytes=device_bytes,
         offloaded_bytes=offloaded,
         fits=device_bytes <= dev.hbm_bytes,
+        weight_bytes=weights,
+        gradient_bytes=grads,
+        optimizer_bytes=opt,
+        activation_bytes=activations,
     )

@@ -15,10 +15,9 @@ preset's ``compute_efficiency`` as the peak fraction.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from mcdla.errors import ConfigError, brief
+from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.sim.llm import GemmEfficiency, GpuCluster
 
@@ -59,9 +58,7 @@ def llm_system(preset: str | Cluster, *, gpus: int | None = None, offload: bool 
     """
     cluster = preset if isinstance(preset, Cluster) else load_cluster(preset)
     if gpus is not None:
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-            raise ConfigError(f"llm_system.gpus: got {brief(gpus)}; must be an integer >= 1")
-        nodes = math.ceil(gpus / cluster.gpus_per_node)
+        nodes = cluster.nodes_for(gpus, field="llm_system.gpus")
         if nodes != cluster.nodes:
             cluster = cluster.with_nodes(nodes)
     up, out = cluster.scale_up, cluster.scale_out
