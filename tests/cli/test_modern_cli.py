@@ -9,7 +9,7 @@ ONE = (modern.Scenario(model="gpt3-175b", global_batch=1536, gpus=1152),)
 
 def test_reproduce_modern_cli(tmp_path, run_cli, monkeypatch) -> None:
     real = modern.run_modern
-    monkeypatch.setattr(modern, "run_modern", lambda: real(grid=modern.SMALL_GRID, scenarios=ONE))
+    monkeypatch.setattr(modern, "run_modern", lambda **kw: real(grid=modern.SMALL_GRID, scenarios=ONE, **kw))
     code, out, _ = run_cli("reproduce", "--modern", "--out", str(tmp_path))
     assert code == 0 and "Modern reproduction" in out
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]

@@ -1,6 +1,7 @@
 """The ``mcdla simulate`` and ``mcdla reproduce`` commands, run in-process."""
 
 import json
+import re
 
 import pytest
 
@@ -54,6 +55,7 @@ def test_reproduce_writes_results_and_figures(tmp_path, run_cli) -> None:
     """reproduce (without the sweep) writes records for 8 workloads x 3 systems x 2 parallelisms and PNGs."""
     code, out, _ = run_cli("reproduce", "--out", str(tmp_path), "--no-sweep", "--workers", "1")
     assert code == 0 and "geo. mean" in out
+    assert re.search(r"│ resnet-152\s+│ data\s+│\s+\d", out)  # workload, parallelism and times in their own cells
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["meta"]["mcdla_version"] == mcdla.__version__ and data["meta"]["date"]
     records = data["rows"]

@@ -7,18 +7,21 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from mcdla.errors import brief
 from mcdla.units import format_bytes, parse_bytes
 
-__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_output", "check_torch_device", "print_json",
-           "strict_json", "write_output"]
+__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_output", "check_torch_device",
+           "key_value_table", "print_json", "strict_json", "write_output"]
 
+_FILE_WIDTH = 1000
 app = typer.Typer(
     name="mcdla",
     help="Simulate, plan, run and profile deep-learning training past the device-memory wall (MC-DLA).",
@@ -26,7 +29,8 @@ app = typer.Typer(
     add_completion=True,
     pretty_exceptions_enable=False,
 )
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+# A terminal gets its own width; a pipe or a file gets room for any row, so no table cuts a name.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else _FILE_WIDTH)
 
 MAX_BATCH = 2**31 - 1
 _MAX_MESSAGE = 600
@@ -47,6 +51,16 @@ def _root(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Simulate, plan, run and profile deep-learning training past the device-memory wall (MC-DLA)."""
+
+
+def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
+    """Two left-aligned columns (name, value) without borders: the summary a command prints."""
+    table = Table.grid(padding=(0, 3))
+    table.add_column(no_wrap=True)
+    table.add_column()
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from mcdla.cli._app import (app, check_batch, check_budget, check_output, console, fail, print_json,
+from mcdla.cli._app import (app, check_batch, check_budget, check_output, console, fail, key_value_table, print_json,
                            strict_json, write_output)
 from mcdla.errors import brief
 from mcdla.units import format_bytes, format_seconds
@@ -110,19 +110,19 @@ def simulate_cmd(
     console.print(f"[b]{wl.name}[/b] (batch {wl.batch}, {parallel.value}-parallel) on [b]{sys_.name}[/b], plan {plan.planner}")
     if not result.feasible:
         console.print(f"[red]infeasible:[/red] {result.infeasible_reason}")
-    console.print(f"  iteration time          {format_seconds(result.iteration_time_s)}")
-    for label, value in (("compute", result.compute_s), ("recompute", result.recompute_s),
-                         ("exposed virtualization", result.exposed_virtualization_s),
-                         ("exposed communication", result.exposed_communication_s)):
-        console.print(f"    {label:<22}{format_seconds(value)}")
-    for tier, peak in result.peak_bytes_by_tier.items():
-        console.print(f"  peak {tier:<19}{format_bytes(peak)}")
-    console.print(f"  offloaded               {format_bytes(result.offloaded_bytes)}")
+    rows: list[tuple[str, str]] = [("iteration time", format_seconds(result.iteration_time_s))]
+    rows += [(f"  {label}", format_seconds(value)) for label, value in (
+        ("compute", result.compute_s), ("recompute", result.recompute_s),
+        ("exposed virtualization", result.exposed_virtualization_s),
+        ("exposed communication", result.exposed_communication_s))]
+    rows += [(f"peak {tier}", format_bytes(peak)) for tier, peak in result.peak_bytes_by_tier.items()]
+    rows.append(("offloaded", format_bytes(result.offloaded_bytes)))
     busiest = sorted(result.link_utilization.items(), key=lambda kv: -kv[1])[:5]
     if busiest:
-        console.print("  busiest links           " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in busiest))
+        rows.append(("busiest links", ", ".join(f"{k} {100 * v:.0f}%" for k, v in busiest)))
     if trace is not None:
-        console.print(f"  trace written to {trace} (open in https://ui.perfetto.dev)")
+        rows.append(("trace", f"{trace} (open in https://ui.perfetto.dev)"))
+    console.print(key_value_table(rows))
     _exit_if_infeasible(result)
 
 
@@ -143,8 +143,10 @@ def reproduce_cmd(
     modern: Annotated[bool, typer.Option("--modern", help="Instead: GPT-3 175B and Llama-3 405B training on "
                                          "2026 systems, offload over PCIe5 / C2C / CXL / NVLink5 memory-nodes "
                                          "vs recompute (docs/reproduction.md).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar (it is shown only on a terminal).")] = False,
 ) -> None:
     """The paper's comparison: 8 workloads x {dc-dla, mc-dla, oracle} x {data, model}, plus the sweep."""
+    from mcdla.profile.progress import progress_bar
     from mcdla.report import experiments, figures, tables
 
     check_planner(planner)
@@ -159,10 +161,13 @@ def reproduce_cmd(
     if not os.access(out, os.W_OK):
         fail(f"--out: got {brief(str(out), 200)}; not writable (permission denied)")
     start = time.perf_counter()
+    shown = False if quiet else None
     if modern:
-        _reproduce_modern(out, start)
+        _reproduce_modern(out, start, shown)
         return
-    records = experiments.run_matrix(policy=policy.value, planner=planner, precision=precision, workers=workers)
+    with progress_bar("reproducing", enabled=shown) as on_progress:
+        records = experiments.run_matrix(policy=policy.value, planner=planner, precision=precision, workers=workers,
+                                         on_progress=on_progress)
     rows = experiments.speedup_rows(records)
     console.print(tables.speedup_table(rows, title=f"MC-DLA vs DC-DLA ({planner or 'vDNN-' + policy.value}, {precision})"))
     tables.write_records(records, out / "results.json", out / "results.csv")
@@ -170,19 +175,22 @@ def reproduce_cmd(
                figures.plot_speedups(rows, out / "speedup.png"),
                figures.plot_breakdown(records, out / "breakdown.png")]
     if sweep:
-        sweep_records = experiments.compute_pcie_sweep(policy=policy.value, planner=planner, precision=precision,
-                                                       workers=workers)
+        with progress_bar("compute x PCIe sweep", enabled=shown) as on_progress:
+            sweep_records = experiments.compute_pcie_sweep(policy=policy.value, planner=planner, precision=precision,
+                                                           workers=workers, on_progress=on_progress)
         tables.write_records(sweep_records, out / "sweep.json", out / "sweep.csv")
         written += [out / "sweep.json", figures.plot_sweep(sweep_records, out / "sweep.png")]
         console.print(tables.sweep_table(sweep_records))
     console.print(f"wrote {', '.join(str(p) for p in written)} in {time.perf_counter() - start:.1f} s")
 
 
-def _reproduce_modern(out: Path, start: float) -> None:
+def _reproduce_modern(out: Path, start: float, shown: bool | None) -> None:
     """``mcdla reproduce --modern``: the best configuration per system for 175B and 405B (report/modern.py)."""
+    from mcdla.profile.progress import progress_bar
     from mcdla.report import modern as modern_report
 
-    rows = modern_report.run_modern()
+    with progress_bar("modern reproduction", enabled=shown) as on_progress:
+        rows = modern_report.run_modern(on_progress=on_progress)
     console.print(modern_report.modern_table(rows))
     written = [*modern_report.write_results(rows, out), modern_report.plot_modern(rows, out / "modern.png")]
     console.print(f"wrote {', '.join(str(p) for p in written)} in {time.perf_counter() - start:.1f} s")

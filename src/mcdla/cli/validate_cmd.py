@@ -51,8 +51,10 @@ def validate_cmd(
         "--copy-interference/--no-copy-interference",
         help="Measure and charge the compute time copies cost (default: on for CPU, off for CUDA).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar (it is shown only on a terminal).")] = False,
 ) -> None:
     """Profile a model, plan it, predict its step, run it under the runtime and print both with the error."""
+    from mcdla.profile.progress import progress_bar
     from mcdla.report.validate import validate
 
     if granularity not in ("leaf", "block"):
@@ -69,12 +71,14 @@ def validate_cmd(
         fail(f"--threads: got {brief(threads)}; must be >= 1 and <= 4096")
     check_output(plot, "--plot")
     check_torch_device(device)
-    result = validate(
-        model, pool=pool, budget=budget, planner=planner, plan=plan, steps=steps, warmup=warmup, batch=batch,
-        scale=_scale(scale or []), granularity=granularity, threads=threads,
-        min_bytes=int(parse_bytes(min_bytes, "--min-bytes")), plot=plot, device=device,
-        baseline=baseline, copy_interference=copy_interference, io_threads=io_threads or None,  # type: ignore[arg-type]
-    )
+    with progress_bar("validating", enabled=False if quiet else None) as on_progress:
+        result = validate(
+            model, pool=pool, budget=budget, planner=planner, plan=plan, steps=steps, warmup=warmup, batch=batch,
+            scale=_scale(scale or []), granularity=granularity, threads=threads,
+            min_bytes=int(parse_bytes(min_bytes, "--min-bytes")), plot=plot, device=device, baseline=baseline,
+            copy_interference=copy_interference, io_threads=io_threads or None,  # type: ignore[arg-type]
+            on_progress=on_progress,
+        )
     if as_json:
         from mcdla.report.meta import results_meta
 
@@ -90,10 +94,14 @@ def probe_cmd(
     pool_tier: Annotated[str, typer.Option(help="The tier offloads go to: host, file or compress.")] = "file",
     device: Annotated[str, typer.Option(help="The device to measure compute on (cpu, cuda:0).")] = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Also print the measured links as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar (it is shown only on a terminal).")] = False,
 ) -> None:
     """Measure this machine (compute, memory, host/file/compress tiers) into a system file."""
+    from rich.table import Table
+
     from mcdla.hardware import save_system
     from mcdla.profile.probe import probe_machine, probe_system
+    from mcdla.profile.progress import progress_bar
 
     if out.suffix not in (".yaml", ".yml", ".json"):
         fail(f"--out: got {brief(str(out), 200)}; must end in .yaml, .yml or .json")
@@ -103,7 +111,8 @@ def probe_cmd(
     if directory is not None and directory.exists() and not directory.is_dir():
         fail(f"--dir: got {brief(str(directory), 200)}; it is not a directory, must be a directory")
     check_torch_device(device)
-    machine = probe_machine(directory, device=device)
+    with progress_bar("probing", enabled=False if quiet else None) as on_progress:
+        machine = probe_machine(directory, device=device, on_progress=on_progress)
     system = probe_system(machine, pool_tier=pool_tier)
     try:
         save_system(system, out)
@@ -119,10 +128,14 @@ def probe_cmd(
         print_json({"system": str(out), "flops_per_s": machine.flops_per_s,
                     "memory_bytes_per_s": machine.memory_bytes_per_s, "tiers": links})
         return
-    console.print(f"{machine.source}")
-    console.print(f"  compute: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in machine.flops_per_s.items())
+    console.print(f"{machine.source}", markup=False)
+    console.print("compute: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in machine.flops_per_s.items())
                   + f"; memory copy {machine.memory_bytes_per_s / 1e9:.1f} GB/s")
+    table = Table(title="tiers", title_justify="left")
+    for column in ("tier", "write", "read", "latency"):
+        table.add_column(column, justify="left" if column == "tier" else "right")
     for kind, link in links.items():
-        console.print(f"  {kind:<9} write {link['offload_bytes_per_s'] / 1e9:7.2f} GB/s  read "
-                      f"{link['prefetch_bytes_per_s'] / 1e9:7.2f} GB/s  latency {link['latency_s'] * 1e6:7.1f} us")
+        table.add_row(kind, f"{link['offload_bytes_per_s'] / 1e9:.2f} GB/s", f"{link['prefetch_bytes_per_s'] / 1e9:.2f} GB/s",
+                      f"{link['latency_s'] * 1e6:.1f} us")
+    console.print(table)
     console.print(f"wrote {out} (pool tier: {pool_tier})")

@@ -31,6 +31,7 @@ from typing import Any
 from rich.table import Table
 
 from mcdla.errors import ConfigError, HardwareError
+from mcdla.profile.progress import OnProgress, notify
 from mcdla.report.meta import results_meta, write_results_csv, write_results_json
 from mcdla.sim.llm import LlmStep, llm_step
 from mcdla.sim.llm_systems import LlmSystem, llm_system
@@ -184,20 +185,23 @@ def _row(scenario: Scenario, variant: Variant, system: LlmSystem, e: Execution |
 
 
 def run_modern(grid: Grid = FULL_GRID, scenarios: Sequence[Scenario] = SCENARIOS,
-               variants: Sequence[Variant] = VARIANTS) -> list[dict[str, Any]]:
+               variants: Sequence[Variant] = VARIANTS, on_progress: OnProgress | None = None) -> list[dict[str, Any]]:
     """One row per (scenario, variant): the best configuration and its time, memory and speedup over the
-    baseline (DC-DLA 2026, when it is among ``variants`` and feasible)."""
+    baseline (DC-DLA 2026, when it is among ``variants`` and feasible); ``on_progress`` hears of each row."""
     rows: list[dict[str, Any]] = []
+    total = len(scenarios) * len(variants)
     for sc in scenarios:
         spec = preset(sc.model)
         block = []
         for v in variants:
+            notify(on_progress, len(rows) + len(block), total, f"searching: {sc.model} on {v.label}")
             system = llm_system(v.preset, gpus=sc.gpus, offload=v.offload)
             block.append(_row(sc, v, system, *best_config(spec, sc, system, grid)))
         base = next((r for r in block if r["system"] == BASELINE and r["feasible"]), None)
         for r in block:
             r["speedup"] = base["iteration_s"] / r["iteration_s"] if base is not None and r["feasible"] else None
         rows += block
+    notify(on_progress, total, total, "searching: done")
     return rows
 
 
