@@ -14,6 +14,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from mcdla.errors import brief
 from mcdla.units import format_bytes, parse_bytes
@@ -54,12 +55,13 @@ def _root(
 
 
 def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
-    """Two left-aligned columns (name, value) without borders: the summary a command prints."""
+    """Two left-aligned columns (name, value) without borders: the summary a command prints. The cells are
+    plain text (a value such as a file name with ``[...]`` in it is not read as markup)."""
     table = Table.grid(padding=(0, 3))
     table.add_column(no_wrap=True)
     table.add_column()
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(Text(name), Text(value))
     return table
 
 

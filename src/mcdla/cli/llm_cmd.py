@@ -30,7 +30,7 @@ def validate_llm_cmd(
                 **summary(rows)}
         print(json.dumps(data, indent=2, allow_nan=False))
         return
-    print(format_table(rows))
+    console.print(format_table(rows))
 
 
 def _duration(seconds: float) -> str:

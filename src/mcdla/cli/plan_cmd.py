@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from mcdla.cli._app import app, check_batch, check_budget, check_output, console, fail, print_json
+from mcdla.cli._app import app, check_batch, check_budget, check_output, console, fail, key_value_table, print_json
 from mcdla.errors import brief
 from mcdla.units import format_bytes, format_seconds
 
@@ -71,12 +71,12 @@ def plan_cmd(
         print_json(summary)
         return
     console.print(f"{wl.name} (batch {wl.batch}) on {sys_.name}, budget {format_bytes(budget_bytes)}, planner {planner}")
-    console.print(f"  offloaded   {format_bytes(result.offloaded_bytes)}")
-    console.print(f"  recomputed  {format_bytes(result.recomputed_bytes)}")
-    console.print(f"  resident    {format_bytes(result.resident_bytes)}  (peak device {format_bytes(result.peak_device_bytes)})")
-    console.print(f"  iteration   {format_seconds(result.makespan_s)}  "
-                  f"(+{100 * result.overhead:.1f}% over the no-offload bound {format_seconds(result.lower_bound_s)})")
+    rows = [("offloaded", format_bytes(result.offloaded_bytes)), ("recomputed", format_bytes(result.recomputed_bytes)),
+            ("resident", f"{format_bytes(result.resident_bytes)} (peak device {format_bytes(result.peak_device_bytes)})"),
+            ("iteration", f"{format_seconds(result.makespan_s)} (+{100 * result.overhead:.1f}% over the no-offload "
+                          f"bound {format_seconds(result.lower_bound_s)})")]
     if plan.notes:
-        console.print(f"  notes       {plan.notes}")
+        rows.append(("notes", plan.notes))
     if out is not None:
-        console.print(f"  plan        {out}")
+        rows.append(("plan", str(out)))
+    console.print(key_value_table(rows))
