@@ -56,8 +56,28 @@ def test_version_is_the_pyproject_version(run_cli):
     assert mcdla.__version__ == importlib.metadata.version("mcdla") == declared
 
 
-def test_show_completion_prints_a_bash_script(run_cli):
-    """``--show-completion bash`` prints a completion function bound to the ``mcdla`` program."""
-    code, out, _ = run_cli("--show-completion", "bash")
-    assert code == 0
-    assert "complete " in out and "_mcdla_completion" in out
+def _complete(words: str, cword: int) -> subprocess.CompletedProcess[str]:
+    """Ask ``python -m mcdla`` for bash completions the way the installed completion script does."""
+    env = {**os.environ, "PYTHONPATH": str(_ROOT / "src"), "COMP_WORDS": words, "COMP_CWORD": str(cword),
+           "_MCDLA_COMPLETE": "complete_bash"}
+    return subprocess.run([sys.executable, "-m", "mcdla"], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+
+
+def test_shell_completion_completes_commands_and_options():
+    """The completion protocol behind --install-completion completes 'sim' to simulate and an option prefix
+    of llm-predict to its option; the bash script it installs names the mcdla program."""
+    done = _complete("mcdla sim", 1)
+    assert done.returncode == 0 and done.stdout.split() == ["simulate"]
+    done = _complete("mcdla llm-predict --train", 2)
+    assert done.returncode == 0 and done.stdout.split() == ["--train-tokens"]
+    env = {**os.environ, "PYTHONPATH": str(_ROOT / "src"), "_MCDLA_COMPLETE": "source_bash"}
+    script = subprocess.run([sys.executable, "-m", "mcdla"], capture_output=True, text=True, env=env, timeout=120,
+                            check=False).stdout
+    assert "_mcdla_completion" in script and "complete " in script
+
+
+def test_completion_options_are_offered(run_cli):
+    """--help lists --install-completion and --show-completion."""
+    code, out, _ = run_cli("--help")
+    assert code == 0 and "--install-completion" in out and "--show-completion" in out
