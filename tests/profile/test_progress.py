@@ -51,3 +51,13 @@ def test_run_matrix_reports_each_simulation():
     records = experiments.run_matrix(["lstm"], workers=1, on_progress=on_progress)
     assert len(records) == 1 * 3 * 2
     assert [(d, t) for d, t, _ in seen] == [(i, 6) for i in range(0, 7)]
+
+
+def test_probe_machine_reports_compute_then_each_tier(tmp_path):
+    """probe_machine hears of compute first, then of each tier, ending at 1 + tiers."""
+    from mcdla.profile.probe import probe_machine
+
+    seen, on_progress = _calls()
+    probe_machine(tmp_path, sizes_bytes=(1 << 16,), repeats=1, kinds=("host", "file"), on_progress=on_progress)
+    assert [(d, t) for d, t, _ in seen] == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert [w for _, _, w in seen][1:3] == ["probing: host tier", "probing: file tier"]

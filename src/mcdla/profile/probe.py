@@ -348,7 +348,6 @@ def probe_machine(
     each finished part (compute, then each tier)."""
     notify(on_progress, 0, 1 + len(kinds), "probing: compute and memory")
     flops, mem_bw = probe_compute(device, precisions=precisions)
-    notify(on_progress, 1, 1 + len(kinds), "probing: tiers")
     dev = torch.device(device)
     capacity = (
         float(torch.cuda.get_device_properties(dev).total_memory) if dev.type == "cuda"
