@@ -22,7 +22,6 @@ from mcdla.units import format_bytes, parse_bytes
 __all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_output", "check_torch_device",
            "key_value_table", "print_json", "strict_json", "write_output"]
 
-_FILE_WIDTH = 1000
 app = typer.Typer(
     name="mcdla",
     help="Simulate, plan, run and profile deep-learning training past the device-memory wall (MC-DLA).",
@@ -30,7 +29,8 @@ app = typer.Typer(
     add_completion=True,
     pretty_exceptions_enable=False,
 )
-# A terminal gets its own width; a pipe or a file gets room for any row, so no table cuts a name.
+_FILE_WIDTH = 1000
+"""Columns of output to a pipe or a file: room for any row, so no table cuts a name (a terminal keeps its own)."""
 console = Console(highlight=False, width=None if sys.stdout.isatty() else _FILE_WIDTH)
 
 MAX_BATCH = 2**31 - 1
@@ -51,7 +51,7 @@ def _root(
     version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
 ) -> None:
-    """Simulate, plan, run and profile deep-learning training past the device-memory wall (MC-DLA)."""
+    """The options of ``mcdla`` itself (``--version``); the app's help text is the Typer's."""
 
 
 def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
