@@ -2,8 +2,10 @@
 
 import csv
 import importlib.metadata
+import importlib.util
 import json
 import platform
+import shutil
 import subprocess
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -41,3 +43,18 @@ def test_json_and_csv_files_carry_the_same_header(tmp_path):
     assert meta_comment_lines(meta).splitlines() == comments
     body = list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
     assert body == [{"a": "1", "b": "2.5"}, {"a": "3", "b": ""}]
+
+
+def test_no_commit_for_a_copy_inside_another_repository(tmp_path):
+    """A copy of meta.py inside an unrelated git repository (a virtualenv in a user's project) reports no commit."""
+    repo = tmp_path / "project"
+    (repo / "site").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    copy = repo / "site" / "meta.py"
+    shutil.copy(_SRC / "report" / "meta.py", copy)
+    spec = importlib.util.spec_from_file_location("meta_copy", copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.results_meta(["mcdla"])["git_commit"] is None

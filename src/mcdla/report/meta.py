@@ -26,9 +26,17 @@ _GIT_TIMEOUT_S = 5.0
 
 
 def _git_commit() -> str | None:
-    """The commit of the git checkout mcdla is imported from (``+dirty`` with local changes), or None."""
-    where = Path(__file__).resolve().parent
+    """The commit of the git checkout mcdla is imported from (``+dirty`` with local changes), or None.
+
+    None also for an installed copy that merely sits inside some other repository (a virtualenv in a
+    project's checkout): the commit counts only when git tracks this very file."""
+    here = Path(__file__).resolve()
+    where = here.parent
     try:
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", here.name], cwd=where, capture_output=True,
+                                 text=True, timeout=_GIT_TIMEOUT_S, check=False)
+        if tracked.returncode != 0:
+            return None
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
                               timeout=_GIT_TIMEOUT_S, check=False)
         if head.returncode != 0:
