@@ -6,13 +6,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from mcdla.cli._app import app, console, fail, print_json
 from mcdla.errors import brief
 from mcdla.units import format_bytes, format_seconds, parse_count
+
+if TYPE_CHECKING:
+    from mcdla.sim.llm import LlmStep
+    from mcdla.workload.execution import Execution
+    from mcdla.workload.transformer import TransformerSpec
 
 
 @app.command("validate-llm")
@@ -49,7 +54,7 @@ def _count(n: float) -> str:
     return f"{n:.4g}"
 
 
-def _prediction(step: Any, record: Any, spec: Any, *, system: str, gpus_per_node: int, hbm_bytes: float,
+def _prediction(step: LlmStep, record: Execution, spec: TransformerSpec, *, system: str, gpus_per_node: int, hbm_bytes: float,
                 peak_flops_per_s: float, offload_tier: str | None, train_tokens: float | None) -> dict[str, Any]:
     """Everything ``llm-predict`` prints, as plain data (bytes, seconds, FLOP/s): the step, the memory one GPU
     holds by kind, throughput per GPU and the time to train ``train_tokens`` tokens."""
