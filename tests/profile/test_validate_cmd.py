@@ -76,16 +76,16 @@ def test_validate_prints_a_predicted_vs_measured_table(factories: str, tmp_path:
 
 def test_validate_reports_progress_of_profiling_and_rounds(factories: str, tmp_path: Path) -> None:
     """validate(on_progress=...) hears of every profiling step and every measured round, each phase ending at
-    its total (warm-up 1 + 2 rounds; the profile times warm-up + min(3, steps) steps)."""
+    its total (warm-up 1 + 1 round; the profile times warm-up + min(3, steps) steps)."""
     from mcdla.report.validate import validate
 
     seen: list[tuple[int, int, str]] = []
-    validate(f"{factories}:make", pool=f"file:{tmp_path / 'pool'}", budget="50%", steps=2, warmup=1,
+    validate(f"{factories}:make", pool=f"file:{tmp_path / 'pool'}", budget="50%", steps=1, warmup=1,
              min_bytes=64 * 1024, on_progress=lambda done, total, what="": seen.append((done, total, what)))
     rounds = [(d, t) for d, t, what in seen if what.startswith("measuring")]
     timed = [(d, t) for d, t, what in seen if "timed" in what]
-    assert rounds == [(1, 3), (2, 3), (3, 3)]
-    assert timed == [(1, 3), (2, 3), (3, 3)]
+    assert rounds == [(1, 2), (2, 2)]
+    assert timed == [(1, 2), (2, 2)]
 
 
 @pytest.mark.parametrize(
