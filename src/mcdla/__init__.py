@@ -9,10 +9,16 @@ what to offload, prefetch or recompute, :mod:`mcdla.runtime` executes such plans
 from mcdla.errors import McdlaError
 
 __all__ = ["McdlaError", "__version__", "virtualize"]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):  # lazy: importing mcdla must not import torch
+    if name == "__version__":  # the one copy is pyproject.toml's, read from the installed metadata
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("mcdla")
+        except PackageNotFoundError:
+            return "0+unknown"
     if name == "virtualize":
         from mcdla.runtime import virtualize
 

@@ -3,17 +3,22 @@ under one execution record on a hardware preset, by default the validated ``dgx-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mcdla.cli._app import app, fail
-from mcdla.errors import HardwareError
+from mcdla.cli._app import app, console, fail, print_json
+from mcdla.errors import HardwareError, brief
+from mcdla.units import format_bytes, format_seconds, parse_count
 
 if TYPE_CHECKING:
     from mcdla.hardware.cluster import Cluster
+    from mcdla.sim.llm import LlmStep
+    from mcdla.workload.execution import Execution
+    from mcdla.workload.transformer import TransformerSpec
 
 __all__ = ["llm_predict_cmd", "validate_llm_cmd"]
 
@@ -45,7 +50,94 @@ def validate_llm_cmd(
                 **summary(rows)}
         print(json.dumps(data, indent=2, allow_nan=False))
         return
-    print(format_table(rows))
+    console.print(format_table(rows))
+
+
+def _duration(seconds: float) -> str:
+    """A long duration in the largest unit that keeps it >= 1 (years, days, hours, minutes), else format_seconds."""
+    for unit, factor in (("years", 365.25 * 86400.0), ("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= factor:
+            return f"{seconds / factor:.1f} {unit}"
+    return format_seconds(seconds)
+
+
+def _count(n: float) -> str:
+    """A count with a decimal prefix: 3e11 -> '300G', 1.5e12 -> '1.5T'."""
+    for prefix, factor in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= factor:
+            return f"{n / factor:.4g}{prefix}"
+    return f"{n:.4g}"
+
+
+def _prediction(step: LlmStep, record: Execution, spec: TransformerSpec, *, system: str, gpus_per_node: int, hbm_bytes: float,
+                peak_flops_per_s: float, offload_tier: str | None, train_tokens: float | None) -> dict[str, Any]:
+    """Everything ``llm-predict`` prints, as plain data (bytes, seconds, FLOP/s): the step, the memory one GPU
+    holds by kind, throughput per GPU and the time to train ``train_tokens`` tokens."""
+    kinds = {"weights": (step.weight_bytes, record.offload_weights), "gradients": (step.gradient_bytes, False),
+             "optimizer_state": (step.optimizer_bytes, record.offload_optimizer),
+             "activations": (step.activation_bytes, record.offload_activations)}
+    on_device = {k: 0.0 if off else b for k, (b, off) in kinds.items()}
+    offloaded = {k: b for k, (b, off) in kinds.items() if off}
+    tokens_per_iteration = record.global_batch * spec.seq_len
+    tokens_per_s_per_gpu = tokens_per_iteration / step.iteration_s / record.gpus
+    return {
+        "model": spec.name, "system": system, "gpus": record.gpus, "gpus_per_node": gpus_per_node,
+        "execution": dataclasses.asdict(record), **step.to_dict(),
+        "hbm_bytes": hbm_bytes,
+        "memory_per_gpu_bytes": {**on_device, "workspace_other": 0.0,
+                                 "offloaded": {"second_tier": offloaded} if offloaded else {}},
+        "offload_tier": offload_tier,
+        "tokens_per_iteration": tokens_per_iteration,
+        "tokens_per_s_per_gpu": tokens_per_s_per_gpu,
+        "model_flops_per_s_per_gpu": step.mfu * peak_flops_per_s,
+        "peak_flops_per_s_per_gpu": peak_flops_per_s,
+        "train_tokens": train_tokens,
+        "time_to_train_s": None if train_tokens is None else train_tokens / (tokens_per_s_per_gpu * record.gpus),
+    }
+
+
+def _render(data: dict[str, Any]) -> None:
+    """The prediction as three rich tables: time, memory per GPU, throughput."""
+    from rich.table import Table
+
+    title = (f"{data['model']} on {data['system']}, {data['gpus']} GPUs: "
+             + ("fits" if data["fits"] else "[red]does NOT fit[/red]"))
+    console.print(title)
+    times = Table(title="iteration", title_justify="left")
+    times.add_column("part")
+    times.add_column("time", justify="right")
+    times.add_column("share", justify="right")
+    for key in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_s", "optimizer_s",
+                "offload_s"):
+        shown = format_seconds(data[key]) if data[key] else "-"
+        times.add_row(key.removesuffix("_s").replace("_", " "), shown, f"{100 * data[key] / data['iteration_s']:.1f}%")
+    times.add_row("[b]iteration[/b]", f"[b]{format_seconds(data['iteration_s'])}[/b]", "100%")
+    console.print(times)
+    memory = Table(title="memory per GPU", title_justify="left")
+    memory.add_column("kind")
+    memory.add_column("on device", justify="right")
+    memory.add_column("offloaded", justify="right")
+    by_kind = data["memory_per_gpu_bytes"]
+    tiers = by_kind["offloaded"]
+    for kind, label in (("weights", "weights"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
+                        ("activations", "activations"), ("workspace_other", "workspace/other (not modelled)")):
+        off = sum(t.get(kind, 0.0) for t in tiers.values())
+        memory.add_row(label, format_bytes(by_kind[kind]), format_bytes(off) if off else "-")
+    memory.add_row("[b]total[/b]", f"[b]{format_bytes(data['device_bytes'])}[/b] of {format_bytes(data['hbm_bytes'])}",
+                   format_bytes(data["offloaded_bytes"]) if data["offloaded_bytes"] else "-")
+    console.print(memory)
+    if tiers:
+        console.print(f"offloaded to the second tier: {data['offload_tier']}", markup=False)
+    rate = Table(title="throughput", title_justify="left")
+    rate.add_column("measure")
+    rate.add_column("value", justify="right")
+    rate.add_row("tokens/s per GPU", f"{data['tokens_per_s_per_gpu']:,.0f}")
+    rate.add_row("model TFLOP/s per GPU", f"{data['model_flops_per_s_per_gpu'] / 1e12:.1f} of "
+                 f"{data['peak_flops_per_s_per_gpu'] / 1e12:.0f} peak")
+    rate.add_row("MFU", f"{100 * data['mfu']:.1f}%")
+    if data["time_to_train_s"] is not None:
+        rate.add_row(f"time to train {_count(data['train_tokens'])} tokens", _duration(data["time_to_train_s"]))
+    console.print(rate)
 
 
 @app.command("llm-predict")
@@ -59,14 +151,22 @@ def llm_predict_cmd(
                                         "symmetric closed form; needed for --slowdown.")] = False,
     slowdown: Annotated[list[str] | None, typer.Option(
         help="RANK:FACTOR, a straggler whose compute takes FACTOR x as long (repeatable; implies --ranks).")] = None,
+    train_tokens: Annotated[str | None, typer.Option(
+        help="Also give the time to train this many tokens, e.g. 1T or 300G.")] = None,
 ) -> None:
-    """Predict one iteration of a preset under an execution record, with its breakdown."""
+    """Predict one iteration of a preset under an execution record: time breakdown, memory per GPU by kind,
+    tokens/s per GPU and MFU. A record that does not fit (device memory or the offload tier's share per GPU)
+    prints its result and exits with 1."""
     from mcdla.sim import llm_step
+    from mcdla.sim.llm import DEFAULT_PRECISION
     from mcdla.workload.execution import load_execution
     from mcdla.workload.transformer import preset
 
     if not execution.is_file():
         fail(f"--execution: got {str(execution)[:200]!r}; no such file")
+    tokens = None if train_tokens is None else parse_count(train_tokens, "--train-tokens")
+    if tokens is not None and not 0 < tokens < float("inf"):
+        fail(f"--train-tokens: got {brief(train_tokens)}; must be > 0 and finite")
     slow: dict[int, float] = {}
     for item in slowdown or []:
         rank, sep, factor = item.partition(":")
@@ -78,12 +178,24 @@ def llm_predict_cmd(
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
-    cluster = _cluster(system).for_gpus(record.gpus)
-    step = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", **options)
-    data = step.to_dict()
+    spec = preset(model)
+    base = _cluster(system)
+    base.nodes_for(record.gpus, field="execution.gpus")
+    cluster = base.for_gpus(record.gpus)
+    step = llm_step(spec, record, cluster, mode="ranks" if ranks or slow else "fast", **options)
+    data = _prediction(step, record, spec, system=cluster.name, gpus_per_node=cluster.gpus_per_node,
+                       hbm_bytes=cluster.device.hbm_bytes,
+                       peak_flops_per_s=cluster.device.flops_per_s(DEFAULT_PRECISION),
+                       offload_tier=cluster.offload.source if cluster.offload is not None else None,
+                       train_tokens=tokens)
     if as_json:
-        print(json.dumps(data, indent=2, allow_nan=False))
-        return
-    for key, value in data.items():
-        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-        print(f"{key:<16} {shown}")
+        print_json(data)
+    else:
+        _render(data)
+    if not step.fits:
+        if step.device_bytes > cluster.device.hbm_bytes:
+            fail(f"does not fit: {format_bytes(step.device_bytes)} per GPU > {format_bytes(cluster.device.hbm_bytes)} "
+                 "of device memory", code=1)
+        share = cluster.offload.pool_bytes if cluster.offload is not None else 0.0
+        fail(f"does not fit: {format_bytes(step.offloaded_bytes)} offloaded per GPU > {format_bytes(share)} "
+             "of the offload tier's share per GPU", code=1)

@@ -87,6 +87,14 @@ class LlmStep:
     device_bytes: float
     offloaded_bytes: float
     fits: bool
+    weight_bytes: float
+    """One rank's parameters (bytes, before offload); with the next three, minus ``offloaded_bytes``, this is
+    ``device_bytes``."""
+    gradient_bytes: float
+    optimizer_bytes: float
+    """Optimizer state: master weights and both Adam moments."""
+    activation_bytes: float
+    """Activations saved for backward by the micro-batches in flight."""
 
     def to_dict(self) -> dict[str, float | bool]:
         """Plain data for JSON."""
@@ -349,4 +357,8 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         offloaded_bytes=offloaded,
         fits=device_bytes <= dev.hbm_bytes and offloaded <= (0.0 if cluster.offload is None
                                                              else cluster.offload.pool_bytes),
+        weight_bytes=weights,
+        gradient_bytes=grads,
+        optimizer_bytes=opt,
+        activation_bytes=activations,
     )
