@@ -74,10 +74,10 @@ def test_llm_predict_on_a_preset_matches_the_api_and_rejects_unknown_ones(run_cl
     code, out, _ = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json",
                            "--system", "gb200-nvl72")
     assert code == 0
-    expected = llm_step(preset("gpt3-175b"), load_execution(path), load_cluster("gb200-nvl72").for_gpus(64))
+    expected = llm_step(preset("gpt3-175b"), load_execution(path), load_cluster("gb200-nvl72").for_gpus(72))
     assert json.loads(out)["iteration_s"] == expected.iteration_s
     a100 = json.loads(run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json")[1])
-    shipped = llm_step(preset("gpt3-175b"), load_execution(path), load_cluster("dgx-a100").for_gpus(64))
+    shipped = llm_step(preset("gpt3-175b"), load_execution(path), load_cluster("dgx-a100").for_gpus(72))
     assert a100["iteration_s"] == shipped.iteration_s > expected.iteration_s  # Blackwell on NVLink5 beats A100
     code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--system", "nope")
     assert code == 2 and not out and err.startswith("mcdla: error: ") and err.count("\n") == 1
