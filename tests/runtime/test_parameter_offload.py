@@ -1,0 +1,154 @@
+"""mcdla.offload_parameters: weights in the pool between uses, bit-identical, with the device bytes it claims."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from mcdla.errors import ConfigError
+from mcdla.runtime import offload_optimizer, offload_parameters, virtualize
+
+WIDTHS = (16, 32, 48, 24, 40, 8)  # unequal layers, so the peak window is a specific pair
+
+
+class Chain(nn.Module):
+    def __init__(self, *, checkpointed: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(WIDTHS, WIDTHS[1:]))
+        self.norm = nn.LayerNorm(WIDTHS[-1])
+        self.checkpointed = checkpointed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            if self.checkpointed and i in (1, 2):
+                x = checkpoint(lambda t, f=layer: torch.relu(f(t)), x, use_reentrant=False)
+            else:
+                x = torch.relu(layer(x))
+        return self.norm(x)
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(6, WIDTHS[0], generator=g), torch.randn(6, WIDTHS[-1], generator=g)
+
+
+def _unit_bytes(model: Chain) -> list[int]:
+    """Parameter bytes of each module owning parameters, in forward order (counted from the model itself)."""
+    return [sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
+            for m in [*model.layers, model.norm]]
+
+
+def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    return loss
+
+
+def _run(model: nn.Module, steps: int, *, wrap=lambda: torch.autocast("cpu", enabled=False), gathered=None):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batch()
+    losses, grads = [], []
+    for _ in range(steps):
+        with wrap():
+            losses.append(_step(model, x, y).detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+        with gathered() if gathered is not None else torch.autocast("cpu", enabled=False):
+            opt.step()
+        opt.zero_grad()
+    return losses, grads
+
+
+@pytest.mark.parametrize("pool", ["host", "file"])
+@pytest.mark.parametrize("case", ["plain", "checkpoint", "autocast", "virtualize"])
+def test_losses_and_gradients_bit_identical(tmp_path, pool, case):
+    """Three SGD steps with the weights offloaded (plain, checkpointed, autocast bf16, activations virtualized)."""
+    checkpointed = case == "checkpoint"
+    ref, model = Chain(checkpointed=checkpointed), Chain(checkpointed=checkpointed)
+    wrap = {"autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+            "virtualize": lambda: virtualize("host", min_bytes=1, model=model)}.get(
+        case, lambda: torch.autocast("cpu", enabled=False))
+    want = _run(ref, 3, wrap=wrap if case != "virtualize" else lambda: torch.autocast("cpu", enabled=False))
+    with offload_parameters(model, pool=pool.replace("file", f"file:{tmp_path}"), prefetch=1) as params:
+        got = _run(model, 3, wrap=wrap, gathered=params.gathered)
+        assert params.resident_bytes == 0
+    for a, b in zip(want[0], got[0]):
+        assert torch.equal(a, b)
+    for ga, gb in zip(want[1], got[1]):
+        assert all(torch.equal(a, b) for a, b in zip(ga, gb))
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_peak_device_bytes_is_the_prefetch_window(prefetch):
+    """After the first step, the resident parameter bytes peak at the largest window of prefetch+1
+    consecutive units, and the bytes saved are those of the units outside it."""
+    model = Chain()
+    units = _unit_bytes(model)
+    window = prefetch + 1
+    largest_window = max(sum(units[i:i + window]) for i in range(len(units) - window + 1))
+    x, y = _batch()
+    with offload_parameters(model, pool="host", prefetch=prefetch) as params:
+        assert params.offloadable_bytes == sum(units) and params.resident_bytes == 0
+        _step(model, x, y)
+        params.reset_report()
+        _step(model, x, y)
+        assert params.peak_resident_bytes == largest_window
+        assert params.offloadable_bytes - params.peak_resident_bytes == sum(units) - largest_window
+        assert max(b for _, b in params.timeline) == largest_window and params.timeline[-1][1] == 0
+        assert params.fetches_ahead == (2 * (len(units) - 1) if prefetch else 0)
+
+
+def test_tied_parameters_stay_in_place():
+    """A parameter owned by two modules (tied embedding and head) is not moved; the others are."""
+    torch.manual_seed(0)
+    emb, mid = nn.Embedding(20, 8), nn.Linear(8, 8)
+    head = nn.Linear(8, 20, bias=False)
+    head.weight = emb.weight
+    model = nn.Sequential(emb, mid, head)
+    with offload_parameters(model, pool="host") as params:
+        assert params.offloadable_bytes == sum(p.numel() * 4 for p in mid.parameters())
+        assert emb.weight.untyped_storage().nbytes() == 20 * 8 * 4
+        assert mid.weight.untyped_storage().nbytes() == 0
+
+
+def test_with_offloaded_optimizer_bit_identical():
+    """Weights and Adam state both in the pool (the step inside gathered()): same as plain Adam."""
+    ref, model = Chain(), Chain()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    x, y = _batch()
+    with offload_parameters(model, pool="host") as params, \
+            offload_optimizer(torch.optim.Adam(model.parameters(), lr=1e-2), pool="host", overlap=False) as opt:
+        for _ in range(3):
+            _step(ref, x, y)
+            ref_opt.step()
+            ref_opt.zero_grad()
+            _step(model, x, y)
+            with params.gathered():
+                opt.step()
+            opt.zero_grad()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_close_restores_weights_and_frees_blocks(tmp_path):
+    """close() puts every weight back on the device and removes the block files."""
+    model = Chain()
+    want = copy.deepcopy(model.state_dict())
+    params = offload_parameters(model, pool=f"file:{tmp_path}")
+    assert len(list(tmp_path.glob("*.blk"))) == 2 * len(_unit_bytes(model))
+    params.close()
+    assert list(tmp_path.glob("*.blk")) == [] and params.pool.block_count == 0
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, want[k])
+
+
+def test_bad_prefetch_raises_config_error():
+    """prefetch must be an int >= 0; the message names the field and the value."""
+    with pytest.raises(ConfigError, match=r"offload_parameters.prefetch: got -1; must be an int >= 0"):
+        offload_parameters(Chain(), pool="host", prefetch=-1)
