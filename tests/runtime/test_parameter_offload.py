@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -117,21 +118,26 @@ def test_tied_parameters_stay_in_place():
         assert mid.weight.untyped_storage().nbytes() == 0
 
 
-def test_with_offloaded_optimizer_bit_identical():
-    """Weights and Adam state both in the pool (the step inside gathered()): same as plain Adam."""
+@pytest.mark.parametrize("joined", ["gathered", "parameters"])
+def test_with_offloaded_optimizer_bit_identical(joined):
+    """Weights and Adam state both in the pool, the step inside gathered() or the update reading and writing
+    the weights' blocks (overlapped with backward): same parameters as plain Adam."""
     ref, model = Chain(), Chain()
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
     x, y = _batch()
-    with offload_parameters(model, pool="host") as params, \
-            offload_optimizer(torch.optim.Adam(model.parameters(), lr=1e-2), pool="host", overlap=False) as opt:
-        for _ in range(3):
-            _step(ref, x, y)
-            ref_opt.step()
-            ref_opt.zero_grad()
-            _step(model, x, y)
-            with params.gathered():
-                opt.step()
-            opt.zero_grad()
+    with offload_parameters(model, pool="host") as params:
+        link = {"parameters": params} if joined == "parameters" else {"overlap": False}
+        with offload_optimizer(torch.optim.Adam(model.parameters(), lr=1e-2), pool="host", **link) as opt:
+            for _ in range(3):
+                _step(ref, x, y)
+                ref_opt.step()
+                ref_opt.zero_grad()
+                _step(model, x, y)
+                with params.gathered() if joined == "gathered" else contextlib.nullcontext():
+                    opt.step()
+                opt.zero_grad()
+                assert params.resident_bytes == 0
+            assert opt.stepped_in_backward == (len(list(model.parameters())) if joined == "parameters" else 0)
     for a, b in zip(ref.parameters(), model.parameters()):
         assert torch.equal(a, b)
 

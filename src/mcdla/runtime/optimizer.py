@@ -42,6 +42,7 @@ import torch
 
 from mcdla.errors import ConfigError, OffloadError
 from mcdla.runtime import _tensor_store as store
+from mcdla.runtime.parameters import ParameterOffloader
 from mcdla.runtime.pool import Pool, Tier, as_pool
 
 __all__ = ["OffloadedOptimizer", "offload_optimizer"]
@@ -128,7 +129,8 @@ class OffloadedOptimizer:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, pool: str | Pool | Tier | list[str | Tier],
-                 master_dtype: torch.dtype, overlap: bool, model: torch.nn.Module | None) -> None:
+                 master_dtype: torch.dtype, overlap: bool, model: torch.nn.Module | None,
+                 parameters: ParameterOffloader | None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"offload_optimizer.optimizer: got {type(optimizer).__name__}; must be a torch.optim.Optimizer")
         if isinstance(optimizer, torch.optim.LBFGS):
@@ -136,7 +138,11 @@ class OffloadedOptimizer:
                               "(Adam, AdamW, SGD, RMSprop, ...)")
         if not master_dtype.is_floating_point:
             raise ConfigError(f"offload_optimizer.master_dtype: got {master_dtype}; must be a floating dtype")
+        if parameters is not None and not isinstance(parameters, ParameterOffloader):
+            raise ConfigError(f"offload_optimizer.parameters: got {type(parameters).__name__}; "
+                              "must be what offload_parameters returned")
         self.optimizer = optimizer
+        self._parameters = parameters
         self.pool, self._owns_pool = as_pool(pool)
         self.overlap = bool(overlap)
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
@@ -147,7 +153,8 @@ class OffloadedOptimizer:
         self._closed = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcdla-optimizer")
         self._copiers: dict[torch.device, _Copier] = {}
-        self.stepped_in_backward = 0  # updates of the last step that ran during backward
+        self.stepped_in_backward = 0  # updates of the last step() that had started during backward
+        self._started_in_backward = 0
         self.step_wait_s = 0.0  # time the last step() waited for updates still running
         existing = optimizer.state_dict() if optimizer.state else None
         for g, group in enumerate(optimizer.param_groups):
@@ -229,7 +236,7 @@ class OffloadedOptimizer:
                 f"parameter {slot.name!r}: gradient accumulated again after its update started in backward; "
                 "run every backward but the last of a step under no_step()")
         self._launch(slot)
-        self.stepped_in_backward += 1
+        self._started_in_backward += 1
 
     def _launch(self, slot: _Slot) -> None:
         """Copy the gradient (and the parameter, without a master) out and queue the update."""
@@ -237,11 +244,15 @@ class OffloadedOptimizer:
         assert grad is not None
         copier = self._copier(p.device)
         grad_host, grad_ready = copier.to_host(grad)
-        param_host, param_ready = (None, None) if slot.mixed else copier.to_host(p)
+        param_host, param_ready = (None, None) if slot.mixed or self._moved(p) else copier.to_host(p)
         hyper = {k: v for k, v in self.param_groups[slot.group_index].items() if k != "params"}
         slot.grad, slot.grad_version = grad, grad._version
         slot.future = self._worker.submit(self._update, slot, hyper, grad_host, param_host,
                                           [e for e in (grad_ready, param_ready) if e is not None], copier.cuda)
+
+    def _moved(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s bytes live in a parameter offloader (read from and written to its blocks)."""
+        return self._parameters is not None and self._parameters.manages(p)
 
     def _update(self, slot: _Slot, hyper: dict[str, Any], grad_host: torch.Tensor, param_host: torch.Tensor | None,
                 ready: list[Any], cuda: bool) -> torch.Tensor:
@@ -253,6 +264,8 @@ class OffloadedOptimizer:
         try:
             if slot.mixed:
                 store.read_into(slot.stored[_MASTER_KEY], master)
+            elif param_host is None:
+                master.copy_(self._parameters.read_value(slot.param))  # type: ignore[union-attr]
             else:
                 master.copy_(param_host)
             state = slot.inner.state[master]
@@ -308,12 +321,16 @@ class OffloadedOptimizer:
                     "(clipping or another in-place change); use offload_optimizer(..., overlap=False)")
         with torch.no_grad():
             for slot, new_value in results:
-                self._copier(slot.param.device).to_device(slot.param.detach(), new_value)
+                if self._moved(slot.param):
+                    self._parameters.write_value(slot.param, new_value)  # type: ignore[union-attr]
+                else:
+                    self._copier(slot.param.device).to_device(slot.param.detach(), new_value)
         for c in self._copiers.values():
             c.settle()
         for slot, _ in results:
             slot.master.untyped_storage().resize_(0)
             slot.grad = None
+        self.stepped_in_backward, self._started_in_backward = self._started_in_backward, 0
         return loss
 
     def _wait_all(self) -> list[tuple[_Slot, torch.Tensor]]:
@@ -414,7 +431,8 @@ def _one_parameter_optimizer(optimizer: torch.optim.Optimizer, master: torch.Ten
 
 def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier | list[str | Tier] = "host", *,
                       master_dtype: torch.dtype = torch.float32, overlap: bool = True,
-                      model: torch.nn.Module | None = None) -> OffloadedOptimizer:
+                      model: torch.nn.Module | None = None,
+                      parameters: ParameterOffloader | None = None) -> OffloadedOptimizer:
     """Keep ``optimizer``'s state (and fp32 master weights of bf16/fp16 parameters) in ``pool``; update on the CPU.
 
     Args:
@@ -428,6 +446,8 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier 
         overlap: update each parameter as its gradient is accumulated during backward (True), or only in
             ``step()`` (False: for gradient clipping or other changes to gradients after backward).
         model: names the parameters in errors (``"fc1.weight"``) when given.
+        parameters: the :func:`~mcdla.runtime.offload_parameters` offloader of the same model: the update
+            reads the weights from, and writes them back to, its blocks (no gathering, overlap works).
 
     Example::
 
@@ -438,4 +458,5 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier 
             opt.zero_grad()
         opt.close()
     """
-    return OffloadedOptimizer(optimizer, pool=pool, master_dtype=master_dtype, overlap=overlap, model=model)
+    return OffloadedOptimizer(optimizer, pool=pool, master_dtype=master_dtype, overlap=overlap, model=model,
+                              parameters=parameters)

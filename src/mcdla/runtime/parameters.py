@@ -61,6 +61,12 @@ class _Unit:
     awaiting_grads: int = 0  # trained parameters whose gradient this backward has not accumulated yet
 
 
+def _whole_storage(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a plain dense tensor covering exactly its own storage (only those are moved)."""
+    return (type(p.data) is torch.Tensor and p.layout is torch.strided and p.numel() > 0 and p.is_contiguous()
+            and p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size())
+
+
 class ParameterOffloader:
     """Hooks that keep ``model``'s layer weights in a pool between uses (NOTE [parameter offload]).
 
@@ -92,6 +98,7 @@ class ParameterOffloader:
         self.fetches_ahead = 0
         self.fetches_on_demand = 0
         self._units = self._build_units(model)
+        self._where = {id(p): (u, i) for _, u in self._units for i, p in enumerate(u.params)}
         self._handles: list[Any] = []
         for module, unit in self._units:
             self._handles.append(module.register_forward_pre_hook(self._make_pre_forward(unit)))
@@ -114,7 +121,7 @@ class ParameterOffloader:
         units = []
         for name, m in model.named_modules():
             own = [(n, p) for n, p in m._parameters.items() if p is not None and owners[id(p)] == 1
-                   and type(p.data) is torch.Tensor and p.numel() > 0]
+                   and _whole_storage(p)]
             if not own:
                 continue
             unit = _Unit(name=name, params=[p for _, p in own],
@@ -298,6 +305,35 @@ class ParameterOffloader:
         for _, unit in self._units:
             unit.awaiting_grads = 0
             self._release(unit)
+
+    # -- values for an offloaded optimizer ------------------------------------------------------------
+    def manages(self, p: torch.Tensor) -> bool:
+        """Whether ``p`` is one of the parameters this offloader moves."""
+        return id(p) in self._where
+
+    def read_value(self, p: torch.Tensor) -> torch.Tensor:
+        """A CPU copy of managed parameter ``p``'s current value, read from its block (any thread).
+
+        Between a step's updates the block is current: bytes change only in place through ``p``, which
+        moves its version counter, and then the device copy is the current one.
+        """
+        unit, i = self._where[id(p)]
+        st = unit.stored[i]
+        if unit.resident and (st is None or p._version != unit.versions[i]):
+            return p.detach().to("cpu", copy=True)
+        assert st is not None
+        return store.get(st).view(p.dtype).view(p.shape)
+
+    def write_value(self, p: torch.Tensor, value: torch.Tensor) -> None:
+        """Make ``value`` (CPU, ``p``'s dtype and shape) managed parameter ``p``'s value, wherever it is now."""
+        unit, i = self._where[id(p)]
+        if unit.resident:
+            with torch.no_grad():
+                p.detach().copy_(value)  # moves p's version: stored again when released
+            return
+        new = store.put(self.pool, value.detach().reshape(-1).view(torch.uint8), label=unit.labels[i])
+        store.free(unit.stored[i])
+        unit.stored[i], unit.versions[i] = new, p._version
 
     # -- whole model ----------------------------------------------------------------------------------
     @contextlib.contextmanager
