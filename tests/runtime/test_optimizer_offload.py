@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import copy
+import importlib.util
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -230,3 +232,19 @@ def test_bad_arguments_raise_config_error():
         offload_optimizer(torch.optim.LBFGS(model.parameters()), pool="host")
     with pytest.raises(ConfigError, match="pool spec"):
         offload_optimizer(torch.optim.Adam(model.parameters()), pool="disk:/x")
+
+
+def test_gpu_state_offload_check_tiny_runs_on_cpu(tmp_path):
+    """gpu_state_offload_check --tiny runs every part on the CPU, each offloaded way exact, and writes its files."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_state_offload_check.py"
+    spec = importlib.util.spec_from_file_location("_bench_gpu_state_offload_check", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--tiny", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "gpu_state_offload_check.json").read_text())
+    for kind in ("optimizer_host", "optimizer_file", "params_and_optimizer"):
+        assert result["exact"][kind] == {"same_losses": True, "same_params": True}, kind
+    for part in ("scale.device", "scale.optimizer_host", "scale.params_and_optimizer", "file"):
+        assert "step_s" in result[part], result[part]
+    assert result["scale.optimizer_host"]["stored_bytes"] == 12 * result["scale.optimizer_host"]["params"]
+    assert (tmp_path / "gpu_state_offload_check.md").read_text().startswith("cpu")

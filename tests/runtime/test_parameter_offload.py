@@ -142,6 +142,23 @@ def test_with_offloaded_optimizer_bit_identical(joined):
         assert torch.equal(a, b)
 
 
+def test_bf16_weights_and_masters_match_optimizer_offload_alone():
+    """bf16 weights in the pool with fp32 masters (parameters=): the same weights as offload_optimizer alone
+    (itself checked against a hand-written fp32-master loop in test_optimizer_offload.py)."""
+    ref, model = Chain().to(torch.bfloat16), Chain().to(torch.bfloat16)
+    x, y = (t.to(torch.bfloat16) for t in _batch())
+    with offload_parameters(model, pool="host") as params, \
+            offload_optimizer(torch.optim.AdamW(ref.parameters(), lr=1e-2), pool="host") as ref_opt, \
+            offload_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), pool="host", parameters=params) as opt:
+        for _ in range(3):
+            for m, o in ((ref, ref_opt), (model, opt)):
+                _step(m, x, y)
+                o.step()
+                o.zero_grad()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b)
+
+
 def test_close_restores_weights_and_frees_blocks(tmp_path):
     """close() puts every weight back on the device and removes the block files."""
     model = Chain()

@@ -177,7 +177,7 @@ class OffloadedOptimizer:
         slot = _Slot(param=p, name=name, group_index=group_index, master=master, inner=inner, mixed=mixed)
         if mixed:
             with torch.no_grad():
-                master.copy_(p.detach().cpu())
+                master.copy_(self._parameters.read_value(p) if self._moved(p) else p.detach().cpu())
             slot.stored[_MASTER_KEY] = store.put(self.pool, master, label=slot.label(_MASTER_KEY))
         master.untyped_storage().resize_(0)
         return slot
