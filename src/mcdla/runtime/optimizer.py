@@ -31,7 +31,6 @@ NOTE [optimizer offload]
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -149,7 +148,6 @@ class OffloadedOptimizer:
         self._slots: list[_Slot | None] = []  # in state_dict order; None: a parameter that is not trained
         self._by_param: dict[int, _Slot] = {}
         self._deferring = False
-        self._lock = threading.Lock()
         self._closed = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcdla-optimizer")
         self._copiers: dict[torch.device, _Copier] = {}

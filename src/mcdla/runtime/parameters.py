@@ -85,13 +85,12 @@ class ParameterOffloader:
         self.pool, self._owns_pool = as_pool(pool)
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcdla-params")
+        self._streams: dict[torch.device, Any] = {}  # CUDA device -> its host-to-device stream
         self._order: list[_Unit] = []  # forward order of the first forward
         self._order_frozen = False
         self._position: dict[int, int] = {}  # id(unit) -> index in _order
         self._in_backward = False
         self._closed = False
-        self.total_bytes = 0
-        self.resident_bytes = 0
         self._t0 = time.perf_counter()
         self.timeline: list[tuple[float, int]] = []
         self.peak_resident_bytes = 0
@@ -106,7 +105,7 @@ class ParameterOffloader:
             for p in unit.params:
                 if p.requires_grad:
                     self._handles.append(p.register_post_accumulate_grad_hook(self._make_grad_done(unit)))
-        self.resident_bytes = self.offloadable_bytes  # every unit starts on the device
+        self.resident_bytes = self.offloadable_bytes  # parameter bytes on the device now; every unit starts there
         for _, unit in self._units:
             self._release(unit)
         self.reset_report()
@@ -200,10 +199,9 @@ class ParameterOffloader:
 
     def _h2d_stream(self, device: torch.device) -> Any:
         with self._lock:
-            streams = self.__dict__.setdefault("_streams", {})
-            if device not in streams:
-                streams[device] = torch.cuda.Stream(device=device)
-            return streams[device]
+            if device not in self._streams:
+                self._streams[device] = torch.cuda.Stream(device=device)
+            return self._streams[device]
 
     def _wait(self, unit: _Unit) -> None:
         """Wait until ``unit``'s bytes are in place (fetching them now if no fetch is running)."""
