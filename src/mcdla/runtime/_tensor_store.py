@@ -28,6 +28,13 @@ class _Stored:
     shape: torch.Size
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding ``t``'s bytes in this process: a DTensor's local shard (FSDP2's sharded parameters
+    and their gradients), else ``t``."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
 def storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
     """A 1-D uint8 tensor over all of ``storage`` (a private version counter: writing it bumps no one's)."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)

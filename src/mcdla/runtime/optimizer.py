@@ -23,6 +23,9 @@ NOTE [optimizer offload]
     the update would have used the wrong gradient. ``overlap=False`` updates only in ``step()``, from the
     gradients as they are then (gradient clipping works that way).
 
+    DTensor parameters (FSDP2's ``fully_shard``): each rank updates its local shard, so the state in the
+    pool and in ``state_dict()`` is the rank's shard, as a plain optimizer's state over DTensors holds.
+
     CUDA: the copies out run on a device-to-host side stream into pinned memory after the compute stream,
     the copies back on a host-to-device side stream that the compute stream then waits for; ``step()``
     returns once they landed, so the pinned sources can go.
@@ -170,12 +173,12 @@ class OffloadedOptimizer:
 
     def _new_slot(self, p: torch.Tensor, name: str, group_index: int, master_dtype: torch.dtype) -> _Slot:
         mixed = p.dtype in _LOW_PRECISION and master_dtype.itemsize > p.dtype.itemsize
-        master = torch.empty(p.shape, dtype=master_dtype if mixed else p.dtype)
+        master = torch.empty(store.local_tensor(p).shape, dtype=master_dtype if mixed else p.dtype)
         inner = _one_parameter_optimizer(self.optimizer, master)
         slot = _Slot(param=p, name=name, group_index=group_index, master=master, inner=inner, mixed=mixed)
         if mixed:
             with torch.no_grad():
-                master.copy_(self._parameters.read_value(p) if self._moved(p) else p.detach().cpu())
+                master.copy_(self._parameters.read_value(p) if self._moved(p) else store.local_tensor(p).detach().cpu())
             slot.stored[_MASTER_KEY] = store.put(self.pool, master, label=slot.label(_MASTER_KEY))
         master.untyped_storage().resize_(0)
         return slot
@@ -241,10 +244,10 @@ class OffloadedOptimizer:
         p, grad = slot.param, slot.param.grad
         assert grad is not None
         copier = self._copier(p.device)
-        grad_host, grad_ready = copier.to_host(grad)
-        param_host, param_ready = (None, None) if slot.mixed or self._moved(p) else copier.to_host(p)
+        grad_host, grad_ready = copier.to_host(store.local_tensor(grad))
+        param_host, param_ready = (None, None) if slot.mixed or self._moved(p) else copier.to_host(store.local_tensor(p))
         hyper = {k: v for k, v in self.param_groups[slot.group_index].items() if k != "params"}
-        slot.grad, slot.grad_version = grad, grad._version
+        slot.grad, slot.grad_version = grad, store.local_tensor(grad)._version
         slot.future = self._worker.submit(self._update, slot, hyper, grad_host, param_host,
                                           [e for e in (grad_ready, param_ready) if e is not None], copier.cuda)
 
@@ -313,7 +316,7 @@ class OffloadedOptimizer:
         self.step_wait_s = time.perf_counter() - t0
         for slot, new_value in results:
             g = slot.param.grad
-            if g is not slot.grad or g is None or g._version != slot.grad_version:
+            if g is not slot.grad or g is None or store.local_tensor(g)._version != slot.grad_version:
                 raise OffloadError(
                     f"parameter {slot.name!r}: gradient changed after its update started in backward "
                     "(clipping or another in-place change); use offload_optimizer(..., overlap=False)")
@@ -322,7 +325,7 @@ class OffloadedOptimizer:
                 if self._moved(slot.param):
                     self._parameters.write_value(slot.param, new_value)  # type: ignore[union-attr]
                 else:
-                    self._copier(slot.param.device).to_device(slot.param.detach(), new_value)
+                    self._copier(slot.param.device).to_device(store.local_tensor(slot.param.detach()), new_value)
         for c in self._copiers.values():
             c.settle()
         for slot, _ in results:
