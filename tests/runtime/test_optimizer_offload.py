@@ -248,3 +248,32 @@ def test_gpu_state_offload_check_tiny_runs_on_cpu(tmp_path):
         assert "step_s" in result[part], result[part]
     assert result["scale.optimizer_host"]["stored_bytes"] == 12 * result["scale.optimizer_host"]["params"]
     assert (tmp_path / "gpu_state_offload_check.md").read_text().startswith("cpu")
+
+
+def test_plan_offloads_only_the_modules_it_names():
+    """A plan offloading module '2''s optimizer state: its moments go to the pool, module '0''s stay in memory
+    and update there, and parameters and state equal the plain optimizer's."""
+    import dataclasses
+
+    from mcdla.workload.plan import Plan, StateDecision
+
+    ref, model = _model(), _model()
+    names = [n for n, _ in model.named_modules()]
+    plan = dataclasses.replace(Plan.from_actions(workload="mlp", batch=4, layer_names=names, actions={}),
+                               state=(StateDecision(layer="2", optimizer_state="offload"),))
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    with offload_optimizer(torch.optim.Adam(model.parameters(), lr=1e-2), pool="host", model=model, plan=plan) as opt:
+        for x, y in _batches(3):
+            for m, o in ((ref, ref_opt), (model, opt)):
+                _loss(m, x, y).backward()
+                o.step()
+                o.zero_grad()
+            assert opt.stepped_in_backward == 2  # module '2''s weight and bias
+        for a, b in zip(ref.parameters(), model.parameters()):
+            assert torch.equal(a, b)
+        _assert_same_state(opt.state_dict(), ref_opt.state_dict())
+        moments = {n: 2 * p.numel() * 4 for n, p in model.named_parameters()}
+        assert opt.stored_bytes == moments["2.weight"] + moments["2.bias"]
+        assert opt.resident_state_bytes == moments["0.weight"] + moments["0.bias"] + 4 * 4  # and four step counters
+    with pytest.raises(ConfigError, match="offload_optimizer.plan: needs model="):
+        offload_optimizer(torch.optim.Adam(model.parameters()), pool="host", plan=plan)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 
 import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mcdla.errors import ConfigError
+from mcdla.errors import ConfigError, PlanError
 from mcdla.runtime import offload_optimizer, offload_parameters, virtualize
+from mcdla.workload.plan import Plan, StateDecision
 
 WIDTHS = (16, 32, 48, 24, 40, 8)  # unequal layers, so the peak window is a specific pair
 
@@ -175,3 +177,36 @@ def test_bad_prefetch_raises_config_error():
     """prefetch must be an int >= 0; the message names the field and the value."""
     with pytest.raises(ConfigError, match=r"offload_parameters.prefetch: got -1; must be an int >= 0"):
         offload_parameters(Chain(), pool="host", prefetch=-1)
+
+
+def _state_plan(model: nn.Module, **state: dict) -> Plan:
+    """A plan with no activation decisions and the given per-module ``state`` entries."""
+    names = [n for n, _ in model.named_modules()]
+    base = Plan.from_actions(workload="chain", batch=6, layer_names=names, actions={})
+    return dataclasses.replace(base, state=tuple(StateDecision(layer=k, **v) for k, v in state.items()))
+
+
+def test_plan_moves_only_the_modules_it_names():
+    """A plan offloading the weights of layers 1 and 3 moves exactly their bytes, and stays bit-identical."""
+    ref, model = Chain(), Chain()
+    plan = _state_plan(model, **{"layers.1": {"weights": "offload"}, "layers.3": {"weights": "offload"}})
+    want = _run(ref, 2)
+    with offload_parameters(model, pool="host", plan=plan) as params:
+        assert params.offloadable_bytes == sum(_unit_bytes(model)[i] for i in (1, 3))
+        assert model.layers[1].weight.untyped_storage().nbytes() == 0
+        assert model.layers[0].weight.untyped_storage().nbytes() > 0
+        got = _run(model, 2, gathered=params.gathered)
+    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0]))
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_plan_offloading_gradients_or_naming_no_module_raises():
+    """The runtime keeps gradients on the device: a plan offloading them, or naming a missing module, is refused."""
+    model = Chain()
+    with pytest.raises(PlanError, match=r"plan state for 'layers.0'.gradients: got 'offload'.*must be 'device'"):
+        offload_parameters(model, pool="host", plan=_state_plan(model, **{"layers.0": {"gradients": "offload"}}))
+    plan = _state_plan(model)
+    plan = dataclasses.replace(plan, layer_names=(), state=(StateDecision(layer="layers.9", weights="offload"),))
+    with pytest.raises(PlanError, match=r"plan.state: layer 'layers.9' is not a module of the model"):
+        offload_parameters(model, pool="host", plan=plan)

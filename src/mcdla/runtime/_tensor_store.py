@@ -53,10 +53,11 @@ def byte_view(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B")
 
 
-def put(pool: Pool, tensor: torch.Tensor, *, label: str) -> _Stored:
-    """Write ``tensor`` (CPU, any dtype) into the first tier of ``pool`` with room; ``label`` names it in errors."""
+def put(pool: Pool, tensor: torch.Tensor, *, label: str, start: int = 0) -> _Stored:
+    """Write ``tensor`` (CPU, any dtype) into the first tier of ``pool`` from ``start`` with room; ``label``
+    names it in errors."""
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    index, reserved = pool.reserve(flat.numel(), label=label)
+    index, reserved = pool.reserve(flat.numel(), start=start, label=label)
     block = pool.write(byte_view(flat), index=index, reserved_bytes=reserved, label=label)
     return _Stored(block=block, dtype=tensor.dtype, shape=tensor.shape)
 

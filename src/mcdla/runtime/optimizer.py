@@ -38,14 +38,18 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from mcdla.errors import ConfigError, OffloadError
 from mcdla.runtime import _tensor_store as store
+from mcdla.runtime._state_plan import offloaded_modules, owner_names
 from mcdla.runtime.parameters import ParameterOffloader
 from mcdla.runtime.pool import Pool, Tier, as_pool
+
+if TYPE_CHECKING:
+    from mcdla.workload.plan import Plan
 
 __all__ = ["OffloadedOptimizer", "offload_optimizer"]
 
@@ -100,13 +104,18 @@ class _Slot:
     param: torch.Tensor
     name: str
     group_index: int  # the wrapped optimizer's group (hyperparameters are read from it at each launch)
-    master: torch.Tensor  # CPU tensor the update runs on; its storage is empty between updates
+    master: torch.Tensor  # CPU tensor the update runs on, its storage empty between updates (kept: the parameter)
     inner: torch.optim.Optimizer  # the wrapped class over [master]
     mixed: bool  # the master is kept in the pool (a wider dtype than the parameter)
+    start_tier: int | None  # the pool tier its blocks go to first; None: a plan keeps its state on the device
     stored: dict[str, store._Stored] = field(default_factory=dict)  # state key (or _MASTER_KEY) -> block
     future: Future | None = None
     grad: torch.Tensor | None = None  # the gradient the update in flight read, and its version
     grad_version: int = -1
+
+    @property
+    def kept(self) -> bool:
+        return self.start_tier is None
 
     @property
     def master_nbytes(self) -> int:
@@ -132,7 +141,7 @@ class OffloadedOptimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, pool: str | Pool | Tier | list[str | Tier],
                  master_dtype: torch.dtype, overlap: bool, model: torch.nn.Module | None,
-                 parameters: ParameterOffloader | None) -> None:
+                 parameters: ParameterOffloader | None, plan: Plan | None = None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"offload_optimizer.optimizer: got {type(optimizer).__name__}; must be a torch.optim.Optimizer")
         if isinstance(optimizer, torch.optim.LBFGS):
@@ -145,9 +154,13 @@ class OffloadedOptimizer:
                               "must be what offload_parameters returned")
         self.optimizer = optimizer
         self._parameters = parameters
+        if plan is not None and model is None:
+            raise ConfigError("offload_optimizer.plan: needs model= (plans name modules)")
         self.pool, self._owns_pool = as_pool(pool)
         self.overlap = bool(overlap)
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+        offloaded = None if plan is None else offloaded_modules(plan, model, "optimizer_state", self.pool)
+        owners = {} if plan is None else owner_names(model)
         self._slots: list[_Slot | None] = []  # in state_dict order; None: a parameter that is not trained
         self._by_param: dict[int, _Slot] = {}
         self._deferring = False
@@ -163,7 +176,8 @@ class OffloadedOptimizer:
                 if not p.requires_grad:
                     self._slots.append(None)
                     continue
-                slot = self._new_slot(p, names.get(id(p), f"param_groups[{g}].params[{j}]"), g, master_dtype)
+                start = 0 if offloaded is None else offloaded.get(owners.get(id(p), ""))
+                slot = self._new_slot(p, names.get(id(p), f"param_groups[{g}].params[{j}]"), g, master_dtype, start)
                 self._slots.append(slot)
                 self._by_param[id(p)] = slot
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._on_grad) for s in self._by_param.values()]
@@ -171,11 +185,16 @@ class OffloadedOptimizer:
             self.load_state_dict(existing)
             optimizer.state.clear()
 
-    def _new_slot(self, p: torch.Tensor, name: str, group_index: int, master_dtype: torch.dtype) -> _Slot:
+    def _new_slot(self, p: torch.Tensor, name: str, group_index: int, master_dtype: torch.dtype,
+                  start_tier: int | None) -> _Slot:
+        if start_tier is None:  # kept by a plan: the wrapped class steps the parameter itself, in step()
+            return _Slot(param=p, name=name, group_index=group_index, master=p,
+                         inner=_one_parameter_optimizer(self.optimizer, p), mixed=False, start_tier=None)
         mixed = p.dtype in _LOW_PRECISION and master_dtype.itemsize > p.dtype.itemsize
         master = torch.empty(store.local_tensor(p).shape, dtype=master_dtype if mixed else p.dtype)
         inner = _one_parameter_optimizer(self.optimizer, master)
-        slot = _Slot(param=p, name=name, group_index=group_index, master=master, inner=inner, mixed=mixed)
+        slot = _Slot(param=p, name=name, group_index=group_index, master=master, inner=inner, mixed=mixed,
+                     start_tier=start_tier)
         if mixed:
             with torch.no_grad():
                 master.copy_(self._parameters.read_value(p) if self._moved(p) else store.local_tensor(p).detach().cpu())
@@ -208,7 +227,7 @@ class OffloadedOptimizer:
         """Bytes of optimizer state held in memory now (scalars such as Adam's ``step`` between steps)."""
         total = 0
         for s in self._by_param.values():
-            total += s.master.untyped_storage().nbytes()
+            total += 0 if s.kept else s.master.untyped_storage().nbytes()
             total += sum(v.nbytes for v in s.inner.state.get(s.master, {}).values() if isinstance(v, torch.Tensor))
         return total
 
@@ -232,6 +251,8 @@ class OffloadedOptimizer:
         if self._deferring or not self.overlap or self._closed:
             return
         slot = self._by_param[id(p)]
+        if slot.kept:
+            return
         if slot.future is not None:
             raise OffloadError(
                 f"parameter {slot.name!r}: gradient accumulated again after its update started in backward; "
@@ -297,7 +318,7 @@ class OffloadedOptimizer:
             self._replace(slot, key, state.pop(key))
 
     def _replace(self, slot: _Slot, key: str, value: torch.Tensor) -> None:
-        new = store.put(self.pool, value, label=slot.label(key))
+        new = store.put(self.pool, value, label=slot.label(key), start=slot.start_tier or 0)
         store.free(slot.stored.get(key))
         slot.stored[key] = new
 
@@ -309,7 +330,7 @@ class OffloadedOptimizer:
             with torch.enable_grad():
                 loss = closure()
         for slot in self._by_param.values():
-            if slot.future is None and slot.param.grad is not None:
+            if slot.future is None and slot.param.grad is not None and not slot.kept:
                 self._launch(slot)
         t0 = time.perf_counter()
         results = self._wait_all()
@@ -326,6 +347,11 @@ class OffloadedOptimizer:
                     self._parameters.write_value(slot.param, new_value)  # type: ignore[union-attr]
                 else:
                     self._copier(slot.param.device).to_device(store.local_tensor(slot.param.detach()), new_value)
+            for slot in self._by_param.values():
+                if slot.kept and slot.param.grad is not None:
+                    slot.inner.param_groups[0].update(
+                        {k: v for k, v in self.param_groups[slot.group_index].items() if k != "params"})
+                    slot.inner.step()
         for c in self._copiers.values():
             c.settle()
         for slot, _ in results:
@@ -397,7 +423,9 @@ class OffloadedOptimizer:
                 store.free(slot.stored.pop(key))
             small = {}
             for key, value in entries.items():
-                if _param_sized(value, slot.master):
+                if slot.kept and isinstance(value, torch.Tensor) and key != "step":
+                    small[key] = value.detach().to(slot.param.device, copy=True)
+                elif _param_sized(value, slot.master):
                     self._replace(slot, key, value.detach().to("cpu"))
                 else:
                     small[key] = value.detach().clone().cpu() if isinstance(value, torch.Tensor) else value
@@ -433,7 +461,7 @@ def _one_parameter_optimizer(optimizer: torch.optim.Optimizer, master: torch.Ten
 def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier | list[str | Tier] = "host", *,
                       master_dtype: torch.dtype = torch.float32, overlap: bool = True,
                       model: torch.nn.Module | None = None,
-                      parameters: ParameterOffloader | None = None) -> OffloadedOptimizer:
+                      parameters: ParameterOffloader | None = None, plan: Plan | None = None) -> OffloadedOptimizer:
     """Keep ``optimizer``'s state (and fp32 master weights of bf16/fp16 parameters) in ``pool``; update on the CPU.
 
     Args:
@@ -449,6 +477,9 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier 
         model: names the parameters in errors (``"fc1.weight"``) when given.
         parameters: the :func:`~mcdla.runtime.offload_parameters` offloader of the same model: the update
             reads the weights from, and writes them back to, its blocks (no gathering, overlap works).
+        plan: a ``mcdla.workload.plan.Plan`` whose ``state`` entries say which modules' optimizer state to
+            offload (and to which tier); the others keep it on the device and update there in ``step()``.
+            Needs ``model``.
 
     Example::
 
@@ -460,4 +491,4 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier 
         opt.close()
     """
     return OffloadedOptimizer(optimizer, pool=pool, master_dtype=master_dtype, overlap=overlap, model=model,
-                              parameters=parameters)
+                              parameters=parameters, plan=plan)

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -41,7 +41,11 @@ from torch.utils._pytree import tree_flatten
 
 from mcdla.errors import ConfigError, OffloadError
 from mcdla.runtime import _tensor_store as store
+from mcdla.runtime._state_plan import offloaded_modules
 from mcdla.runtime.pool import Pool, Tier, as_pool
+
+if TYPE_CHECKING:
+    from mcdla.workload.plan import Plan
 
 __all__ = ["ParameterOffloader", "offload_parameters"]
 
@@ -54,6 +58,7 @@ class _Unit:
     params: list[nn.Parameter]
     labels: list[str]  # how errors name each parameter ("parameter 'body.0.weight'")
     nbytes: int
+    start_tier: int = 0  # the pool tier its blocks go to first
     stored: list[store._Stored | None] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # each parameter's version when its bytes were last stored
     resident: bool = True
@@ -75,7 +80,8 @@ class ParameterOffloader:
     fetches that were prefetched or waited for.
     """
 
-    def __init__(self, model: nn.Module, *, pool: str | Pool | Tier | list[str | Tier], prefetch: int) -> None:
+    def __init__(self, model: nn.Module, *, pool: str | Pool | Tier | list[str | Tier], prefetch: int,
+                 plan: Plan | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"offload_parameters.model: got {type(model).__name__}; must be a torch.nn.Module")
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
@@ -96,7 +102,8 @@ class ParameterOffloader:
         self.peak_resident_bytes = 0
         self.fetches_ahead = 0
         self.fetches_on_demand = 0
-        self._units = self._build_units(model)
+        only = None if plan is None else offloaded_modules(plan, model, "weights", self.pool)
+        self._units = self._build_units(model, only)
         self._where = {id(p): (u, i) for _, u in self._units for i, p in enumerate(u.params)}
         self._handles: list[Any] = []
         for module, unit in self._units:
@@ -111,7 +118,8 @@ class ParameterOffloader:
         self.reset_report()
 
     @staticmethod
-    def _build_units(model: nn.Module) -> list[tuple[nn.Module, _Unit]]:
+    def _build_units(model: nn.Module, only: dict[str, int] | None) -> list[tuple[nn.Module, _Unit]]:
+        """The units to move: every module owning parameters, or those in ``only`` (name -> first tier)."""
         owners: dict[int, int] = {}
         for _, m in model.named_modules(remove_duplicate=False):
             for p in m._parameters.values():
@@ -121,9 +129,9 @@ class ParameterOffloader:
         for name, m in model.named_modules():
             own = [(n, p) for n, p in m._parameters.items() if p is not None and owners[id(p)] == 1
                    and _whole_storage(p)]
-            if not own:
+            if not own or (only is not None and name not in only):
                 continue
-            unit = _Unit(name=name, params=[p for _, p in own],
+            unit = _Unit(name=name, params=[p for _, p in own], start_tier=0 if only is None else only[name],
                          labels=[f"parameter {(name + '.' if name else '') + n!r}" for n, _ in own],
                          nbytes=sum(p.untyped_storage().nbytes() for _, p in own),
                          stored=[None] * len(own), versions=[-1] * len(own))
@@ -237,7 +245,7 @@ class ParameterOffloader:
         for i, p in enumerate(unit.params):
             if unit.stored[i] is None or p._version != unit.versions[i]:
                 data = p.detach().cpu() if p.device.type != "cpu" else store.storage_bytes(p.untyped_storage())
-                new = store.put(self.pool, data, label=unit.labels[i])
+                new = store.put(self.pool, data, label=unit.labels[i], start=unit.start_tier)
                 store.free(unit.stored[i])
                 unit.stored[i], unit.versions[i] = new, p._version
         for p in unit.params:
@@ -329,7 +337,8 @@ class ParameterOffloader:
             with torch.no_grad():
                 p.detach().copy_(value)  # moves p's version: stored again when released
             return
-        new = store.put(self.pool, value.detach().reshape(-1).view(torch.uint8), label=unit.labels[i])
+        new = store.put(self.pool, value.detach().reshape(-1).view(torch.uint8), label=unit.labels[i],
+                        start=unit.start_tier)
         store.free(unit.stored[i])
         unit.stored[i], unit.versions[i] = new, p._version
 
@@ -371,7 +380,7 @@ class ParameterOffloader:
 
 
 def offload_parameters(model: nn.Module, pool: str | Pool | Tier | list[str | Tier] = "host", *,
-                       prefetch: int = 1) -> ParameterOffloader:
+                       prefetch: int = 1, plan: Plan | None = None) -> ParameterOffloader:
     """Keep ``model``'s layer weights in ``pool`` between uses, fetched ``prefetch`` layers ahead.
 
     Args:
@@ -381,8 +390,10 @@ def offload_parameters(model: nn.Module, pool: str | Pool | Tier | list[str | Ti
             ``Pool``, a tier or a list.
         prefetch: units fetched ahead of the one running, in forward and in backward order (0: each is
             fetched when needed).
+        plan: a ``mcdla.workload.plan.Plan`` whose ``state`` entries say which modules' weights to move (and
+            to which tier); without it every module owning parameters is moved.
 
     Call the optimizer's ``step()`` (and ``model.state_dict()``) inside :meth:`ParameterOffloader.gathered`;
     :meth:`ParameterOffloader.close` puts the weights back on the device.
     """
-    return ParameterOffloader(model, pool=pool, prefetch=prefetch)
+    return ParameterOffloader(model, pool=pool, prefetch=prefetch, plan=plan)
