@@ -36,14 +36,21 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from mcdla.errors import ConfigError, OffloadError
 from mcdla.runtime import _tensor_store as store
+from mcdla.runtime._optimizer_slots import (
+    LOW_PRECISION,
+    MASTER_KEY,
+    Copier,
+    Slot,
+    one_parameter_optimizer,
+    param_sized,
+)
 from mcdla.runtime._state_plan import offloaded_modules, owner_names
 from mcdla.runtime.parameters import ParameterOffloader
 from mcdla.runtime.pool import Pool, Tier, as_pool
@@ -52,84 +59,6 @@ if TYPE_CHECKING:
     from mcdla.workload.plan import Plan
 
 __all__ = ["OffloadedOptimizer", "offload_optimizer"]
-
-_MASTER_KEY = "master_param"  # the fp32 master weight's key in state_dict() under mixed precision
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-class _Copier:
-    """Copies between the training device and the host: side streams and pinned memory on CUDA, none on the CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.d2h = torch.cuda.Stream(device=device)
-            self.h2d = torch.cuda.Stream(device=device)
-
-    def to_host(self, t: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """``t``'s bytes on the host and the CUDA event after which they are there (None: there already)."""
-        t = t.detach()
-        if not self.cuda:
-            return t, None
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        with torch.cuda.stream(self.d2h):
-            self.d2h.wait_stream(torch.cuda.current_stream(t.device))
-            host.copy_(t, non_blocking=True)
-            t.record_stream(self.d2h)
-            done = torch.cuda.Event()
-            done.record(self.d2h)
-        return host, done
-
-    def to_device(self, dst: torch.Tensor, host: torch.Tensor) -> None:
-        """Start copying ``host`` into ``dst``; the compute stream waits for it (see :meth:`settle`)."""
-        if not self.cuda:
-            dst.copy_(host)
-            return
-        compute = torch.cuda.current_stream(dst.device)
-        with torch.cuda.stream(self.h2d):
-            self.h2d.wait_stream(compute)
-            dst.copy_(host, non_blocking=True)
-        compute.wait_stream(self.h2d)
-
-    def settle(self) -> None:
-        """Wait until the copies back have landed, so their host sources may be freed."""
-        if self.cuda:
-            self.h2d.synchronize()
-
-
-@dataclass(slots=True, kw_only=True, eq=False)
-class _Slot:
-    """One trained parameter: its CPU update, where its state is, and the update in flight this step."""
-
-    param: torch.Tensor
-    name: str
-    group_index: int  # the wrapped optimizer's group (hyperparameters are read from it at each launch)
-    master: torch.Tensor  # CPU tensor the update runs on, its storage empty between updates (kept: the parameter)
-    inner: torch.optim.Optimizer  # the wrapped class over [master]
-    mixed: bool  # the master is kept in the pool (a wider dtype than the parameter)
-    start_tier: int | None  # the pool tier its blocks go to first; None: a plan keeps its state on the device
-    stored: dict[str, store._Stored] = field(default_factory=dict)  # state key (or _MASTER_KEY) -> block
-    future: Future | None = None
-    grad: torch.Tensor | None = None  # the gradient the update in flight read, and its version
-    grad_version: int = -1
-
-    @property
-    def kept(self) -> bool:
-        return self.start_tier is None
-
-    @property
-    def master_nbytes(self) -> int:
-        return self.master.numel() * self.master.element_size()
-
-    def label(self, key: str) -> str:
-        what = "master weight" if key == _MASTER_KEY else f"optimizer state {key!r}"
-        return f"{what} of parameter {self.name!r}"
-
-
-def _param_sized(value: Any, master: torch.Tensor) -> bool:
-    """Whether a state entry is a per-element tensor (moved to the pool) rather than a scalar such as ``step``."""
-    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == master.shape
-
 
 class OffloadedOptimizer:
     """An optimizer whose state lives in a pool and whose update runs on the CPU (NOTE [optimizer offload]).
@@ -161,12 +90,12 @@ class OffloadedOptimizer:
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
         offloaded = None if plan is None else offloaded_modules(plan, model, "optimizer_state", self.pool)
         owners = {} if plan is None else owner_names(model)
-        self._slots: list[_Slot | None] = []  # in state_dict order; None: a parameter that is not trained
-        self._by_param: dict[int, _Slot] = {}
+        self._slots: list[Slot | None] = []  # in state_dict order; None: a parameter that is not trained
+        self._by_param: dict[int, Slot] = {}
         self._deferring = False
         self._closed = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcdla-optimizer")
-        self._copiers: dict[torch.device, _Copier] = {}
+        self._copiers: dict[torch.device, Copier] = {}
         self.stepped_in_backward = 0  # updates of the last step() that had started during backward
         self._started_in_backward = 0
         self.step_wait_s = 0.0  # time the last step() waited for updates still running
@@ -186,19 +115,19 @@ class OffloadedOptimizer:
             optimizer.state.clear()
 
     def _new_slot(self, p: torch.Tensor, name: str, group_index: int, master_dtype: torch.dtype,
-                  start_tier: int | None) -> _Slot:
+                  start_tier: int | None) -> Slot:
         if start_tier is None:  # kept by a plan: the wrapped class steps the parameter itself, in step()
-            return _Slot(param=p, name=name, group_index=group_index, master=p,
-                         inner=_one_parameter_optimizer(self.optimizer, p), mixed=False, start_tier=None)
-        mixed = p.dtype in _LOW_PRECISION and master_dtype.itemsize > p.dtype.itemsize
+            return Slot(param=p, name=name, group_index=group_index, master=p,
+                         inner=one_parameter_optimizer(self.optimizer, p), mixed=False, start_tier=None)
+        mixed = p.dtype in LOW_PRECISION and master_dtype.itemsize > p.dtype.itemsize
         master = torch.empty(store.local_tensor(p).shape, dtype=master_dtype if mixed else p.dtype)
-        inner = _one_parameter_optimizer(self.optimizer, master)
-        slot = _Slot(param=p, name=name, group_index=group_index, master=master, inner=inner, mixed=mixed,
+        inner = one_parameter_optimizer(self.optimizer, master)
+        slot = Slot(param=p, name=name, group_index=group_index, master=master, inner=inner, mixed=mixed,
                      start_tier=start_tier)
         if mixed:
             with torch.no_grad():
                 master.copy_(self._parameters.read_value(p) if self._moved(p) else store.local_tensor(p).detach().cpu())
-            slot.stored[_MASTER_KEY] = store.put(self.pool, master, label=slot.label(_MASTER_KEY))
+            slot.stored[MASTER_KEY] = store.put(self.pool, master, label=slot.label(MASTER_KEY))
         master.untyped_storage().resize_(0)
         return slot
 
@@ -241,10 +170,10 @@ class OffloadedOptimizer:
         finally:
             self._deferring = False
 
-    def _copier(self, device: torch.device) -> _Copier:
+    def _copier(self, device: torch.device) -> Copier:
         c = self._copiers.get(device)
         if c is None:
-            c = self._copiers[device] = _Copier(device)
+            c = self._copiers[device] = Copier(device)
         return c
 
     def _on_grad(self, p: torch.Tensor) -> None:
@@ -260,7 +189,7 @@ class OffloadedOptimizer:
         self._launch(slot)
         self._started_in_backward += 1
 
-    def _launch(self, slot: _Slot) -> None:
+    def _launch(self, slot: Slot) -> None:
         """Copy the gradient (and the parameter, without a master) out and queue the update."""
         p, grad = slot.param, slot.param.grad
         assert grad is not None
@@ -276,7 +205,7 @@ class OffloadedOptimizer:
         """Whether ``p``'s bytes live in a parameter offloader (read from and written to its blocks)."""
         return self._parameters is not None and self._parameters.manages(p)
 
-    def _update(self, slot: _Slot, hyper: dict[str, Any], grad_host: torch.Tensor, param_host: torch.Tensor | None,
+    def _update(self, slot: Slot, hyper: dict[str, Any], grad_host: torch.Tensor, param_host: torch.Tensor | None,
                 ready: list[Any], cuda: bool) -> torch.Tensor:
         """On the worker: the update of one parameter; returns its new value on the host."""
         for event in ready:
@@ -285,14 +214,14 @@ class OffloadedOptimizer:
         master.untyped_storage().resize_(slot.master_nbytes)
         try:
             if slot.mixed:
-                store.read_into(slot.stored[_MASTER_KEY], master)
+                store.read_into(slot.stored[MASTER_KEY], master)
             elif param_host is None:
                 master.copy_(self._parameters.read_value(slot.param))  # type: ignore[union-attr]
             else:
                 master.copy_(param_host)
             state = slot.inner.state[master]
             for key, st in slot.stored.items():
-                if key != _MASTER_KEY:
+                if key != MASTER_KEY:
                     state[key] = store.get(st)
             master.grad = grad_host.to(master.dtype)
             slot.inner.param_groups[0].update(hyper)
@@ -304,20 +233,20 @@ class OffloadedOptimizer:
             new_value = torch.empty(master.shape, dtype=slot.param.dtype, pin_memory=cuda)
             new_value.copy_(master)
         except BaseException:
-            slot.inner.state[master] = {k: v for k, v in slot.inner.state[master].items() if not _param_sized(v, master)}
+            slot.inner.state[master] = {k: v for k, v in slot.inner.state[master].items() if not param_sized(v, master)}
             master.untyped_storage().resize_(0)
             raise
         if slot.mixed:
-            self._replace(slot, _MASTER_KEY, master)
+            self._replace(slot, MASTER_KEY, master)
         master.untyped_storage().resize_(0)
         return new_value
 
-    def _put_state(self, slot: _Slot, state: dict[str, Any]) -> None:
+    def _put_state(self, slot: Slot, state: dict[str, Any]) -> None:
         """Move the per-element state entries of one parameter into the pool (writing new blocks)."""
-        for key in [k for k, v in state.items() if _param_sized(v, slot.master)]:
+        for key in [k for k, v in state.items() if param_sized(v, slot.master)]:
             self._replace(slot, key, state.pop(key))
 
-    def _replace(self, slot: _Slot, key: str, value: torch.Tensor) -> None:
+    def _replace(self, slot: Slot, key: str, value: torch.Tensor) -> None:
         new = store.put(self.pool, value, label=slot.label(key), start=slot.start_tier or 0)
         store.free(slot.stored.get(key))
         slot.stored[key] = new
@@ -360,7 +289,7 @@ class OffloadedOptimizer:
         self.stepped_in_backward, self._started_in_backward = self._started_in_backward, 0
         return loss
 
-    def _wait_all(self) -> list[tuple[_Slot, torch.Tensor]]:
+    def _wait_all(self) -> list[tuple[Slot, torch.Tensor]]:
         """Wait for every update in flight; the first failure is raised after all have finished."""
         results, error = [], None
         for slot in self._by_param.values():
@@ -399,7 +328,7 @@ class OffloadedOptimizer:
                 continue
             entries = {k: v.clone() for k, v in slot.inner.state.get(slot.master, {}).items()}
             entries.update({k: store.get(st) for k, st in slot.stored.items()})
-            if entries.keys() - {_MASTER_KEY}:
+            if entries.keys() - {MASTER_KEY}:
                 out["state"][i] = entries
         return out
 
@@ -416,16 +345,16 @@ class OffloadedOptimizer:
             if slot is None:
                 continue
             entries = dict(state_dict["state"].get(i, {}))
-            master = entries.pop(_MASTER_KEY, None)
+            master = entries.pop(MASTER_KEY, None)
             if master is not None and slot.mixed:
-                self._replace(slot, _MASTER_KEY, master.detach().to("cpu", slot.master.dtype))
-            for key in [k for k in slot.stored if k != _MASTER_KEY]:
+                self._replace(slot, MASTER_KEY, master.detach().to("cpu", slot.master.dtype))
+            for key in [k for k in slot.stored if k != MASTER_KEY]:
                 store.free(slot.stored.pop(key))
             small = {}
             for key, value in entries.items():
                 if slot.kept and isinstance(value, torch.Tensor) and key != "step":
                     small[key] = value.detach().to(slot.param.device, copy=True)
-                elif _param_sized(value, slot.master):
+                elif param_sized(value, slot.master):
                     self._replace(slot, key, value.detach().to("cpu"))
                 else:
                     small[key] = value.detach().clone().cpu() if isinstance(value, torch.Tensor) else value
@@ -447,15 +376,6 @@ class OffloadedOptimizer:
             slot.stored.clear()
         if self._owns_pool:
             self.pool.close()
-
-
-def _one_parameter_optimizer(optimizer: torch.optim.Optimizer, master: torch.Tensor) -> torch.optim.Optimizer:
-    """An optimizer of ``optimizer``'s class over ``[master]`` alone (its group is refreshed at each update)."""
-    cls = type(optimizer)
-    try:
-        return cls([master], **optimizer.defaults)
-    except TypeError:
-        return cls([master])
 
 
 def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier | list[str | Tier] = "host", *,
