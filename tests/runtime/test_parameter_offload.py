@@ -107,6 +107,22 @@ def test_peak_device_bytes_is_the_prefetch_window(prefetch):
         assert params.fetches_ahead == (2 * (len(units) - 1) if prefetch else 0)
 
 
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_checkpoint_recomputation_stays_within_the_window(prefetch):
+    """Checkpointed layers recomputed in backward prefetch nothing ahead in forward order: the peak is still
+    the largest window of prefetch+1 consecutive units."""
+    model = Chain(checkpointed=True)
+    units = _unit_bytes(model)
+    window = prefetch + 1
+    largest_window = max(sum(units[i:i + window]) for i in range(len(units) - window + 1))
+    x, y = _batch()
+    with offload_parameters(model, pool="host", prefetch=prefetch) as params:
+        _step(model, x, y)
+        params.reset_report()
+        _step(model, x, y)
+        assert params.peak_resident_bytes == largest_window
+
+
 def test_tied_parameters_stay_in_place():
     """A parameter owned by two modules (tied embedding and head) is not moved; the others are."""
     torch.manual_seed(0)

@@ -10,8 +10,9 @@ NOTE [parameter offload]
 
     When a unit's bytes are on the device:
     - forward: a forward pre-hook fetches the unit (waiting for a prefetch already running) and starts
-      fetching the next ``prefetch`` units in forward order; the forward hook empties it again, unless
-      backward is running (checkpoint recomputation: backward needs it next).
+      fetching the next ``prefetch`` units in forward order; the forward hook empties it again. A forward
+      that runs inside backward (checkpoint recomputation) prefetches nothing (backward has passed the
+      units after it) and leaves its units resident: backward needs them next.
     - backward: the forward hook registers a pre-hook on the ``grad_fn`` of each output, which fetches the
       unit before backward reaches its ops and prefetches the next ``prefetch`` units in backward order;
       the unit is emptied once autograd has accumulated every trained parameter's gradient
@@ -265,7 +266,8 @@ class ParameterOffloader:
                     self._position[id(unit)] = len(self._order)
                     self._order.append(unit)
             self._wait(unit)
-            self._prefetch_from(unit, 1)
+            if torch._C._current_autograd_node() is None:  # not a checkpoint's recomputation in backward
+                self._prefetch_from(unit, 1)
 
         return pre_forward
 
