@@ -395,7 +395,9 @@ def offload_parameters(model: nn.Module, pool: str | Pool | Tier | list[str | Ti
         plan: a ``mcdla.workload.plan.Plan`` whose ``state`` entries say which modules' weights to move (and
             to which tier); without it every module owning parameters is moved.
 
-    Call the optimizer's ``step()`` (and ``model.state_dict()``) inside :meth:`ParameterOffloader.gathered`;
-    :meth:`ParameterOffloader.close` puts the weights back on the device.
+    Between uses a moved parameter's storage is empty: read it (a plain optimizer's ``step()``,
+    ``model.state_dict()``, comparisons) only inside :meth:`ParameterOffloader.gathered` or after
+    :meth:`ParameterOffloader.close`, which puts the weights back on the device; some ops (``torch.equal``)
+    do not check and crash on an empty storage. ``offload_optimizer(..., parameters=...)`` needs no gathering.
     """
     return ParameterOffloader(model, pool=pool, prefetch=prefetch, plan=plan)
