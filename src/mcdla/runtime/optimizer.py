@@ -269,7 +269,7 @@ class OffloadedOptimizer:
             if g is not slot.grad or g is None or store.local_tensor(g)._version != slot.grad_version:
                 raise OffloadError(
                     f"parameter {slot.name!r}: gradient changed after its update started in backward "
-                    "(clipping or another in-place change); use offload_optimizer(..., overlap=False)")
+                    "(clipping, DDP's all-reduce or another in-place change); use offload_optimizer(..., overlap=False)")
         with torch.no_grad():
             for slot, new_value in results:
                 if self._moved(slot.param):

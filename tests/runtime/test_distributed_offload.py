@@ -1,5 +1,6 @@
-"""FSDP2 (fully_shard, DTensor parameters), two gloo processes on CPU: activations virtualized and the sharded
-AdamW state offloaded give exactly FSDP2's own gradients, weights and state."""
+"""Two gloo processes on CPU. FSDP2 (fully_shard, DTensor parameters): activations virtualized and the sharded
+AdamW state offloaded give exactly FSDP2's own gradients, weights and state. DDP: weights and AdamW state
+offloaded (and activations virtualized) give exactly DDP's own gradients and weights."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from mcdla.runtime import offload_optimizer, virtualize
+from mcdla.runtime import offload_optimizer, offload_parameters, virtualize
 
 WORLD = 2
 STEPS = 2
@@ -79,3 +80,46 @@ def test_fsdp2_activations_and_state_offloaded_exactly(tmp_path):
         assert all(b > 0 for b in result["offloaded"])
         assert result["weights_equal"] and result["state_equal"]
     assert not list(tmp_path.glob("*-*/*.blk"))
+
+
+def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    base = _model()
+    ref, mine = DDP(copy.deepcopy(base)), DDP(copy.deepcopy(base))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    params = offload_parameters(mine.module, pool="host", prefetch=1)
+    opt = offload_optimizer(torch.optim.AdamW(mine.parameters(), lr=1e-2), pool="host", parameters=params,
+                            overlap=False)  # DDP's all-reduce rewrites the gradients after they accumulate
+    vm = virtualize("host", model=mine, min_bytes=0)
+    grads_equal = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(16, 32, generator=g), torch.randint(0, 4, (16,), generator=g)
+        F.cross_entropy(ref(x), y).backward()
+        with vm:
+            F.cross_entropy(mine(x), y).backward()
+        grads_equal.append(all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), mine.parameters())))
+        ref_opt.step()
+        ref_opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    params.close()
+    vm.close()
+    weights_equal = all(torch.equal(a, b) for a, b in zip(ref.parameters(), mine.parameters()))
+    torch.save({"grads_equal": grads_equal, "weights_equal": weights_equal}, os.path.join(out_dir, f"ddp{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ddp_weights_and_state_offloaded_exactly(tmp_path):
+    """Both ranks, two AdamW steps of DDP with weights, state and activations in the host tier: gradients equal
+    DDP's each step (all-reduced from the fetched weights) and weights equal after them."""
+    mp.spawn(_ddp_worker, args=(str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=WORLD, join=True)
+    for r in range(WORLD):
+        result = torch.load(tmp_path / f"ddp{r}.pt")
+        assert result["grads_equal"] == [True] * STEPS
+        assert result["weights_equal"]
