@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from mcdla.errors import ConfigError, OffloadError
+from mcdla.errors import ConfigError, OffloadError, PlanError
 from mcdla.runtime import offload_optimizer
 
 OPTIMIZERS = {
@@ -277,3 +277,48 @@ def test_plan_offloads_only_the_modules_it_names():
         assert opt.resident_state_bytes == moments["0.weight"] + moments["0.bias"] + 4 * 4  # and four step counters
     with pytest.raises(ConfigError, match="offload_optimizer.plan: needs model="):
         offload_optimizer(torch.optim.Adam(model.parameters()), pool="host", plan=plan)
+
+
+def test_free_gradients_leaves_no_gradient_and_stays_exact():
+    """free_gradients=True: after backward no parameter holds a gradient, and three steps equal plain Adam."""
+    ref, model = _model(), _model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    with offload_optimizer(torch.optim.Adam(model.parameters(), lr=1e-2), pool="host", free_gradients=True) as opt:
+        for x, y in _batches(3):
+            _loss(ref, x, y).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            _loss(model, x, y).backward()
+            assert all(p.grad is None for p in model.parameters())
+            opt.step()
+        for a, b in zip(ref.parameters(), model.parameters()):
+            assert torch.equal(a, b)
+    with pytest.raises(ConfigError, match="free_gradients: needs overlap=True"):
+        offload_optimizer(torch.optim.Adam(model.parameters()), pool="host", free_gradients=True, overlap=False)
+
+
+def test_plan_frees_gradients_of_the_modules_it_names():
+    """A plan offloading module '2''s gradients and state drops only its gradients; offloading gradients of a
+    module whose state stays on the device is refused."""
+    import dataclasses
+
+    from mcdla.workload.plan import Plan, StateDecision
+
+    ref, model = _model(), _model()
+    base = Plan.from_actions(workload="mlp", batch=4, layer_names=[n for n, _ in model.named_modules()], actions={})
+    plan = dataclasses.replace(base, state=(StateDecision(layer="2", gradients="offload", optimizer_state="offload"),))
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    with offload_optimizer(torch.optim.Adam(model.parameters(), lr=1e-2), pool="host", model=model, plan=plan) as opt:
+        for x, y in _batches(2):
+            _loss(ref, x, y).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            _loss(model, x, y).backward()
+            assert [p.grad is None for p in model.parameters()] == [False, False, True, True]
+            opt.step()
+            opt.zero_grad()
+        for a, b in zip(ref.parameters(), model.parameters()):
+            assert torch.equal(a, b)
+    bad = dataclasses.replace(base, state=(StateDecision(layer="0", gradients="offload"),))
+    with pytest.raises(PlanError, match=r"plan state for '0'.gradients: got 'offload' with optimizer_state 'device'"):
+        offload_optimizer(torch.optim.Adam(model.parameters()), pool="host", model=model, plan=bad)

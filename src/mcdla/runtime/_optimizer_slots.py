@@ -68,6 +68,7 @@ class Slot:
     inner: torch.optim.Optimizer  # the wrapped class over [master]
     mixed: bool  # the master is kept in the pool (a wider dtype than the parameter)
     start_tier: int | None  # the pool tier its blocks go to first; None: a plan keeps its state on the device
+    free_grad: bool = False  # drop the gradient from the parameter once copied out for the update
     stored: dict[str, store._Stored] = field(default_factory=dict)  # state key (or MASTER_KEY) -> block
     future: Future | None = None
     grad: torch.Tensor | None = None  # the gradient the update in flight read, and its version

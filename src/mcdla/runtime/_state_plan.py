@@ -16,17 +16,13 @@ __all__: list[str] = []
 
 
 def offloaded_modules(plan: Plan, model: nn.Module, state_class: str, pool: Pool) -> dict[str, int]:
-    """Module name -> index of its first tier in ``pool``, for the modules whose ``state_class`` ("weights"
-    or "optimizer_state") the plan offloads; raises PlanError for what the runtime cannot execute."""
+    """Module name -> index of its first tier in ``pool``, for the modules whose ``state_class`` ("weights",
+    "gradients" or "optimizer_state") the plan offloads; raises PlanError for a module the model lacks."""
     names = {n for n, _ in model.named_modules()}
     unknown = [sd.layer for sd in plan.state if sd.layer not in names]
     if unknown:
         raise PlanError(f"plan.state: layer {unknown[0]!r} is not a module of the model ({len(unknown)} unknown "
                         "in all)")
-    grads = [sd.layer for sd in plan.state if sd.offloads("gradients")]
-    if grads:
-        raise PlanError(f"plan state for {grads[0]!r}.gradients: got 'offload'; the runtime keeps gradients on the "
-                        "device, so it must be 'device'")
     return {sd.layer: pool.tier_index(sd.tier) for sd in plan.state if sd.offloads(state_class)}
 
 

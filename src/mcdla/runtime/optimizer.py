@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mcdla.errors import ConfigError, OffloadError
+from mcdla.errors import ConfigError, OffloadError, PlanError
 from mcdla.runtime import _tensor_store as store
 from mcdla.runtime._optimizer_slots import (
     LOW_PRECISION,
@@ -70,7 +70,8 @@ class OffloadedOptimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, pool: str | Pool | Tier | list[str | Tier],
                  master_dtype: torch.dtype, overlap: bool, model: torch.nn.Module | None,
-                 parameters: ParameterOffloader | None, plan: Plan | None = None) -> None:
+                 parameters: ParameterOffloader | None, plan: Plan | None = None,
+                 free_gradients: bool = False) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"offload_optimizer.optimizer: got {type(optimizer).__name__}; must be a torch.optim.Optimizer")
         if isinstance(optimizer, torch.optim.LBFGS):
@@ -90,6 +91,14 @@ class OffloadedOptimizer:
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
         offloaded = None if plan is None else offloaded_modules(plan, model, "optimizer_state", self.pool)
         owners = {} if plan is None else owner_names(model)
+        freed = set() if plan is None else set(offloaded_modules(plan, model, "gradients", self.pool))
+        if offloaded is not None and freed - set(offloaded):
+            layer = sorted(freed - set(offloaded))[0]
+            raise PlanError(f"plan state for {layer!r}.gradients: got 'offload' with optimizer_state 'device'; "
+                            "gradients leave the device only for an update on the CPU, so both must be 'offload'")
+        if (free_gradients or freed) and not overlap:
+            raise ConfigError("offload_optimizer.free_gradients: needs overlap=True (gradients are dropped once "
+                              "their update has started in backward)")
         self._slots: list[Slot | None] = []  # in state_dict order; None: a parameter that is not trained
         self._by_param: dict[int, Slot] = {}
         self._deferring = False
@@ -107,6 +116,7 @@ class OffloadedOptimizer:
                     continue
                 start = 0 if offloaded is None else offloaded.get(owners.get(id(p), ""))
                 slot = self._new_slot(p, names.get(id(p), f"param_groups[{g}].params[{j}]"), g, master_dtype, start)
+                slot.free_grad = not slot.kept and (free_gradients or owners.get(id(p)) in freed)
                 self._slots.append(slot)
                 self._by_param[id(p)] = slot
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._on_grad) for s in self._by_param.values()]
@@ -188,6 +198,9 @@ class OffloadedOptimizer:
                 "run every backward but the last of a step under no_step()")
         self._launch(slot)
         self._started_in_backward += 1
+        if slot.free_grad:  # its copy out is under way (CUDA: record_stream keeps the memory until it lands)
+            slot.grad, slot.grad_version = None, -1
+            p.grad = None
 
     def _launch(self, slot: Slot) -> None:
         """Copy the gradient (and the parameter, without a master) out and queue the update."""
@@ -266,6 +279,8 @@ class OffloadedOptimizer:
         self.step_wait_s = time.perf_counter() - t0
         for slot, new_value in results:
             g = slot.param.grad
+            if slot.free_grad and slot.grad is None:
+                continue  # released in backward: nothing on the device could have changed it
             if g is not slot.grad or g is None or store.local_tensor(g)._version != slot.grad_version:
                 raise OffloadError(
                     f"parameter {slot.name!r}: gradient changed after its update started in backward "
@@ -381,7 +396,8 @@ class OffloadedOptimizer:
 def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier | list[str | Tier] = "host", *,
                       master_dtype: torch.dtype = torch.float32, overlap: bool = True,
                       model: torch.nn.Module | None = None,
-                      parameters: ParameterOffloader | None = None, plan: Plan | None = None) -> OffloadedOptimizer:
+                      parameters: ParameterOffloader | None = None, plan: Plan | None = None,
+                      free_gradients: bool = False) -> OffloadedOptimizer:
     """Keep ``optimizer``'s state (and fp32 master weights of bf16/fp16 parameters) in ``pool``; update on the CPU.
 
     Args:
@@ -398,8 +414,12 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier 
         parameters: the :func:`~mcdla.runtime.offload_parameters` offloader of the same model: the update
             reads the weights from, and writes them back to, its blocks (no gathering, overlap works).
         plan: a ``mcdla.workload.plan.Plan`` whose ``state`` entries say which modules' optimizer state to
-            offload (and to which tier); the others keep it on the device and update there in ``step()``.
-            Needs ``model``.
+            offload (and to which tier), and whose gradients to drop once copied out (``gradients:
+            offload``, only with ``optimizer_state: offload``); the others keep their state on the device and
+            update there in ``step()``. Needs ``model``.
+        free_gradients: drop every gradient from its parameter (``p.grad = None``) as soon as it is copied out
+            for its update in backward, so gradients do not stay on the device (ZeRO-Offload's gradient
+            offload); needs ``overlap=True``. Code that reads ``p.grad`` after backward sees None.
 
     Example::
 
@@ -411,4 +431,4 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier 
         opt.close()
     """
     return OffloadedOptimizer(optimizer, pool=pool, master_dtype=master_dtype, overlap=overlap, model=model,
-                              parameters=parameters, plan=plan)
+                              parameters=parameters, plan=plan, free_gradients=free_gradients)

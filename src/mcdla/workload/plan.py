@@ -122,9 +122,10 @@ class Plan:
         ``decisions`` say what happens to each layer's saved tensors (activations); ``state`` says, per
         module owning parameters, whether its weights, gradients and optimizer state stay on the device or
         live in a tier between uses (modules without an entry keep all three on the device). The runtime
-        executes weights (``offload_parameters(plan=...)``) and optimizer state (``offload_optimizer(
-        plan=...)``); offloaded gradients, and the planners and the simulator for ``state``, are not done
-        yet: the simulator counts static bytes per workload, not per module.
+        executes weights (``offload_parameters(plan=...)``), optimizer state and gradients
+        (``offload_optimizer(plan=...)``; a gradient leaves the device only for an update on the CPU, so it
+        needs the optimizer state offloaded too). Planners and the simulator do not use ``state`` yet: the
+        simulator counts static bytes per workload, not per module.
 
     NOTE [plan budgets]: two bytes
     fields, one meaning each (``math.inf`` for none):
