@@ -7,13 +7,13 @@ test suite does, ``tests/runtime/test_optimizer_offload.py``). Parts, each recor
 - ``exact``: a small model in bfloat16 on the device, three AdamW steps with fp32 masters, four ways from the
   same weights and data: a hand-written reference (gradients copied to the CPU, ``torch.optim.AdamW`` on CPU
   fp32 masters, weights copied back), ``offload_optimizer`` with the host tier, with the file tier, and with
-  ``offload_parameters(prefetch=1)`` joined through ``parameters=``. Losses and weights must be equal to the
+  ``offload_parameters(prefetch=1)`` joined through ``parameters=`` and ``free_gradients=True``. Losses and weights must be equal to the
   reference's bit for bit (deterministic algorithms, attention written out, so gradients are reproducible).
   This runs the side streams, events, pinned copies and ``record_stream`` of both APIs.
 - ``scale``: the ~1.4B model in bfloat16 (batch ``--batch`` x 1024 tokens): "device" keeps fp32 masters and
   AdamW state on the device (fused AdamW, 16 B per parameter with weights and gradients), "optimizer_host"
   offloads state and masters to the host tier (4 B per parameter left), "params_and_optimizer" also offloads
-  the weights (``prefetch=2``). Per mode: median step seconds, peak and static device bytes; ratios to
+  the weights (``prefetch=2``) and drops each gradient once copied out (``free_gradients=True``). Per mode: median step seconds, peak and static device bytes; ratios to
   "device".
 - ``file``: optimizer offload to ``file:`` on the device machine's disk (``--scratch``), on a ~150M model.
 
@@ -132,7 +132,7 @@ def exact_part(device: str, cfg: dict[str, int], scratch: str, steps: int = 3) -
                 params = mcdla.offload_parameters(model, pool="host", prefetch=1)
             pool = f"file:{scratch}" if kind == "optimizer_file" else "host"
             opt = mcdla.offload_optimizer(torch.optim.AdamW(model.parameters(), **hyper), pool=pool,
-                                          parameters=params)
+                                          parameters=params, free_gradients=params is not None)
         losses = []
         try:
             for _ in range(steps):
@@ -197,7 +197,8 @@ def scale_mode(mode: str, device: str, cfg: dict[str, int], batch: int, steps: i
     else:
         if mode == "params_and_optimizer":
             params = mcdla.offload_parameters(model, pool="host", prefetch=2)
-        opt = mcdla.offload_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-4), pool=pool, parameters=params)
+        opt = mcdla.offload_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-4), pool=pool, parameters=params,
+                                      free_gradients=params is not None)
 
     def step() -> None:
         model(*data).backward()
