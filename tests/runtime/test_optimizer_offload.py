@@ -322,3 +322,20 @@ def test_plan_frees_gradients_of_the_modules_it_names():
     bad = dataclasses.replace(base, state=(StateDecision(layer="0", gradients="offload"),))
     with pytest.raises(PlanError, match=r"plan state for '0'.gradients: got 'offload' with optimizer_state 'device'"):
         offload_optimizer(torch.optim.Adam(model.parameters()), pool="host", model=model, plan=bad)
+
+
+def test_state_spills_from_a_full_host_tier_to_file(tmp_path):
+    """With 'host@4KiB,file:DIR' the moments that do not fit in the host tier go to files, and the result is exact."""
+    ref, model = _model(), _model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    with offload_optimizer(torch.optim.Adam(model.parameters(), lr=1e-2), pool=f"host@4KiB,file:{tmp_path}") as opt:
+        for x, y in _batches(2):
+            for m, o in ((ref, ref_opt), (model, opt)):
+                _loss(m, x, y).backward()
+                o.step()
+                o.zero_grad()
+        host, file = opt.pool.tiers
+        assert 0 < host.used_bytes <= 4096 and file.block_count > 0
+        assert host.block_count + file.block_count == 2 * 4
+        for a, b in zip(ref.parameters(), model.parameters()):
+            assert torch.equal(a, b)
