@@ -8,6 +8,8 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -224,3 +226,23 @@ def test_plan_naming_no_module_raises():
                                state=(StateDecision(layer="layers.9", weights="offload"),))
     with pytest.raises(PlanError, match=r"plan.state: layer 'layers.9' is not a module of the model"):
         offload_parameters(model, pool="host", plan=plan)
+
+
+@settings(max_examples=25, deadline=None)
+@given(widths=st.lists(st.integers(min_value=1, max_value=24), min_size=3, max_size=7),
+       prefetch=st.integers(min_value=0, max_value=3))
+def test_peak_is_the_largest_window_for_any_chain(widths, prefetch):
+    """For any chain of Linear layers and any prefetch depth, the resident parameter bytes after the first step
+    peak at the largest sum over prefetch+1 consecutive layers (brute force over the layer sizes)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(a, b), nn.Tanh()) for a, b in zip(widths, widths[1:])])
+    units = [4 * (a * b + b) for a, b in zip(widths, widths[1:])]
+    window = min(prefetch + 1, len(units))
+    largest_window = max(sum(units[i:i + window]) for i in range(len(units) - window + 1))
+    x = torch.randn(3, widths[0])
+    with offload_parameters(model, pool="host", prefetch=prefetch) as params:
+        model(x).sum().backward()
+        params.reset_report()
+        model(x).sum().backward()
+        assert params.peak_resident_bytes == largest_window
+        assert params.resident_bytes == 0
