@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OffloadedOptimizer", "offload_optimizer"]
 
+
 class OffloadedOptimizer:
     """An optimizer whose state lives in a pool and whose update runs on the CPU (NOTE [optimizer offload]).
 
@@ -89,13 +90,8 @@ class OffloadedOptimizer:
         self.pool, self._owns_pool = as_pool(pool)
         self.overlap = bool(overlap)
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
-        offloaded = None if plan is None else offloaded_modules(plan, model, "optimizer_state", self.pool)
-        owners = {} if plan is None else owner_names(model)
-        freed = set() if plan is None else set(offloaded_modules(plan, model, "gradients", self.pool))
-        if offloaded is not None and freed - set(offloaded):
-            layer = sorted(freed - set(offloaded))[0]
-            raise PlanError(f"plan state for {layer!r}.gradients: got 'offload' with optimizer_state 'device'; "
-                            "gradients leave the device only for an update on the CPU, so both must be 'offload'")
+        offloaded, freed = (None, set()) if plan is None else _planned(plan, model, self.pool)  # type: ignore[arg-type]
+        owners = {} if plan is None else owner_names(model)  # type: ignore[arg-type]
         if (free_gradients or freed) and not overlap:
             raise ConfigError("offload_optimizer.free_gradients: needs overlap=True (gradients are dropped once "
                               "their update has started in backward)")
@@ -391,6 +387,17 @@ class OffloadedOptimizer:
             slot.stored.clear()
         if self._owns_pool:
             self.pool.close()
+
+
+def _planned(plan: Plan, model: torch.nn.Module, pool: Pool) -> tuple[dict[str, int], set[str]]:
+    """The plan's modules with offloaded optimizer state (name -> first tier) and those with offloaded gradients."""
+    offloaded = offloaded_modules(plan, model, "optimizer_state", pool)
+    freed = set(offloaded_modules(plan, model, "gradients", pool))
+    if freed - set(offloaded):
+        layer = sorted(freed - set(offloaded))[0]
+        raise PlanError(f"plan state for {layer!r}.gradients: got 'offload' with optimizer_state 'device'; "
+                        "gradients leave the device only for an update on the CPU, so both must be 'offload'")
+    return offloaded, freed
 
 
 def offload_optimizer(optimizer: torch.optim.Optimizer, pool: str | Pool | Tier | list[str | Tier] = "host", *,
