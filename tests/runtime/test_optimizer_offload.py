@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -337,5 +338,24 @@ def test_state_spills_from_a_full_host_tier_to_file(tmp_path):
         host, file = opt.pool.tiers
         assert 0 < host.used_bytes <= 4096 and file.block_count > 0
         assert host.block_count + file.block_count == 2 * 4
+        for a, b in zip(ref.parameters(), model.parameters()):
+            assert torch.equal(a, b)
+
+
+def test_learning_rate_schedule_applies():
+    """An LR scheduler on the wrapped optimizer changes the offloaded updates as it changes the plain ones."""
+    ref, model = _model(), _model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    with offload_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), pool="host") as opt:
+        schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.5 ** e) for o in (ref_opt, opt.optimizer)]
+        for x, y in _batches(3):
+            for m, o, sched in ((ref, ref_opt, schedules[0]), (model, opt, schedules[1])):
+                _loss(m, x, y).backward()
+                o.step()
+                o.zero_grad()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # opt.step() replaces the wrapped step the scheduler watches
+                    sched.step()
+        assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] == 1e-2 * 0.5 ** 3
         for a, b in zip(ref.parameters(), model.parameters()):
             assert torch.equal(a, b)
