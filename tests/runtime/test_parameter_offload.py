@@ -125,6 +125,27 @@ def test_checkpoint_recomputation_stays_within_the_window(prefetch):
         assert params.peak_resident_bytes == largest_window
 
 
+def test_frozen_layers_stay_within_the_window_and_exact():
+    """Frozen middle layers (LoRA-style base weights) are emptied after their backward like trained ones: the
+    peak is still the largest window of two units, and gradients of the trained layers are exact."""
+    ref, model = Chain(), Chain()
+    for m in (ref, model):
+        for layer in m.layers[1:4]:
+            layer.requires_grad_(False)
+    units = _unit_bytes(model)
+    x, y = _batch()
+    _step(ref, x, y)
+    with offload_parameters(model, pool="host", prefetch=1) as params:
+        _step(model, x, y)
+        model.zero_grad()
+        params.reset_report()
+        _step(model, x, y)
+        assert params.peak_resident_bytes == max(a + b for a, b in zip(units, units[1:]))
+        assert params.resident_bytes == 0
+        for a, b in zip(ref.parameters(), model.parameters()):
+            assert (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad)
+
+
 def test_tied_parameters_stay_in_place():
     """A parameter owned by two modules (tied embedding and head) is not moved; the others are."""
     torch.manual_seed(0)

@@ -16,7 +16,9 @@ NOTE [parameter offload]
     - backward: the forward hook registers a pre-hook on the ``grad_fn`` of each output, which fetches the
       unit before backward reaches its ops and prefetches the next ``prefetch`` units in backward order;
       the unit is emptied once autograd has accumulated every trained parameter's gradient
-      (post-accumulate-grad hooks), and every unit still resident is emptied when backward ends.
+      (post-accumulate-grad hooks) or, for a unit without trained parameters (frozen base weights), once
+      the gradients of its inputs are computed (``register_multi_grad_hook``, as FSDP2 does); every unit
+      still resident is emptied when backward ends.
     So at most ``prefetch + 1`` consecutive units are resident at a time in a chain of layers.
     The forward order is the one the first forward ran; until then nothing is prefetched.
 
@@ -279,6 +281,11 @@ class ParameterOffloader:
                 for t in tree_flatten(output)[0]:
                     if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                         t.grad_fn.register_prehook(self._make_pre_backward(unit))
+                if not any(p.requires_grad for p in unit.params):
+                    inputs = [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+                    if inputs:  # its backward is over once its inputs' gradients are computed
+                        torch.autograd.graph.register_multi_grad_hook(
+                            inputs, lambda grads: self._frozen_backward_done(unit), mode="all")
             if torch._C._current_autograd_node() is None:
                 self._release(unit)
 
@@ -307,6 +314,10 @@ class ParameterOffloader:
                     self._release(unit)
 
         return grad_done
+
+    def _frozen_backward_done(self, unit: _Unit) -> None:
+        if self._in_backward:
+            self._release(unit)
 
     def _backward_done(self) -> None:
         self._in_backward = False
