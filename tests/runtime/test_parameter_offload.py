@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mcdla.errors import ConfigError, PlanError
+from mcdla.errors import ConfigError, OffloadError, PlanError
 from mcdla.runtime import offload_optimizer, offload_parameters, virtualize
 from mcdla.workload.plan import Plan, StateDecision
 
@@ -198,6 +198,26 @@ def test_bf16_weights_and_masters_match_optimizer_offload_alone():
                 o.zero_grad()
     for a, b in zip(ref.parameters(), model.parameters()):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b)
+
+
+def test_damaged_weight_block_raises_in_forward(tmp_path):
+    """A corrupted weight block file makes the forward that fetches it raise OffloadError naming the parameter
+    and the tier (the file tier's CRC-32), not compute with wrong weights; close() still frees every block
+    and then raises the same error."""
+    model = Chain()
+    x, y = _batch()
+    params = offload_parameters(model, pool=f"file:{tmp_path}", prefetch=0)
+    for f in tmp_path.glob("*.blk"):
+        raw = bytearray(f.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        f.write_bytes(bytes(raw))
+    label = rf"parameter 'layers.0.(weight|bias)': block file .* of tier 'file:{tmp_path}' is corrupted"
+    with pytest.raises(OffloadError, match=label):
+        _step(model, x, y)
+    assert model.layers[0].weight.untyped_storage().nbytes() == 0  # no half-read weights left behind
+    with pytest.raises(OffloadError, match="is corrupted"):
+        params.close()
+    assert params.pool.block_count == 0 and list(tmp_path.glob("*.blk")) == []
 
 
 def test_close_restores_weights_and_frees_blocks(tmp_path):

@@ -221,10 +221,25 @@ class ParameterOffloader:
             self.fetches_on_demand += 1
         elif unit.fetch is not None and not unit.fetch.done():
             self.fetches_on_demand += 1
+        self._settle(unit)
+
+    def _settle(self, unit: _Unit) -> None:
+        """Wait for ``unit``'s fetch in flight, if any; a failed one leaves the unit empty and raises."""
         fut, unit.fetch = unit.fetch, None
         if fut is not None:
-            fut.result()
+            try:
+                fut.result()
+            except BaseException:
+                self._empty(unit)  # no half-read weights: the unit is absent until a fetch succeeds
+                raise
             unit.versions = [p._version for p in unit.params]
+
+    def _empty(self, unit: _Unit) -> None:
+        """Free ``unit``'s storages on the device (its bytes stay in the tier)."""
+        for p in unit.params:
+            p.untyped_storage().resize_(0)
+        unit.resident = False
+        self._account(-unit.nbytes)
 
     def _prefetch_from(self, unit: _Unit, step: int) -> None:
         """Start fetching the ``prefetch`` units after ``unit`` in forward (step 1) or backward (step -1) order."""
@@ -241,20 +256,14 @@ class ParameterOffloader:
         """Store ``unit``'s bytes if they changed since they were stored, then empty its storages."""
         if not unit.resident:
             return
-        fut, unit.fetch = unit.fetch, None
-        if fut is not None:
-            fut.result()
-            unit.versions = [p._version for p in unit.params]
+        self._settle(unit)
         for i, p in enumerate(unit.params):
             if unit.stored[i] is None or p._version != unit.versions[i]:
                 data = p.detach().cpu() if p.device.type != "cpu" else store.storage_bytes(p.untyped_storage())
                 new = store.put(self.pool, data, label=unit.labels[i], start=unit.start_tier)
                 store.free(unit.stored[i])
                 unit.stored[i], unit.versions[i] = new, p._version
-        for p in unit.params:
-            p.untyped_storage().resize_(0)
-        unit.resident = False
-        self._account(-unit.nbytes)
+        self._empty(unit)
 
     # -- hooks -----------------------------------------------------------------------------------------
     def _make_pre_forward(self, unit: _Unit):
@@ -373,13 +382,21 @@ class ParameterOffloader:
                 self._release(unit)
 
     def close(self) -> None:
-        """Bring every parameter back to the device for good, remove the hooks and free the blocks."""
+        """Bring every parameter back to the device for good, remove the hooks and free the blocks.
+
+        A block that cannot be read back (OffloadError: corrupted, truncated, missing) leaves its parameters
+        empty; every other unit is restored and everything is freed before the first such error is raised.
+        """
         if self._closed:
             return
+        error: BaseException | None = None
         for _, unit in self._units:
             self._start_fetch(unit)
         for _, unit in self._units:
-            self._wait(unit)
+            try:
+                self._wait(unit)
+            except OffloadError as exc:
+                error = error or exc
         self._closed = True
         for h in self._handles:
             h.remove()
@@ -390,6 +407,8 @@ class ParameterOffloader:
             unit.stored = [None] * len(unit.params)
         if self._owns_pool:
             self.pool.close()
+        if error is not None:
+            raise error
 
 
 def offload_parameters(model: nn.Module, pool: str | Pool | Tier | list[str | Tier] = "host", *,
