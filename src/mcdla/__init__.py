@@ -8,7 +8,8 @@ what to offload, prefetch or recompute, :mod:`mcdla.runtime` executes such plans
 
 from mcdla.errors import McdlaError
 
-__all__ = ["McdlaError", "__version__", "virtualize"]
+__all__ = ["McdlaError", "__version__", "virtualize", "offload_optimizer", "offload_parameters"]
+_RUNTIME_ENTRY_POINTS = ("virtualize", "offload_optimizer", "offload_parameters")
 
 
 def __getattr__(name: str):  # lazy: importing mcdla must not import torch
@@ -19,8 +20,8 @@ def __getattr__(name: str):  # lazy: importing mcdla must not import torch
             return version("mcdla")
         except PackageNotFoundError:
             return "0+unknown"
-    if name == "virtualize":
-        from mcdla.runtime import virtualize
+    if name in _RUNTIME_ENTRY_POINTS:
+        import mcdla.runtime
 
-        return virtualize
+        return getattr(mcdla.runtime, name)
     raise AttributeError(f"module 'mcdla' has no attribute {name!r}")
