@@ -1,11 +1,15 @@
-"""Ring collectives against their closed forms (NOTE [ring collectives] in mcdla.sim.collectives)."""
+"""Ring collectives against their closed forms (NOTE [ring collectives] in mcdla.sim.collectives) and against the
+flow evaluator of the same Collective (mcdla.sim.ir_engine)."""
 
 from __future__ import annotations
 
 import pytest
 
 from mcdla.hardware import load_system
+from mcdla.hardware.topology import Topology
 from mcdla.sim import simulate
+from mcdla.sim.collective_models import Collective
+from mcdla.sim.ir_engine import collective_flow_time
 from mcdla.workload.model import Layer, LayerKind, Workload
 
 from .conftest import chain, plan_of, ring_system
@@ -129,3 +133,34 @@ def test_model_parallel_exchanges_only_after_split_weight_layers() -> None:
                 + _all_reduce_s(pool_out, n, 2, bandwidth, latency))
     assert r.iteration_time_s == pytest.approx(expected, rel=1e-9)
     assert r.collective_bytes == pytest.approx(conv_out + fc_out + pool_out)
+
+
+def _ring_orders(system) -> list[tuple[int, ...]]:  # type: ignore[no-untyped-def]
+    """Device indices of each ring of ``system``, in ring order (read from the System, not the engine's fabric)."""
+    index = {name: i for i, name in enumerate(system.device_names)}
+    return [tuple(index[n] for n in ring if n in index) for ring in system.rings]
+
+
+@pytest.mark.parametrize("system", [load_system("mc-dla"), ring_system(5, latency_s=3e-6, both_directions=True)],
+                         ids=["mc-dla", "ring5"])
+@pytest.mark.parametrize("parallel", ["data", "model"])
+def test_engine_collective_equals_flow_evaluator(system, parallel: str) -> None:  # type: ignore[no-untyped-def]
+    """On an idle system whose rings share no link, the engine's all-reduce (data parallel) and all-gather (model
+    parallel, one fc layer) take the time the IR executor's flow evaluator gives the ring Collective of S / R
+    bytes on each ring (1e-9)."""
+    size = 1e9
+    if parallel == "data":
+        w, kind = _params_only(size), "all-reduce"
+    else:
+        w = Workload(name="mp", batch=1, layers=(
+            Layer(name="fc", kind=LayerKind.FC, fwd_flops=0.0, bwd_flops=0.0, output_bytes=size),))
+        kind = "all-gather"
+    r = simulate(system, w, plan_of(w), parallel=parallel, bucket_bytes=1e12)
+    orders = _ring_orders(system)
+    topo = Topology(system)
+    hops = [res for order in orders for a, b in zip(order, order[1:] + order[:1])
+            for res in topo.route(system.device_names[a], system.device_names[b]).resources]
+    assert len(set(hops)) == len(hops), "no two ring hops share a link, so the rings run independently"
+    expected = max(collective_flow_time(Collective(kind=kind, nbytes=size / len(orders), group=order), system)
+                   for order in orders)
+    assert r.iteration_time_s == pytest.approx(expected, rel=1e-9)

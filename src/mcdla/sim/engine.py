@@ -63,7 +63,7 @@ class Engine:
         # Pool timelines only when recording: without it the engine keeps the tiers' peaks, not their steps.
         self.tier_timeline: dict[str, list[tuple[float, float]]] | None = (
             {"host": [], "memory-node": []} if record else None)
-        self.collectives = CollectiveRunner(self, fabric.rings, len(fabric.devices))
+        self.collectives = CollectiveRunner(self)
         self.coll_done = self.collectives.done
         self.coll_done_t = self.collectives.done_s
         self.route_bytes = [0.0] * len(fabric.routes)

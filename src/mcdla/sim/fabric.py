@@ -54,9 +54,10 @@ class Fabric:
         link_names: ``"a->b"`` of each reporting link; link_bytes_per_s: its bandwidth (may be inf).
         offload_routes, prefetch_routes: per device, ``(memory id, route id)`` for each pool memory
             (empty when the device has no pool).
-        rings: per ring, the route id of one ring step: every hop of the ring (device -> next device along
-            the ring) concatenated, so a link two hops share counts twice; its latency is the largest hop
+        rings: per ring, the route id of one pipelined ring step: every hop of the ring (device -> next device
+            along the ring) concatenated, so a link two hops share counts twice; its latency is the largest hop
             latency (NOTE [ring collectives] in :mod:`mcdla.sim.collectives`).
+        ring_groups: per ring, its device ids in ring order (the communicator group of its collectives).
     """
 
     name: str
@@ -75,6 +76,7 @@ class Fabric:
     offload_routes: tuple[tuple[tuple[int, int], ...], ...]
     prefetch_routes: tuple[tuple[tuple[int, int], ...], ...]
     rings: tuple[int, ...]
+    ring_groups: tuple[tuple[int, ...], ...] = ()
 
     @property
     def device_names(self) -> tuple[str, ...]:
@@ -102,12 +104,14 @@ class Fabric:
                 builder.resource(hbm, device.hbm_bytes_per_s)  # NOTE [HBM in transfers]
             offload.append(tuple((builder.memory_index[m], builder.via(hbm, topo.route(dev, m))) for m in pool))
             prefetch.append(tuple((builder.memory_index[m], builder.via(hbm, topo.route(m, dev))) for m in pool))
-        rings = []
+        rings, groups = [], []
+        index = {name: i for i, name in enumerate(system.device_names)}
         for r in range(len(system.rings)):
-            hops = [route for _dev, _nxt, route in topo.ring_hops(r)]
-            resources = tuple(res for route in hops for res in route.resources)
-            rings.append(builder.raw_route(resources, max(route.latency_s for route in hops)))
-        return builder.build(system.devices, tuple(offload), tuple(prefetch), tuple(rings))
+            hops = list(topo.ring_hops(r))
+            resources = tuple(res for _dev, _nxt, route in hops for res in route.resources)
+            rings.append(builder.raw_route(resources, max(route.latency_s for _dev, _nxt, route in hops)))
+            groups.append(tuple(index[dev] for dev, _nxt, _route in hops))
+        return builder.build(system.devices, tuple(offload), tuple(prefetch), tuple(rings), tuple(groups))
 
     @classmethod
     def from_pool_link(cls, device: Device, link: PoolLink) -> Fabric:
@@ -200,7 +204,7 @@ class _Builder:
         """``route`` with resource ``first`` (a device's HBM) crossed too."""
         return self.raw_route((first, *route.resources), route.latency_s)
 
-    def build(self, devices, offload, prefetch, rings) -> Fabric:  # type: ignore[no-untyped-def]
+    def build(self, devices, offload, prefetch, rings, ring_groups=()) -> Fabric:  # type: ignore[no-untyped-def]
         return Fabric(
             name=self.name,
             devices=tuple(devices),
@@ -218,4 +222,5 @@ class _Builder:
             offload_routes=offload,
             prefetch_routes=prefetch,
             rings=rings,
+            ring_groups=ring_groups,
         )
