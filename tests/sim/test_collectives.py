@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from mcdla.errors import SimError
 from mcdla.hardware import load_system
+from mcdla.hardware.cluster import load_cluster
 from mcdla.hardware.topology import Topology
 from mcdla.sim import simulate
-from mcdla.sim.collective_models import Collective
+from mcdla.sim.collective_models import Collective, collective_time
 from mcdla.sim.ir_engine import collective_flow_time
 from mcdla.workload.model import Layer, LayerKind, Workload
 
@@ -164,3 +166,33 @@ def test_engine_collective_equals_flow_evaluator(system, parallel: str) -> None:
     expected = max(collective_flow_time(Collective(kind=kind, nbytes=size / len(orders), group=order), system)
                    for order in orders)
     assert r.iteration_time_s == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "in-network"])
+@pytest.mark.parametrize("parallel", ["data", "model"])
+def test_generated_node_algorithms_match_closed_form(algorithm: str, parallel: str) -> None:
+    """On one generated DGX H100 (a private NVSwitch port per GPU), the engine's all-reduce (data parallel) and
+    all-gather (model parallel) under each collective_algorithm take the closed form of that algorithm on the
+    cluster's scale-up dimension (1e-9)."""
+    size = 2e9
+    if parallel == "data":
+        w, kind = _params_only(size), "all-reduce"
+    else:
+        w = Workload(name="mp", batch=1, layers=(
+            Layer(name="fc", kind=LayerKind.FC, fwd_flops=0.0, bwd_flops=0.0, output_bytes=size),))
+        kind = "all-gather"
+    r = simulate(load_system("dgx-h100"), w, plan_of(w), parallel=parallel, bucket_bytes=1e12,
+                 collective_algorithm=algorithm)
+    up = load_cluster("dgx-h100").scale_up
+    assert r.iteration_time_s == pytest.approx(collective_time(kind, size, up, algorithm=algorithm), rel=1e-9)
+    assert r.collective_bytes == pytest.approx(size)
+
+
+@pytest.mark.parametrize("algorithm,needle", [("butterfly", "collective_algorithm: got 'butterfly'"),
+                                              ("in-network", "crosses no switch")])
+def test_bad_collective_algorithm_is_one_line(algorithm: str, needle: str) -> None:
+    """An unknown algorithm, or in-network on a ring of direct links (no switch to reduce in): one-line SimError."""
+    w = _params_only(1e6)
+    with pytest.raises(SimError) as info:
+        simulate(ring_system(4), w, plan_of(w), collective_algorithm=algorithm)
+    assert needle in str(info.value) and "\n" not in str(info.value)

@@ -19,6 +19,13 @@ closed form of :func:`~mcdla.sim.collective_models.closed_form_time` with bus ba
     all-reduce:  2 (N - 1) / N * S / (R B) + 2 (N - 1) l
     all-gather:      (N - 1) / N * S / (R B) +     (N - 1) l
 
+With ``collective_algorithm`` ``"tree"`` or ``"in-network"`` (``simulate``'s argument) a collective is instead
+ONE :class:`~mcdla.sim.collective_models.Collective` of all ``S`` bytes over every device in rank order; each
+flow of each phase runs on its own route (``Fabric.flow_routes``: the topology's route between its ends, an
+in-network group reducing in :func:`~mcdla.sim.ir_compile.reducer_switch`, as in the IR executor), and a
+phase ends ``hops`` hop latencies after its last flow drains (NOTE [phase latency] in
+:mod:`mcdla.sim.ir_engine`). On an idle fabric of private ports this is the closed form of that algorithm.
+
 Collectives run one at a time in launch order (one communicator); one starts when every device has launched
 it and the previous one has ended. Rings progress independently, each through its phases in order; the
 collective ends when all rings are done.
@@ -56,7 +63,7 @@ class _Launch:
 
 
 class _RingRun:
-    """The phases of one launch still to run on ring ``ring``."""
+    """The phases of one launch still to run on ring ``ring`` (-1: the whole group, tree or in-network)."""
 
     __slots__ = ("launch", "ring", "phases", "next_phase")
 
@@ -70,12 +77,14 @@ class _RingRun:
 class CollectiveRunner:
     """Launches, sequences and runs the collectives of one simulation (NOTE [ring collectives])."""
 
-    __slots__ = ("engine", "rings", "groups", "hops", "n_devices", "collectives", "done", "done_s", "next_index",
-                 "running", "total_bytes", "last_end_s")
+    __slots__ = ("engine", "algorithm", "rings", "groups", "hops", "flow_routes", "n_devices", "collectives", "done",
+                 "done_s", "next_index", "running", "total_bytes", "last_end_s")
 
     def __init__(self, engine: Engine) -> None:
         fabric = engine.fabric
         self.engine = engine
+        self.algorithm = fabric.collective_algorithm
+        self.flow_routes = fabric.flow_routes
         self.rings = fabric.rings
         self.groups = fabric.ring_groups
         self.hops = [frozenset(zip(g, g[1:] + g[:1])) for g in self.groups]
@@ -115,6 +124,12 @@ class CollectiveRunner:
         self.running = True
         launch.start_s = now
         self.total_bytes += launch.nbytes
+        if self.algorithm != "ring":
+            launch.rings_left = 1
+            group = tuple(range(self.n_devices))
+            coll = Collective(kind=launch.kind, nbytes=launch.nbytes, group=group, algorithm=self.algorithm)
+            self._next_phase(_RingRun(launch, -1, lower(coll)), now)
+            return
         share = launch.nbytes / len(self.rings)
         launch.rings_left = len(self.rings)
         for ring, group in enumerate(self.groups):
@@ -128,18 +143,25 @@ class CollectiveRunner:
             return
         phase = run.phases[run.next_phase]
         run.next_phase += 1
-        route, nbytes = self._place(phase, run.ring)
-        latency = phase.hops * self.engine.fabric.route_latency_s[route]
-        self.engine.transfer([(route, nbytes)], self._phase_done, run, now, latency_s=latency)
+        parts = self._place(phase, run.ring)
+        latency_s = self.engine.fabric.route_latency_s
+        if phase.hop_pairs:
+            hop = max(latency_s[self.flow_routes[pair]] for pair in phase.hop_pairs)
+        else:
+            hop = max(latency_s[route] for route, _nbytes in parts)
+        self.engine.transfer(parts, self._phase_done, run, now, latency_s=phase.hops * hop)
 
     def _phase_done(self, run: _RingRun, now: float) -> None:
         self._next_phase(run, now)
 
-    def _place(self, phase: Phase, ring: int) -> tuple[int, float]:
-        """``(route id, bytes)`` of ``phase`` on ring ``ring``: one pipelined flow (NOTE [ring collectives])."""
+    def _place(self, phase: Phase, ring: int) -> list[tuple[int, float]]:
+        """``(route id, bytes)`` of each flow of ``phase``: on ring ``ring``, one pipelined flow over the ring;
+        for tree and in-network (``ring`` -1), each flow on its own route (NOTE [ring collectives])."""
+        if ring < 0:
+            return [(self.flow_routes[(f.src, f.dst)], f.nbytes) for f in phase.flows]
         assert {(f.src, f.dst) for f in phase.flows} == self.hops[ring], "a ring phase steps along its ring"
         assert len({f.nbytes for f in phase.flows}) == 1, "every member of a ring step sends one size"
-        return self.rings[ring], phase.flows[0].nbytes
+        return [(self.rings[ring], phase.flows[0].nbytes)]
 
     def _ring_done(self, launch: _Launch, now: float) -> None:
         launch.rings_left -= 1

@@ -19,10 +19,30 @@ from mcdla.sim.collective_models import Collective
 from mcdla.sim.collective_phases import Reducer, lower
 from mcdla.sim.ir import CollectiveOp, Offload, Op, Prefetch, RankProgram, Send
 
-__all__ = ["CompiledPrograms", "Parts"]
+__all__ = ["CompiledPrograms", "Parts", "reducer_switch"]
 
 Parts = tuple[tuple[int, float], ...]
 """A transfer: ``(route id, bytes)`` of each of its flows."""
+
+
+def reducer_switch(topo: Topology, devs: tuple[str, ...]) -> str:
+    """The switch that reduces and multicasts for devices ``devs`` in an in-network collective: on the route
+    between the first two, the one nearest (fewest links) to the farthest of them (both engines place a
+    :class:`~mcdla.sim.collective_phases.Reducer` here)."""
+    system = topo.system
+    switches = {s.name for s in system.switches}
+    route = topo.route(devs[0], devs[1])
+    path = [devs[0]] + [res[2] for res in route.resources if res[0] == "link"]
+    best: tuple[int, str] | None = None
+    for node in path:
+        if node in switches:
+            hops = max(len(topo.route(node, d).resources) for d in devs)
+            if best is None or hops < best[0]:
+                best = (hops, node)
+    if best is None:
+        raise SimError(f"in-network collective on devices {devs}: the route {devs[0]} -> {devs[1]} crosses no "
+                       f"switch of system {system.name!r} to reduce in; use algorithm 'ring' or 'tree'")
+    return best[1]
 
 
 class CompiledPrograms:
@@ -71,7 +91,6 @@ class CompiledPrograms:
             raise SimError("devices and mirrors: got a device twice; each rank and mirror must have its own")
         self.devices_by_name = {d.name: d for d in system.devices}
         self.memories = {m.name for m in system.memories}
-        self.switches = {s.name for s in system.switches}
         self.resource_id: dict[Resource, int] = {}
         self.capacities: list[float] = []
         self.classes: list[str] = []
@@ -124,23 +143,11 @@ class CompiledPrograms:
         return rid
 
     def reducer(self, devs: tuple[str, ...]) -> str:
-        """The switch that reduces for devices ``devs``: on the route between the first two, nearest to all."""
+        """The switch that reduces for devices ``devs`` (:func:`reducer_switch`)."""
         name = self._reducer.get(devs)
-        if name is not None:
-            return name
-        route = self.topo.route(devs[0], devs[1])
-        path = [devs[0]] + [res[2] for res in route.resources if res[0] == "link"]
-        best: tuple[int, str] | None = None
-        for node in path:
-            if node in self.switches:
-                hops = max(len(self.topo.route(node, d).resources) for d in devs)
-                if best is None or hops < best[0]:
-                    best = (hops, node)
-        if best is None:
-            raise SimError(f"in-network collective on devices {devs}: the route {devs[0]} -> {devs[1]} crosses no "
-                           f"switch of system {self.system.name!r} to reduce in; use algorithm 'ring' or 'tree'")
-        self._reducer[devs] = best[1]
-        return best[1]
+        if name is None:
+            name = self._reducer[devs] = reducer_switch(self.topo, devs)
+        return name
 
     def _copies(self, rank: int) -> int:
         """How many ends each flow of ``rank`` is placed at: its own, plus one per mirror."""
