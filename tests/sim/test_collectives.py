@@ -137,6 +137,15 @@ def test_model_parallel_exchanges_only_after_split_weight_layers() -> None:
     assert r.collective_bytes == pytest.approx(conv_out + fc_out + pool_out)
 
 
+def _one_collective(parallel: str, size: float) -> tuple[Workload, str]:
+    """A workload whose iteration is one collective of ``size`` bytes: an all-reduce of gradients (data parallel)
+    or the all-gather of one fc layer's output (model parallel; layer 0 all-reduces no input gradient)."""
+    if parallel == "data":
+        return _params_only(size), "all-reduce"
+    return Workload(name="mp", batch=1, layers=(
+        Layer(name="fc", kind=LayerKind.FC, fwd_flops=0.0, bwd_flops=0.0, output_bytes=size),)), "all-gather"
+
+
 def _ring_orders(system) -> list[tuple[int, ...]]:  # type: ignore[no-untyped-def]
     """Device indices of each ring of ``system``, in ring order (read from the System, not the engine's fabric)."""
     index = {name: i for i, name in enumerate(system.device_names)}
@@ -151,12 +160,7 @@ def test_engine_collective_equals_flow_evaluator(system, parallel: str) -> None:
     parallel, one fc layer) take the time the IR executor's flow evaluator gives the ring Collective of S / R
     bytes on each ring (1e-9)."""
     size = 1e9
-    if parallel == "data":
-        w, kind = _params_only(size), "all-reduce"
-    else:
-        w = Workload(name="mp", batch=1, layers=(
-            Layer(name="fc", kind=LayerKind.FC, fwd_flops=0.0, bwd_flops=0.0, output_bytes=size),))
-        kind = "all-gather"
+    w, kind = _one_collective(parallel, size)
     r = simulate(system, w, plan_of(w), parallel=parallel, bucket_bytes=1e12)
     orders = _ring_orders(system)
     topo = Topology(system)
@@ -175,12 +179,7 @@ def test_generated_node_algorithms_match_closed_form(algorithm: str, parallel: s
     all-gather (model parallel) under each collective_algorithm take the closed form of that algorithm on the
     cluster's scale-up dimension (1e-9)."""
     size = 2e9
-    if parallel == "data":
-        w, kind = _params_only(size), "all-reduce"
-    else:
-        w = Workload(name="mp", batch=1, layers=(
-            Layer(name="fc", kind=LayerKind.FC, fwd_flops=0.0, bwd_flops=0.0, output_bytes=size),))
-        kind = "all-gather"
+    w, kind = _one_collective(parallel, size)
     r = simulate(load_system("dgx-h100"), w, plan_of(w), parallel=parallel, bucket_bytes=1e12,
                  collective_algorithm=algorithm)
     up = load_cluster("dgx-h100").scale_up
