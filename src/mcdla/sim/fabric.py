@@ -14,7 +14,8 @@ infinite capacity never bind and are left out of the solver (a route crossing no
 
 NOTE [HBM in transfers]
 An offload reads the device's HBM and a prefetch writes it, so every pool route also crosses the resource
-``("hbm", device)`` of capacity ``hbm_bytes_per_s``: a device's offloads and prefetches share its memory
+``("hbm", device)`` of capacity ``hbm_bytes_per_s`` (:func:`mcdla.sim.ir_compile.copy_route`, which places the
+copies of the IR executor too): a device's offloads and prefetches share its memory
 bandwidth max-min fairly with each other (and with nothing else: compute keeps its roofline time, and ring
 collectives do not cross it). On today's presets the links bind long before HBM (12.8 GB/s PCIe or 150 GB/s
 of memory-node links against 900 GB/s), so this matters only for devices whose links rival their HBM. The one
@@ -36,7 +37,7 @@ from mcdla.hardware.cluster import ALGORITHMS
 from mcdla.hardware.topology import Resource, Route, Topology
 from mcdla.sim.collective_models import Collective
 from mcdla.sim.collective_phases import Endpoint, Reducer, lower
-from mcdla.sim.ir_compile import reducer_switch
+from mcdla.sim.ir_compile import copy_route, reducer_switch
 
 __all__ = ["Fabric", "POOL_MEMORY"]
 
@@ -122,8 +123,10 @@ class Fabric:
             hbm = ("hbm", dev)
             if pool:
                 builder.resource(hbm, device.hbm_bytes_per_s)  # NOTE [HBM in transfers]
-            offload.append(tuple((builder.memory_index[m], builder.via(hbm, topo.route(dev, m))) for m in pool))
-            prefetch.append(tuple((builder.memory_index[m], builder.via(hbm, topo.route(m, dev))) for m in pool))
+            offload.append(tuple((builder.memory_index[m], builder.raw_route(*copy_route(topo, dev, m, prefetch=False)))
+                                 for m in pool))
+            prefetch.append(tuple((builder.memory_index[m], builder.raw_route(*copy_route(topo, dev, m, prefetch=True)))
+                                  for m in pool))
         rings, groups = [], []
         index = {name: i for i, name in enumerate(system.device_names)}
         for r in range(len(system.rings)):
@@ -242,10 +245,6 @@ class _Builder:
 
     def route(self, route: Route) -> int:
         return self.raw_route(route.resources, route.latency_s)
-
-    def via(self, first: Resource, route: Route) -> int:
-        """``route`` with resource ``first`` (a device's HBM) crossed too."""
-        return self.raw_route((first, *route.resources), route.latency_s)
 
     def build(self, devices, offload, prefetch, rings, ring_groups=()) -> Fabric:  # type: ignore[no-untyped-def]
         return Fabric(
