@@ -34,6 +34,7 @@ collective ends when all rings are done.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from mcdla.sim.collective_models import Collective
@@ -45,6 +46,12 @@ if TYPE_CHECKING:
     from mcdla.sim.engine import Engine
 
 __all__ = ["CollectiveRunner"]
+
+
+@lru_cache(maxsize=4096)
+def _phases(kind: str, nbytes: float, group: tuple[int, ...], algorithm: str) -> tuple[Phase, ...]:
+    """The phases of one collective (kept: an iteration launches the same few sizes many times)."""
+    return lower(Collective(kind=kind, nbytes=nbytes, group=group, algorithm=algorithm))
 
 
 class _Launch:
@@ -127,14 +134,12 @@ class CollectiveRunner:
         if self.algorithm != "ring":
             launch.rings_left = 1
             group = tuple(range(self.n_devices))
-            coll = Collective(kind=launch.kind, nbytes=launch.nbytes, group=group, algorithm=self.algorithm)
-            self._next_phase(_RingRun(launch, -1, lower(coll)), now)
+            self._next_phase(_RingRun(launch, -1, _phases(launch.kind, launch.nbytes, group, self.algorithm)), now)
             return
         share = launch.nbytes / len(self.rings)
         launch.rings_left = len(self.rings)
         for ring, group in enumerate(self.groups):
-            phases = lower(Collective(kind=launch.kind, nbytes=share, group=group))
-            self._next_phase(_RingRun(launch, ring, phases), now)
+            self._next_phase(_RingRun(launch, ring, _phases(launch.kind, share, group, "ring")), now)
 
     def _next_phase(self, run: _RingRun, now: float) -> None:
         """Start ``run``'s next phase, or end its ring when none is left."""
