@@ -2,7 +2,7 @@
 
 Issue #10 item 6. The eight Table 5 runs (A100-80GB, seq 2048; 22B TP8 PP1, 175B TP8 PP8 v3, 530B TP8 PP35 v3,
 1T TP8 PP64; full recomputation and selective recomputation + sequence parallelism) are predicted by
-``mcdla.sim.llm.llm_step`` on ``mcdla.report.llm_validation.dgx_a100_cluster`` and by Calculon's ``Llm`` model
+``mcdla.sim.llm.llm_step`` on the ``dgx-a100`` preset and by Calculon's ``Llm`` model
 on its own ``systems/a100_80g.json`` with the execution files of its own ``llm-validation`` (``seqsel_tab5``).
 The table gives both predictions against the measured time and the seconds per evaluation of each, medians
 of N evaluations in this process, taken in alternating rounds (N/10 mcdla, N/10 Calculon, ...) so load on the
@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._results import record
-from mcdla.report.llm_validation import RUNS, MeasuredRun, dgx_a100_cluster
+from mcdla.hardware.cluster import load_cluster
+from mcdla.report.llm_validation import RUNS, MeasuredRun
 from mcdla.sim.llm import llm_step
 from mcdla.workload.transformer import preset
 
@@ -139,10 +140,10 @@ def _alternate(fns: list[Callable[[], Any]], n: int, rounds: int = 10) -> list[f
 
 
 def run(calc: Calculon | None, n: int) -> list[Row]:
-    cluster = dgx_a100_cluster()
     rows = []
     for r in TABLE5:
         spec = preset(r.model)
+        cluster = load_cluster("dgx-a100").for_gpus(r.execution.gpus)
         mcdla_fn = lambda: llm_step(spec, r.execution, cluster)  # noqa: E731,B023 - called inside the loop
         row = Row(run=r, mcdla_s=mcdla_fn().iteration_s, mcdla_eval_s=0.0)
         if calc is None:

@@ -15,7 +15,7 @@ import sys
 import time
 
 from benchmarks._results import markdown_table, record
-from mcdla.report.llm_validation import dgx_a100_cluster
+from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.llm import llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
@@ -40,9 +40,10 @@ def _time(fn, budget_s: float, least: int = 3) -> float:
 
 
 def run(budget_s: float) -> list[tuple[str, ...]]:
-    spec, cluster = preset("gpt3-175b"), dgx_a100_cluster()
+    spec = preset("gpt3-175b")
     rows = []
     for gpus, dp, batch, v in CASES:
+        cluster = load_cluster("dgx-a100").for_gpus(gpus)
         e = Execution(gpus=gpus, tp=8, pp=16, dp=dp, virtual_stages=v, sequence_parallel=True, micro_batch=1,
                       global_batch=batch, recompute="selective")
         fast = llm_step(spec, e, cluster)

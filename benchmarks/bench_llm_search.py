@@ -14,8 +14,8 @@ import os
 import time
 
 from benchmarks._results import markdown_table, record
-from mcdla.sim.llm_search import enumerate_executions, evaluate_executions, rank_rows
-from mcdla.sim.llm_systems import llm_system
+from mcdla.hardware.cluster import load_cluster
+from mcdla.plan.llm_search import enumerate_executions, evaluate_executions, rank_rows
 from mcdla.workload.transformer import preset
 
 COMMAND = ".venv/bin/python -m benchmarks.bench_llm_search"
@@ -39,18 +39,17 @@ def run(serial: bool) -> list[tuple[str, ...]]:
     workers = os.cpu_count() or 1
     rows = []
     for gpus in CASES:
-        system = llm_system("dgx-h100", gpus=gpus)
+        system = load_cluster("dgx-h100").for_gpus(gpus)
         t0 = time.perf_counter()
-        en = enumerate_executions(spec, system.cluster, gpus=gpus, global_batch=1536)
+        en = enumerate_executions(spec, system, gpus=gpus, global_batch=1536)
         t_enum = time.perf_counter() - t0
-        kwargs = dict(offload_capacity_bytes=system.offload_capacity_bytes)
         t0 = time.perf_counter()
-        pooled = evaluate_executions(spec, system.cluster, en.executions, backend="process", workers=workers, **kwargs)
+        pooled = evaluate_executions(spec, system, en.executions, backend="process", workers=workers)
         t_pool = time.perf_counter() - t0
         t_serial = float("nan")
         if serial:
             t0 = time.perf_counter()
-            ref = evaluate_executions(spec, system.cluster, en.executions, backend="serial", **kwargs)
+            ref = evaluate_executions(spec, system, en.executions, backend="serial")
             t_serial = time.perf_counter() - t0
             assert ref == pooled, "process pool and serial rows differ"
         ranked = rank_rows(pooled)

@@ -76,3 +76,31 @@ def test_plan_uses_only_the_public_sim_package(path: Path) -> None:
     """The planners reach the engine through ``mcdla.sim``'s public names, never its modules."""
     found = sorted(_sim_submodules_imported(path))
     assert not found, f"{path.relative_to(SRC)} imports {found}"
+
+
+
+def _private_imports_across_packages(source: str, own: str) -> list[str]:
+    """``from mcdla.<pkg>... import _name`` in ``source`` where ``<pkg>`` is not ``own``, the importer's package."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            parts = node.module.split(".")
+            if parts[0] == "mcdla" and len(parts) > 1 and parts[1] != own:
+                found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_private_name_crosses_a_package(path: Path) -> None:
+    """A module imports another package's public names only (style rule 1): ``_x`` stays inside its package."""
+    found = _private_imports_across_packages(path.read_text(), _layer(path))
+    assert not found, f"{path.relative_to(SRC)} imports private names {found}"
+
+
+def test_the_private_name_check_sees_a_crossing() -> None:
+    """The check flags a private name imported from another package, not one from its own or a public one."""
+    source = ("from mcdla.hardware.io import _one_line, load_system\n"
+              "from mcdla.sim.llm import _stage_params\nfrom mcdla.sim import llm_step\n")
+    assert _private_imports_across_packages(source, "sim") == ["mcdla.hardware.io._one_line"]
+    assert _private_imports_across_packages(source, "plan") == ["mcdla.hardware.io._one_line",
+                                                                "mcdla.sim.llm._stage_params"]

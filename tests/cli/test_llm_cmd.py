@@ -59,10 +59,10 @@ def test_llm_predict_ranks_equals_fast_and_sees_a_straggler(run_cli, tmp_path):
 
 
 def test_llm_predict_on_a_preset_matches_the_api_and_rejects_unknown_ones(run_cli, tmp_path):
-    """--system prices the run on a hardware preset: the same numbers as llm_step on llm_system(preset);
-    an unknown preset is one line and exit 2."""
+    """--system prices the run on a hardware preset: the same numbers as llm_step on the preset sized for the
+    record's GPUs; the default is the dgx-a100 preset; an unknown preset is one line and exit 2."""
+    from mcdla.hardware.cluster import load_cluster
     from mcdla.sim.llm import llm_step
-    from mcdla.sim.llm_systems import llm_system
     from mcdla.workload.execution import load_execution
     from mcdla.workload.transformer import preset
 
@@ -72,9 +72,10 @@ def test_llm_predict_on_a_preset_matches_the_api_and_rejects_unknown_ones(run_cl
     code, out, _ = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json",
                            "--system", "gb200-nvl72")
     assert code == 0
-    expected = llm_step(preset("gpt3-175b"), load_execution(path), llm_system("gb200-nvl72", gpus=64).cluster)
+    expected = llm_step(preset("gpt3-175b"), load_execution(path), load_cluster("gb200-nvl72").for_gpus(64))
     assert json.loads(out)["iteration_s"] == expected.iteration_s
     a100 = json.loads(run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json")[1])
-    assert a100["iteration_s"] > expected.iteration_s  # Blackwell on NVLink5 beats the A100 figures
+    shipped = llm_step(preset("gpt3-175b"), load_execution(path), load_cluster("dgx-a100").for_gpus(64))
+    assert a100["iteration_s"] == shipped.iteration_s > expected.iteration_s  # Blackwell on NVLink5 beats A100
     code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--system", "nope")
     assert code == 2 and not out and err.startswith("mcdla: error: ") and err.count("\n") == 1

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from mcdla.sim.llm_search import search
-from mcdla.sim.llm_systems import llm_system
+from mcdla.hardware.cluster import load_cluster
+from mcdla.plan.llm_search import search
 from mcdla.workload.transformer import preset
 
 SMALL = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", "8", "--global-batch", "16",
@@ -21,9 +21,8 @@ def test_json_and_csv_match_the_python_search(run_cli, tmp_path):
     code, stdout, stderr = run_cli("search", *SMALL, "--workers", "1", "--json", "--top", "4", "--out", str(out))
     assert code == 0, stderr
     data = json.loads(stdout)
-    sys_ = llm_system("dgx-a100", gpus=8)
-    expected = search(preset("megatron-1.7b"), sys_.cluster, gpus=8, global_batch=16, max_virtual_stages=2,
-                      offload_capacity_bytes=sys_.offload_capacity_bytes)
+    expected = search(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8, global_batch=16,
+                      max_virtual_stages=2)
     assert data["valid"] == len(expected.enumeration.executions) and data["rejected"] == expected.enumeration.rejected
     assert data["candidates"] == data["valid"] + sum(data["rejected"].values())
     assert data["best"]["index"] == expected.best.index

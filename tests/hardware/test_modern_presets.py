@@ -179,6 +179,17 @@ def test_variants_change_only_what_they_say() -> None:
     assert Topology(cxl).link("cpu0", "cxl0_2").bytes_per_s == pytest.approx(0.8 * 32e9) and cxl.memory("cxl1_3").dram_bytes_per_s == 36e9
 
 
+def test_group_dims_of_groups_that_do_not_tile_a_rack() -> None:
+    """On 16 NVL72 racks a stride-8 group holds gcd(size, 72 / 8 = 9) members per rack: 12 -> 3 per rack over 4
+    racks, 128 -> 1 per rack over 128 (priced across the racks, more scale-out traffic than the layout has)."""
+    c = load_cluster("gb200-nvl72").with_nodes(16)
+    shape = lambda dims: [(d.name, d.size) for d in dims]
+    up, out = c.scale_up.name, c.scale_out.name
+    assert shape(c.group_dims(12, stride=8)) == [(up, 3), (out, 4)]
+    assert shape(c.group_dims(128, stride=8)) == [(out, 128)]
+    assert shape(c.group_dims(9, stride=8)) == [(up, 9)]
+
+
 def test_group_dims_for_parallel_groups() -> None:
     """Megatron-order groups on 128 x 8: TP 8 is the NVLink domain, DP 128 with stride 8 the rails, a group of 16
     both, TP 4 a subgroup of NVLink, a stride-2 group of 32 has 4 per node over 8 nodes; PP neighbours 8 apart
@@ -193,8 +204,9 @@ def test_group_dims_for_parallel_groups() -> None:
     assert shape(c.group_dims(1)) == []
     assert c.dim_between(0, 8).name == "ib-ndr" and c.dim_between(3, 4).name == "nvlink"
     assert c.dim_between(0, 8).size == 2
-    with pytest.raises(HardwareError, match=r"stride got 3; must divide the 8 GPUs"):
-        c.group_dims(2, stride=3)
+    assert shape(c.group_dims(2, stride=3)) == [("ib-ndr", 2)]  # straddles nodes: priced across them
+    with pytest.raises(HardwareError, match=r"stride got 0; must be an integer >= 1"):
+        c.group_dims(2, stride=0)
     with pytest.raises(HardwareError, match=r"must be at most the 1024 GPUs"):
         c.group_dims(256, stride=8)
 
@@ -260,3 +272,15 @@ def test_nodes_need_a_scale_out_fabric() -> None:
         cluster_from_dict(_mini()).with_nodes(2)
     with pytest.raises(HardwareError, match=r"got an explicit system \(devices listed\)"):
         load_cluster("mc-dla")
+
+
+def test_group_dims_memo_is_per_cluster_and_checks_its_arguments() -> None:
+    """group_dims remembers answers per cluster: a resized cluster recomputes (and refuses a group larger than
+    itself), and a remembered (size, stride) still refuses a bool stride."""
+    c = load_cluster("dgx-h100-ndr")
+    assert c.group_dims(128, stride=8) == c.group_dims(128, stride=8) == (c.scale_out,)
+    with pytest.raises(HardwareError, match=r"must be at most the 16 GPUs"):
+        c.with_nodes(2).group_dims(128, stride=8)
+    c.group_dims(8, stride=1)
+    with pytest.raises(HardwareError, match=r"stride got True"):
+        c.group_dims(8, stride=True)

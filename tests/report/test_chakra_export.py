@@ -176,6 +176,8 @@ def test_metadata_comes_first(exported) -> None:
         meta, _ = read_rank(path)
         assert meta["version"] == "0.0.4"
         assert meta["mcdla.rank"] == rank and meta["mcdla.world_size"] == len(system.devices)
+        # one group over every device: the rank is its index in the model- or data-parallel dimension
+        assert (meta["mcdla.tp_rank"], meta["mcdla.dp_rank"]) == ((rank, 0) if parallel == "model" else (0, rank))
         assert meta["mcdla.workload"] == w.name and meta["mcdla.parallel"] == parallel
         assert meta["mcdla.iteration_time_s"] == result.iteration_time_s
 

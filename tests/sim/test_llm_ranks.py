@@ -14,9 +14,8 @@ import time
 import pytest
 
 from mcdla.errors import ConfigError
-from mcdla.hardware.model import Device
-from mcdla.report.llm_validation import dgx_a100_cluster
-from mcdla.sim.llm import GemmEfficiency, GpuCluster, llm_step, stage_costs
+from mcdla.hardware.cluster import Cluster, load_cluster
+from mcdla.sim.llm import llm_step, stage_costs
 from mcdla.sim.llm_ranks import pipeline_order, schedule_pipeline, simulate_ranks
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -25,12 +24,14 @@ PEAK, EFF = 300e12, 0.5
 SPEC = TransformerSpec(name="s", layers=16, hidden=1024, heads=16, vocab=51200, seq_len=1024)
 
 
-def _flops_cluster() -> GpuCluster:
-    """Only FLOPs cost time: links and HBM "infinite" (1e30), no latency."""
-    dev = Device(name="g", peak_flops_per_s={"fp16": PEAK}, hbm_bytes=80e9, hbm_bytes_per_s=1e30)
-    return GpuCluster(device=dev, gpus_per_node=8, nvlink_bytes_per_s=1e30, network_bytes_per_s=1e30,
-                      nvlink_latency_s=0.0, network_latency_s=0.0,
-                      gemm_efficiency=GemmEfficiency(peak_fraction=EFF, half_width=0.0))
+def _flops_cluster(make) -> Cluster:
+    """Only FLOPs cost time: links and HBM never bind, no latency (two nodes of 8 GPUs)."""
+    return make(nodes=2, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
+
+
+def _dgx(e: Execution) -> Cluster:
+    """The shipped DGX A100 preset, sized for the execution."""
+    return load_cluster("dgx-a100").for_gpus(e.gpus)
 
 
 def _flops_times(spec: TransformerSpec, tp: int, b: int = 1) -> tuple[float, float]:
@@ -91,16 +92,16 @@ def test_fast_path_equals_per_rank_engine_on_symmetric_systems(kw):
     """TP2 PP4 DP2, 8 micro-batches, 1F1B and interleaved v=2, on DGX A100 figures (every cost non-zero):
     the closed form and the 16-rank schedule agree to rounding."""
     e = Execution(gpus=16, micro_batch=1, global_batch=16, **kw)
-    fast = llm_step(SPEC, e, dgx_a100_cluster())
-    ranks = llm_step(SPEC, e, dgx_a100_cluster(), mode="ranks")
+    fast = llm_step(SPEC, e, _dgx(e))
+    ranks = llm_step(SPEC, e, _dgx(e), mode="ranks")
     assert ranks.iteration_s == pytest.approx(fast.iteration_s, rel=1e-12)
     assert ranks.to_dict() == pytest.approx(fast.to_dict(), rel=1e-9, abs=1e-15)
-    result = simulate_ranks(SPEC, e, dgx_a100_cluster())
+    result = simulate_ranks(SPEC, e, _dgx(e))
     assert len(set(result.pipeline_s)) == 1  # symmetric replicas schedule alike
 
 
 @pytest.mark.parametrize("v", [1, 2])
-def test_per_rank_engine_against_independent_flop_count(v):
+def test_per_rank_engine_against_independent_flop_count(v, llm_cluster):
     """FLOPs-only cluster: T_mid = (layers/p) x 3 x layer forward, T_last = T_mid + 3 x logits forward, counted
     here from the GPT FLOP formulas; iteration = m T_last + (p-1)/v T_mid."""
     e = Execution(gpus=16, tp=2, pp=4, dp=2, virtual_stages=v, micro_batch=1, global_batch=16)
@@ -108,8 +109,8 @@ def test_per_rank_engine_against_independent_flop_count(v):
     t_mid = SPEC.layers // 4 * 3 * layer
     t_last = t_mid + 3 * logits
     expect = 8 * t_last + 3 / v * t_mid
-    assert simulate_ranks(SPEC, e, _flops_cluster()).iteration_s == pytest.approx(expect, rel=1e-12)
-    assert llm_step(SPEC, e, _flops_cluster()).iteration_s == pytest.approx(expect, rel=1e-12)
+    assert simulate_ranks(SPEC, e, _flops_cluster(llm_cluster)).iteration_s == pytest.approx(expect, rel=1e-12)
+    assert llm_step(SPEC, e, _flops_cluster(llm_cluster)).iteration_s == pytest.approx(expect, rel=1e-12)
 
 
 @pytest.mark.parametrize("v", [1, 2])
@@ -118,7 +119,7 @@ def test_straggler_on_the_last_stage_costs_m_times_its_extra_compute(v):
     for its replica, so the iteration grows by exactly ``m x`` the last stage's compute per micro-batch; the
     fast path, which assumes symmetric ranks, does not see it."""
     e = Execution(gpus=16, tp=2, pp=4, dp=2, virtual_stages=v, micro_batch=1, global_batch=16)
-    cl = dgx_a100_cluster()
+    cl = _dgx(e)
     c = stage_costs(SPEC, e, cl)
     slow_rank = 1 + 2 * (1 + 2 * 3)  # t=1, d=1, s=3 (Megatron order: tp fastest, then dp, then pp)
     base = simulate_ranks(SPEC, e, cl)
@@ -131,7 +132,7 @@ def test_straggler_on_the_last_stage_costs_m_times_its_extra_compute(v):
     assert llm_step(SPEC, e, cl).iteration_s == pytest.approx(base.iteration_s, rel=1e-12)
 
 
-def test_straggler_in_a_middle_stage_makes_it_the_bottleneck():
+def test_straggler_in_a_middle_stage_makes_it_the_bottleneck(llm_cluster):
     """A 2x slower rank in stage 1 of a FLOPs-only system with a tiny vocabulary: its stage now costs 2 T_mid
     per micro-batch, so the iteration is at least ``m x 2 T_mid`` plus one middle stage's fill, and more than
     the fast path's."""
@@ -139,20 +140,20 @@ def test_straggler_in_a_middle_stage_makes_it_the_bottleneck():
     e = Execution(gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=16)
     layer, _ = _flops_times(spec, tp=2)
     t_mid = 4 * 3 * layer
-    slow = simulate_ranks(spec, e, _flops_cluster(), slowdown={2 * 2 * 1: 2.0}).iteration_s  # t0 d0 s1
+    slow = simulate_ranks(spec, e, _flops_cluster(llm_cluster), slowdown={2 * 2 * 1: 2.0}).iteration_s  # t0 d0 s1
     assert slow >= 8 * 2 * t_mid + t_mid / 3 * (1 - 1e-12)
-    assert slow > llm_step(spec, e, _flops_cluster()).iteration_s * 1.5
+    assert slow > llm_step(spec, e, _flops_cluster(llm_cluster)).iteration_s * 1.5
 
 
-def test_uneven_layer_split_closed_form():
+def test_uneven_layer_split_closed_form(llm_cluster):
     """1F1B with layers 3/3/3/7 on a FLOPs-only system, tiny vocabulary: the last stage is the slowest, so the
     schedule takes ``m T_last + sum of the other stages' T`` = ``(7 m + 9) x 3 x layer`` (+ the tiny logits)."""
     spec = TransformerSpec(name="s", layers=16, hidden=1024, heads=16, vocab=8, seq_len=1024)
     e = Execution(gpus=4, pp=4, micro_batch=1, global_batch=8)
     layer, logits = _flops_times(spec, tp=1)
-    got = simulate_ranks(spec, e, _flops_cluster(), layers_per_stage=[3, 3, 3, 7]).iteration_s
+    got = simulate_ranks(spec, e, _flops_cluster(llm_cluster), layers_per_stage=[3, 3, 3, 7]).iteration_s
     assert got == pytest.approx(8 * (7 * 3 * layer + 3 * logits) + 9 * 3 * layer, rel=1e-12)
-    even = simulate_ranks(spec, e, _flops_cluster()).iteration_s
+    even = simulate_ranks(spec, e, _flops_cluster(llm_cluster)).iteration_s
     assert even == pytest.approx(8 * (4 * 3 * layer + 3 * logits) + 12 * 3 * layer, rel=1e-12)
 
 
@@ -165,16 +166,16 @@ def test_bad_per_rank_options_are_one_line_errors(kwargs, field):
     """Out-of-range ranks, non-positive or infinite factors, splits that do not cover the layers."""
     e = Execution(gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=16)
     with pytest.raises(ConfigError, match=field.replace("[", r"\[")):
-        simulate_ranks(SPEC, e, dgx_a100_cluster(), **kwargs)
+        simulate_ranks(SPEC, e, _dgx(e), **kwargs)
 
 
 def test_mode_switch_errors():
     """An unknown mode, or per-rank options on the fast path, are refused."""
     e = Execution(gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=16)
     with pytest.raises(ConfigError, match="mode"):
-        llm_step(SPEC, e, dgx_a100_cluster(), mode="exact")
+        llm_step(SPEC, e, _dgx(e), mode="exact")
     with pytest.raises(ConfigError, match="mode=ranks"):
-        llm_step(SPEC, e, dgx_a100_cluster(), slowdown={0: 2.0})
+        llm_step(SPEC, e, _dgx(e), slowdown={0: 2.0})
 
 
 def _gpt3(gpus: int, dp: int, global_batch: int) -> Execution:
@@ -186,8 +187,9 @@ def test_fast_path_is_fast_at_1024_and_16384_gpus():
     """GPT-3 175B on 1,024 GPUs (TP8 PP16 DP8, batch 1536) and 16,384 (DP128, batch 12288): the fast path is a
     closed form, well under the issue's 1 s and 5 s (loose bound: the box is shared; benchmarks/RESULTS.md
     holds the measured figures)."""
-    spec, cl = preset("gpt3-175b"), dgx_a100_cluster()
+    spec = preset("gpt3-175b")
     for e, limit in ((_gpt3(1024, 8, 1536), 1.0), (_gpt3(16384, 128, 12288), 5.0)):
+        cl = _dgx(e)
         t0 = time.perf_counter()
         step = llm_step(spec, e, cl)
         assert time.perf_counter() - t0 < limit and step.iteration_s > 0
@@ -197,8 +199,22 @@ def test_fast_path_is_fast_at_1024_and_16384_gpus():
 def test_per_rank_engine_matches_fast_path_at_1024_gpus():
     """The full per-rank schedule of the 1,024-GPU case (8 replicas x 16 stages x 192 micro-batches) equals
     the fast path and finishes within 10 s on the shared box."""
-    spec, cl, e = preset("gpt3-175b"), dgx_a100_cluster(), _gpt3(1024, 8, 1536)
+    spec, e = preset("gpt3-175b"), _gpt3(1024, 8, 1536)
+    cl = _dgx(e)
     t0 = time.perf_counter()
     ranks = llm_step(spec, e, cl, mode="ranks")
     assert time.perf_counter() - t0 < 10.0
     assert ranks.iteration_s == pytest.approx(llm_step(spec, e, cl).iteration_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("model, tp, dp, mb, batch, recompute", [
+    ("gpt3-175b", 1, 1, 2, 8, "full"), ("gpt3-175b", 1, 2, 1, 8, "full"), ("gpt3-175b", 2, 1, 1, 8, "selective")])
+def test_no_negative_bubble_without_a_pipeline(model, tp, dp, mb, batch, recompute):
+    """Without pipeline parallelism the schedule has no idle time: --ranks reports bubble_s 0, not the float sum's
+    negative remainder (-1.4e-14 s on these cases before the clamp), and the parts still add up."""
+    e = Execution(gpus=tp * dp, tp=tp, dp=dp, micro_batch=mb, global_batch=batch, recompute=recompute)
+    step = llm_step(preset(model), e, _dgx(e), mode="ranks")
+    assert step.bubble_s == 0.0
+    parts = (step.compute_s + step.recompute_s + step.tp_comm_s + step.pp_comm_s + step.dp_comm_s
+             + step.optimizer_s + step.offload_s)
+    assert parts == pytest.approx(step.iteration_s, rel=1e-12)

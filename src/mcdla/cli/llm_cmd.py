@@ -1,5 +1,5 @@
 """``mcdla validate-llm`` (predicted vs measured published Megatron runs) and ``mcdla llm-predict`` (one model
-under one execution record, on the validated DGX A100 figures or on a hardware preset)."""
+under one execution record on a hardware preset, by default the validated ``dgx-a100``)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ from mcdla.cli._app import app, fail
 
 @app.command("validate-llm")
 def validate_llm_cmd(
+    system: Annotated[str, typer.Option(
+        help="Hardware preset or generator file the runs are predicted on.")] = "dgx-a100",
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows and the summary as JSON.")] = False,
 ) -> None:
     """Predict Korthikanti et al. 2022 Table 5 and SC21 Table 1 (1.7B-18.4B) and print the error."""
     from mcdla.report.llm_validation import format_table, summary, validate_llm
 
-    rows = validate_llm()
+    rows = validate_llm(system)
     if as_json:
         data = {"rows": [{"run": r.run.name, "model": r.run.model, "source": r.run.source,
                           "measured_s": r.run.measured_s, "predicted_s": r.predicted.iteration_s, "error": r.error,
@@ -34,8 +36,8 @@ def validate_llm_cmd(
 def llm_predict_cmd(
     model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
     execution: Annotated[Path, typer.Option(help="Execution record (.json/.yaml): tp, pp, dp, batches, ...")],
-    system: Annotated[str | None, typer.Option(help="Hardware preset or file (e.g. dgx-h100, gb200-nvl72), sized "
-                                               "for the execution's GPUs; default: the validated DGX A100.")] = None,
+    system: Annotated[str, typer.Option(help="Hardware preset or generator file (e.g. dgx-h100, gb200-nvl72), "
+                                        "sized for the execution's GPUs; default: the validated DGX A100.")] = "dgx-a100",
     as_json: Annotated[bool, typer.Option("--json", help="Print the prediction as JSON.")] = False,
     ranks: Annotated[bool, typer.Option("--ranks", help="Schedule every rank (per-rank engine) instead of the "
                                         "symmetric closed form; needed for --slowdown.")] = False,
@@ -43,9 +45,8 @@ def llm_predict_cmd(
         help="RANK:FACTOR, a straggler whose compute takes FACTOR x as long (repeatable; implies --ranks).")] = None,
 ) -> None:
     """Predict one iteration of a preset under an execution record, with its breakdown."""
-    from mcdla.report.llm_validation import dgx_a100_cluster
-    from mcdla.sim.llm import llm_step
-    from mcdla.sim.llm_systems import llm_system
+    from mcdla.hardware.cluster import load_cluster
+    from mcdla.sim import llm_step
     from mcdla.workload.execution import load_execution
     from mcdla.workload.transformer import preset
 
@@ -62,7 +63,7 @@ def llm_predict_cmd(
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
-    cluster = dgx_a100_cluster() if system is None else llm_system(system, gpus=record.gpus).cluster
+    cluster = load_cluster(system).for_gpus(record.gpus)
     step = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", **options)
     data = step.to_dict()
     if as_json:

@@ -41,14 +41,14 @@ def _row_dict(row: Any) -> dict[str, Any]:
 
 
 def _csv_text(rows: Any) -> str:
-    from mcdla.sim.llm_search import _EXEC_FIELDS, _STEP_FIELDS
+    from mcdla.plan.llm_search import EXECUTION_FIELDS, STEP_FIELDS
 
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["index", *_EXEC_FIELDS, *(f"pred_{n}" for n in _STEP_FIELDS), "fits_limits"])
+    writer.writerow(["index", *EXECUTION_FIELDS, *(f"pred_{n}" for n in STEP_FIELDS), "fits_limits"])
     for r in rows:
-        writer.writerow([r.index, *(getattr(r.execution, n) for n in _EXEC_FIELDS),
-                         *(getattr(r.step, n) for n in _STEP_FIELDS), r.fits])
+        writer.writerow([r.index, *(getattr(r.execution, n) for n in EXECUTION_FIELDS),
+                         *(getattr(r.step, n) for n in STEP_FIELDS), r.fits])
     return buffer.getvalue()
 
 
@@ -81,8 +81,8 @@ def search_cmd(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.table import Table
 
-    from mcdla.sim.llm_search import RAY_INSTALL_HINT, search
-    from mcdla.sim.llm_systems import llm_system
+    from mcdla.hardware.cluster import load_cluster
+    from mcdla.plan.llm_search import RAY_INSTALL_HINT, search
     from mcdla.units import format_bytes
     from mcdla.workload.transformer import preset
 
@@ -102,13 +102,15 @@ def search_cmd(
     spec = preset(model)
     if seq is not None:
         spec = dataclasses.replace(spec, seq_len=seq)
-    sys_ = llm_system(system, gpus=gpus, offload=offload)
-    per_node = sys_.cluster.gpus_per_node
+    sys_ = load_cluster(system).for_gpus(gpus)
+    if not offload:
+        sys_ = sys_.without_offload()
+    per_node = sys_.gpus_per_node
     if gpus % per_node and per_node % gpus:
         fail(f"--gpus: got {gpus}; must be a multiple of the {per_node} GPUs per node of {sys_.name} or divide it")
-    device = sys_.cluster.device
+    device = sys_.device
     limit = check_budget(memory_limit, "--memory-limit", device.hbm_bytes, f"{sys_.name}'s GPU")
-    capacity = sys_.offload_capacity_bytes if sys_.offload_bytes_per_s > 0 else None
+    capacity = sys_.offload.pool_bytes if sys_.offload is not None else None
 
     err = Console(stderr=True, highlight=False)
     progress = Progress(TextColumn("evaluating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -116,9 +118,9 @@ def search_cmd(
     task = progress.add_task("search", total=None)
     started = time.perf_counter()
     with progress:
-        result = search(spec, sys_.cluster, gpus=gpus, global_batch=global_batch, cp=cp_values,
-                        max_virtual_stages=max_virtual_stages, offload=offload and sys_.offload_bytes_per_s > 0,
-                        dp_overlap=dp_overlap, memory_limit_bytes=limit, offload_capacity_bytes=capacity,
+        result = search(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values,
+                        max_virtual_stages=max_virtual_stages, offload=offload and sys_.offload is not None,
+                        dp_overlap=dp_overlap, memory_limit_bytes=limit,
                         backend=backend, workers=workers if workers is not None else os.cpu_count() or 1,
                         chunk_size=chunk_size, ray_address=ray_address,
                         on_enumerated=lambda en: progress.update(task, total=len(en.executions)),

@@ -41,8 +41,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief
+from mcdla.hardware.gemm import DEFAULT_HALF_WIDTH, GemmEfficiency
 from mcdla.hardware.model import Device, LinkKind, System
 from mcdla.hardware.pool_link import PoolLink
+from mcdla.hardware.traffic import TrafficPath, node_paths, offload_link
 from mcdla.units import parse_bytes_per_s, parse_seconds
 
 __all__ = ["ALGORITHMS", "FabricDim", "Cluster", "cluster_from_dict", "load_cluster", "is_generated"]
@@ -182,6 +184,14 @@ class _ScaleOutSpec(_FabricSpec):
     name: str = "scale-out"
     kind: Literal["nvlink", "pcie", "cpu-interconnect", "network", "other"] = "network"
     nodes: int = Field(ge=1, le=_MAX_DEVICES)
+    via_gpu_link: bool = Field(default=False, description="the NIC sits behind the PCIe switch of the GPU's "
+                               "socket link, so its GPUDirect RDMA crosses that link too")
+
+
+class _GemmSpec(_Spec):
+    peak_fraction: float = Field(gt=0, le=1)
+    half_width: float = Field(ge=0, allow_inf_nan=False)
+    source: str
 
 
 class _SocketsSpec(_Spec):
@@ -209,6 +219,7 @@ class _MemoryNodesSpec(_Spec):
 class _NodeSpec(_Spec):
     gpus: int = Field(ge=1, le=_MAX_DEVICES)
     gpu: dict[str, Any]
+    gemm_efficiency: _GemmSpec | None = None
     source: str
     scale_up: _ScaleUpSpec | None = None
     sockets: _SocketsSpec | None = None
@@ -236,8 +247,14 @@ class Cluster:
         nodes: number of nodes.
         gpus_per_node: GPUs in a node (the scale-up domain: 8 for a DGX, 72 for an NVL72).
         device: the GPU (named ``"gpu"``).
+        gemm_efficiency: the GPU's GEMM efficiency curve (``node.gemm_efficiency``; without one, the device's
+            ``compute_efficiency`` as peak and :data:`~mcdla.hardware.gemm.DEFAULT_HALF_WIDTH`).
         dims: fabric dimensions, innermost first: the scale-up domain (when a node has more than one GPU) and
             the scale-out fabric (when the file has one), each with the size of one group.
+        paths: one GPU's :class:`~mcdla.hardware.traffic.TrafficPath` per traffic class the node has
+            (``offload`` only with a pool).
+        offload: the offload path as the planners' :class:`PoolLink` (every GPU offloading at once; None
+            without a pool).
     """
 
     name: str
@@ -245,9 +262,16 @@ class Cluster:
     nodes: int
     gpus_per_node: int
     device: Device
+    gemm_efficiency: GemmEfficiency
     dims: tuple[FabricDim, ...]
+    paths: tuple[TrafficPath, ...] = dataclasses.field(compare=False)
+    offload: PoolLink | None = dataclasses.field(compare=False)
     _spec: _ClusterSpec = dataclasses.field(repr=False, compare=False)
     _where: str = dataclasses.field(default="system", repr=False, compare=False)
+    # (size, stride) -> group_dims' answer: a pure function of the frozen fields, asked once per group and
+    # configuration by the LLM model, so a search over 10^5 configurations asks a handful of distinct ones
+    _group_memo: dict[tuple[int, int], tuple[FabricDim, ...]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n_devices(self) -> int:
@@ -281,44 +305,72 @@ class Cluster:
         spec = self._spec.model_copy(update={"scale_out": self._spec.scale_out.model_copy(update={"nodes": nodes})})
         return _cluster(spec, self._where, self.device)
 
+    def for_gpus(self, gpus: int) -> Cluster:
+        """The same cluster with the fewest whole nodes that hold ``gpus`` GPUs."""
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= _MAX_DEVICES:
+            raise HardwareError(f"cluster {self.name!r}.gpus: got {brief(gpus)}; must be an integer in 1..{_MAX_DEVICES}")
+        nodes = math.ceil(gpus / self.gpus_per_node)
+        return self if nodes == self.nodes else self.with_nodes(nodes)
+
+    def without_offload(self) -> Cluster:
+        """The same hardware with no pool (``node.pool: []``): the "no offload, recompute instead" variant,
+        named ``"<name> (no offload)"``."""
+        node = self._spec.node.model_copy(update={"pool": []})
+        spec = self._spec.model_copy(update={"node": node, "name": f"{self.name} (no offload)"})
+        return _cluster(spec, self._where, self.device)
+
+    def with_gemm_efficiency(self, gemm: GemmEfficiency) -> Cluster:
+        """The same cluster with another GEMM efficiency curve (a refit), kept by :meth:`with_nodes`."""
+        curve = _GemmSpec(peak_fraction=gemm.peak_fraction, half_width=gemm.half_width, source=gemm.source or "given")
+        spec = self._spec.model_copy(update={"node": self._spec.node.model_copy(update={"gemm_efficiency": curve})})
+        return _cluster(spec, self._where, self.device)
+
+    def path(self, traffic: str) -> TrafficPath:
+        """One GPU's path for ``traffic`` (``offload``, ``scale-up``, ``scale-out``); one-line HardwareError
+        naming the classes the node has otherwise."""
+        for p in self.paths:
+            if p.traffic == traffic:
+                return p
+        raise HardwareError(f"cluster {self.name!r}: traffic class got {brief(traffic)}; has "
+                            f"{', '.join(p.traffic for p in self.paths) or 'none'}")
+
     def group_dims(self, size: int, stride: int = 1) -> tuple[FabricDim, ...]:
         """The fabric dimensions a parallel group spans, innermost first, for collectives over it.
 
-        The group is ranks ``r, r + stride, ..., r + (size - 1) stride`` in node-major rank order (Megatron
-        order: tensor parallel innermost with stride 1, then the others with the product of the inner sizes).
-        Each dimension is the :meth:`FabricDim.subgroup` of the members it joins; a group inside one node gives
-        only the scale-up dimension, a group of one GPU per node only the scale-out one, and a group of one rank
-        none. Every GPU has its own port and rail, so groups that run side by side do not share bandwidth here.
+        The group is ranks ``r, r + stride, ..., r + (size - 1) stride`` in node-major rank order
+        (:class:`~mcdla.workload.parallel_dims.ParallelDims` gives each dimension's size and stride). A node
+        holds ``gcd(size, gpus_per_node / stride)`` members when ``stride`` divides the node, else one; the
+        scale-up dimension joins those, the scale-out one the rest. A group that does not tile the nodes evenly
+        (a data-parallel group of 128 over the 9 tensor-parallel groups of an NVL72 rack) is priced with the
+        ``gcd`` members per node, which counts more scale-out traffic than the layout has. A group of one rank
+        spans no dimension. Every GPU has its own port and rail, so groups side by side share no bandwidth here.
         """
-        k = self.gpus_per_node
+        memo = self._group_memo.get((size, stride))
+        if memo is not None and type(size) is int and type(stride) is int:
+            return memo
         for label, value in (("size", size), ("stride", stride)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise HardwareError(f"cluster {self.name!r}.group_dims: {label} got {value!r}; must be an integer >= 1")
-        if size * stride > self.n_devices and size > 1:
+                raise HardwareError(f"cluster {self.name!r}.group_dims: {label} got {brief(value)}; must be an integer >= 1")
+        if size == 1:
+            return ()
+        if size * stride > self.n_devices:
             raise HardwareError(
                 f"cluster {self.name!r}.group_dims: size {size} x stride {stride} got {size * stride} ranks; "
-                f"must be at most the {self.n_devices} GPUs"
-            )
-        if stride < k:
-            if k % stride:
-                raise HardwareError(f"cluster {self.name!r}.group_dims: stride got {stride}; must divide the {k} GPUs of a node or be a multiple of it")
-            per_node = min(size, k // stride)
-        else:
-            if stride % k:
-                raise HardwareError(f"cluster {self.name!r}.group_dims: stride got {stride}; must divide the {k} GPUs of a node or be a multiple of it")
-            per_node = 1
-        if size % per_node:
-            raise HardwareError(f"cluster {self.name!r}.group_dims: size got {size}; must be a multiple of {per_node} (members per node)")
-        across = size // per_node
+                f"must be at most the {self.n_devices} GPUs")
+        k = self.gpus_per_node
+        per_node = math.gcd(size, k // stride) if stride < k and k % stride == 0 else 1
         dims: list[FabricDim] = []
         if per_node > 1:
             up = self.scale_up
             assert up is not None  # more than one member per node means more than one GPU per node
-            dims.append(up.subgroup(per_node))
-        if across > 1:
+            dims.append(dataclasses.replace(up, size=per_node))
+        if size // per_node > 1:
             out = self.scale_out
-            assert out is not None  # across > 1 needs nodes > 1, which needs scale_out
-            dims.append(out.subgroup(across))
+            assert out is not None  # members on several nodes need nodes > 1, which needs scale_out
+            # a ring over the groups' rails, one rail per member: more members than nodes when the group does not
+            # tile them (the gcd above), so not a subgroup of the node count
+            dims.append(dataclasses.replace(out, size=size // per_node))
+        self._group_memo[(size, stride)] = tuple(dims)
         return tuple(dims)
 
     def dim_between(self, rank_a: int, rank_b: int) -> FabricDim:
@@ -341,35 +393,12 @@ class Cluster:
         return self.with_nodes(1).expand() if self.nodes != 1 else self.expand()
 
     def pool_link(self) -> PoolLink:
-        """A GPU's path to its offload pool while EVERY GPU of the node offloads at once (the planners' view).
-
-        Each GPU interleaves its pages evenly over its pool memories; the bandwidth is the offload rate each GPU
-        gets when all do the same: S / max over resources (load / capacity), loads counted on the node's routes.
-        The pool's bytes are the capacity of the GPU's pool memories divided by the GPUs that share each.
-        """
-        from mcdla.hardware.topology import Topology
-
-        system = self.node_system()
-        topo = Topology(system)
-        load: dict[tuple[str, ...], float] = {}
-        sharers: dict[str, int] = {}
-        latency = 0.0
-        for dev in system.device_names:
-            pool = system.pools.get(dev, ())
-            if not pool:
-                raise HardwareError(f"cluster {self.name!r}: device {dev!r} has no pool memory to offload to")
-            for mem in pool:
-                sharers[mem] = sharers.get(mem, 0) + 1
-                route = topo.route(dev, mem)
-                latency = max(latency, route.latency_s)
-                for res in route.resources:
-                    load[res] = load.get(res, 0.0) + 1.0 / len(pool)
-        worst = max((l / topo.capacity(r) for r, l in load.items() if math.isfinite(topo.capacity(r))), default=0.0)
-        bw = math.inf if worst == 0.0 else 1.0 / worst
-        first = system.device_names[0]
-        pool_bytes = sum(system.memory(m).capacity_bytes / sharers[m] for m in system.pools[first])
-        return PoolLink(offload_bytes_per_s=bw, prefetch_bytes_per_s=bw, latency_s=latency, pool_bytes=pool_bytes,
-                        source=f"{self.name}: every GPU of a node offloading at once, pages interleaved over its pool")
+        """A GPU's path to its offload pool while EVERY GPU of the node offloads at once (the planners' view):
+        :attr:`offload`, from the closed form of :mod:`mcdla.hardware.traffic`. One-line HardwareError when the
+        node has no pool."""
+        if self.offload is None:
+            raise HardwareError(f"cluster {self.name!r}: device 'gpu0' has no pool memory to offload to")
+        return self.offload
 
     def expand(self) -> System:
         """Every device, memory, switch, link, pool and ring, as an ordinary :class:`System` (validated)."""
@@ -450,8 +479,19 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
         dims.append(FabricDim(name=o.name, size=o.nodes, bytes_per_s=o.bandwidth, latency_s=o.latency,
                               algorithm=o.algorithm, kind=LinkKind(o.kind), source=o.source))
     nodes = spec.scale_out.nodes if spec.scale_out is not None else 1
+    g = node.gemm_efficiency
+    gemm = (GemmEfficiency(peak_fraction=g.peak_fraction, half_width=g.half_width, source=g.source) if g is not None
+            else GemmEfficiency(peak_fraction=device.compute_efficiency, half_width=DEFAULT_HALF_WIDTH,
+                                source=f"{spec.name}: no node.gemm_efficiency; compute_efficiency "
+                                       f"{device.compute_efficiency} as peak, the DGX A100 half-width {DEFAULT_HALF_WIDTH}"))
+    paths, pool_bytes = node_paths(node, spec.scale_out, device)
+    offload = None
+    if pool_bytes > 0:
+        offload = offload_link(paths[0], pool_bytes=pool_bytes,
+                               source=f"{spec.name}: every GPU of a node offloading at once, pages interleaved over "
+                                      "its pool (closed form, mcdla.hardware.traffic)")
     return Cluster(name=spec.name, description=spec.description, nodes=nodes, gpus_per_node=node.gpus, device=device,
-                   dims=tuple(dims), _spec=spec, _where=where)
+                   gemm_efficiency=gemm, dims=tuple(dims), paths=paths, offload=offload, _spec=spec, _where=where)
 
 
 def _fabric_link(a: str, b: str, f: _FabricSpec, what: str) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from mcdla.sim import SimResult, build_program, simulate
 from mcdla.sim.program import ALL_GATHER, BACKWARD, FORWARD, PHASES, Program
 from mcdla.workload.chakra import MCDLA_FORMAT, SCHEMA_VERSION, pb, write_trace
 from mcdla.workload.model import Workload
+from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.plan import Plan
 
 __all__ = ["ChakraRank", "chakra_ranks", "simulate_to_chakra", "trace_paths"]
@@ -240,9 +241,12 @@ def chakra_ranks(system: System, workload: Workload, plan: Plan, result: SimResu
         raise SimError(f"Chakra export: result of devices {list(result.devices)} is not of system {system.name!r}")
     n = len(system.devices)
     share = n if parallel == "model" else 1
+    # rank r is device r: every device one tensor-parallel (model) or data-parallel rank of one group
+    layout = ParallelDims(tp=n) if parallel == "model" else ParallelDims(dp=n)
     cache: dict[tuple[Any, ...], Program] = {}
     ranks = []
-    for rank, device in enumerate(system.devices):
+    for rank in range(layout.world_size):
+        device, where = system.devices[rank], layout.coordinates(rank)
         key = (tuple(sorted(device.peak_flops_per_s.items())), device.hbm_bytes_per_s, device.compute_efficiency,
                device.memory_efficiency)
         if key not in cache:
@@ -254,7 +258,8 @@ def chakra_ranks(system: System, workload: Workload, plan: Plan, result: SimResu
             _attr("schema", string_val=f"1.0.2-chakra.{SCHEMA_VERSION}"),
             _attr("mcdla.format", string_val=MCDLA_FORMAT),
             _attr("mcdla.system", string_val=system.name), _attr("mcdla.device", string_val=device.name),
-            _attr("mcdla.rank", int64_val=rank), _attr("mcdla.world_size", int64_val=n),
+            _attr("mcdla.rank", int64_val=rank), _attr("mcdla.world_size", int64_val=layout.world_size),
+            _attr("mcdla.tp_rank", int64_val=where.tp), _attr("mcdla.dp_rank", int64_val=where.dp),
             _attr("mcdla.workload", string_val=workload.name), _attr("mcdla.batch", int64_val=workload.batch),
             _attr("mcdla.precision", string_val=workload.precision),
             _attr("mcdla.optimizer_bytes_per_param_byte", double_val=workload.optimizer_bytes_per_param_byte),

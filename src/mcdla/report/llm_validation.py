@@ -12,9 +12,10 @@ Two sources, every number cited where it is written down:
   ``96 B s l h^2 (1 + s/(6h) + V/(16 l h)) / (GPUs * TFLOP/s)``. The table gives no micro-batch size;
   4 is assumed (the prediction barely depends on it without pipelining).
 
-The cluster: DGX A100 80 GB nodes. A100 312 TFLOP/s dense fp16/bf16 tensor core and 80 GB HBM2e at 2039 GB/s
-(NVIDIA A100 datasheet, 2021); NVLink 3 through NVSwitch, 300 GB/s per direction per GPU (same); 8 HDR
-InfiniBand 200 Gb/s adapters per node, one per GPU, i.e. 25 GB/s per direction per GPU (DGX A100 user guide).
+The cluster is the shipped ``dgx-a100`` preset (``mcdla.hardware.presets``, every figure sourced there), sized to
+each run's GPUs: A100 80 GB (312 TFLOP/s dense fp16/bf16, 2039 GB/s HBM2e), NVLink 3 through NVSwitch at 300 GB/s
+per direction per GPU, one HDR InfiniBand 200 Gb/s rail (25 GB/s) per GPU, and the GEMM efficiency curve fitted
+to these runs (``node.gemm_efficiency``, ``docs/llm.md`` "Fitting").
 """
 
 from __future__ import annotations
@@ -22,32 +23,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from mcdla.hardware.model import Device
-from mcdla.sim.llm import GemmEfficiency, GpuCluster, LlmStep, llm_step
+from mcdla.hardware.cluster import Cluster, load_cluster
+from mcdla.sim.llm import LlmStep, llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, hardware_flops_per_iteration, preset
 
-__all__ = ["MeasuredRun", "ValidationRow", "RUNS", "A100_GEMM_EFFICIENCY", "dgx_a100_cluster", "validate_llm",
-           "summary", "format_table"]
+__all__ = ["MeasuredRun", "ValidationRow", "RUNS", "VALIDATION_SYSTEM", "validate_llm", "summary", "format_table"]
 
-_A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TFLOP/s dense FP16/BF16, 80 GB HBM2e, 2039 GB/s"
-_DGX = ("NVIDIA DGX A100 user guide: NVLink 3 via NVSwitch 300 GB/s per direction per GPU; 8x HDR 200 Gb/s "
-        "InfiniBand per node (25 GB/s per GPU per direction)")
-
-# The one fitted part of the model (docs/llm.md, "Fitting"): GEMM efficiency against the per-rank width h/tp.
-A100_GEMM_EFFICIENCY = GemmEfficiency(
-    peak_fraction=0.76, half_width=140.0,
-    source="least-squares fit of the relative error over the 12 runs below (grid 0.01 x 10), docs/llm.md")
-
-
-def dgx_a100_cluster(gemm_efficiency: GemmEfficiency = A100_GEMM_EFFICIENCY) -> GpuCluster:
-    """DGX A100 80 GB nodes on HDR InfiniBand (Selene), figures in the module docstring."""
-    device = Device(name="a100-80gb", peak_flops_per_s={"fp16": 312e12, "bf16": 312e12, "fp32": 19.5e12},
-                    hbm_bytes=80e9, hbm_bytes_per_s=2039e9, compute_efficiency=gemm_efficiency.peak_fraction,
-                    memory_efficiency=0.8, source=_A100)
-    return GpuCluster(device=device, gpus_per_node=8, nvlink_bytes_per_s=300e9, network_bytes_per_s=25e9,
-                      gemm_efficiency=gemm_efficiency, source=_DGX)
-
+VALIDATION_SYSTEM = "dgx-a100"
+"""The preset the published runs ran on (Selene: DGX A100 80 GB nodes on HDR InfiniBand)."""
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MeasuredRun:
@@ -108,13 +92,14 @@ class ValidationRow:
         return self.predicted.iteration_s / self.run.measured_s - 1.0
 
 
-def validate_llm(cluster: GpuCluster | None = None, runs: tuple[MeasuredRun, ...] = RUNS) -> list[ValidationRow]:
-    """Predict every run on ``cluster`` (default: :func:`dgx_a100_cluster`)."""
-    cluster = cluster or dgx_a100_cluster()
+def validate_llm(system: str | Cluster = VALIDATION_SYSTEM, runs: tuple[MeasuredRun, ...] = RUNS) -> list[ValidationRow]:
+    """Predict every run on ``system`` (a preset, a generator file or a :class:`Cluster`), sized to each run's
+    GPUs."""
+    cluster = system if isinstance(system, Cluster) else load_cluster(system)
     rows = []
     for run in runs:
         spec: TransformerSpec = preset(run.model)
-        rows.append(ValidationRow(run=run, predicted=llm_step(spec, run.execution, cluster)))
+        rows.append(ValidationRow(run=run, predicted=llm_step(spec, run.execution, cluster.for_gpus(run.execution.gpus))))
     return rows
 
 

@@ -5,11 +5,12 @@ the offload tier behind PCIe 5 (DC-DLA 2026, the device-centric baseline), behin
 NVL72 to their Grace memory), in a CXL pool (DGX H100 + CXL expanders), as MC-DLA-style memory-nodes on the
 NVLink5 switch (GB200 NVL72 + memory-nodes, hypothetical), or absent (recompute instead) on the same GPUs.
 
-For each (model, GPU count, system) an in-process search over TP x PP x DP x virtual stages x micro-batch x
-recomputation x what is offloaded picks the fastest configuration whose per-rank state fits in HBM and whose
-offloaded part fits in the tier's capacity per GPU; the time model is :func:`mcdla.sim.llm.llm_step` on the
-preset via :func:`mcdla.sim.llm_systems.llm_system`. ZeRO-1 (Megatron's distributed optimizer), sequence
-parallelism with TP, gradient reduction overlapped with the last backward, CP = 1, throughout.
+For each (model, GPU count, system) the configuration search (:func:`mcdla.plan.llm_search.search`, narrowed
+to :class:`Grid`) over TP x PP x DP x virtual stages x micro-batch x recomputation x what is offloaded picks
+the fastest configuration that fits (:attr:`~mcdla.sim.LlmStep.fits`: per-rank state in HBM, the offloaded part
+in the tier's capacity per GPU); the time model is :func:`mcdla.sim.llm_step` on the preset's
+:class:`~mcdla.hardware.cluster.Cluster`. ZeRO-1 (Megatron's distributed optimizer), sequence parallelism with
+TP, gradient reduction overlapped with the last backward, CP = 1, throughout.
 
 NOTE [modern GPU counts]
 1,152 and 4,608 GPUs: whole NVL72 racks (16, 64) and whole DGX H100 nodes (144, 576) at once, so every system
@@ -25,22 +26,21 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from mcdla.errors import ConfigError, HardwareError
-from mcdla.sim.llm import LlmStep, llm_step
-from mcdla.sim.llm_systems import LlmSystem, llm_system
+from mcdla.hardware.cluster import Cluster, load_cluster
+from mcdla.plan.llm_search import SearchResult, search
 from mcdla.units import format_bytes, format_seconds
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, preset
 
 __all__ = ["Variant", "Scenario", "Grid", "VARIANTS", "SCENARIOS", "FULL_GRID", "SMALL_GRID", "BASELINE",
-           "candidates", "fits", "best_config", "run_modern", "write_results", "modern_table", "plot_modern"]
+           "variant_cluster", "search_grid", "run_modern", "write_results", "modern_table", "plot_modern"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,38 +102,19 @@ SMALL_GRID = Grid(tp=(1, 8), micro_batch=(1,), virtual_stages=(1,), recompute=("
                   offload=((), ("activations",), ("activations", "optimizer")), max_pp=24)
 
 
-def candidates(spec: TransformerSpec, scenario: Scenario, system: LlmSystem, grid: Grid) -> Iterator[Execution]:
-    """Every execution of the grid that the model, the batch and the system admit (no offload first, so ties
-    go to the simpler configuration)."""
-    n, k = scenario.gpus, system.cluster.gpus_per_node
-    offloads = grid.offload if system.offload_bytes_per_s > 0 else ((),)
-    for off in sorted(offloads, key=len):
-        for tp in grid.tp:
-            if tp > k or k % tp or n % tp:
-                continue
-            for pp in range(1, min(grid.max_pp, spec.layers) + 1):
-                if spec.layers % pp or (n // tp) % pp:
-                    continue
-                dp = n // (tp * pp)
-                for v in grid.virtual_stages:
-                    if v > 1 and (pp == 1 or spec.layers % (pp * v)):
-                        continue
-                    for mb in grid.micro_batch:
-                        for rc in grid.recompute:
-                            try:
-                                yield Execution(
-                                    gpus=n, tp=tp, pp=pp, dp=dp, virtual_stages=v, sequence_parallel=tp > 1,
-                                    zero=1 if dp > 1 else 0, micro_batch=mb, global_batch=scenario.global_batch,
-                                    recompute=rc, offload_activations="activations" in off,  # type: ignore[arg-type]
-                                    offload_weights="weights" in off, offload_optimizer="optimizer" in off,
-                                    dp_overlap=True)
-                            except ConfigError:
-                                continue  # the batch does not split into whole (interleaved) micro-batches
+def variant_cluster(variant: Variant, gpus: int) -> Cluster:
+    """The variant's preset sized for ``gpus`` GPUs, without its pool for a no-offload variant."""
+    cluster = load_cluster(variant.preset).for_gpus(gpus)
+    return cluster if variant.offload else cluster.without_offload()
 
 
-def fits(step: LlmStep, system: LlmSystem) -> bool:
-    """The rank's resident state fits in HBM and what it offloads fits in its share of the second tier."""
-    return step.fits and step.offloaded_bytes <= system.offload_capacity_bytes
+def search_grid(spec: TransformerSpec, scenario: Scenario, cluster: Cluster, grid: Grid = FULL_GRID) -> SearchResult:
+    """The configuration search on ``grid`` (no offload first, so ties go to the simpler configuration)."""
+    offloads = [(("activations" in off), ("weights" in off), ("optimizer" in off))
+                for off in sorted(grid.offload, key=len)]
+    return search(spec, cluster, gpus=scenario.gpus, global_batch=scenario.global_batch, tp=grid.tp,
+                  micro_batch=grid.micro_batch, virtual_stages=grid.virtual_stages, recompute=grid.recompute,
+                  offloads=offloads, max_pp=grid.max_pp, sequence_parallel=(True,), zero=(1,), dp_overlap=True)
 
 
 def _offloaded(e: Execution) -> str:
@@ -142,37 +123,18 @@ def _offloaded(e: Execution) -> str:
     return "+".join(parts) or "none"
 
 
-def best_config(spec: TransformerSpec, scenario: Scenario, system: LlmSystem,
-                grid: Grid = FULL_GRID) -> tuple[Execution | None, LlmStep | None, int, int]:
-    """The fastest fitting execution and its step, with how many were evaluated and how many fit."""
-    best: tuple[Execution, LlmStep] | None = None
-    evaluated = fitting = 0
-    for e in candidates(spec, scenario, system, grid):
-        try:
-            step = llm_step(spec, e, system.cluster)
-        except (ConfigError, HardwareError):
-            continue  # heads, kv-heads or sequence do not split this way
-        evaluated += 1
-        if not fits(step, system):
-            continue
-        fitting += 1
-        if best is None or step.iteration_s < best[1].iteration_s:
-            best = (e, step)
-    return (best[0], best[1], evaluated, fitting) if best else (None, None, evaluated, fitting)
-
-
-def _row(scenario: Scenario, variant: Variant, system: LlmSystem, e: Execution | None, step: LlmStep | None,
-         evaluated: int, fitting: int) -> dict[str, Any]:
-    dev = system.cluster.device
+def _row(scenario: Scenario, variant: Variant, cluster: Cluster, result: SearchResult) -> dict[str, Any]:
+    link = cluster.offload
     row: dict[str, Any] = {
         "model": scenario.model, "gpus": scenario.gpus, "global_batch": scenario.global_batch,
         "system": variant.key, "label": variant.label, "preset": variant.preset,
-        "hbm_bytes": dev.hbm_bytes, "offload_bytes_per_s": system.offload_bytes_per_s,
-        "offload_capacity_bytes": system.offload_capacity_bytes,
-        "evaluated": evaluated, "fitting": fitting, "feasible": step is not None,
+        "hbm_bytes": cluster.device.hbm_bytes, "offload_bytes_per_s": link.offload_bytes_per_s if link else 0.0,
+        "offload_capacity_bytes": link.pool_bytes if link else 0.0,
+        "evaluated": len(result.rows), "fitting": result.fitting, "feasible": result.best is not None,
     }
-    if e is None or step is None:
+    if result.best is None:
         return row
+    e, step = result.best.execution, result.best.step
     row.update({
         "iteration_s": step.iteration_s, "mfu": step.mfu,
         "hbm_used_bytes": step.device_bytes, "offload_used_bytes": step.offloaded_bytes,
@@ -193,8 +155,8 @@ def run_modern(grid: Grid = FULL_GRID, scenarios: Sequence[Scenario] = SCENARIOS
         spec = preset(sc.model)
         block = []
         for v in variants:
-            system = llm_system(v.preset, gpus=sc.gpus, offload=v.offload)
-            block.append(_row(sc, v, system, *best_config(spec, sc, system, grid)))
+            cluster = variant_cluster(v, sc.gpus)
+            block.append(_row(sc, v, cluster, search_grid(spec, sc, cluster, grid)))
         base = next((r for r in block if r["system"] == BASELINE and r["feasible"]), None)
         for r in block:
             r["speedup"] = base["iteration_s"] / r["iteration_s"] if base is not None and r["feasible"] else None

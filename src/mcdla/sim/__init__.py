@@ -7,6 +7,7 @@ design, breakdown and assumptions: ``docs/simulator.md``.
 
 from mcdla.sim.engine import simulate
 from mcdla.sim.flows import max_min_rates
+from mcdla.sim.llm import LlmStep, llm_step, offload_rejection
 from mcdla.sim.pool_link import pool_link
 from mcdla.sim.program import BACKWARD, FORWARD, build_program, roofline_s
 from mcdla.sim.result import SimResult
@@ -24,4 +25,7 @@ __all__ = [
     "FORWARD",
     "BACKWARD",
     "max_min_rates",
+    "LlmStep",
+    "llm_step",
+    "offload_rejection",
 ]

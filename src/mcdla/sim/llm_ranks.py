@@ -5,8 +5,8 @@ role, exact only when every stage's ranks are symmetric. This module is the refe
 (``tests/sim/test_llm_ranks.py``) and the path for asymmetric systems — a straggler (``slowdown``: a per-rank
 compute time factor) or a non-uniform layer split (``layers_per_stage``). NOTE [rank schedule]:
 
-* Ranks are numbered as Megatron-LM orders them, TP fastest, then CP, DP, PP:
-  ``rank = t + tp * (c + cp * (d + dp * s))``.
+* Ranks are numbered as Megatron-LM orders them, TP fastest, then CP, DP, PP
+  (:class:`~mcdla.workload.parallel_dims.ParallelDims`, NOTE [rank order]).
 * A TP x CP group (same stage ``s``, same replica ``d``) is gang-scheduled: every layer's all-reduce (and CP's
   ring exchange) synchronises its members, so a chunk takes the slowest member's compute plus the
   collectives (exact at layer granularity as long as a member's layers cost the same, which they do).
@@ -36,11 +36,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mcdla.errors import ConfigError, brief
-from mcdla.sim.llm import GpuCluster, LlmStep, StageCosts, _step_record, stage_costs
+from mcdla.hardware.cluster import Cluster
+from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, StageCosts, stage_costs, step_record
 from mcdla.workload.execution import Execution
+from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
 __all__ = ["PipelineSchedule", "RanksResult", "pipeline_order", "schedule_pipeline", "simulate_ranks", "ranks_step"]
+
+
+_ROUNDING = 1e-12
+"""Relative size below which the schedule's remainder over its parts is the rounding of two float sums."""
 
 
 def pipeline_order(stages: int, micro_batches: int, chunks: int, stage: int) -> list[tuple[bool, int, int]]:
@@ -166,9 +172,9 @@ def _chunk_durations(c: StageCosts, e: Execution, layers: Sequence[int], factor:
     return fwd, bwd
 
 
-def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: GpuCluster, *,
-                   slowdown: Mapping[int, float] | None = None,
-                   layers_per_stage: Sequence[int] | None = None) -> RanksResult:
+def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
+                   slowdown: Mapping[int, float] | None = None, layers_per_stage: Sequence[int] | None = None,
+                   precision: str = DEFAULT_PRECISION) -> RanksResult:
     """Schedule every rank of one iteration (module docstring, NOTE [rank schedule]).
 
     ``slowdown``: rank -> compute time factor (>= 1 for a straggler; 2 = twice as slow). ``layers_per_stage``:
@@ -176,8 +182,9 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: GpuClus
     even split.
     """
     e = execution
-    c = stage_costs(spec, e, cluster)
-    p, v, tp_cp = e.pp, e.virtual_stages, e.tp * e.cp
+    c = stage_costs(spec, e, cluster, precision=precision)
+    p, v = e.pp, e.virtual_stages
+    layout = ParallelDims.of(e)
     slowdown = dict(slowdown or {})
     for rank, k in slowdown.items():
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < e.gpus:
@@ -190,9 +197,9 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: GpuClus
         raise ConfigError(f"layers_per_stage: got {brief(layers_per_stage)}; must be {p} integers summing to "
                           f"{spec.layers}, each a positive multiple of virtual_stages={v}")
 
-    def group(s: int, d: int) -> range:
-        first = tp_cp * (d + e.dp * s)
-        return range(first, first + tp_cp)
+    def group(s: int, d: int) -> list[int]:
+        """The TP x CP ranks of stage ``s`` in replica ``d``."""
+        return [layout.rank(tp=t, cp=x, dp=d, pp=s) for x in range(e.cp) for t in range(e.tp)]
 
     factor = [[max(slowdown.get(r, 1.0) for r in group(s, d)) for s in range(p)] for d in range(e.dp)]
     pipelines: list[PipelineSchedule] = []
@@ -214,15 +221,17 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: GpuClus
                        pipeline_s=tuple(pl.makespan_s for pl in pipelines), costs=c)
 
 
-def ranks_step(spec: TransformerSpec, execution: Execution, cluster: GpuCluster, *,
-               slowdown: Mapping[int, float] | None = None,
-               layers_per_stage: Sequence[int] | None = None) -> LlmStep:
+def ranks_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
+               slowdown: Mapping[int, float] | None = None, layers_per_stage: Sequence[int] | None = None,
+               precision: str = DEFAULT_PRECISION) -> LlmStep:
     """:func:`simulate_ranks` as an :class:`~mcdla.sim.llm.LlmStep`: ``iteration_s`` from the schedule; the
     steady-state parts (compute, recompute, TP, PP, offload) are the nominal last stage's, as in the fast path,
     and ``bubble_s`` is the rest of the schedule (fill, drain and any wait on a straggler), so the parts still
-    add up to ``iteration_s``."""
+    add up to ``iteration_s`` (to rounding: a schedule with no idle time gives ``bubble_s`` 0, never a
+    negative remainder of the float sum)."""
     e = execution
-    result = simulate_ranks(spec, e, cluster, slowdown=slowdown, layers_per_stage=layers_per_stage)
+    result = simulate_ranks(spec, e, cluster, slowdown=slowdown, layers_per_stage=layers_per_stage,
+                            precision=precision)
     c, m = result.costs, e.micro_batches
     n = c.layers_per_stage
     compute_mb = n * (c.layer_fwd_s + c.layer_bwd_s)
@@ -232,5 +241,9 @@ def ranks_step(spec: TransformerSpec, execution: Execution, cluster: GpuCluster,
                  pp_comm_s=m * 2 * e.virtual_stages * c.p2p_s,
                  offload_s=m * (c.offload_fwd_s + c.offload_bwd_s) + c.offload_step_s)
     rest = sum(parts.values()) + c.dp_exposed_s + c.optimizer_s
-    return _step_record(spec, e, cluster, c, iteration=result.iteration_s, bubble=result.iteration_s - rest,
-                        **parts)
+    bubble = result.iteration_s - rest
+    assert bubble > -1e-9 * result.iteration_s, (bubble, rest)  # the schedule never beats its busy time
+    if abs(bubble) <= _ROUNDING * result.iteration_s:  # no idle time: what is left is the float sums' rounding
+        bubble = 0.0
+    return step_record(spec, e, cluster, c, precision=precision, iteration=result.iteration_s, bubble=bubble,
+                       **parts)

@@ -1,4 +1,4 @@
-"""The configuration search (mcdla.sim.llm_search) against a brute force written here from the divisibility rules."""
+"""The configuration search (mcdla.plan.llm_search) against a brute force written here from the divisibility rules."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from mcdla.errors import ConfigError
-from mcdla.hardware.model import Device
-from mcdla.sim.llm import GemmEfficiency, GpuCluster, llm_step
-from mcdla.sim.llm_search import enumerate_executions, evaluate_executions, search
+from mcdla.hardware.cluster import Cluster
+from mcdla.plan.llm_search import enumerate_executions, evaluate_executions, search
+from mcdla.sim import llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec
 
@@ -19,10 +19,12 @@ SPEC = TransformerSpec(name="tiny", layers=6, hidden=96, heads=6, vocab=128, seq
 GPUS, BATCH, PER_NODE = 8, 8, 4
 
 
-def cluster(offload: float = 10e9, hbm: float = 2e6) -> GpuCluster:
-    dev = Device(name="g", peak_flops_per_s={"fp16": 1e12}, hbm_bytes=hbm, hbm_bytes_per_s=1e11)
-    return GpuCluster(device=dev, gpus_per_node=PER_NODE, nvlink_bytes_per_s=1e10, network_bytes_per_s=1e9,
-                      offload_bytes_per_s=offload, gemm_efficiency=GemmEfficiency(peak_fraction=0.5, half_width=10.0))
+def cluster(make, offload: float = 10e9, hbm: float = 2e6, pool: float = 1e15) -> Cluster:
+    """Two nodes of PER_NODE GPUs; ``pool`` bytes of offload tier per GPU when ``offload`` > 0."""
+    return make(gpus_per_node=PER_NODE, nodes=GPUS // PER_NODE, peak_flops_per_s=1e12, gemm_peak_fraction=0.5,
+                gemm_half_width=10.0, hbm_bytes=hbm, hbm_bytes_per_s=1e11, nvlink_bytes_per_s=1e10,
+                network_bytes_per_s=1e9, nvlink_latency_s=5e-6, network_latency_s=10e-6, offload_bytes_per_s=offload,
+                pool_bytes_per_gpu=pool)
 
 
 def brute(*, offload: bool, cps=(1,), max_v=None) -> set[tuple]:
@@ -55,8 +57,8 @@ def key(e: Execution) -> tuple:
 
 
 @pytest.mark.parametrize("offload, cps, max_v", [(True, (1,), None), (False, (1, 2, 4), None), (False, (1, 2), 2)])
-def test_enumeration_equals_brute_force(offload, cps, max_v):
-    c = cluster(offload=10e9 if offload else 0.0)
+def test_enumeration_equals_brute_force(offload, cps, max_v, llm_cluster):
+    c = cluster(llm_cluster, offload=10e9 if offload else 0.0)
     en = enumerate_executions(SPEC, c, gpus=GPUS, global_batch=BATCH, cp=cps, max_virtual_stages=max_v)
     got = [key(e) for e in en.executions]
     assert len(got) == len(set(got))  # no duplicates
@@ -67,28 +69,28 @@ def test_enumeration_equals_brute_force(offload, cps, max_v):
         llm_step(SPEC, e, c)
 
 
-def test_rejections_are_counted_by_reason():
-    en = enumerate_executions(SPEC, cluster(), gpus=GPUS, global_batch=BATCH)
+def test_rejections_are_counted_by_reason(llm_cluster):
+    en = enumerate_executions(SPEC, cluster(llm_cluster), gpus=GPUS, global_batch=BATCH)
     reasons = " | ".join(en.rejected)
     assert "must divide the N layers of tiny" in reasons  # pp = 4 or 8
     assert "ZeRO shards over data-parallel ranks" in reasons
     assert "got" not in reasons  # values stripped: one entry per rule
 
 
-def test_offload_forced_without_tier_is_rejected():
-    en = enumerate_executions(SPEC, cluster(offload=0.0), gpus=GPUS, global_batch=BATCH, offload=True)
+def test_offload_forced_without_tier_is_rejected(llm_cluster):
+    en = enumerate_executions(SPEC, cluster(llm_cluster, offload=0.0), gpus=GPUS, global_batch=BATCH, offload=True)
     assert not any(e.offload_activations or e.offload_weights or e.offload_optimizer for e in en.executions)
     assert any("no second tier" in r for r in en.rejected)
 
 
-def _brute_best(limit: float, capacity: float | None):
+def _brute_best(c: Cluster, limit: float, capacity: float | None):
     best = None
     for t in sorted(brute(offload=True), key=str):
         tp, cp, pp, dp, v, sp, zero, mb, rec, a, w, o = t
         e = Execution(gpus=GPUS, tp=tp, cp=cp, pp=pp, dp=dp, virtual_stages=v, sequence_parallel=sp, zero=zero,
                       micro_batch=mb, global_batch=BATCH, recompute=rec, offload_activations=a, offload_weights=w,
                       offload_optimizer=o)
-        s = llm_step(SPEC, e, cluster())
+        s = llm_step(SPEC, e, c)
         if s.device_bytes <= limit and (capacity is None or s.offloaded_bytes <= capacity):
             if best is None or s.iteration_s < best[0]:
                 best = (s.iteration_s, s.device_bytes)
@@ -96,10 +98,12 @@ def _brute_best(limit: float, capacity: float | None):
 
 
 @pytest.mark.parametrize("limit, capacity", [(2e6, None), (6e5, None), (1.2e6, 2e5), (6e5, 1e5), (1.0, None)])
-def test_best_is_the_brute_force_minimum_under_the_memory_limit(limit, capacity):
-    result = search(SPEC, cluster(), gpus=GPUS, global_batch=BATCH, memory_limit_bytes=limit,
-                    offload_capacity_bytes=capacity)
-    expected = _brute_best(limit, capacity)
+def test_best_is_the_brute_force_minimum_under_the_memory_limit(limit, capacity, llm_cluster):
+    """The best fitting row is the brute-force minimum: device bytes within the limit, offloaded bytes within
+    the cluster's pool share per GPU."""
+    c = cluster(llm_cluster, pool=1e15 if capacity is None else capacity)
+    result = search(SPEC, c, gpus=GPUS, global_batch=BATCH, memory_limit_bytes=limit)
+    expected = _brute_best(c, limit, capacity)
     if expected is None:
         assert result.best is None and result.fitting == 0
         return
@@ -113,42 +117,42 @@ def test_best_is_the_brute_force_minimum_under_the_memory_limit(limit, capacity)
     assert times == sorted(times)
 
 
-def test_memory_limit_changes_the_answer():
-    loose = search(SPEC, cluster(), gpus=GPUS, global_batch=BATCH)
+def test_memory_limit_changes_the_answer(llm_cluster):
+    loose = search(SPEC, cluster(llm_cluster), gpus=GPUS, global_batch=BATCH)
     tight_limit = loose.best.step.device_bytes * 0.9
-    tight = search(SPEC, cluster(), gpus=GPUS, global_batch=BATCH, memory_limit_bytes=tight_limit)
+    tight = search(SPEC, cluster(llm_cluster), gpus=GPUS, global_batch=BATCH, memory_limit_bytes=tight_limit)
     assert tight.best.step.device_bytes <= tight_limit < loose.best.step.device_bytes
     assert tight.best.step.iteration_s >= loose.best.step.iteration_s
 
 
-def test_process_pool_equals_serial():
-    execs = enumerate_executions(SPEC, cluster(), gpus=GPUS, global_batch=BATCH).executions
-    serial = evaluate_executions(SPEC, cluster(), execs, backend="serial", memory_limit_bytes=6e5)
+def test_process_pool_equals_serial(llm_cluster):
+    execs = enumerate_executions(SPEC, cluster(llm_cluster), gpus=GPUS, global_batch=BATCH).executions
+    serial = evaluate_executions(SPEC, cluster(llm_cluster), execs, backend="serial", memory_limit_bytes=6e5)
     seen = []
-    pooled = evaluate_executions(SPEC, cluster(), execs, backend="process", workers=2, chunk_size=37,
+    pooled = evaluate_executions(SPEC, cluster(llm_cluster), execs, backend="process", workers=2, chunk_size=37,
                                  memory_limit_bytes=6e5, progress=seen.append)
     assert pooled == serial
     assert sum(seen) == len(execs) and len(seen) == -(-len(execs) // 37)
 
 
 @pytest.mark.slow
-def test_ray_local_equals_serial():
+def test_ray_local_equals_serial(llm_cluster):
     ray = pytest.importorskip("ray")
-    execs = enumerate_executions(SPEC, cluster(), gpus=GPUS, global_batch=BATCH).executions
-    serial = evaluate_executions(SPEC, cluster(), execs, backend="serial", memory_limit_bytes=6e5)
+    execs = enumerate_executions(SPEC, cluster(llm_cluster), gpus=GPUS, global_batch=BATCH).executions
+    serial = evaluate_executions(SPEC, cluster(llm_cluster), execs, backend="serial", memory_limit_bytes=6e5)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        on_ray = evaluate_executions(SPEC, cluster(), execs, backend="ray", chunk_size=50, memory_limit_bytes=6e5)
+        on_ray = evaluate_executions(SPEC, cluster(llm_cluster), execs, backend="ray", chunk_size=50, memory_limit_bytes=6e5)
     finally:
         ray.shutdown()
     assert on_ray == serial
 
 
-def test_missing_ray_is_one_line(monkeypatch):
+def test_missing_ray_is_one_line(monkeypatch, llm_cluster):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    execs = enumerate_executions(SPEC, cluster(), gpus=GPUS, global_batch=BATCH).executions[:3]
+    execs = enumerate_executions(SPEC, cluster(llm_cluster), gpus=GPUS, global_batch=BATCH).executions[:3]
     with pytest.raises(ConfigError, match=r"ray package is not installed; install it with pip install 'mcdla\[ray\]'"):
-        evaluate_executions(SPEC, cluster(), execs, backend="ray")
+        evaluate_executions(SPEC, cluster(llm_cluster), execs, backend="ray")
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -158,14 +162,14 @@ def test_missing_ray_is_one_line(monkeypatch):
     (dict(gpus=8, global_batch=8, recompute=("some",)), "search.recompute"),
     (dict(gpus=8, global_batch=8, zero=(4,)), "search.zero"),
 ])
-def test_bad_arguments(kwargs, field):
+def test_bad_arguments(kwargs, field, llm_cluster):
     with pytest.raises(ConfigError, match=field) as info:
-        enumerate_executions(SPEC, cluster(), **kwargs)
+        enumerate_executions(SPEC, cluster(llm_cluster), **kwargs)
     assert "\n" not in str(info.value)
 
 
-def test_bad_backend_and_workers():
+def test_bad_backend_and_workers(llm_cluster):
     with pytest.raises(ConfigError, match="search.backend: got 'dask'; must be one of serial, process, ray"):
-        evaluate_executions(SPEC, cluster(), [], backend="dask")
+        evaluate_executions(SPEC, cluster(llm_cluster), [], backend="dask")
     with pytest.raises(ConfigError, match="search.workers"):
-        evaluate_executions(SPEC, cluster(), [], backend="process", workers=0)
+        evaluate_executions(SPEC, cluster(llm_cluster), [], backend="process", workers=0)

@@ -4,17 +4,19 @@ Two steps, usable apart (``mcdla search`` and ``mcdla reproduce --modern`` share
 
 * :func:`enumerate_executions` lists the candidate :class:`Execution` records of ``(model, cluster, GPUs,
   global batch)`` and keeps those the record's own validation accepts (``Execution.__post_init__``,
-  :func:`check_execution`, and the two cluster rules of :func:`mcdla.sim.llm.stage_costs`: TP x CP inside one
+  :func:`check_execution`, and the cluster rules of :func:`mcdla.sim.offload_rejection`: TP x CP inside one
   NVLink domain, offload only with a second tier), counting the rejected candidates by reason. Candidates:
   TP over the divisors of the GPU count up to a node's GPUs, CP from ``cp`` (default 1), PP over the divisors
   of what is left, DP the rest; virtual stages over the divisors of the layer count (``pp > 1`` only);
   micro-batch sizes dividing the per-replica batch; recompute none/selective/full; SP on/off when TP > 1;
-  ZeRO 0-3; offload of activations/weights/optimizer on/off when the cluster has a second tier.
+  ZeRO 0-3; offload of activations/weights/optimizer on/off when the cluster has a second tier. Each choice
+  can be narrowed (``tp``, ``micro_batch``, ``virtual_stages``, ``sequence_parallel``, ``zero``, ``offloads``,
+  ``max_pp``), which is how ``reproduce --modern`` searches its grid.
 * :func:`evaluate_executions` runs :func:`llm_step` (the fast path) on each in chunks, in this process
   (``backend="serial"``), a local process pool (``"process"``) or a Ray cluster (``"ray"``); the results are
   identical whatever the backend (each configuration is a pure function of its inputs, reassembled in
-  enumeration order). A configuration *fits* when one rank's device bytes are within ``memory_limit_bytes``
-  (default: the device's HBM) and what it offloads within ``offload_capacity_bytes`` (when given).
+  enumeration order). A configuration *fits* by :attr:`LlmStep.fits` (HBM and the pool share per GPU), and
+  within ``memory_limit_bytes`` when a smaller device budget is given.
 
 :func:`search` does both and ranks: best = least iteration time among the configurations that fit, ties
 broken by enumeration order.
@@ -31,19 +33,24 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from mcdla.errors import ConfigError, brief
-from mcdla.sim.llm import GpuCluster, LlmStep, llm_step
+from mcdla.hardware.cluster import Cluster
+from mcdla.sim import LlmStep, llm_step, offload_rejection
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["BACKENDS", "RAY_INSTALL_HINT", "RECOMPUTE_CHOICES", "Enumeration", "SearchRow", "SearchResult", "divisors",
-           "enumerate_executions", "evaluate_executions", "execution_rejection", "rank_rows", "search"]
+__all__ = ["BACKENDS", "EXECUTION_FIELDS", "OFFLOAD_CHOICES", "RAY_INSTALL_HINT", "RECOMPUTE_CHOICES", "STEP_FIELDS",
+           "Enumeration", "SearchRow", "SearchResult", "divisors", "enumerate_executions", "evaluate_executions",
+           "execution_rejection", "rank_rows", "search"]
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 BACKENDS = ("serial", "process", "ray")
-_EXEC_FIELDS = tuple(f.name for f in fields(Execution))
-_STEP_FIELDS = tuple(f.name for f in fields(LlmStep))
+EXECUTION_FIELDS = tuple(f.name for f in fields(Execution))
+"""The fields of an execution record, in the order of the CSV columns."""
+STEP_FIELDS = tuple(f.name for f in fields(LlmStep))
+"""The fields of a prediction, in the order of the CSV columns."""
 _OFFLOAD_OFF = ((False, False, False),)
-_OFFLOAD_ALL = tuple((a, w, o) for a in (False, True) for w in (False, True) for o in (False, True))
+OFFLOAD_CHOICES = tuple((a, w, o) for a in (False, True) for w in (False, True) for o in (False, True))
+"""Every (activations, weights, optimizer) offload switch setting."""
 _NUMBER = re.compile(r"(?<![\w.-])\d+(?:\.\d+)?(?![\w-])")
 
 
@@ -59,23 +66,15 @@ def _reason(message: str) -> str:
     return _NUMBER.sub("N", text)
 
 
-def execution_rejection(spec: TransformerSpec, execution: Execution, cluster: GpuCluster) -> str | None:
-    """Why ``llm_step`` would refuse ``execution`` (the message of its ConfigError), or None if it runs.
-
-    The model checks are :func:`check_execution`; the cluster checks repeat the two of
-    :func:`mcdla.sim.llm.stage_costs` (with the same wording) without computing any cost.
-    """
+def execution_rejection(spec: TransformerSpec, execution: Execution, cluster: Cluster) -> str | None:
+    """Why ``llm_step`` would refuse ``execution`` (the message of its ConfigError), or None if it runs: the
+    model checks of :func:`check_execution`, then the cluster checks of :func:`mcdla.sim.offload_rejection`,
+    without computing any cost."""
     try:
         check_execution(execution, spec)
     except ConfigError as exc:
         return str(exc)
-    e = execution
-    if e.tp * e.cp > cluster.gpus_per_node:
-        return (f"execution.tp: got tp*cp = {e.tp * e.cp}; must fit one NVLink domain "
-                f"({cluster.gpus_per_node} GPUs per node)")
-    if (e.offload_activations or e.offload_weights or e.offload_optimizer) and cluster.offload_bytes_per_s == 0:
-        return "execution.offload_*: offload asked but the cluster has no second tier (offload_bytes_per_s = 0)"
-    return None
+    return offload_rejection(execution, cluster)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +102,28 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
-def enumerate_executions(spec: TransformerSpec, cluster: GpuCluster, *, gpus: int, global_batch: int,
+def _choices(name: str, values: Sequence[int] | None) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    return tuple(_positive(name, v) for v in values)
+
+
+def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int,
                          cp: Sequence[int] = (1,), max_virtual_stages: int | None = None,
                          recompute: Sequence[str] = RECOMPUTE_CHOICES, zero: Sequence[int] = (0, 1, 2, 3),
-                         offload: bool | None = None, dp_overlap: bool = False) -> Enumeration:
+                         offload: bool | None = None, dp_overlap: bool = False, tp: Sequence[int] | None = None,
+                         micro_batch: Sequence[int] | None = None, virtual_stages: Sequence[int] | None = None,
+                         sequence_parallel: Sequence[bool] = (False, True),
+                         offloads: Sequence[tuple[bool, bool, bool]] | None = None,
+                         max_pp: int | None = None) -> Enumeration:
     """Every candidate execution of ``spec`` on ``gpus`` GPUs of ``cluster`` (module docstring), validated.
 
-    ``offload=None`` tries the offload switches when the cluster has a second tier (``offload_bytes_per_s >
-    0``), ``False`` never, ``True`` always (and they are rejected without a tier). ``max_virtual_stages``
-    bounds the interleaving (None: any divisor of the layer count).
+    ``offload=None`` tries the offload switches when the cluster has a second tier, ``False`` never, ``True``
+    always (and they are rejected without a tier). ``max_virtual_stages`` bounds the interleaving (None: any
+    divisor of the layer count). The narrowing options keep only the listed values (None: all):
+    ``tp`` degrees, ``micro_batch`` sizes, ``virtual_stages``, ``sequence_parallel`` settings tried when TP > 1
+    (TP 1 runs without), ``offloads`` as (activations, weights, optimizer) switches in the order to try, and
+    ``max_pp`` the deepest pipeline.
     """
     _positive("gpus", gpus)
     _positive("global_batch", global_batch)
@@ -119,36 +131,51 @@ def enumerate_executions(spec: TransformerSpec, cluster: GpuCluster, *, gpus: in
         _positive("cp", value)
     if max_virtual_stages is not None:
         _positive("max_virtual_stages", max_virtual_stages)
+    if max_pp is not None:
+        _positive("max_pp", max_pp)
+    tp_only, mb_only, v_only = (_choices("tp", tp), _choices("micro_batch", micro_batch),
+                                _choices("virtual_stages", virtual_stages))
     for r in recompute:
         if r not in RECOMPUTE_CHOICES:
             raise ConfigError(f"search.recompute: got {brief(r)}; must be one of {', '.join(RECOMPUTE_CHOICES)}")
     for z in zero:
         if isinstance(z, bool) or z not in (0, 1, 2, 3):
             raise ConfigError(f"search.zero: got {brief(z)}; must be 0, 1, 2 or 3")
-    use_offload = cluster.offload_bytes_per_s > 0 if offload is None else offload
-    offloads = _OFFLOAD_ALL if use_offload else _OFFLOAD_OFF
-    no_tier = cluster.offload_bytes_per_s == 0
+    for sp in sequence_parallel:
+        if not isinstance(sp, bool):
+            raise ConfigError(f"search.sequence_parallel: got {brief(sp)}; must be true or false")
+    for switches in offloads or ():
+        if len(switches) != 3 or not all(isinstance(x, bool) for x in switches):
+            raise ConfigError(f"search.offloads: got {brief(switches)}; must be (activations, weights, optimizer) booleans")
+    no_tier = cluster.offload is None
+    use_offload = not no_tier if offload is None else offload
+    tried = tuple(offloads) if offloads is not None else OFFLOAD_CHOICES
+    offload_sets = tried if use_offload else _OFFLOAD_OFF
     # recompute and offload never decide validity on their own (offload only with no tier, checked per
     # candidate below when asked for), so a structure rejected counts once per (recompute, offload) choice
-    tail = len(recompute) * len(offloads)
-    v_choices = [v for v in divisors(spec.layers) if max_virtual_stages is None or v <= max_virtual_stages]
+    tail = len(recompute) * len(offload_sets)
+    v_choices = [v for v in divisors(spec.layers) if (max_virtual_stages is None or v <= max_virtual_stages)
+                 and (v_only is None or v in v_only)]
+    sp_tp = tuple(dict.fromkeys(sequence_parallel))
 
     valid: list[Execution] = []
     rejected: Counter[str] = Counter()
     candidates = 0
-    for tp in (d for d in divisors(gpus) if d <= cluster.gpus_per_node):
+    for t in (d for d in divisors(gpus) if d <= cluster.gpus_per_node and (tp_only is None or d in tp_only)):
         for c in sorted(set(cp)):
-            if (gpus // tp) % c:
+            if (gpus // t) % c:
                 continue  # tp * cp must divide the GPU count: not a factorisation, not a candidate
-            rest = gpus // (tp * c)
-            for pp in divisors(rest):
+            rest = gpus // (t * c)
+            for pp in (d for d in divisors(rest) if max_pp is None or d <= max_pp):
                 dp = rest // pp
                 mbs = divisors(global_batch // dp) if global_batch % dp == 0 else [1]
-                for v in (v_choices if pp > 1 else [1]):
-                    for sp in ((False, True) if tp > 1 else (False,)):
+                if mb_only is not None:
+                    mbs = [mb for mb in mbs if mb in mb_only] or [min(mb_only)]
+                for v in (v_choices if pp > 1 else [1] if v_only is None or 1 in v_only else []):
+                    for sp in (sp_tp if t > 1 else (False,)):
                         for z in zero:
                             for mb in mbs:
-                                base = dict(gpus=gpus, tp=tp, pp=pp, dp=dp, cp=c, virtual_stages=v,
+                                base = dict(gpus=gpus, tp=t, pp=pp, dp=dp, cp=c, virtual_stages=v,
                                             sequence_parallel=sp, zero=z, micro_batch=mb, global_batch=global_batch,
                                             dp_overlap=dp_overlap)
                                 candidates += tail
@@ -162,7 +189,7 @@ def enumerate_executions(spec: TransformerSpec, cluster: GpuCluster, *, gpus: in
                                     rejected[_reason(why)] += tail
                                     continue
                                 for r in recompute:
-                                    for act, wts, opt in offloads:
+                                    for act, wts, opt in offload_sets:
                                         e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
                                                       offload_weights=wts, offload_optimizer=opt)
                                         if no_tier and (act or wts or opt):
@@ -186,20 +213,18 @@ class SearchRow:
 @dataclass(frozen=True, slots=True)
 class _Context:
     spec: TransformerSpec
-    cluster: GpuCluster
+    cluster: Cluster
     memory_limit_bytes: float
-    offload_capacity_bytes: float | None
 
 
 def _evaluate_chunk(context: _Context, chunk: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """``llm_step`` of each execution (given as its field values) -> (step field values..., fits)."""
     out = []
     for values in chunk:
-        e = Execution(**dict(zip(_EXEC_FIELDS, values)))
+        e = Execution(**dict(zip(EXECUTION_FIELDS, values)))
         step = llm_step(context.spec, e, context.cluster)
-        fits = step.device_bytes <= context.memory_limit_bytes and (
-            context.offload_capacity_bytes is None or step.offloaded_bytes <= context.offload_capacity_bytes)
-        out.append(tuple(getattr(step, name) for name in _STEP_FIELDS) + (fits,))
+        fits = step.fits and step.device_bytes <= context.memory_limit_bytes
+        out.append(tuple(getattr(step, name) for name in STEP_FIELDS) + (fits,))
     return out
 
 
@@ -264,9 +289,9 @@ def _ray_map(context: _Context, chunks: list[list[tuple[Any, ...]]], workers: in
             ray.shutdown()
 
 
-def evaluate_executions(spec: TransformerSpec, cluster: GpuCluster, executions: Sequence[Execution], *,
-                        memory_limit_bytes: float | None = None, offload_capacity_bytes: float | None = None,
-                        backend: str = "serial", workers: int | None = None, chunk_size: int | None = None,
+def evaluate_executions(spec: TransformerSpec, cluster: Cluster, executions: Sequence[Execution], *,
+                        memory_limit_bytes: float | None = None, backend: str = "serial",
+                        workers: int | None = None, chunk_size: int | None = None,
                         ray_address: str | None = None,
                         progress: Callable[[int], None] | None = None) -> list[SearchRow]:
     """``llm_step`` (fast path) of every execution, in the given order (module docstring).
@@ -280,14 +305,11 @@ def evaluate_executions(spec: TransformerSpec, cluster: GpuCluster, executions: 
     limit = cluster.device.hbm_bytes if memory_limit_bytes is None else memory_limit_bytes
     if not limit > 0:
         raise ConfigError(f"search.memory_limit_bytes: got {brief(limit)}; must be > 0")
-    if offload_capacity_bytes is not None and not offload_capacity_bytes >= 0:
-        raise ConfigError(f"search.offload_capacity_bytes: got {brief(offload_capacity_bytes)}; must be >= 0")
-    context = _Context(spec=spec, cluster=cluster, memory_limit_bytes=limit,
-                       offload_capacity_bytes=offload_capacity_bytes)
+    context = _Context(spec=spec, cluster=cluster, memory_limit_bytes=limit)
     n = len(executions)
     size = chunk_size if chunk_size is not None else max(32, min(2048, math.ceil(n / (workers * 8)) if n else 1))
     _positive("chunk_size", size)
-    rows_in = [tuple(getattr(e, name) for name in _EXEC_FIELDS) for e in executions]
+    rows_in = [tuple(getattr(e, name) for name in EXECUTION_FIELDS) for e in executions]
     chunks = [rows_in[i:i + size] for i in range(0, n, size)]
     results: list[list[tuple[Any, ...]] | None] = [None] * len(chunks)
 
@@ -308,7 +330,7 @@ def evaluate_executions(spec: TransformerSpec, cluster: GpuCluster, executions: 
     for out in results:
         assert out is not None
         for values in out:
-            step = LlmStep(**dict(zip(_STEP_FIELDS, values[:-1])))
+            step = LlmStep(**dict(zip(STEP_FIELDS, values[:-1])))
             rows.append(SearchRow(index=index, execution=executions[index], step=step, fits=bool(values[-1])))
             index += 1
     return rows
@@ -340,22 +362,18 @@ def rank_rows(rows: Iterable[SearchRow]) -> tuple[SearchRow, ...]:
     return tuple(sorted((r for r in rows if r.fits), key=lambda r: (r.step.iteration_s, r.index)))
 
 
-def search(spec: TransformerSpec, cluster: GpuCluster, *, gpus: int, global_batch: int, cp: Sequence[int] = (1,),
-           max_virtual_stages: int | None = None, recompute: Sequence[str] = RECOMPUTE_CHOICES,
-           zero: Sequence[int] = (0, 1, 2, 3), offload: bool | None = None, dp_overlap: bool = False,
-           memory_limit_bytes: float | None = None, offload_capacity_bytes: float | None = None,
-           backend: str = "serial", workers: int | None = None, chunk_size: int | None = None,
-           ray_address: str | None = None, progress: Callable[[int], None] | None = None,
-           on_enumerated: Callable[[Enumeration], None] | None = None) -> SearchResult:
-    """Enumerate, evaluate and rank (module docstring); ``on_enumerated`` sees the enumeration before the
-    evaluation starts (to size a progress bar)."""
-    enumeration = enumerate_executions(spec, cluster, gpus=gpus, global_batch=global_batch, cp=cp,
-                                       max_virtual_stages=max_virtual_stages, recompute=recompute, zero=zero,
-                                       offload=offload, dp_overlap=dp_overlap)
+def search(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int,
+           memory_limit_bytes: float | None = None, backend: str = "serial", workers: int | None = None,
+           chunk_size: int | None = None, ray_address: str | None = None,
+           progress: Callable[[int], None] | None = None,
+           on_enumerated: Callable[[Enumeration], None] | None = None, **space: Any) -> SearchResult:
+    """Enumerate (``space``: the options of :func:`enumerate_executions`), evaluate and rank (module
+    docstring); ``on_enumerated`` sees the enumeration before the evaluation starts (to size a progress bar)."""
+    enumeration = enumerate_executions(spec, cluster, gpus=gpus, global_batch=global_batch, **space)
     if on_enumerated is not None:
         on_enumerated(enumeration)
     rows = evaluate_executions(spec, cluster, enumeration.executions, memory_limit_bytes=memory_limit_bytes,
-                               offload_capacity_bytes=offload_capacity_bytes, backend=backend, workers=workers,
-                               chunk_size=chunk_size, ray_address=ray_address, progress=progress)
+                               backend=backend, workers=workers, chunk_size=chunk_size, ray_address=ray_address,
+                               progress=progress)
     return SearchResult(enumeration=enumeration, rows=tuple(rows), ranked=rank_rows(rows))
 

@@ -1,0 +1,47 @@
+"""Fixtures shared by the layers' tests: a generated cluster built from plain figures (the LLM model's tests)."""
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from mcdla.hardware.cluster import Cluster, cluster_from_dict
+
+_BIG = 1e30  # a link that never binds: the file format refuses an infinite fabric bandwidth
+
+
+def figures_cluster(*, gpus_per_node: int = 8, nodes: int = 1, peak_flops_per_s: float = 300e12,
+                    gemm_peak_fraction: float = 0.5, gemm_half_width: float = 0.0, hbm_bytes: float = 80e9,
+                    hbm_bytes_per_s: float = math.inf, nvlink_bytes_per_s: float = math.inf,
+                    network_bytes_per_s: float = math.inf, nvlink_latency_s: float = 0.0,
+                    network_latency_s: float = 0.0, offload_bytes_per_s: float = 0.0,
+                    pool_bytes_per_gpu: float = 1e15) -> Cluster:
+    """A generated cluster with the given figures (bytes, bytes/s, s): ``nodes`` nodes of ``gpus_per_node`` GPUs
+    on one NVLink switch and a network rail per GPU; with ``offload_bytes_per_s`` each GPU has its own socket
+    link to ``pool_bytes_per_gpu`` of host memory whose DRAM never binds."""
+    def bw(value: float) -> float | str:
+        return _BIG if math.isinf(value) else value
+
+    node = {
+        "gpus": gpus_per_node, "source": "test figures",
+        "gpu": {"peak_flops_per_s": {"bf16": peak_flops_per_s, "fp16": peak_flops_per_s}, "hbm": hbm_bytes,
+                "hbm_bandwidth": "inf" if math.isinf(hbm_bytes_per_s) else hbm_bytes_per_s, "source": "test"},
+        "gemm_efficiency": {"peak_fraction": gemm_peak_fraction, "half_width": gemm_half_width, "source": "test"},
+    }
+    if gpus_per_node > 1:
+        node["scale_up"] = {"bandwidth": bw(nvlink_bytes_per_s), "latency": nvlink_latency_s, "source": "test"}
+    if offload_bytes_per_s > 0:
+        node["sockets"] = {"count": gpus_per_node, "source": "test",
+                           "memory": {"kind": "host", "capacity": pool_bytes_per_gpu, "dram_bandwidth": "inf",
+                                      "source": "test"},
+                           "gpu_link": {"kind": "pcie", "bandwidth": bw(offload_bytes_per_s), "source": "test"}}
+    data = {"format": "mcdla-system/1", "name": "figures", "node": node,
+            "scale_out": {"name": "net", "nodes": nodes, "bandwidth": bw(network_bytes_per_s),
+                          "latency": network_latency_s, "source": "test"}}
+    return cluster_from_dict(data, "test cluster")
+
+
+@pytest.fixture
+def llm_cluster() -> Callable[..., Cluster]:
+    """:func:`figures_cluster`, the factory of a cluster from plain figures."""
+    return figures_cluster
