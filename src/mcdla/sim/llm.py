@@ -23,7 +23,8 @@ NOTE [time model] (also ``docs/llm.md``):
   Megatron's scatter/gather) over the dimension neighbouring stages are apart on; the last stage adds the vocabulary projection and
   the loss. Iteration = ``m * T_last + (p - 1) / v * T_middle``, the exact length of the (interleaved) 1F1B
   schedule of these stages (the bubble ``(p - 1) / (m v)`` when balanced); ``mode="ranks"`` schedules every
-  rank instead (``sim/llm_ranks.py``).
+  rank instead (``sim/llm_ranks.py``), as does an uneven split (``layers_first_stage``/``layers_last_stage``),
+  where the slowest stage sets the pace.
 * Data parallelism: one all-reduce of the rank's gradients on the DP group's dimensions (hierarchical over
   NVLink and the network when a node holds several members; ZeRO-1/2: reduce-scatter + all-gather, the same
   traffic; ZeRO-3: one more all-gather of weights) after the last backward, or overlapped with the last
@@ -40,13 +41,13 @@ from dataclasses import asdict, dataclass
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
-from mcdla.workload.execution import Execution, check_execution
+from mcdla.workload.execution import Execution, check_execution, stage_layers
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
 
 __all__ = ["DEFAULT_PRECISION", "LlmStep", "StageCosts", "llm_step", "offload_rejection", "stage_costs", "step_record",
-           "elementwise_bytes_per_layer"]
+           "elementwise_bytes_per_layer", "pacing_stage_parts"]
 
 DEFAULT_PRECISION = "bf16"
 """The number format of the GEMMs (a run choice, not hardware): the key of the device's ``peak_flops_per_s``."""
@@ -112,8 +113,9 @@ def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: 
 
 
 def _stage_params(spec: TransformerSpec, e: Execution) -> float:
-    """Parameters on the rank of the first stage (its layers and the embedding), per TP rank."""
-    per_stage = spec.layers // e.pp * spec.params_per_layer() + spec.embedding_params()
+    """Parameters on the rank of the first stage (the most layers any stage has, and the embedding), per TP
+    rank."""
+    per_stage = max(stage_layers(e, spec)) * spec.params_per_layer() + spec.embedding_params()
     return per_stage / e.tp
 
 
@@ -170,6 +172,8 @@ class StageCosts:
 
     ``compute`` parts scale with a rank's speed (a straggler); ``tp``, ``p2p`` and ``offload`` parts are
     link time. Layer figures are per layer; ``last_*`` is the last stage's vocabulary projection and loss.
+    ``stage_layers``: the layers of each stage (:func:`~mcdla.workload.execution.stage_layers`);
+    ``layers_per_stage`` the most of them.
     """
 
     layers_per_stage: int
@@ -187,6 +191,7 @@ class StageCosts:
     dp_hidden_s: float  # how much of it the last backward hides (``dp_overlap``), else 0
     optimizer_s: float  # the Adam step
     offload_step_s: float  # optimizer state to and from the second tier
+    stage_layers: tuple[int, ...] = ()  # layers of each pipeline stage, first to last
 
     @property
     def dp_exposed_s(self) -> float:
@@ -221,7 +226,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
     tp_one = _tp_allreduce_s(cluster, layout, e.sequence_parallel, act_bytes)
 
-    n_layers = spec.layers // e.pp
+    split_layers = stage_layers(e, spec)
+    n_layers = max(split_layers)
     logits = logits_fwd_flops(spec, b) / split / gemm_rate
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
     p2p_bytes = act_bytes / e.tp
@@ -254,7 +260,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         layer_tp_bwd_s=2 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0), p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=2 * (logits + loss), offload_fwd_s=off_fwd, offload_bwd_s=off_bwd,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s,
-        offload_step_s=offload_step)
+        offload_step_s=offload_step, stage_layers=split_layers)
 
 
 def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, mode: str = "fast",
@@ -277,6 +283,12 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
         raise ConfigError(f"llm_step: got {', '.join(sorted(ranks_options))} with mode=fast; "
                           "per-rank options need mode=ranks")
     c = stage_costs(spec, execution, cluster, precision=precision)
+    if len(set(c.stage_layers)) > 1:
+        # An uneven split: the slowest stage sets the pace, but how long the others fill, drain and hold it
+        # up depends on where it sits, so the schedule itself is the closed form (O(dp p m v) ops).
+        from mcdla.sim.llm_ranks import ranks_step
+
+        return ranks_step(spec, execution, cluster, precision=precision)
     e = execution
     n_layers = c.layers_per_stage
     compute_mb = n_layers * (c.layer_fwd_s + c.layer_bwd_s)
@@ -301,6 +313,29 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
                        tp_comm_s=m * tp_mb, pp_comm_s=m * pp_mb, offload_s=m * off_mb + offload_step)
 
 
+def _stage_s(c: StageCosts, e: Execution, stage: int) -> float:
+    """One micro-batch's forward and backward on pipeline stage ``stage`` (its layers, its transfers, its
+    exposed offload; the last stage adds the logits and the loss)."""
+    n = c.stage_layers[stage]
+    last = c.last_fwd_s + c.last_bwd_s if stage == e.pp - 1 else 0.0
+    return (n * (c.layer_fwd_s + c.layer_bwd_s + c.layer_recompute_s + c.layer_tp_fwd_s + c.layer_tp_bwd_s)
+            + 2 * e.virtual_stages * c.p2p_s + c.offload_fwd_s + c.offload_bwd_s + last)
+
+
+def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, float]]:
+    """The slowest pipeline stage (the last among equals) and its busy time over the iteration's
+    micro-batches by part (``compute_s``, ``recompute_s``, ``tp_comm_s``, ``pp_comm_s``, ``offload_s``), the
+    steady-state parts both modes report."""
+    times = [_stage_s(c, e, s) for s in range(e.pp)]
+    pace = max(range(e.pp), key=lambda s: (times[s], s))
+    n, m = c.stage_layers[pace], e.micro_batches
+    last_extra = c.last_fwd_s + c.last_bwd_s if pace == e.pp - 1 else 0.0
+    return pace, dict(compute_s=m * (n * (c.layer_fwd_s + c.layer_bwd_s) + last_extra),
+                      recompute_s=m * n * c.layer_recompute_s, tp_comm_s=m * n * (c.layer_tp_fwd_s + c.layer_tp_bwd_s),
+                      pp_comm_s=m * 2 * e.virtual_stages * c.p2p_s,
+                      offload_s=m * (c.offload_fwd_s + c.offload_bwd_s) + c.offload_step_s)
+
+
 def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageCosts, *, precision: str,
                 iteration: float, bubble: float, compute_s: float, recompute_s: float, tp_comm_s: float,
                 pp_comm_s: float, offload_s: float) -> LlmStep:
@@ -320,6 +355,10 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
 
     in_flight = min(m, e.pp) * (1 + (e.pp - 1) / (e.pp * e.virtual_stages)) if e.virtual_stages > 1 else min(m, e.pp)
     activations = act_stage * in_flight
+    if len(set(c.stage_layers)) > 1:  # uneven split: the stage holding the most layers in flight (1F1B: p - s)
+        per_layer = act_stage / n_layers
+        activations = per_layer * max(n * min(m, e.pp - s) * in_flight / min(m, e.pp)
+                                      for s, n in enumerate(c.stage_layers))
     weights = _WEIGHT_BYTES * params_rank / (e.dp if e.zero >= 3 else 1)
     grads = _GRAD_BYTES * params_rank / (e.dp if e.zero >= 2 else 1)
     opt = _OPTIMIZER_BYTES * params_rank / shard

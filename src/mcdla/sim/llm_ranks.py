@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
-from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, StageCosts, stage_costs, step_record
+from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, StageCosts, pacing_stage_parts, stage_costs, step_record
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
@@ -179,7 +179,7 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
 
     ``slowdown``: rank -> compute time factor (>= 1 for a straggler; 2 = twice as slow). ``layers_per_stage``:
     layers of each pipeline stage (sum = the model's layers, each a multiple of the virtual stages); default the
-    even split.
+    execution's split (:func:`~mcdla.workload.execution.stage_layers`).
     """
     e = execution
     c = stage_costs(spec, e, cluster, precision=precision)
@@ -191,7 +191,7 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
             raise ConfigError(f"slowdown: got rank {brief(rank)}; must be an integer in [0, {e.gpus})")
         if isinstance(k, bool) or not isinstance(k, int | float) or not 0 < k < float("inf"):
             raise ConfigError(f"slowdown[{rank}]: got {brief(k)}; must be a finite factor > 0")
-    layers = list(layers_per_stage) if layers_per_stage is not None else [c.layers_per_stage] * p
+    layers = list(layers_per_stage) if layers_per_stage is not None else list(c.stage_layers)
     if (len(layers) != p or sum(layers) != spec.layers
             or any(isinstance(n, bool) or not isinstance(n, int) or n < v or n % v for n in layers)):
         raise ConfigError(f"layers_per_stage: got {brief(layers_per_stage)}; must be {p} integers summing to "
@@ -225,21 +225,15 @@ def ranks_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
                slowdown: Mapping[int, float] | None = None, layers_per_stage: Sequence[int] | None = None,
                precision: str = DEFAULT_PRECISION) -> LlmStep:
     """:func:`simulate_ranks` as an :class:`~mcdla.sim.llm.LlmStep`: ``iteration_s`` from the schedule; the
-    steady-state parts (compute, recompute, TP, PP, offload) are the nominal last stage's, as in the fast path,
+    steady-state parts (compute, recompute, TP, PP, offload) are the nominal slowest stage's, as in the fast path,
     and ``bubble_s`` is the rest of the schedule (fill, drain and any wait on a straggler), so the parts still
     add up to ``iteration_s`` (to rounding: a schedule with no idle time gives ``bubble_s`` 0, never a
     negative remainder of the float sum)."""
     e = execution
     result = simulate_ranks(spec, e, cluster, slowdown=slowdown, layers_per_stage=layers_per_stage,
                             precision=precision)
-    c, m = result.costs, e.micro_batches
-    n = c.layers_per_stage
-    compute_mb = n * (c.layer_fwd_s + c.layer_bwd_s)
-    last_extra = c.last_fwd_s + c.last_bwd_s
-    parts = dict(compute_s=m * (compute_mb + last_extra), recompute_s=m * n * c.layer_recompute_s,
-                 tp_comm_s=m * n * (c.layer_tp_fwd_s + c.layer_tp_bwd_s),
-                 pp_comm_s=m * 2 * e.virtual_stages * c.p2p_s,
-                 offload_s=m * (c.offload_fwd_s + c.offload_bwd_s) + c.offload_step_s)
+    c = result.costs
+    _, parts = pacing_stage_parts(c, e)
     rest = sum(parts.values()) + c.dp_exposed_s + c.optimizer_s
     bubble = result.iteration_s - rest
     assert bubble > -1e-9 * result.iteration_s, (bubble, rest)  # the schedule never beats its busy time
