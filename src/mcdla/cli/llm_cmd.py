@@ -34,7 +34,7 @@ def validate_llm_cmd(
 
 @app.command("llm-predict")
 def llm_predict_cmd(
-    model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
+    model: Annotated[str, typer.Option(help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
     execution: Annotated[Path, typer.Option(help="Execution record (.json/.yaml): tp, pp, dp, batches, ...")],
     system: Annotated[str, typer.Option(help="Hardware preset or generator file (e.g. dgx-h100, gb200-nvl72), "
                                         "sized for the execution's GPUs; default: the validated DGX A100.")] = "dgx-a100",
@@ -48,7 +48,7 @@ def llm_predict_cmd(
     from mcdla.hardware.cluster import load_cluster
     from mcdla.sim import llm_step
     from mcdla.workload.execution import load_execution
-    from mcdla.workload.transformer import preset
+    from mcdla.workload.model_file import resolve_model
 
     if not execution.is_file():
         fail(f"--execution: got {str(execution)[:200]!r}; no such file")
@@ -64,7 +64,7 @@ def llm_predict_cmd(
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
     cluster = load_cluster(system).for_gpus(record.gpus)
-    step = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", **options)
+    step = llm_step(resolve_model(model), record, cluster, mode="ranks" if ranks or slow else "fast", **options)
     data = step.to_dict()
     if as_json:
         print(json.dumps(data, indent=2, allow_nan=False))

@@ -102,12 +102,12 @@ def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: 
     scores, their dropout reads, writes and stores a mask). Counted from the kernels Megatron-LM runs (fused
     bias-GELU, fused scale-mask-softmax, fused bias-dropout-add); no fitting."""
     e = spec.bytes_per_element
-    b, s, h, f = micro_batch, spec.seq_len / cp, spec.hidden, float(spec.ffn_hidden)  # type: ignore[arg-type]
+    b, s, h = micro_batch, spec.seq_len / cp, spec.hidden
     mask = 1.0 if spec.dropout else 0.0
     sbh = s * b * h
     norms = 2 * 2 * e * sbh
     residual = 2 * (3 * e + mask) * sbh
-    activation = spec.top_k * spec.ffn_matrices * e * s * b * f  # GELU: read f, write f; SwiGLU: read 2f
+    activation = spec.ffn_matrices * e * s * b * spec.ffn_width_per_token  # GELU: read f, write f; SwiGLU: read 2f
     scores = spec.heads * s * spec.seq_len * b * (2 * e + mask * (2 * e + 1))
     return {"block": (norms + residual) / (tp if sp else 1) + activation / tp, "scores": scores / tp}
 
