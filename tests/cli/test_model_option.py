@@ -11,7 +11,7 @@ def test_llm_predict_takes_a_config_json(tmp_path, run_cli):
                            "--system", "dgx-h100", "--json")
     assert code == 0 and json.loads(out)["iteration_s"] > 0
     code, _, err = run_cli("llm-predict", "--model", "nope.json", "--execution", str(execution))
-    assert code == 2 and err.startswith("mcdla: error: model: got 'nope.json' (no such file)")
+    assert code == 2 and err.startswith("mcdla: error: transformer: got 'nope.json'; no such file")
 
 
 def test_search_takes_a_config_json(run_cli):

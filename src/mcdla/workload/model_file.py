@@ -116,6 +116,8 @@ def resolve_model(model: str, *, seq_len: int | None = None) -> TransformerSpec:
     path = Path(model)
     if path.suffix.lower() in _SUFFIXES and path.is_file():
         return load_model_file(path, seq_len=seq_len)
-    what = "no such file" if path.suffix.lower() in _SUFFIXES else "not a preset"
-    raise WorkloadError(f"model: got {brief(model)} ({what}); must be one of {', '.join(preset_names())} or the "
-                        f"path of a model file ({', '.join(_SUFFIXES)}) or a Hugging Face config.json")
+    if path.suffix.lower() in _SUFFIXES:
+        raise WorkloadError(f"transformer: got {brief(model)}; no such file (a model file or a Hugging Face "
+                            "config.json)")
+    raise WorkloadError(f"transformer: got {brief(model)}; must be one of {', '.join(preset_names())} or the path "
+                        f"of a model file ({', '.join(_SUFFIXES)}) or a Hugging Face config.json")
