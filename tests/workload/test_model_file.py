@@ -44,7 +44,8 @@ def test_mla_is_a_nested_mapping(tmp_path):
     ({"layers": "32"}, "model.layers: got '32'"),
     ({"layers": 0}, "model.layers: got 0"),
     ({"mlp": "relu"}, "model.mlp: got 'relu'"),
-    ({"mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "rank": 2}}, "model.mla.rank: unknown field; allowed: kv_lora_rank"),
+    ({"mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "rank": 2}},
+     "model.mla.rank: unknown field; allowed: kv_lora_rank"),
     ({"mla": {"kv_lora_rank": 8}}, "model.mla.qk_nope_head_dim: missing; required"),
     ({"heads": 48}, "heads: got 48; must divide hidden"),
 ])

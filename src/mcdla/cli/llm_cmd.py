@@ -34,7 +34,8 @@ def validate_llm_cmd(
 
 @app.command("llm-predict")
 def llm_predict_cmd(
-    model: Annotated[str, typer.Option(help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
+    model: Annotated[str, typer.Option(
+        help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
     execution: Annotated[Path, typer.Option(help="Execution record (.json/.yaml): tp, pp, dp, batches, ...")],
     system: Annotated[str, typer.Option(help="Hardware preset or generator file (e.g. dgx-h100, gb200-nvl72), "
                                         "sized for the execution's GPUs; default: the validated DGX A100.")] = "dgx-a100",

@@ -54,7 +54,8 @@ def _csv_text(rows: Any) -> str:
 
 @app.command("search")
 def search_cmd(
-    model: Annotated[str, typer.Option(help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
+    model: Annotated[str, typer.Option(
+        help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
     system: Annotated[str, typer.Option(help="Generated system preset (dgx-a100, dgx-h100, gb200-nvl72, ...) or file.")],
     gpus: Annotated[int, typer.Option(help="GPUs in total: whole nodes, or a divisor of one node.")],
     global_batch: Annotated[int, typer.Option(help="Samples per iteration over all data-parallel replicas.")],

@@ -188,7 +188,8 @@ class TransformerSpec:
         if self.dense_layers >= self.layers:
             raise WorkloadError(f"{owner}.dense_layers: got {self.dense_layers}; must be < layers ({self.layers})")
         if self.dense_layers and (self.experts == 1 or self.dense_ffn_hidden is None):
-            raise WorkloadError(f"{owner}.dense_layers: got {self.dense_layers}; needs experts > 1 and dense_ffn_hidden")
+            raise WorkloadError(f"{owner}.dense_layers: got {self.dense_layers}; "
+                                "needs experts > 1 and dense_ffn_hidden")
         if self.shared_experts and self.experts == 1:
             raise WorkloadError(f"{owner}.shared_experts: got {self.shared_experts}; needs experts > 1")
         if self.mla is not None and not isinstance(self.mla, MlaAttention):
