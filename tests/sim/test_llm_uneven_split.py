@@ -6,7 +6,7 @@ from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.llm import llm_step
 from mcdla.sim.llm_ranks import simulate_ranks
-from mcdla.workload.execution import Execution, execution_from_dict, stage_layers
+from mcdla.workload.execution import Execution, chunk_layers, execution_from_dict, stage_layers
 from mcdla.workload.transformer import TransformerSpec, preset
 
 PEAK, EFF = 300e12, 0.5
@@ -86,3 +86,31 @@ def test_end_stage_counts_need_a_pipeline():
     """``layers_first_stage`` with pp = 1 is refused where the record is read."""
     with pytest.raises(ConfigError, match=r"execution\.layers_first_stage: got 4 with pp=1"):
         execution_from_dict({"gpus": 1, "layers_first_stage": 4})
+
+
+def test_embedding_and_loss_counted_as_layers_split_405b_over_16_stages_of_4_chunks():
+    """Megatron-Bridge's GB200 405B split (PP16 VP4, embedding and loss as layers): 128 over 64 chunks of 2, the
+    first and the last chunk 1 real layer; stages of 7, 14 x 8, 7."""
+    e = Execution(gpus=16, pp=16, virtual_stages=4, micro_batch=1, global_batch=16,
+                  account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    grid = chunk_layers(e, preset("llama3-405b"))
+    assert grid[0] == (1, 2, 2, 2) and grid[-1] == (2, 2, 2, 1) and set(grid[1:-1]) == {(2, 2, 2, 2)}
+    assert stage_layers(e, preset("llama3-405b")) == (7,) + (8,) * 14 + (7,)
+
+
+def test_embedding_as_a_layer_paces_on_the_last_stage(llm_cluster):
+    """7 layers on 4 stages with the embedding as a layer: 1/2/2/2; the last stage (2 layers and the logits)
+    paces: ``8 x 2 + (1 + 2 + 2)`` layer times plus 8 times the logits, in both modes."""
+    spec = TransformerSpec(name="s7", layers=7, hidden=1024, heads=16, vocab=8, seq_len=1024)
+    e = Execution(gpus=4, pp=4, micro_batch=1, global_batch=8, account_for_embedding_in_pipeline_split=True)
+    cluster = llm_cluster(nodes=2, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
+    logits = 3 * 2 * spec.seq_len * spec.hidden * spec.vocab / (PEAK * EFF)
+    expect = (8 * 2 + 5) * _layer_s(spec) + 8 * logits
+    assert llm_step(spec, e, cluster).iteration_s == pytest.approx(expect, rel=1e-3)
+    assert simulate_ranks(spec, e, cluster).iteration_s == pytest.approx(expect, rel=1e-3)
+
+
+def test_accounting_and_end_stage_counts_exclude_each_other():
+    """Both ways of splitting unevenly at once is one line naming the field."""
+    with pytest.raises(ConfigError, match=r"^execution\.layers_first_stage: got it with account_for"):
+        Execution(gpus=4, pp=4, layers_first_stage=1, account_for_loss_in_pipeline_split=True)

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
-from mcdla.workload.execution import Execution, check_execution, stage_layers
+from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
@@ -192,6 +192,7 @@ class StageCosts:
     optimizer_s: float  # the Adam step
     offload_step_s: float  # optimizer state to and from the second tier
     stage_layers: tuple[int, ...] = ()  # layers of each pipeline stage, first to last
+    chunk_layers: tuple[tuple[int, ...], ...] = ()  # layers of each stage's virtual chunks
 
     @property
     def dp_exposed_s(self) -> float:
@@ -260,7 +261,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         layer_tp_bwd_s=2 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0), p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=2 * (logits + loss), offload_fwd_s=off_fwd, offload_bwd_s=off_bwd,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s,
-        offload_step_s=offload_step, stage_layers=split_layers)
+        offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec))
 
 
 def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, mode: str = "fast",
@@ -283,7 +284,7 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
         raise ConfigError(f"llm_step: got {', '.join(sorted(ranks_options))} with mode=fast; "
                           "per-rank options need mode=ranks")
     c = stage_costs(spec, execution, cluster, precision=precision)
-    if len(set(c.stage_layers)) > 1:
+    if len(set(c.stage_layers)) > 1 or len({n for row in c.chunk_layers for n in row}) > 1:
         # An uneven split: the slowest stage sets the pace, but how long the others fill, drain and hold it
         # up depends on where it sits, so the schedule itself is the closed form (O(dp p m v) ops).
         from mcdla.sim.llm_ranks import ranks_step

@@ -153,15 +153,17 @@ class RanksResult:
     costs: StageCosts
 
 
-def _chunk_durations(c: StageCosts, e: Execution, layers: Sequence[int], factor: Sequence[float],
+def _chunk_durations(c: StageCosts, e: Execution, chunks: Sequence[Sequence[int]], factor: Sequence[float],
                      ) -> tuple[list[list[float]], list[list[float]]]:
-    """Forward and backward durations per stage and chunk for one replica (module docstring)."""
+    """Forward and backward durations per stage and chunk for one replica (module docstring); ``chunks``:
+    the layers of each stage's chunks."""
     p, v = e.pp, e.virtual_stages
     fwd, bwd = [], []
     for s in range(p):
-        n, k = layers[s] // v, factor[s]
+        k = factor[s]
         f_row, b_row = [], []
         for ch in range(v):
+            n = chunks[s][ch]
             last = s == p - 1 and ch == v - 1
             f_row.append(k * (n * c.layer_fwd_s + (c.last_fwd_s if last else 0.0)) + n * c.layer_tp_fwd_s
                          + c.p2p_s + c.offload_fwd_s / v)
@@ -179,7 +181,7 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
 
     ``slowdown``: rank -> compute time factor (>= 1 for a straggler; 2 = twice as slow). ``layers_per_stage``:
     layers of each pipeline stage (sum = the model's layers, each a multiple of the virtual stages); default the
-    execution's split (:func:`~mcdla.workload.execution.stage_layers`).
+    execution's split (:func:`~mcdla.workload.execution.chunk_layers`).
     """
     e = execution
     c = stage_costs(spec, e, cluster, precision=precision)
@@ -192,10 +194,12 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
         if isinstance(k, bool) or not isinstance(k, int | float) or not 0 < k < float("inf"):
             raise ConfigError(f"slowdown[{rank}]: got {brief(k)}; must be a finite factor > 0")
     layers = list(layers_per_stage) if layers_per_stage is not None else list(c.stage_layers)
-    if (len(layers) != p or sum(layers) != spec.layers
+    if layers_per_stage is not None and (
+            len(layers) != p or sum(layers) != spec.layers
             or any(isinstance(n, bool) or not isinstance(n, int) or n < v or n % v for n in layers)):
         raise ConfigError(f"layers_per_stage: got {brief(layers_per_stage)}; must be {p} integers summing to "
                           f"{spec.layers}, each a positive multiple of virtual_stages={v}")
+    chunks = [[n // v] * v for n in layers] if layers_per_stage is not None else c.chunk_layers
 
     def group(s: int, d: int) -> list[int]:
         """The TP x CP ranks of stage ``s`` in replica ``d``."""
@@ -204,7 +208,7 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
     factor = [[max(slowdown.get(r, 1.0) for r in group(s, d)) for s in range(p)] for d in range(e.dp)]
     pipelines: list[PipelineSchedule] = []
     for d in range(e.dp):
-        fwd, bwd = _chunk_durations(c, e, layers, factor[d])
+        fwd, bwd = _chunk_durations(c, e, chunks, factor[d])
         pipelines.append(schedule_pipeline(fwd, bwd, e.micro_batches))
     # The DP reduction of stage s waits for the slowest replica's last backward of that stage.
     if c.dp_full_s > 0:

@@ -10,7 +10,9 @@ splits into whole micro-batches per replica); :func:`check_execution` adds the c
 (layers per virtual stage, heads and kv-heads per TP rank, sequence per CP rank). A pipeline split may be
 uneven as Megatron-LM's ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``
 make it: ``layers_first_stage`` and ``layers_last_stage`` fix the end stages and the middle stages share the
-rest equally (:func:`stage_layers`). Files are read with
+rest equally (:func:`stage_layers`); or, as ``--account-for-embedding-in-pipeline-split`` /
+``--account-for-loss-in-pipeline-split`` do, the embedding and the loss count as one layer each, so the first
+and the last model chunk hold one layer fewer (:func:`chunk_layers`). Files are read with
 pydantic at the boundary (:func:`load_execution`), extra fields and non-finite numbers refused.
 """
 
@@ -26,7 +28,7 @@ from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, field_path
 from mcdla.workload.transformer import Recompute, TransformerSpec
 
-__all__ = ["Execution", "check_execution", "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
+__all__ = ["Execution", "check_execution", "chunk_layers", "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "full")
 _INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "virtual_stages", "micro_batch", "global_batch")
@@ -48,6 +50,8 @@ class Execution:
         dp_overlap: overlap the gradient reduction with backward (else it runs after the last backward).
         layers_first_stage, layers_last_stage: layers of the first and of the last pipeline stage (None = an
             equal share); the middle stages split the remaining layers equally (:func:`stage_layers`).
+        account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split: count the embedding (the
+            loss) as a layer of the first (last) model chunk, Megatron-LM's other uneven split (:func:`chunk_layers`).
     """
 
     gpus: int
@@ -67,6 +71,8 @@ class Execution:
     dp_overlap: bool = False
     layers_first_stage: int | None = None
     layers_last_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -74,7 +80,7 @@ class Execution:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= 1")
         for name in ("sequence_parallel", "offload_activations", "offload_weights", "offload_optimizer",
-                     "dp_overlap"):
+                     "dp_overlap", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
@@ -87,6 +93,10 @@ class Execution:
                 raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= 1 or absent")
             if value is not None and self.pp == 1:
                 raise ConfigError(f"execution.{name}: got {value} with pp=1; an uneven split needs pp > 1")
+        accounting = self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split
+        if accounting and (self.layers_first_stage is not None or self.layers_last_stage is not None):
+            raise ConfigError("execution.layers_first_stage: got it with account_for_*_in_pipeline_split; "
+                              "choose one way of splitting unevenly")
         product = self.tp * self.pp * self.dp * self.cp
         if product != self.gpus:
             raise ConfigError(f"execution.gpus: got {self.gpus}; must equal tp*pp*dp*cp = "
@@ -125,6 +135,8 @@ def stage_layers(execution: Execution, spec: TransformerSpec) -> tuple[int, ...]
     """
     e, layers = execution, spec.layers
     first, last = e.layers_first_stage, e.layers_last_stage
+    if e.account_for_embedding_in_pipeline_split or e.account_for_loss_in_pipeline_split:
+        return tuple(sum(row) for row in chunk_layers(e, spec))
     if first is None and last is None:
         chunks = e.pp * e.virtual_stages
         if layers % chunks:
@@ -151,6 +163,34 @@ def stage_layers(execution: Execution, spec: TransformerSpec) -> tuple[int, ...]
         raise ConfigError(f"execution.virtual_stages: got {e.virtual_stages}; must divide the layers of every "
                           f"stage, here {split}")
     return tuple(split)
+
+
+def chunk_layers(execution: Execution, spec: TransformerSpec) -> tuple[tuple[int, ...], ...]:
+    """The layers of each pipeline stage's ``virtual_stages`` model chunks, ``[stage][chunk]``; one-line
+    ConfigError unless they split evenly.
+
+    Without the accounting options each chunk of a stage holds ``stage_layers / virtual_stages``. With them,
+    ``layers`` plus the embedding and/or the loss, as one layer each, split equally over the ``pp *
+    virtual_stages`` chunks, and the first model chunk (stage 0, chunk 0) and/or the last (stage ``pp - 1``,
+    chunk ``virtual_stages - 1``) hold one real layer fewer (Megatron-LM's
+    ``account_for_embedding/loss_in_pipeline_split``).
+    """
+    e = execution
+    v = e.virtual_stages
+    embedding, loss = e.account_for_embedding_in_pipeline_split, e.account_for_loss_in_pipeline_split
+    if not (embedding or loss):
+        return tuple((n // v,) * v for n in stage_layers(e, spec))
+    total, chunks = spec.layers + int(embedding) + int(loss), e.pp * v
+    if total % chunks or total // chunks < 2:
+        raise ConfigError(f"execution.pp: got pp*virtual_stages = {e.pp}*{v} = {chunks}; must divide the "
+                          f"{spec.layers} layers of {spec.name} plus the embedding/loss counted as layers "
+                          f"({total}), at least 2 per chunk")
+    grid = [[total // chunks] * v for _ in range(e.pp)]
+    if embedding:
+        grid[0][0] -= 1
+    if loss:
+        grid[-1][-1] -= 1
+    return tuple(tuple(row) for row in grid)
 
 
 def check_execution(execution: Execution, spec: TransformerSpec) -> None:
@@ -191,6 +231,8 @@ class _ExecutionFile(BaseModel):
     dp_overlap: bool = False
     layers_first_stage: int | None = Field(default=None, ge=1)
     layers_last_stage: int | None = Field(default=None, ge=1)
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
