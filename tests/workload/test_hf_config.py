@@ -41,6 +41,15 @@ DEEPSEEK_V2 = {"architectures": ["DeepseekV2ForCausalLM"], "attention_bias": Fal
                "rope_scaling": {"factor": 40, "original_max_position_embeddings": 4096, "type": "yarn"}}
 
 
+LLAMA2_7B = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+             "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+             "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "rope_scaling": None,
+             "tie_word_embeddings": False, "vocab_size": 32000}
+DEEPSEEK_V2_LITE = {**DEEPSEEK_V2, "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+                    "n_routed_experts": 64, "num_attention_heads": 16, "num_hidden_layers": 27,
+                    "num_key_value_heads": 16, "q_lora_rank": None}
+
+
 def _example(name):
     return resolve_model(f"examples/{name}.json")
 
@@ -51,6 +60,11 @@ def test_llama3_8b_has_its_published_count():
     spec = spec_from_hf_config(LLAMA3_8B, name="llama3-8b")
     assert spec.params() == 8_030_261_248
     assert spec.params() == preset("llama3-8b").params()
+
+
+def test_llama2_7b_has_its_published_count():
+    """Llama-2-7b (multi-head attention, no GQA): 6,738,415,616 parameters."""
+    assert spec_from_hf_config(LLAMA2_7B, name="l").params() == 6_738_415_616
 
 
 def test_mistral_7b_has_its_published_count():
@@ -104,6 +118,13 @@ def test_deepseek_v2_total_and_active():
     spec = spec_from_hf_config(DEEPSEEK_V2, name="d")
     assert spec.params() == pytest.approx(236e9, rel=0.01)
     assert spec.active_params() == pytest.approx(21e9, rel=0.02)
+
+
+def test_deepseek_v2_lite_queries_without_a_latent():
+    """DeepSeek-V2-Lite (``q_lora_rank: null``, a direct Q projection): 15.7B total (its model card)."""
+    spec = spec_from_hf_config(DEEPSEEK_V2_LITE, name="d")
+    assert spec.mla is not None and spec.mla.q_lora_rank is None
+    assert spec.params() == pytest.approx(15.7e9, abs=0.05e9)
 
 
 def test_deepseek_v3_layer_flops_from_its_matrices():
