@@ -23,8 +23,8 @@ NOTE [time model] (also ``docs/llm.md``):
   Megatron's scatter/gather) over the dimension neighbouring stages are apart on; the last stage adds the vocabulary projection and
   the loss. Iteration = ``m * T_last + (p - 1) / v * T_middle``, the exact length of the (interleaved) 1F1B
   schedule of these stages (the bubble ``(p - 1) / (m v)`` when balanced); ``mode="ranks"`` schedules every
-  rank instead (``sim/llm_ranks.py``), as does an uneven split (``layers_first_stage``/``layers_last_stage``),
-  where the slowest stage sets the pace.
+  rank instead (``sim/llm_ranks.py``), as does an uneven split (``layers_first_stage``/``layers_last_stage``,
+  or the embedding and the loss counted as layers), where the slowest stage sets the pace.
 * Data parallelism: one all-reduce of the rank's gradients on the DP group's dimensions (hierarchical over
   NVLink and the network when a node holds several members; ZeRO-1/2: reduce-scatter + all-gather, the same
   traffic; ZeRO-3: one more all-gather of weights) after the last backward, or overlapped with the last

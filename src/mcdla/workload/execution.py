@@ -28,7 +28,8 @@ from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, field_path
 from mcdla.workload.transformer import Recompute, TransformerSpec
 
-__all__ = ["Execution", "check_execution", "chunk_layers", "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
+__all__ = ["Execution", "check_execution", "chunk_layers", "stage_layers", "execution_from_dict", "load_execution",
+           "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "full")
 _INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "virtual_stages", "micro_batch", "global_batch")
