@@ -142,7 +142,8 @@ def _render(data: dict[str, Any]) -> None:
 
 @app.command("llm-predict")
 def llm_predict_cmd(
-    model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
+    model: Annotated[str, typer.Option(
+        help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
     execution: Annotated[Path, typer.Option(help="Execution record (.json/.yaml): tp, pp, dp, batches, ...")],
     system: Annotated[str, typer.Option(help="Hardware preset or generator file (e.g. dgx-h100, gb200-nvl72), "
                                         "sized for the execution's GPUs; default: the validated DGX A100.")] = "dgx-a100",
@@ -160,7 +161,7 @@ def llm_predict_cmd(
     from mcdla.sim import llm_step
     from mcdla.sim.llm import DEFAULT_PRECISION
     from mcdla.workload.execution import load_execution
-    from mcdla.workload.transformer import preset
+    from mcdla.workload.model_file import resolve_model
 
     if not execution.is_file():
         fail(f"--execution: got {str(execution)[:200]!r}; no such file")
@@ -178,7 +179,7 @@ def llm_predict_cmd(
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
-    spec = preset(model)
+    spec = resolve_model(model)
     base = _cluster(system)
     base.nodes_for(record.gpus, field="execution.gpus")
     cluster = base.for_gpus(record.gpus)

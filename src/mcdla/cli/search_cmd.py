@@ -54,7 +54,8 @@ def _csv_text(rows: Any) -> str:
 
 @app.command("search")
 def search_cmd(
-    model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
+    model: Annotated[str, typer.Option(
+        help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
     system: Annotated[str, typer.Option(help="Generated system preset (dgx-a100, dgx-h100, gb200-nvl72, ...) or file.")],
     gpus: Annotated[int, typer.Option(help="GPUs in total (any count; the last node may be partly used).")],
     global_batch: Annotated[int, typer.Option(help="Samples per iteration over all data-parallel replicas.")],
@@ -85,7 +86,7 @@ def search_cmd(
     from mcdla.plan.llm_search import RAY_INSTALL_HINT, search
     from mcdla.report.meta import meta_comment_lines, results_meta
     from mcdla.units import format_bytes
-    from mcdla.workload.transformer import preset
+    from mcdla.workload.model_file import resolve_model
 
     for name, value in (("--gpus", gpus), ("--global-batch", global_batch), ("--top", top), ("--seq", seq),
                         ("--workers", workers), ("--chunk-size", chunk_size),
@@ -100,9 +101,7 @@ def search_cmd(
 
         if importlib.util.find_spec("ray") is None:
             fail(f"--ray: the ray package is not installed; install it with {RAY_INSTALL_HINT}")
-    spec = preset(model)
-    if seq is not None:
-        spec = dataclasses.replace(spec, seq_len=seq)
+    spec = resolve_model(model, seq_len=seq)
     cluster = load_cluster(system)
     cluster.nodes_for(gpus, field="--gpus")
     sys_ = cluster.for_gpus(gpus)
