@@ -32,12 +32,20 @@ NOTE [bytes final]
     numbered below the counter has returned (without them a storage also waited across every op that saves
     nothing). On CUDA the same rule orders the copy after the kernel that writes the bytes, since the
     copy's event is recorded when it starts.
+
+NOTE [forked children]
+    A step belongs to the process that entered it. A child made by ``os.fork`` during a step shares its
+    records, blocks and handles but not its I/O threads: settling there waited forever for transfers no
+    thread of the child runs, and aborting or releasing there freed the parent's blocks. So in any other
+    process the step does nothing on exit, abort, settle or a handle's death, a save is left unmanaged,
+    and an unpack raises OffloadError naming the owner process; the parent's step runs on untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -94,6 +102,7 @@ class _Step:
     def __init__(self, *, index: int, pool: Pool, config: _Config, attribution: _Attribution,
                  host_buffers: HostBufferPool, on_finish: Callable[[_Step], None]) -> None:
         self.index = index
+        self.pid = os.getpid()  # NOTE [forked children]
         self.pool = pool
         self.cfg = config
         self.attr = attribution
@@ -150,6 +159,11 @@ class _Step:
             self.report.sample(self._resident)
 
     @property
+    def foreign(self) -> bool:
+        """Whether this process is not the one that ran the step (a forked child; NOTE [forked children])."""
+        return os.getpid() != self.pid
+
+    @property
     def resident_saved_bytes(self) -> int:
         """Bytes of managed saved storages held on the device now."""
         return self._resident
@@ -189,6 +203,8 @@ class _Step:
         """
         if self._failure is not None:
             self._raise_failure()
+        if self.foreign:
+            return t.detach()
         storage = managed_storage(t, self.cfg.min_bytes, self._param_ptrs)
         report = self.report
         seq = _get_sequence_nr()
@@ -325,6 +341,8 @@ class _Step:
 
     def settle(self) -> None:
         """Wait (outside the lock) for every transfer in flight and apply it; a finished backward finishes."""
+        if self.foreign:
+            return
         with self._lock:
             futures = list(self._inflight)
         wait_all(futures)
@@ -362,6 +380,9 @@ class _Step:
     def unpack(self, h: _Handle) -> torch.Tensor:
         """The unpack hook: the saved tensor back on its device, bit for bit."""
         rec = h.record
+        if self.foreign:
+            raise OffloadError(f"{rec.label}: saved by process {self.pid}; a forked child cannot use the parent's "
+                               "saved tensors (run backward in the parent)")
         if self._deferred:  # backward began inside the context: forward's last saves are final
             self._start_deferred()
         with self._lock:
@@ -499,6 +520,8 @@ class _Step:
             self.policy.forget(rec)
 
     def _handle_dead(self, rec: _Record, unpacked: bool) -> None:
+        if self.foreign:
+            return
         self._lock.post(lambda: self._on_handle_dead(rec, unpacked))
 
     def _on_handle_dead(self, rec: _Record, unpacked: bool) -> None:
@@ -546,6 +569,8 @@ class _Step:
 
     def exit(self) -> None:
         """The context exited normally; finish if backward is over, and raise a failure not yet seen."""
+        if self.foreign:
+            return
         if self._failure is None:
             self._start_deferred()
         with self._lock:
@@ -562,6 +587,8 @@ class _Step:
 
     def abort(self, exc: BaseException) -> None:
         """Drop everything this step holds: await transfers, free blocks, join threads, trim host buffers."""
+        if self.foreign:
+            return
         with self._lock:
             if self._finished:
                 return

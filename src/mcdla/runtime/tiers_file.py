@@ -33,6 +33,17 @@ NOTE [crash cleanup]
     is left alone (it may keep the process running; if it exits, the exit cleanup runs). SIGKILL leaves the
     files for the next sweep.
 
+NOTE [forked children]
+    A child made by ``os.fork`` (``multiprocessing`` with fork, a DataLoader worker) inherits the parent's
+    tiers, finalizers and SIGTERM handler, and its exit or SIGTERM would remove the parent's block files
+    under a running step. Every cleanup path is tied to its process: the finalizer carries the pid that
+    made the prefix and does nothing elsewhere, the SIGTERM handler removes only prefixes naming its own
+    pid, and ``_discard`` removes only files named with the tier's current prefix. An
+    ``os.register_at_fork`` hook gives each tier in the child a prefix of its own (a fresh token and the
+    child's pid, so its block names never collide with the parent's), a fresh lock (a parent thread may
+    have held the old one at the fork) and no I/O helper threads. The step itself is guarded the same way
+    (NOTE [forked children] in ``_step``).
+
 NOTE [direct I/O]
     A block larger than ``chunk_bytes`` (8 MiB) bypasses the page cache (``O_DIRECT``) by default; smaller
     ones go through it as before. Profiled on the 2-core VM this was built on, the page cache, not the
@@ -115,6 +126,7 @@ def _host_tag() -> str:
 _HOST_TAG = _host_tag()
 _OWN_TOKENS: set[str] = set()  # tier tokens made by this process (a fork's child has another pid)
 _LIVE_PREFIXES: dict[str, Path] = {}  # prefix -> directory of every FileTier alive in this process
+_LIVE_TIERS: weakref.WeakSet[FileTier] = weakref.WeakSet()  # every FileTier alive, renamed in a forked child
 _sigterm_installed = False
 
 
@@ -135,10 +147,28 @@ def _remove_blocks(directory: Path, prefix: str) -> int:
     return removed
 
 
-def _forget(prefix: str, directory: Path) -> None:
-    """Finalizer of a FileTier (collected, or the interpreter exits): its block files go (NOTE [crash cleanup])."""
+def _forget(prefix: str, directory: Path, owner_pid: int) -> None:
+    """Finalizer of a FileTier (collected, or the interpreter exits): its block files go (NOTE [crash cleanup]).
+
+    Only in the process that made them: a forked child inherits the finalizer, and its exit must leave the
+    parent's blocks alone (NOTE [forked children]).
+    """
+    if os.getpid() != owner_pid:
+        return
     _LIVE_PREFIXES.pop(prefix, None)
     _remove_blocks(directory, prefix)
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork`` hook: the child drops the parent's prefixes and renames its tiers (NOTE [forked children])."""
+    _OWN_TOKENS.clear()
+    _LIVE_PREFIXES.clear()
+    for tier in list(_LIVE_TIERS):
+        tier._adopt_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _owner_gone(pid: int, token: str) -> bool:
@@ -186,8 +216,10 @@ def sweep_dead_blocks(directory: str | os.PathLike[str]) -> int:
 
 def _on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM with the default action: remove this process's block files, then die of SIGTERM as before."""
+    pid = os.getpid()
     for prefix, directory in list(_LIVE_PREFIXES.items()):
-        _remove_blocks(directory, prefix)
+        if prefix.split("-")[2] == str(pid):  # never a parent's blocks (NOTE [forked children])
+            _remove_blocks(directory, prefix)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 
@@ -262,18 +294,32 @@ class FileTier(Tier):
         self.directory = path
         self.chunk_bytes = int(chunk_bytes)
         self.direct = bool(direct and fio.O_DIRECT)
+        self._claim_prefix()
+        self.swept_blocks = sweep_dead_blocks(path)  # NOTE [crash cleanup]
+        _install_sigterm_cleanup()
+        self._bounce: list[tuple[np.ndarray, ...]] = []  # idle sets of bounce buffers (NOTE [direct I/O])
+        self._start_threads_state()
+        _LIVE_TIERS.add(self)
+
+    def _claim_prefix(self) -> None:
+        """Name this process's block files with a fresh token and register their cleanup (NOTE [crash cleanup])."""
         token = secrets.token_hex(4)
         _OWN_TOKENS.add(token)
         self._prefix = f"mcdla-{_HOST_TAG}-{os.getpid()}-{token}-"
-        self.swept_blocks = sweep_dead_blocks(path)  # NOTE [crash cleanup]
-        _LIVE_PREFIXES[self._prefix] = path
-        weakref.finalize(self, _forget, self._prefix, path)
-        _install_sigterm_cleanup()
         self._counter = itertools.count()
-        self._bounce: list[tuple[np.ndarray, ...]] = []  # idle sets of bounce buffers (NOTE [direct I/O])
+        _LIVE_PREFIXES[self._prefix] = self.directory
+        weakref.finalize(self, _forget, self._prefix, self.directory, os.getpid())
+
+    def _start_threads_state(self) -> None:
         self._per_thread = threading.local()  # .worker: the calling thread's Worker
         self._workers: weakref.WeakSet[fio.Worker] = weakref.WeakSet()  # all of them, for close()
-        self._closer = fio.Closer(f"mcdla-io-free {path.name}")
+        self._closer = fio.Closer(f"mcdla-io-free {self.directory.name}")
+
+    def _adopt_in_child(self) -> None:
+        """In a forked child: blocks of its own from now on, no locks or threads of the parent (NOTE [forked children])."""
+        self._lock = threading.Lock()  # a parent's thread may have held it at the fork
+        self._claim_prefix()
+        self._start_threads_state()
 
     def block_paths(self) -> list[Path]:
         """Block files of this tier now on disk."""
@@ -356,6 +402,8 @@ class FileTier(Tier):
 
     def _discard(self, block: Block) -> None:
         path: Path = block.payload
+        if not path.name.startswith(self._prefix):  # a parent's block seen from a forked child: not ours to remove
+            return
         fd = -1
         if block.nbytes > self.chunk_bytes:  # NOTE [freeing blocks]: the last close frees the disk blocks
             try:
