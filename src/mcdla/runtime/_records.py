@@ -80,7 +80,7 @@ class _State(Enum):
     OFFLOADED = "offloaded"  # only in a tier
     FETCHING = "fetching"  # being copied back
     READY = "ready"  # back on the device (or the source was reused), waiting for its unpacks
-    CONSUMED = "consumed"  # every handle unpacked; the runtime holds nothing
+    CONSUMED = "consumed"  # every handle unpacked; bytes kept for another unpack (NOTE [backward twice] in _step)
     RELEASED = "released"  # every handle gone; the record left the tracker
     FAILED = "failed"  # a transfer failed; ``error`` says how
 

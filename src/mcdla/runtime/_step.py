@@ -33,6 +33,15 @@ NOTE [bytes final]
     nothing). On CUDA the same rule orders the copy after the kernel that writes the bytes, since the
     copy's event is recorded when it starts.
 
+NOTE [backward twice]
+    ``backward(retain_graph=True)`` and double backward (gradient penalties: WGAN-GP, R1) unpack a saved
+    tensor more than once. After the last unpack of a storage the record keeps its bytes (the source, or
+    what was fetched) referenced until its handles die, as autograd keeps a saved tensor until its node
+    releases it; no bytes move again. Without ``retain_graph`` a node releases its saved tensors right
+    after running, so the handles die, and the bytes go, when the node's unpacked views would anyway; with
+    it they stay until the graph is dropped, which is what PyTorch without hooks keeps too. The runtime
+    stops counting them as resident at the last unpack (they are "returned", NOTE [memory honesty]).
+
 NOTE [forked children]
     A step belongs to the process that entered it. A child made by ``os.fork`` during a step shares its
     records, blocks and handles but not its I/O threads: settling there waited forever for transfers no
@@ -391,7 +400,7 @@ class _Step:
             state = rec.state
             if state is _State.OFFLOADING:  # the copy is still running: use the bytes still held
                 rec.state = state = _State.READY
-            if state in (_State.RESIDENT, _State.READY):
+            if state in (_State.RESIDENT, _State.READY, _State.CONSUMED):  # NOTE [backward twice]
                 view = self._view(h, rec.bytes_now())
                 self._consume(h)
                 self._top_up()
@@ -423,11 +432,11 @@ class _Step:
             raise OffloadError(f"{rec.label}: its step was aborted ({self.report.error}); the graph cannot be used")
         if self._failure is not None:
             self._raise_failure()
-        if h.unpacked:
+        if h.unpacked and rec.bytes_now() is None:  # NOTE [backward twice]: not expected to happen
             where = f"tier {rec.tier_name!r}" if rec.tier_name else "the device"
             raise OffloadError(
-                f"{rec.label}: fetched twice (from {where}); backward through one graph twice (retain_graph=True) "
-                "is not supported for managed tensors; save them under keep_resident()"
+                f"{rec.label}: unpacked again (it came from {where}) after the runtime let go of its bytes; "
+                "save the tensors of a graph that is backpropagated twice under keep_resident()"
             )
         version = h.modified_version()
         if version is not None:
@@ -510,11 +519,11 @@ class _Step:
         self._sample()
 
     def _drop_bytes(self, rec: _Record) -> None:
-        """Every live handle was unpacked: autograd holds what it needs; the runtime lets go."""
+        """Every live handle was unpacked: autograd holds what it needs; the runtime stops counting the bytes
+        as its own but keeps them referenced until the handles die (NOTE [backward twice])."""
         if rec.state in (_State.RESIDENT, _State.READY):
             rec.state = _State.CONSUMED
             self.lingering.let_go(rec.bytes_now(), rec.nbytes, "returned")  # autograd holds it until used
-            rec.source = rec.restored = rec.event = None
             self._set_resident(rec, False)
             self.prefetch.give_back(rec)
             self.policy.forget(rec)
