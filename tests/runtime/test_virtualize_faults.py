@@ -14,18 +14,13 @@ from mcdla.errors import OffloadError, RuntimeTierError
 from mcdla.runtime import FileTier, HostBufferPool, HostTier, Pool, TierFullError, keep_resident, virtualize
 
 from ._models import twin
-from ._models import model_and_batch, wait_offloaded
+from ._models import assert_released, model_and_batch, wait_offloaded
 
 LABEL = r"saved tensor #\d+ \((module '[\w.]*'|no module), \w+\[[\dx]+\]\)"
 
 
 def _assert_clean(vm, tmp_path, threads: int) -> None:
-    deadline = time.monotonic() + 5.0
-    while threading.active_count() > threads and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert threading.active_count() <= threads
-    assert vm.live_steps == 0 and vm.tracker_entries == 0
-    assert vm.pool.used_bytes == 0 and vm.pool.block_count == 0
+    assert_released(vm, threads)
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 

@@ -379,7 +379,7 @@ class _Step:
             else:  # the bytes were needed (or dropped) before the copy finished: the copy is not needed
                 if rec.state is _State.OFFLOADING:
                     rec.state = _State.RESIDENT
-                block.tier.free(block)
+                self.report.warn(block.tier.free(block))  # NOTE [freeing never fails] in ``pool``
         if self._cap is not None and self.prefetch.in_backward:
             self._top_up()  # room freed: a fetch held back by the plan's budget may start
         self._sample()
@@ -555,7 +555,7 @@ class _Step:
         if self._by_storage.get(rec.key) is rec:
             del self._by_storage[rec.key]
         if block is not None:
-            block.tier.free(block)
+            self.report.warn(block.tier.free(block))
         self._sample()
         self._maybe_finish()
 
@@ -603,23 +603,33 @@ class _Step:
                 return
             self._aborted = self._exited = True
             self.report.aborted, self.report.error = True, _one_line(exc)
-            for rec in self._records.values():
-                block, rec.block = rec.block, None
-                if block is not None:
-                    block.tier.free(block)
-                rec.source = rec.restored = rec.event = None
-                rec.state = _State.FAILED
-                rec.error = OffloadError(f"{rec.label}: its step was aborted ({_one_line(exc)})")
-                self._set_resident(rec, False)
-                self.prefetch.give_back(rec)
-            self._records.clear()
-            self._by_storage.clear()
-            self._deferred.clear()
-            self.policy.clear()
-            self.prefetch.clear()
-        self.settle()  # completions of transfers still running free their blocks
-        self.mover.shutdown(wait=True)
-        self.host_buffers.trim()
-        with self._lock:
-            if not self._finished:
-                self._finish()
+            try:
+                for rec in self._records.values():
+                    self._abort_record(rec, exc)
+            finally:
+                self._records.clear()
+                self._by_storage.clear()
+                self._deferred.clear()
+                self.policy.clear()
+                self.prefetch.clear()
+        try:
+            self.settle()  # completions of transfers still running free their blocks
+        finally:  # NOTE [freeing never fails] in ``pool``: threads, buffers and the finish happen regardless
+            try:
+                self.mover.shutdown(wait=True)
+                self.host_buffers.trim()
+            finally:
+                with self._lock:
+                    if not self._finished:
+                        self._finish()
+
+    def _abort_record(self, rec: _Record, exc: BaseException) -> None:
+        """Free what ``rec`` holds and fail it (under the lock); never raises for its block."""
+        block, rec.block = rec.block, None
+        rec.source = rec.restored = rec.event = None
+        rec.state = _State.FAILED
+        rec.error = OffloadError(f"{rec.label}: its step was aborted ({_one_line(exc)})")
+        self._set_resident(rec, False)
+        self.prefetch.give_back(rec)
+        if block is not None:
+            self.report.warn(block.tier.free(block))  # NOTE [freeing never fails] in ``pool``

@@ -114,7 +114,8 @@ class _Mover:
         def job() -> Block:
             data = held.pop()
             t0 = self.report.now_s()
-            block = self.pool.write(memoryview(data.numpy()), index=index, reserved_bytes=reserved_bytes, label=rec.label)
+            block = self.pool.write(memoryview(data.numpy()), index=index, reserved_bytes=reserved_bytes,
+                                    label=rec.label, on_warning=self.report.warn)
             self._span("offload", rec, block.tier.name, t0, stored=block.tier.stored_bytes_of(block))
             return block
 
@@ -155,7 +156,8 @@ class _Mover:
             else:
                 try:
                     view = memoryview(staging[:n].numpy())
-                    block = self.pool.write(view, index=index, reserved_bytes=reserved, label=rec.label)
+                    block = self.pool.write(view, index=index, reserved_bytes=reserved, label=rec.label,
+                                            on_warning=self.report.warn)
                 finally:
                     self.host_buffers.release(staging)
             self._span("offload", rec, block.tier.name, t0, stored=block.tier.stored_bytes_of(block))
@@ -179,7 +181,7 @@ class _Mover:
                 dst = torch.empty(block.nbytes, dtype=torch.uint8)
                 tier.read_into(block, memoryview(dst.numpy()))
             finally:
-                tier.free(block)
+                self.report.warn(tier.free(block))  # NOTE [freeing never fails] in ``pool``
             self._span("fetch", rec, tier.name, t0)
             return dst, None
 
@@ -210,7 +212,7 @@ class _Mover:
                 self.host_buffers.release(staging)
                 raise
             finally:
-                tier.free(block)
+                self.report.warn(tier.free(block))  # NOTE [freeing never fails] in ``pool``
             with torch.cuda.device(device), torch.cuda.stream(h2d):
                 dst = torch.empty(block.nbytes, dtype=torch.uint8, device=device)
                 dst.copy_(staging[: block.nbytes], non_blocking=True)
@@ -231,7 +233,7 @@ class _Mover:
             try:
                 done.synchronize()
             finally:
-                tier.free(block)
+                self.report.warn(tier.free(block))  # NOTE [freeing never fails] in ``pool``
             self._span("fetch", rec, tier.name, t0)
             return dst, event
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mcdla.errors import OffloadError
+from mcdla.errors import OffloadError, RuntimeTierError
 from mcdla.runtime.pool import Block, Tier, TierFullError
 
 __all__ = ["CompressTier"]
@@ -120,7 +120,9 @@ class CompressTier(Tier):
         out[:] = raw
 
     def _discard(self, block: Block) -> None:
-        self.inner.free(block.payload)
+        failure = self.inner.free(block.payload)
+        if failure is not None:  # NOTE [freeing never fails] in ``pool``: Tier.free reports it
+            raise RuntimeTierError(failure)
 
     def close(self) -> None:
         super().close()

@@ -8,8 +8,9 @@ NOTE [file blocks]
     cleanup] says why the owner is in the name). Its CRC-32 (zlib) is
     computed while writing and checked after reading; a wrong size or checksum raises OffloadError naming
     the tensor and the file, never returns the bytes. Files are not fsynced: they are scratch data that
-    lives for one step. ENOSPC/EDQUOT raise TierFullError so the pool spills to the next tier; other OS
-    errors raise RuntimeTierError. A failed write removes its partial file; a freed block's file is removed.
+    lives for one step. ENOSPC/EDQUOT raise TierFullError so the pool spills to the next tier, and so do
+    EROFS/EACCES/EPERM/EIO when creating or writing a block (TierUnwritableError, NOTE [unwritable tiers] in
+    ``pool``); other OS errors raise RuntimeTierError. A failed write removes its partial file; a freed block's file is removed.
     A full mark expires once ``shutil.disk_usage`` shows room again (NOTE [full marks expire] in ``pool``).
 
 NOTE [untrusted directory]
@@ -102,13 +103,14 @@ import numpy as np
 
 from mcdla.errors import ConfigError, OffloadError, RuntimeTierError
 from mcdla.runtime import _file_io as fio
-from mcdla.runtime.pool import Block, Tier, TierFullError
+from mcdla.runtime.pool import Block, Tier, TierFullError, TierUnwritableError
 
 __all__ = ["FileTier", "default_io_threads", "sweep_dead_blocks"]
 
 _DEFAULT_CHUNK_BYTES = 8 << 20  # per pwrite/preadv call; also the size of each bounce buffer
 _DEFAULT_DISK_FRACTION = 0.9  # default capacity: this fraction of the free space at construction
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_UNWRITABLE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})  # NOTE [unwritable tiers]
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _BLOCK_NAME = re.compile(r"mcdla-([0-9a-f]{8})-(\d{1,10})-([0-9a-f]{8})-\d+\.blk")
@@ -577,4 +579,6 @@ class FileTier(Tier):
         what = f"tier {self.name!r}: {doing} {path.name} for {label} failed: [Errno {exc.errno}] {exc.strerror}"
         if exc.errno in _FULL_ERRNOS:
             return TierFullError(what + " (disk full)")
+        if doing in ("creating", "writing") and exc.errno in _UNWRITABLE_ERRNOS:
+            return TierUnwritableError(what)
         return RuntimeTierError(what)
