@@ -5,13 +5,23 @@ machine the offload and prefetch overlap with compute exactly as device copies d
 
 NOTE [file blocks]
     A block is one file ``mcdla-<host tag>-<pid>-<tier token>-<n>.blk`` in the tier's directory (NOTE [crash
-    cleanup] says why the owner is in the name). Its CRC-32 (zlib) is
-    computed while writing and checked after reading; a wrong size or checksum raises OffloadError naming
+    cleanup] says why the owner is in the name). Its CRC-32 (zlib; or a keyed BLAKE2b, NOTE [block digests])
+    is computed while writing and checked after reading; a wrong size or checksum raises OffloadError naming
     the tensor and the file, never returns the bytes. Files are not fsynced: they are scratch data that
     lives for one step. ENOSPC/EDQUOT raise TierFullError so the pool spills to the next tier, and so do
     EROFS/EACCES/EPERM/EIO when creating or writing a block (TierUnwritableError, NOTE [unwritable tiers] in
     ``pool``); other OS errors raise RuntimeTierError. A failed write removes its partial file; a freed block's file is removed.
     A full mark expires once ``shutil.disk_usage`` shows room again (NOTE [full marks expire] in ``pool``).
+
+NOTE [block digests]
+    ``digest="crc32"`` (the default) detects accidental damage: a flipped bit, a torn or stale write, a
+    truncated or swapped file, anything not made to fool it. It does not defend against someone who can
+    write the directory: a CRC is linear, so an edit can be chosen that keeps it, and the tensor comes back
+    wrong, silently. ``digest="blake2b"`` stores a BLAKE2b-128 keyed with 32 random bytes drawn for the tier
+    when it is built (``secrets``; held in memory only, never in a file), a MAC: without the key no edit
+    that keeps it can be computed, so any change of the bytes is an OffloadError. It costs more CPU per byte
+    than CRC-32 (``benchmarks.bench_runtime_digest`` measures both on the same bytes). Neither is
+    encryption: whoever can read the directory can read the tensors.
 
 NOTE [untrusted directory]
     A directory the tier creates is made 0700 (an existing one is left as it is). Blocks are opened with
@@ -98,6 +108,7 @@ import weakref
 import zlib
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -266,6 +277,8 @@ class FileTier(Tier):
             larger than this use direct I/O.
         direct: let blocks larger than ``chunk_bytes`` bypass the page cache with O_DIRECT where the
             filesystem allows it (NOTE [direct I/O]).
+        digest: ``"crc32"`` (zlib CRC-32: accidental damage) or ``"blake2b"`` (BLAKE2b-128 keyed with a
+            random key of this tier, never written anywhere: also deliberate edits; NOTE [block digests]).
     """
 
     kind = "file"
@@ -278,9 +291,12 @@ class FileTier(Tier):
         io_threads: int | None = None,
         chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
         direct: bool = True,
+        digest: Literal["crc32", "blake2b"] = "crc32",
     ) -> None:
         path = Path(directory).expanduser().resolve()
         name = f"file:{path}"
+        if digest not in fio.DIGESTS:
+            raise ConfigError(f"tier {name!r}.digest: got {digest!r}; must be one of {', '.join(fio.DIGESTS)}")
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)  # NOTE [untrusted directory]
         except OSError as exc:
@@ -296,6 +312,8 @@ class FileTier(Tier):
         self.directory = path
         self.chunk_bytes = int(chunk_bytes)
         self.direct = bool(direct and fio.O_DIRECT)
+        self.digest = digest
+        self._key = secrets.token_bytes(32) if digest == "blake2b" else b""  # NOTE [block digests]
         self._claim_prefix()
         self.swept_blocks = sweep_dead_blocks(path)  # NOTE [crash cleanup]
         _install_sigterm_cleanup()
@@ -387,7 +405,7 @@ class FileTier(Tier):
                         f"{block.label}: block file {path.name} of tier {self.name!r} is truncated or resized: "
                         f"{size} B on disk, {block.nbytes} B written"
                     )
-                crc = self._read_chunks(fd, out, block)
+                digest = self._read_chunks(fd, out, block)
             except OSError as exc:
                 if direct and exc.errno == errno.EINVAL:
                     self.direct = False  # as in _write: read it again through the page cache
@@ -396,10 +414,11 @@ class FileTier(Tier):
             finally:
                 os.close(fd)
             break
-        if crc != block.checksum:
+        if digest != block.checksum:
+            kind = self._digest()
             raise OffloadError(
                 f"{block.label}: block file {path.name} of tier {self.name!r} is corrupted "
-                f"(CRC-32 {crc:#010x}, written {block.checksum:#010x})"
+                f"({kind.name} {kind.show(digest)}, written {kind.show(block.checksum)})"
             )
 
     def _discard(self, block: Block) -> None:
@@ -426,34 +445,34 @@ class FileTier(Tier):
 
     # -- chunk loops (seams for fault-injection tests) -------------------------------------------------
     def _write_chunks(self, fd: int, data: memoryview) -> int:
-        """Write ``data`` to ``fd``; return its CRC-32."""
+        """Write ``data`` to ``fd``; return its digest (NOTE [block digests])."""
         view = data.cast("B") if data.format != "B" else data
         n = len(view)
         if not fio.is_direct(fd):  # NOTE [bytes that move] in pool: checksum and write a private copy
             src, snap = fio.bytes_array(view), self._snapshot_buffer(min(n, self.chunk_bytes))
-            crc = 0
+            crc = self._digest()
             for start in range(0, n, self.chunk_bytes):
                 m = min(self.chunk_bytes, n - start)
                 for i in range(0, m, fio.SUB):  # the CRC reads what the copy just wrote, still in cache
                     j = min(m, i + fio.SUB)
                     np.copyto(snap[i:j], src[start + i : start + j])
-                    crc = zlib.crc32(snap[i:j], crc)
+                    crc.update(snap[i:j])
                 chunk = memoryview(snap[:m])
                 while chunk:
                     chunk = chunk[os.write(fd, chunk) :]
-            return crc
+            return crc.value()
         src = fio.bytes_array(view)
         step = fio.round_up(self.chunk_bytes)
         plan = fio.chunk_plan(n, step)
         bufs = self._acquire_bounce(step)
-        crc = [0]
+        crc = self._digest()
 
         def fill(k: int) -> None:  # chunk k into its bounce buffer, zero-padded, and into the CRC (in order)
             (start, m), buf = plan[k], bufs[k % len(bufs)]
             for i in range(0, m, fio.SUB):  # the CRC reads what the copy just wrote, still in cache
                 j = min(m, i + fio.SUB)
                 np.copyto(buf[i:j], src[start + i : start + j])
-                crc[0] = zlib.crc32(buf[i:j], crc[0])
+                crc.update(buf[i:j])
             buf[m : fio.round_up(m)] = 0
 
         try:
@@ -468,32 +487,32 @@ class FileTier(Tier):
             self._release_bounce(bufs)
         if n % fio.ALIGN:
             os.ftruncate(fd, n)  # drop the last chunk's padding
-        return crc[0]
+        return crc.value()
 
     def _read_chunks(self, fd: int, out: memoryview, block: Block) -> int:
-        """Read ``len(out)`` bytes of ``fd`` into ``out``; return their CRC-32."""
+        """Read ``len(out)`` bytes of ``fd`` into ``out``; return their digest (NOTE [block digests])."""
         view = out.cast("B") if out.format != "B" else out
         n = len(view)
         if not fio.is_direct(fd):
-            crc, pos = 0, 0
+            crc, pos = self._digest(), 0
             while pos < n:
                 got = os.readv(fd, [view[pos : min(n, pos + self.chunk_bytes)]])
                 if not got:
                     raise self._truncated(block, pos, n)
-                crc = zlib.crc32(view[pos : pos + got], crc)
+                crc.update(view[pos : pos + got])
                 pos += got
-            return crc
+            return crc.value()
         dst = fio.bytes_array(view)
         step = fio.round_up(self.chunk_bytes)
         plan = fio.chunk_plan(n, step)
         bufs = self._acquire_bounce(step)
-        crc = [0]
+        crc = self._digest()
 
         def empty(k: int) -> None:  # chunk k into the CRC (in order) and out of its bounce buffer
             (start, m), buf = plan[k], bufs[k % len(bufs)]
             for i in range(0, m, fio.SUB):  # the copy reads what the CRC just read, still in cache
                 j = min(m, i + fio.SUB)
-                crc[0] = zlib.crc32(buf[i:j], crc[0])
+                crc.update(buf[i:j])
                 np.copyto(dst[start + i : start + j], buf[i:j])
 
         try:
@@ -510,9 +529,13 @@ class FileTier(Tier):
                     e.result()
         finally:
             self._release_bounce(bufs)
-        return crc[0]
+        return crc.value()
 
     # -- helpers ---------------------------------------------------------------------------------------
+    def _digest(self) -> fio.Crc32 | fio.KeyedBlake2b:
+        """A fresh digest of the tier's kind (NOTE [block digests])."""
+        return fio.KeyedBlake2b(self._key) if self._key else fio.Crc32()
+
     def _direct_for(self, nbytes: int) -> bool:
         """Whether a block of ``nbytes`` goes around the page cache: only blocks of several chunks do."""
         return self.direct and nbytes > self.chunk_bytes
