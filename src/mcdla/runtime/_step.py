@@ -47,7 +47,9 @@ NOTE [forked children]
     records, blocks and handles but not its I/O threads: settling there waited forever for transfers no
     thread of the child runs, and aborting or releasing there freed the parent's blocks. So in any other
     process the step does nothing on exit, abort, settle or a handle's death, a save is left unmanaged,
-    and an unpack raises OffloadError naming the owner process; the parent's step runs on untouched.
+    and an unpack raises OffloadError naming the owner process; the parent's step runs on untouched. The
+    virtualizer's ``os.register_at_fork`` hook marks its live steps ``foreign`` in the child (an attribute,
+    not an ``os.getpid()`` system call on every hook).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class _Step:
                  host_buffers: HostBufferPool, on_finish: Callable[[_Step], None]) -> None:
         self.index = index
         self.pid = os.getpid()  # NOTE [forked children]
+        self.foreign = False  # set in a forked child, by the virtualizer's fork hook (NOTE [forked children])
         self.pool = pool
         self.cfg = config
         self.attr = attribution
@@ -167,10 +170,6 @@ class _Step:
             self._sampled = self._resident
             self.report.sample(self._resident)
 
-    @property
-    def foreign(self) -> bool:
-        """Whether this process is not the one that ran the step (a forked child; NOTE [forked children])."""
-        return os.getpid() != self.pid
 
     @property
     def resident_saved_bytes(self) -> int:

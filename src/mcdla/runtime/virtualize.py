@@ -129,6 +129,8 @@ class Virtualizer(saved_tensors_hooks):
     def _forget_parent_steps(self) -> None:
         """In a forked child: the parent's steps are not this process's to finish or close (NOTE [forked children]
         in ``_step``); a fresh lock, since a parent thread may have held the old one at the fork."""
+        for step in self._live | ({self._step} if self._step is not None else set()):
+            step.foreign = True
         self._lock = threading.Lock()
         self._live = set()
 
