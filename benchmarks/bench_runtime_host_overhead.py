@@ -124,7 +124,8 @@ def main() -> None:
     if args.write:
         from benchmarks._results import record
 
-        record("runtime-host-overhead", "Runtime: host tier bookkeeping vs save_on_cpu (CPU)",
+        record("runtime-host-overhead-cpu-time",
+               "Runtime: host tier bookkeeping vs save_on_cpu (CPU), wall and CPU time",
                ".venv/bin/python -m benchmarks.bench_runtime_host_overhead --write", text)
 
 

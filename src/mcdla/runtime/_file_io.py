@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALIGN", "BOUNCE_DEPTH", "DIGESTS", "HUGE_PAGE", "O_DIRECT", "SUB", "Closer", "Crc32", "Inline", "KeyedBlake2b",
-           "Worker", "bounce_buffers", "bytes_array", "chunk_plan", "is_direct", "pwrite_all", "round_up", "start"]
+__all__ = ["ALIGN", "BOUNCE_DEPTH", "DIGESTS", "HUGE_PAGE", "O_DIRECT", "SUB", "Closer", "Crc32", "Inline",
+           "KeyedBlake2b", "Worker", "bounce_buffers", "bytes_array", "chunk_plan", "is_direct", "pwrite_all", "round_up", "start"]
 
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none (macOS): buffered I/O only
 ALIGN = 4096  # O_DIRECT alignment of buffers, offsets and lengths (covers 512 B and 4 KiB sectors)

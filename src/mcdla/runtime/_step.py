@@ -73,7 +73,7 @@ from mcdla.runtime._policy import _Config, _Policy, fits, freeing_offload, plan_
 from mcdla.runtime._prefetch import _Prefetcher
 from mcdla.runtime._records import _Handle, _Record, _State, managed_storage, view_root
 from mcdla.runtime._sync import _InboxLock
-from mcdla.runtime._transfer import _Mover
+from mcdla.runtime._transfer import _Mover, profiled
 from mcdla.runtime.pool import Pool
 from mcdla.runtime.report import StepReport, _ReportBuilder
 from mcdla.runtime.tiers_host import HostBufferPool
@@ -298,7 +298,8 @@ class _Step:
     def _wait_offload(self, fut: Future, reason: str, rec: _Record) -> None:
         """Hold the compute side (outside the lock) until the offload ``fut`` of ``rec`` completes; apply it."""
         t0 = time.perf_counter()
-        wait_all([fut])
+        with profiled(f"mcdla::wait {reason}"):  # NOTE [profiler ranges] in ``_transfer``
+            wait_all([fut])
         t1 = time.perf_counter()
         self.report.wait("pack", reason, tensor=rec.label, layer=rec.layer, nbytes=rec.nbytes,  # type: ignore[arg-type]
                          start=t0, end=t1)
@@ -412,7 +413,8 @@ class _Step:
                 raise rec.error or OffloadError(f"{rec.label}: unpacked after the runtime released it")
             self._top_up()
         t0 = time.perf_counter()
-        wait_all([fut])
+        with profiled("mcdla::wait fetch"):
+            wait_all([fut])
         self.report.wait("unpack", "fetch", tensor=rec.label, layer=rec.layer, nbytes=rec.nbytes, start=t0,
                          end=time.perf_counter())
         with self._lock:

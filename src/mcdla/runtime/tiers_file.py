@@ -10,7 +10,8 @@ NOTE [file blocks]
     the tensor and the file, never returns the bytes. Files are not fsynced: they are scratch data that
     lives for one step. ENOSPC/EDQUOT raise TierFullError so the pool spills to the next tier, and so do
     EROFS/EACCES/EPERM/EIO when creating or writing a block (TierUnwritableError, NOTE [unwritable tiers] in
-    ``pool``); other OS errors raise RuntimeTierError. A failed write removes its partial file; a freed block's file is removed.
+    ``pool``); other OS errors raise RuntimeTierError. A failed write removes its partial file; a freed
+    block's file is removed.
     A full mark expires once ``shutil.disk_usage`` shows room again (NOTE [full marks expire] in ``pool``).
 
 NOTE [block digests]
@@ -173,7 +174,8 @@ def _forget(prefix: str, directory: Path, owner_pid: int) -> None:
 
 
 def _after_fork_in_child() -> None:
-    """``os.register_at_fork`` hook: the child drops the parent's prefixes and renames its tiers (NOTE [forked children])."""
+    """``os.register_at_fork`` hook: the child drops the parent's prefixes and renames its tiers
+    (NOTE [forked children])."""
     _OWN_TOKENS.clear()
     _LIVE_PREFIXES.clear()
     for tier in list(_LIVE_TIERS):
@@ -336,7 +338,8 @@ class FileTier(Tier):
         self._closer = fio.Closer(f"mcdla-io-free {self.directory.name}")
 
     def _adopt_in_child(self) -> None:
-        """In a forked child: blocks of its own from now on, no locks or threads of the parent (NOTE [forked children])."""
+        """In a forked child: blocks of its own from now on, no locks or threads of the parent
+        (NOTE [forked children])."""
         self._lock = threading.Lock()  # a parent's thread may have held it at the fork
         self._claim_prefix()
         self._start_threads_state()
