@@ -12,6 +12,9 @@ main thread's CPU time (``time.thread_time``) are both reported: every mode runs
 tier copies in the caller's thread), and CPU time is what other jobs on a shared machine disturb least.
 
     .venv/bin/python -m benchmarks.bench_runtime_host_overhead [--repeats 50] [--write]
+
+``--micro N`` instead times a chain of N ``sin`` on a 64-float tensor (one saved storage per op, nothing else
+to do), main-thread CPU time, fastest of ``--repeats``: the bookkeeping per saved tensor with the least noise.
 """
 
 from __future__ import annotations
@@ -86,6 +89,29 @@ def run(repeats: int, dim: int, layers: int, seq: int, batch: int) -> dict[str, 
             "managed": book.report.managed_count, "host_bytes": host.report.offloaded_bytes}
 
 
+def micro(chain: int, repeats: int) -> dict[str, float]:
+    """CPU seconds per saved tensor over the plain step for save_on_cpu and mcdla's bookkeeping (``--micro``)."""
+    x = torch.randn(64, requires_grad=True)
+    book = virtualize("host", budget=1 << 40, min_bytes=0)
+    modes: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+        "plain": contextlib.nullcontext,
+        "save_on_cpu": lambda: torch.autograd.graph.save_on_cpu(pin_memory=False),
+        "mcdla bookkeeping": lambda: book,
+    }
+    best = dict.fromkeys(modes, math.inf)
+    for i in range(repeats + 3):
+        for name, ctx in modes.items():
+            c0 = time.thread_time()
+            with ctx():
+                y = x
+                for _ in range(chain):
+                    y = y.sin()
+                y.sum().backward()
+            if i >= 3:
+                best[name] = min(best[name], time.thread_time() - c0)
+    return {m: (best[m] - best["plain"]) / chain for m in ("save_on_cpu", "mcdla bookkeeping")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=50)
@@ -94,9 +120,15 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--micro", type=int, default=0, help="time a chain of this many sin ops instead (see above)")
     ap.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.micro:
+        m = micro(args.micro, args.repeats)
+        print(f"CPU per saved tensor over plain: save_on_cpu {1e6 * m['save_on_cpu']:.1f} us, mcdla bookkeeping "
+              f"{1e6 * m['mcdla bookkeeping']:.1f} us ({m['mcdla bookkeeping'] / m['save_on_cpu']:.1f}x)")
+        return
     r = run(args.repeats, args.dim, args.layers, args.seq, args.batch)
     plain, n = r["plain_s"], r["saved_tensors"]
     lines = [
