@@ -3,7 +3,7 @@
 A tier stores byte strings (blocks) and gives them back once: ``write`` returns a :class:`Block`,
 ``read_into`` copies it out and ``free`` releases it. A :class:`Pool` is a chain of tiers with capacities;
 a tensor goes to the first tier with room and spills to the next when a tier is full (capacity reached, or
-the disk reports ENOSPC while writing).
+the disk reports ENOSPC while writing) or refuses the block (NOTE [unwritable tiers]).
 
 NOTE [pool spec grammar]
     pool  := tier ("," tier)*
