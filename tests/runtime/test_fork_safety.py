@@ -155,12 +155,13 @@ def test_child_raising_with_io_in_flight_does_not_hang(tmp_path):
         return real(fd, data)
 
     tier._write_chunks = held_write
-    vm = virtualize(Pool([tier]), budget=0, min_bytes=1)
+    vm = virtualize(Pool([tier]), budget=0, min_bytes=1, window=64)  # forward never waits for the held write
     parent = os.getpid()
     try:
         with vm:
             loss = F.cross_entropy(model(x), y)
             assert entered.wait(_CHILD_DEADLINE_S)  # an offload is inside its write now
+            assert not release.is_set()
             pid = os.fork()
             if pid == 0:
                 raise RuntimeError("the child fails inside the with block")
