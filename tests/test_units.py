@@ -5,7 +5,7 @@ import math
 import pytest
 
 from mcdla.errors import ConfigError
-from mcdla.units import format_bytes, parse_bytes, parse_bytes_per_s, parse_flops_per_s, parse_seconds
+from mcdla.units import format_bytes, parse_bytes, parse_bytes_per_s, parse_count, parse_flops_per_s, parse_seconds
 
 
 @pytest.mark.parametrize(
@@ -73,3 +73,10 @@ def test_field_path_renders_locations_on_one_bounded_line() -> None:
     assert field_path(("a\nb",)) == "['a\\nb']"
     long = field_path(("x" * 5000, 1))
     assert len(long) < 80 and long.endswith("...][1]")
+
+
+def test_parse_count_takes_decimal_prefixes_and_refuses_bytes():
+    """Token counts: 1T is 10**12 and 2.5G 2.5 * 10**9 (with or without 'tokens'); 300B is refused, B is bytes."""
+    assert parse_count("1T") == 10**12 and parse_count("2.5G") == 2.5 * 10**9 and parse_count("15Ttokens") == 15 * 10**12
+    with pytest.raises(ConfigError, match=r"^--train-tokens: got '300B'; must be a number of tokens"):
+        parse_count("300B", "--train-tokens")

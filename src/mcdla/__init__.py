@@ -8,13 +8,20 @@ what to offload, prefetch or recompute, :mod:`mcdla.runtime` executes such plans
 
 from mcdla.errors import McdlaError
 
-__all__ = ["McdlaError", "__version__", "virtualize"]
-__version__ = "0.1.0"
+__all__ = ["McdlaError", "__version__", "virtualize", "offload_optimizer", "offload_parameters"]
+_RUNTIME_ENTRY_POINTS = ("virtualize", "offload_optimizer", "offload_parameters")
 
 
 def __getattr__(name: str):  # lazy: importing mcdla must not import torch
-    if name == "virtualize":
-        from mcdla.runtime import virtualize
+    if name == "__version__":  # the one copy is pyproject.toml's, read from the installed metadata
+        from importlib.metadata import PackageNotFoundError, version
 
-        return virtualize
+        try:
+            return version("mcdla")
+        except PackageNotFoundError:
+            return "0+unknown"
+    if name in _RUNTIME_ENTRY_POINTS:
+        import mcdla.runtime
+
+        return getattr(mcdla.runtime, name)
     raise AttributeError(f"module 'mcdla' has no attribute {name!r}")

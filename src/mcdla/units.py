@@ -11,7 +11,8 @@ import re
 
 from mcdla.errors import ConfigError, brief
 
-__all__ = ["parse_bytes", "parse_bytes_per_s", "parse_flops_per_s", "parse_seconds", "format_bytes", "format_seconds"]
+__all__ = ["parse_bytes", "parse_bytes_per_s", "parse_flops_per_s", "parse_seconds", "parse_count", "format_bytes",
+           "format_seconds"]
 
 _DECIMAL = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
 _BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
@@ -85,6 +86,12 @@ def parse_bytes_per_s(value: str | float | int, field: str = "bandwidth") -> flo
 def parse_flops_per_s(value: str | float | int, field: str = "compute") -> float:
     """Parse a compute rate: ``"125TFLOP/s"`` -> 1.25e14, ``"15.7TFLOPS"``."""
     return _parse(value, field, ("FLOP/s", "FLOPS", "flop/s", "flops"), "a compute rate", "125TFLOP/s")
+
+
+def parse_count(value: str | float | int, field: str = "count", *, noun: str = "tokens") -> float:
+    """Parse a count with a decimal prefix: ``"1T"`` -> 1e12, ``"2.5G"``, ``"300B"`` refused (B reads as bytes: 300G),
+    ``"15Ttokens"``; ``noun`` is the optional suffix (``tokens``)."""
+    return _parse(value, field, (noun,), f"a number of {noun}", f"1T{noun}")
 
 
 def parse_seconds(value: str | float | int, field: str = "time") -> float:

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from mcdla.report.llm_validation import summary, validate_llm
 
 
@@ -67,15 +69,15 @@ def test_llm_predict_on_a_preset_matches_the_api_and_rejects_unknown_ones(run_cl
     from mcdla.workload.transformer import preset
 
     path = tmp_path / "e.yaml"
-    path.write_text("gpus: 64\ntp: 8\npp: 8\nsequence_parallel: true\nmicro_batch: 1\n"
-                    "global_batch: 64\nrecompute: selective\n")
+    path.write_text("gpus: 72\ntp: 8\npp: 3\ndp: 3\nsequence_parallel: true\nmicro_batch: 1\n"
+                    "global_batch: 48\nrecompute: selective\n")
     code, out, _ = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json",
                            "--system", "gb200-nvl72")
     assert code == 0
-    expected = llm_step(preset("gpt3-175b"), load_execution(path), load_cluster("gb200-nvl72").for_gpus(64))
+    expected = llm_step(preset("gpt3-175b"), load_execution(path), load_cluster("gb200-nvl72").for_gpus(72))
     assert json.loads(out)["iteration_s"] == expected.iteration_s
     a100 = json.loads(run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json")[1])
-    shipped = llm_step(preset("gpt3-175b"), load_execution(path), load_cluster("dgx-a100").for_gpus(64))
+    shipped = llm_step(preset("gpt3-175b"), load_execution(path), load_cluster("dgx-a100").for_gpus(72))
     assert a100["iteration_s"] == shipped.iteration_s > expected.iteration_s  # Blackwell on NVLink5 beats A100
     code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--system", "nope")
     assert code == 2 and not out and err.startswith("mcdla: error: ") and err.count("\n") == 1
@@ -89,3 +91,96 @@ def test_validate_llm_runs_on_a_named_system_and_names_a_bad_one(run_cli):
     assert [r["predicted_s"] for r in json.loads(out)["rows"]] == [r.predicted.iteration_s for r in validate_llm()]
     code, out, err = run_cli("validate-llm", "--system", "nope")
     assert code == 2 and not out and err.startswith("mcdla: error: --system: ") and err.count("\n") == 1
+
+
+def _record(tmp_path, text):
+    path = tmp_path / "e.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+OFFLOADING = "gpus: 8\ntp: 8\npp: 1\nmicro_batch: 1\nglobal_batch: 8\nrecompute: full\noffload_weights: true\n" \
+             "offload_optimizer: true\n"
+TOO_BIG = "gpus: 8\ntp: 1\npp: 1\ndp: 8\nmicro_batch: 1\nglobal_batch: 8\nrecompute: full\n"
+
+
+def test_llm_predict_memory_breakdown_sums_to_the_device_bytes(run_cli, tmp_path):
+    """The per-GPU kinds on the device add up to device_bytes, the offloaded ones to offloaded_bytes, and each
+    kind is the model's weight/gradient/optimizer/activation bytes, on the device or offloaded."""
+    code, out, err = run_cli("llm-predict", "--model", "llama3-70b", "--execution", _record(tmp_path, OFFLOADING),
+                             "--system", "dgx-h100", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    memory = data["memory_per_gpu_bytes"]
+    on_device = sum(memory[k] for k in ("weights", "gradients", "optimizer_state", "activations", "workspace_other"))
+    offloaded = memory["offloaded"]["second_tier"]
+    assert on_device == pytest.approx(data["device_bytes"], rel=1e-12)
+    assert sum(offloaded.values()) == pytest.approx(data["offloaded_bytes"], rel=1e-12)
+    assert offloaded == {"weights": data["weight_bytes"], "optimizer_state": data["optimizer_bytes"]}
+    assert memory["weights"] == 0 and memory["gradients"] == data["gradient_bytes"]
+    assert data["offload_tier"]
+
+
+def test_llm_predict_throughput_and_time_to_train(run_cli, tmp_path):
+    """tokens/s per GPU is global_batch * seq / iteration / gpus; --train-tokens 1T takes 1e12 tokens at that rate;
+    model FLOP/s per GPU is model FLOPs / iteration / gpus."""
+    from mcdla.workload.transformer import preset
+
+    code, out, _ = run_cli("llm-predict", "--model", "llama3-70b", "--execution", _record(tmp_path, OFFLOADING),
+                           "--system", "dgx-h100", "--json", "--train-tokens", "1T")
+    data = json.loads(out)
+    tokens = 8 * preset("llama3-70b").seq_len
+    assert data["tokens_per_s_per_gpu"] == pytest.approx(tokens / data["iteration_s"] / 8, rel=1e-12)
+    assert data["time_to_train_s"] == pytest.approx(1e12 / tokens * data["iteration_s"], rel=1e-12)
+    assert data["model_flops_per_s_per_gpu"] == pytest.approx(data["model_flops"] / data["iteration_s"] / 8, rel=1e-9)
+
+
+def test_llm_predict_prints_human_units(run_cli, tmp_path):
+    """The text output gives memory in GiB, times in s/ms, TFLOP/s and MFU in %, and no raw float like 5.8e+10."""
+    code, out, _ = run_cli("llm-predict", "--model", "llama3-70b", "--execution", _record(tmp_path, OFFLOADING),
+                           "--system", "dgx-h100", "--train-tokens", "15T")
+    assert code == 0
+    for needle in ("GiB", " s ", " ms ", "TFLOP/s", "MFU", "%", "tokens/s per GPU", "time to train 15T tokens",
+                   "years", "optimizer state"):
+        assert needle in out, needle
+    assert "e+" not in out
+
+
+def test_llm_predict_exits_1_when_it_does_not_fit(run_cli, tmp_path):
+    """A record whose memory exceeds the GPU prints its prediction (fits false) and exits 1, with the reason."""
+    code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", _record(tmp_path, TOO_BIG),
+                             "--system", "dgx-h100", "--json")
+    data = json.loads(out)
+    assert code == 1 and data["fits"] is False and data["device_bytes"] > data["hbm_bytes"]
+    assert "does not fit" in err and err.count("\n") == 1
+    code, out, _ = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", _record(tmp_path, TOO_BIG),
+                           "--system", "dgx-h100")
+    assert code == 1 and "does NOT fit" in out
+
+
+def test_llm_predict_and_search_share_the_gpu_count_rule(run_cli, tmp_path):
+    """A GPU count that is not whole 72-GPU nodes is accepted by llm-predict (64) and by search (100) alike, and
+    a count past the largest system is refused by both with the same rule."""
+    record = _record(tmp_path, "gpus: 64\ntp: 8\npp: 8\nmicro_batch: 1\nglobal_batch: 64\n")
+    code, _, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", record, "--system", "gb200-nvl72")
+    assert code == 0, err
+    code, out, err = run_cli("search", "--model", "megatron-1.7b", "--system", "gb200-nvl72", "--gpus", "100",
+                             "--global-batch", "100", "--max-virtual-stages", "1", "--no-offload", "--workers", "1",
+                             "--quiet", "--json", "--top", "1")
+    assert code == 0, err
+    assert json.loads(out)["best"]["execution"]["gpus"] == 100
+    limit = 72 << 20  # 2**20 nodes of 72, the most a generated system may have
+    huge = _record(tmp_path, f"gpus: {limit + 8}\ntp: 8\npp: 1\ndp: {limit // 8 + 1}\nmicro_batch: 1\n"
+                             f"global_batch: {limit // 8 + 1}\n")
+    code, _, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", huge, "--system", "gb200-nvl72")
+    assert code == 2 and f"execution.gpus: got {limit + 8}; must be an integer in 1..{limit}" in err
+    code, _, err = run_cli("search", "--model", "gpt3-175b", "--system", "gb200-nvl72", "--gpus", str(limit + 8),
+                           "--global-batch", "64", "--quiet")
+    assert code == 2 and f"--gpus: got {limit + 8}; must be an integer in 1..{limit}" in err
+
+
+def test_train_tokens_bad_value_is_one_line(run_cli, tmp_path):
+    """--train-tokens 300B (B reads as bytes) is refused in one line naming the option."""
+    record = _record(tmp_path, OFFLOADING)
+    code, out, err = run_cli("llm-predict", "--model", "llama3-70b", "--execution", record, "--train-tokens", "300B")
+    assert code == 2 and not out and "--train-tokens: got '300B'" in err and err.count("\n") == 1

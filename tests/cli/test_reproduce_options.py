@@ -31,7 +31,7 @@ def test_reproduce_levers_reach_every_record(tmp_path, run_cli) -> None:
                          "--workers", "1", "--compute-efficiency", "0.3", "--pcie-share", "12.8GB/s")
     assert code == 0
     got = {(r["workload"], r["parallel"], r["system"]): r["iteration_time_s"]
-           for r in json.loads((tmp_path / "results.json").read_text())}
+           for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
     direct = run_matrix(["alexnet", "gru"], compute_efficiency=0.3, pcie_share_bytes_per_s=12.8e9, workers=1)
     for r in direct:
         assert got[(r.workload, r.parallel, r.system)] == pytest.approx(r.iteration_time_s, rel=1e-12)

@@ -1,9 +1,11 @@
 """The ``mcdla simulate`` and ``mcdla reproduce`` commands, run in-process."""
 
 import json
+import re
 
 import pytest
 
+import mcdla
 from mcdla.hardware import load_system
 from mcdla.plan import policy_plan
 from mcdla.sim import simulate
@@ -54,14 +56,18 @@ def test_reproduce_writes_results_and_figures(tmp_path, run_cli) -> None:
     code, out, _ = run_cli("reproduce", "--out", str(tmp_path), "--no-sweep", "--no-sensitivity", "--variants", "none",
                            "--workers", "1")
     assert code == 0 and "geo. mean" in out
-    records = json.loads((tmp_path / "results.json").read_text())
+    assert re.search(r"│ resnet-152\s+│ data\s+│\s+\d", out)  # workload, parallelism and times in their own cells
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["meta"]["mcdla_version"] == mcdla.__version__ and data["meta"]["date"]
+    records = data["rows"]
     assert len(records) == len(zoo.names()) * 3 * 2
     for key in ("workload", "parallel", "system", "iteration_time_s", "peak_device_bytes", "offloaded_bytes"):
         assert all(key in r for r in records)
     assert all(r["offloaded_bytes"] == 0 for r in records if r["system"] == "oracle")
     for png in ("speedup.png", "breakdown.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (tmp_path / "results.csv").read_text().count("\n") == len(records) + 1
+    csv_lines = [line for line in (tmp_path / "results.csv").read_text().splitlines() if not line.startswith("#")]
+    assert len(csv_lines) == len(records) + 1
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from mcdla.hardware import (LinkKind, MemoryKind, Topology, load_cluster, load_s
                             system_from_dict)
 
 MODERN = ("dgx-a100", "dgx-h100", "dgx-h100-ndr", "h200", "gh200", "dgx-gh200", "gb200-nvl72", "gb200-nvl72-memnode",
-          "dgx-h100-cxl", "dc-dla-2026")
+          "dgx-h100-cxl", "dc-dla-2026", "b200", "gb300-nvl72")
 _QUANTITY = re.compile(r"^[+-]?\d+(\.\d+)?([eE][+-]?\d+)?\s*[A-Za-z/]*$")
 
 
@@ -157,7 +157,8 @@ def test_memnode_variant_is_marked_hypothetical_and_pools_over_nvlink() -> None:
     assert len(nodes) == 36 and all("HYPOTHETICAL" in m.source for m in nodes)
     assert "HYPOTHETICAL" in s.description
     assert all(set(p) == {m.name for m in nodes} for p in s.pools.values())
-    assert all(Topology(s).link(m.name, "nvswitch").bytes_per_s == 600e9 for m in nodes)
+    topology = Topology(s)
+    assert all(topology.link(m.name, "nvswitch").bytes_per_s == 600e9 for m in nodes)
 
 
 def test_variants_change_only_what_they_say() -> None:
@@ -284,3 +285,14 @@ def test_group_dims_memo_is_per_cluster_and_checks_its_arguments() -> None:
     c.group_dims(8, stride=1)
     with pytest.raises(HardwareError, match=r"stride got True"):
         c.group_dims(8, stride=True)
+
+
+def test_nodes_for_is_the_nodes_a_job_occupies() -> None:
+    """Cluster.nodes_for gives the fewest 72-GPU nodes holding the job (brute force over 1..400) and refuses
+    counts below one or past the largest system in one line naming the field."""
+    cluster = load_cluster("gb200-nvl72")
+    for gpus in range(1, 401):
+        assert cluster.nodes_for(gpus) == min(n for n in range(1, 7) if n * 72 >= gpus)
+    for bad in (0, -3, 2.5, True, 10**12):
+        with pytest.raises(HardwareError, match=r"^execution\.gpus: got .*; must be an integer in 1\.\."):
+            cluster.nodes_for(bad, field="execution.gpus")

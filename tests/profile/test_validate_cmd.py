@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,33 @@ def test_validate_prints_json_with_both_numbers(factories: str, tmp_path: Path, 
                 "measured_peak_saved_bytes", "peak_saved_error"):
         assert isinstance(data[key], float)
     assert data["measured_offload_bytes"] == data["planned_offload_bytes"]
+    assert data["meta"]["mcdla_version"] and data["meta"]["date"]
+    assert err == ""  # stderr is not a terminal here: no progress bar
+
+
+def test_validate_prints_a_predicted_vs_measured_table(factories: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The text output is a table: step time and peak saved bytes, each with predicted, measured and error
+    in separate cells."""
+    code, out, err = _run(["validate", "--model", f"{factories}:make", "--pool", f"file:{tmp_path / 'pool'}",
+                           "--budget", "50%", "--steps", "1", "--warmup", "0", "--min-bytes", "64KiB"], capsys)
+    assert code == 0, err
+    for row in ("step time", "peak saved bytes"):
+        assert re.search(rf"│ {row}\s+│\s+[\d.]+ \S+\s+│\s+[\d.]+ \S+\s+│\s+[+-]\d+\.\d%\s+│", out), row
+
+
+def test_validate_reports_progress_of_profiling_and_rounds(factories: str, tmp_path: Path) -> None:
+    """validate(on_progress=...) hears of every profiling step and every measured round, each phase ending at
+    its total (warm-up 1 + 1 round; the profile times warm-up + min(3, steps) steps)."""
+    from mcdla.report.validate import validate
+
+    seen: list[tuple[int, int, str]] = []
+    validate(f"{factories}:make", pool=f"file:{tmp_path / 'pool'}", budget="50%", steps=1, warmup=1,
+             min_bytes=64 * 1024, on_progress=lambda done, total, what="": seen.append((done, total, what)))
+    rounds = [(d, t) for d, t, what in seen if what.startswith("measuring")]
+    timed = [(d, t) for d, t, what in seen if "timed" in what]
+    assert rounds == [(1, 2), (2, 2)]
+    assert timed == [(1, 2), (2, 2)]
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,17 @@
-"""Ring collectives against their closed forms (NOTE [ring collectives] in mcdla.sim.collectives)."""
+"""Ring collectives against their closed forms (NOTE [ring collectives] in mcdla.sim.collectives) and against the
+flow evaluator of the same Collective (mcdla.sim.ir_engine)."""
 
 from __future__ import annotations
 
 import pytest
 
+from mcdla.errors import SimError
 from mcdla.hardware import load_system
+from mcdla.hardware.cluster import load_cluster
+from mcdla.hardware.topology import Topology
 from mcdla.sim import simulate
+from mcdla.sim.collective_models import Collective, collective_time
+from mcdla.sim.ir_engine import collective_flow_time
 from mcdla.workload.model import Layer, LayerKind, Workload
 
 from .conftest import chain, plan_of, ring_system
@@ -129,3 +135,63 @@ def test_model_parallel_exchanges_only_after_split_weight_layers() -> None:
                 + _all_reduce_s(pool_out, n, 2, bandwidth, latency))
     assert r.iteration_time_s == pytest.approx(expected, rel=1e-9)
     assert r.collective_bytes == pytest.approx(conv_out + fc_out + pool_out)
+
+
+def _one_collective(parallel: str, size: float) -> tuple[Workload, str]:
+    """A workload whose iteration is one collective of ``size`` bytes: an all-reduce of gradients (data parallel)
+    or the all-gather of one fc layer's output (model parallel; layer 0 all-reduces no input gradient)."""
+    if parallel == "data":
+        return _params_only(size), "all-reduce"
+    return Workload(name="mp", batch=1, layers=(
+        Layer(name="fc", kind=LayerKind.FC, fwd_flops=0.0, bwd_flops=0.0, output_bytes=size),)), "all-gather"
+
+
+def _ring_orders(system) -> list[tuple[int, ...]]:  # type: ignore[no-untyped-def]
+    """Device indices of each ring of ``system``, in ring order (read from the System, not the engine's fabric)."""
+    index = {name: i for i, name in enumerate(system.device_names)}
+    return [tuple(index[n] for n in ring if n in index) for ring in system.rings]
+
+
+@pytest.mark.parametrize("system", [load_system("mc-dla"), ring_system(5, latency_s=3e-6, both_directions=True)],
+                         ids=["mc-dla", "ring5"])
+@pytest.mark.parametrize("parallel", ["data", "model"])
+def test_engine_collective_equals_flow_evaluator(system, parallel: str) -> None:  # type: ignore[no-untyped-def]
+    """On an idle system whose rings share no link, the engine's all-reduce (data parallel) and all-gather (model
+    parallel, one fc layer) take the time the IR executor's flow evaluator gives the ring Collective of S / R
+    bytes on each ring (1e-9)."""
+    size = 1e9
+    w, kind = _one_collective(parallel, size)
+    r = simulate(system, w, plan_of(w), parallel=parallel, bucket_bytes=1e12)
+    orders = _ring_orders(system)
+    topo = Topology(system)
+    hops = [res for order in orders for a, b in zip(order, order[1:] + order[:1])
+            for res in topo.route(system.device_names[a], system.device_names[b]).resources]
+    assert len(set(hops)) == len(hops), "no two ring hops share a link, so the rings run independently"
+    expected = max(collective_flow_time(Collective(kind=kind, nbytes=size / len(orders), group=order), system)
+                   for order in orders)
+    assert r.iteration_time_s == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "in-network"])
+@pytest.mark.parametrize("parallel", ["data", "model"])
+def test_generated_node_algorithms_match_closed_form(algorithm: str, parallel: str) -> None:
+    """On one generated DGX H100 (a private NVSwitch port per GPU), the engine's all-reduce (data parallel) and
+    all-gather (model parallel) under each collective_algorithm take the closed form of that algorithm on the
+    cluster's scale-up dimension (1e-9)."""
+    size = 2e9
+    w, kind = _one_collective(parallel, size)
+    r = simulate(load_system("dgx-h100"), w, plan_of(w), parallel=parallel, bucket_bytes=1e12,
+                 collective_algorithm=algorithm)
+    up = load_cluster("dgx-h100").scale_up
+    assert r.iteration_time_s == pytest.approx(collective_time(kind, size, up, algorithm=algorithm), rel=1e-9)
+    assert r.collective_bytes == pytest.approx(size)
+
+
+@pytest.mark.parametrize("algorithm,needle", [("butterfly", "collective_algorithm: got 'butterfly'"),
+                                              ("in-network", "crosses no switch")])
+def test_bad_collective_algorithm_is_one_line(algorithm: str, needle: str) -> None:
+    """An unknown algorithm, or in-network on a ring of direct links (no switch to reduce in): one-line SimError."""
+    w = _params_only(1e6)
+    with pytest.raises(SimError) as info:
+        simulate(ring_system(4), w, plan_of(w), collective_algorithm=algorithm)
+    assert needle in str(info.value) and "\n" not in str(info.value)

@@ -13,7 +13,9 @@ from mcdla.errors import SimError
 from mcdla.hardware import FabricDim, LinkKind
 from mcdla.hardware.model import Device, Link, Memory, MemoryKind, Switch, System
 from mcdla.sim.collective_models import Collective, closed_form_time
+from mcdla.sim.fabric import Fabric
 from mcdla.sim.fabric_of_dims import dims_system
+from mcdla.sim.flows import max_min_rates
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
 from mcdla.sim.ir_engine import execute
 
@@ -214,3 +216,23 @@ def test_random_folded_programs_equal_the_unfolded_ones(case: tuple[list[RankPro
     folded = execute(_two_switches(), folded_progs, mirrors={0: ("g1",), 2: ("g3",)})
     for key, end in folded.op_end_s.items():
         assert end == pytest.approx(full.op_end_s[key], rel=1e-9)
+
+
+def test_offload_and_prefetch_share_the_devices_hbm() -> None:
+    """A device whose HBM (40 GB/s) is slower than its two link directions (100 GB/s each): an offload and a
+    prefetch of 1 GB at once share the HBM, 20 GB/s each, 0.05 s; alone each takes 1 GB / 40 GB/s = 0.025 s, and
+    the 0.025 s lost is the HBM's. The 2018 engine runs the same copies in the same time (one copy placement)."""
+    slow = dataclasses.replace(_gpus(1)[0], hbm_bytes_per_s=40e9)
+    system = System(name="slow-hbm", devices=(slow,), memories=(_host(),), pools={"g0": ("host",)},
+                    links=(Link(a="g0", b="host", bytes_per_s=100e9, kind=LinkKind.PCIE),))
+    prog = RankProgram(rank=0, ops=(Offload(name="o", nbytes=1e9, memory="host"),
+                                    Prefetch(name="p", nbytes=1e9, memory="host")))
+    run = execute(system, [prog])
+    assert run.makespan_s == pytest.approx(1e9 / 20e9, rel=1e-12)
+    assert run.idle_makespan_s == pytest.approx(1e9 / 40e9, rel=1e-12)
+    assert run.contention_by_class_s == pytest.approx({"hbm": 1e9 / 40e9}, rel=1e-12)
+    fabric = Fabric.from_system(system)
+    (_mem, off), = fabric.offload_routes[0]
+    (_mem, pre), = fabric.prefetch_routes[0]
+    rates = max_min_rates(fabric.capacities, [fabric.routes[off], fabric.routes[pre]])
+    assert rates == pytest.approx([20e9, 20e9], rel=1e-12)

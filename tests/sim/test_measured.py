@@ -101,3 +101,11 @@ def test_profile_records_where_it_measured() -> None:
                 peak_flops_per_s=1e12)
     assert w.measured_on.device.startswith("cpu: ") and w.measured_on.peak_flops_per_s == 1e12
     assert w.has_measured_times
+
+
+def test_cli_scale_to_choices_are_the_scale_modes() -> None:
+    """simulate's --scale-to offers exactly the modes scale_measured_times accepts."""
+    from mcdla.cli.sim_cmd import ScaleTo
+    from mcdla.sim.measured import SCALE_MODES
+
+    assert tuple(m.value for m in ScaleTo) == SCALE_MODES

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import importlib
-import importlib.util
 import re
 import sys
 from collections.abc import Sequence
@@ -23,8 +22,7 @@ from mcdla.errors import McdlaError, brief
 __all__ = ["app", "main"]
 
 
-_COMMAND_MODULES = ("sim_cmd", "plan_cmd", "runtime_cmd", "validate_cmd", "llm_cmd", "chakra_cmd", "search_cmd",
-                    "examples_cmd")
+_COMMAND_MODULES = ("sim_cmd", "plan_cmd", "validate_cmd", "llm_cmd", "chakra_cmd", "search_cmd", "examples_cmd")
 # OS errors that a user's path causes (missing, not allowed, a directory, full disk), not a bug.
 _USER_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.EROFS,
                 errno.ENOSPC, errno.ENAMETOOLONG, errno.EEXIST, errno.ELOOP}
@@ -33,8 +31,7 @@ _USER_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENO
 def _register() -> None:
     """Import each command module present; importing one adds its commands to ``app``."""
     for name in _COMMAND_MODULES:
-        if importlib.util.find_spec(f"mcdla.cli.{name}") is not None:
-            importlib.import_module(f"mcdla.cli.{name}")
+        importlib.import_module(f"mcdla.cli.{name}")
 
 
 def _given_value(argv: Sequence[str], opts: Sequence[str]) -> str | None:

@@ -7,29 +7,62 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from mcdla.errors import brief
 from mcdla.units import format_bytes, parse_bytes
 
-__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_output", "check_torch_device", "print_json",
-           "strict_json", "write_output"]
+__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_output", "check_torch_device",
+           "key_value_table", "print_json", "strict_json", "write_output"]
 
 app = typer.Typer(
     name="mcdla",
     help="Simulate, plan, run and profile deep-learning training past the device-memory wall (MC-DLA).",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+_FILE_WIDTH = 1000
+"""Columns of output to a pipe or a file: room for any row, so no table cuts a name (a terminal keeps its own)."""
+console = Console(highlight=False, width=None if sys.stdout.isatty() else _FILE_WIDTH)
 
 MAX_BATCH = 2**31 - 1
 _MAX_MESSAGE = 600
+
+
+def _print_version(value: bool) -> None:
+    """``--version``: print the installed package's version (pyproject.toml's, via its metadata) and stop."""
+    if value:
+        from mcdla import __version__
+
+        print(f"mcdla {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """The options of ``mcdla`` itself (``--version``); the app's help text is the Typer's."""
+
+
+def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
+    """Two left-aligned columns (name, value) without borders: the summary a command prints. The cells are
+    plain text (a value such as a file name with ``[...]`` in it is not read as markup)."""
+    table = Table.grid(padding=(0, 3))
+    table.add_column(no_wrap=True)
+    table.add_column()
+    for name, value in rows:
+        table.add_row(Text(name), Text(value))
+    return table
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -15,12 +15,7 @@ from mcdla.cli.sim_cmd import Parallel as _Parallel
 from mcdla.cli.sim_cmd import Policy as _Policy
 from mcdla.cli.sim_cmd import check_planner, plan_for
 from mcdla.errors import brief
-from mcdla.hardware import load_system
-from mcdla.report.chakra import chakra_ranks, trace_paths
-from mcdla.sim import simulate
 from mcdla.units import format_seconds
-from mcdla.workload import load_workload
-from mcdla.workload.chakra import write_trace
 
 
 @app.command("export-chakra")
@@ -37,6 +32,12 @@ def export_chakra_cmd(
 ) -> None:
     """Simulate one training iteration and write it as Chakra ET files (one per rank) for Chakra's tools and
     ASTRA-sim. An infeasible iteration writes nothing and exits with status 1."""
+    from mcdla.hardware import load_system
+    from mcdla.report.chakra import chakra_ranks, trace_paths
+    from mcdla.sim import simulate
+    from mcdla.workload import load_workload
+    from mcdla.workload.chakra import write_trace
+
     check_planner(planner)
     if budget is not None and planner is None:
         fail("--budget: only used with --planner")

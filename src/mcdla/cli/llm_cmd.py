@@ -3,19 +3,26 @@ under one execution record on a hardware preset, by default the validated ``dgx-
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mcdla.cli._app import app, fail
-from mcdla.errors import HardwareError
+from mcdla.cli._app import app, check_finite, console, fail, print_json
+from mcdla.errors import HardwareError, brief
+from mcdla.units import format_bytes, format_seconds, parse_count
 
 if TYPE_CHECKING:
     from mcdla.hardware.cluster import Cluster
+    from mcdla.sim.llm import LlmStep
+    from mcdla.workload.execution import Execution
+    from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["llm_predict_cmd", "validate_llm_cmd"]
+__all__ = ["MAX_SLOWDOWN", "llm_predict_cmd", "validate_llm_cmd"]
+
+#: Largest --slowdown factor: a rank a million times slower than its peers is a dead rank, not a straggler.
+MAX_SLOWDOWN = 1e6
 
 
 def _cluster(system: str) -> Cluster:
@@ -51,15 +58,105 @@ def validate_llm_cmd(
                           "breakdown": r.predicted.to_dict()} for r in rows],
                 **summary(rows),
                 "families": {f: summary([r for r in rows if r.run.family == f]) for f in families}}
-        print(json.dumps(data, indent=2, allow_nan=False))
+        print_json(data)
         return
-    print("\n\n".join(f"{f}\n{format_table([r for r in rows if r.run.family == f])}" if len(families) > 1
-                      else format_table(rows) for f in families))
+    for f in families:
+        part = [r for r in rows if r.run.family == f]
+        console.print(format_table(part, f"{f}: LLM time model vs published runs") if len(families) > 1
+                      else format_table(part))
+
+
+def _duration(seconds: float) -> str:
+    """A long duration in the largest unit that keeps it >= 1 (years, days, hours, minutes), else format_seconds."""
+    for unit, factor in (("years", 365.25 * 86400.0), ("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= factor:
+            return f"{seconds / factor:.1f} {unit}"
+    return format_seconds(seconds)
+
+
+def _count(n: float) -> str:
+    """A count with a decimal prefix: 3e11 -> '300G', 1.5e12 -> '1.5T'."""
+    for prefix, factor in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= factor:
+            return f"{n / factor:.4g}{prefix}"
+    return f"{n:.4g}"
+
+
+def _prediction(step: LlmStep, record: Execution, spec: TransformerSpec, *, system: str, gpus_per_node: int, hbm_bytes: float,
+                peak_flops_per_s: float, offload_tier: str | None, train_tokens: float | None) -> dict[str, Any]:
+    """Everything ``llm-predict`` prints, as plain data (bytes, seconds, FLOP/s): the step, the memory one GPU
+    holds by kind, throughput per GPU and the time to train ``train_tokens`` tokens."""
+    kinds = {"weights": (step.weight_bytes, record.offload_weights), "gradients": (step.gradient_bytes, False),
+             "optimizer_state": (step.optimizer_bytes, record.offload_optimizer),
+             "activations": (step.activation_bytes, record.offload_activations)}
+    on_device = {k: 0.0 if off else b for k, (b, off) in kinds.items()}
+    offloaded = {k: b for k, (b, off) in kinds.items() if off}
+    tokens_per_iteration = record.global_batch * spec.seq_len
+    tokens_per_s_per_gpu = tokens_per_iteration / step.iteration_s / record.gpus
+    return {
+        "model": spec.name, "system": system, "gpus": record.gpus, "gpus_per_node": gpus_per_node,
+        "execution": dataclasses.asdict(record), **step.to_dict(),
+        "hbm_bytes": hbm_bytes,
+        "memory_per_gpu_bytes": {**on_device, "workspace_other": 0.0,
+                                 "offloaded": {"second_tier": offloaded} if offloaded else {}},
+        "offload_tier": offload_tier,
+        "tokens_per_iteration": tokens_per_iteration,
+        "tokens_per_s_per_gpu": tokens_per_s_per_gpu,
+        "model_flops_per_s_per_gpu": step.mfu * peak_flops_per_s,
+        "peak_flops_per_s_per_gpu": peak_flops_per_s,
+        "train_tokens": train_tokens,
+        "time_to_train_s": None if train_tokens is None else train_tokens / (tokens_per_s_per_gpu * record.gpus),
+    }
+
+
+def _render(data: dict[str, Any]) -> None:
+    """The prediction as three rich tables: time, memory per GPU, throughput."""
+    from rich.table import Table
+
+    title = (f"{data['model']} on {data['system']}, {data['gpus']} GPUs: "
+             + ("fits" if data["fits"] else "[red]does NOT fit[/red]"))
+    console.print(title)
+    times = Table(title="iteration", title_justify="left")
+    times.add_column("part")
+    times.add_column("time", justify="right")
+    times.add_column("share", justify="right")
+    for key in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_s", "optimizer_s",
+                "offload_s"):
+        shown = format_seconds(data[key]) if data[key] else "-"
+        times.add_row(key.removesuffix("_s").replace("_", " "), shown, f"{100 * data[key] / data['iteration_s']:.1f}%")
+    times.add_row("[b]iteration[/b]", f"[b]{format_seconds(data['iteration_s'])}[/b]", "100%")
+    console.print(times)
+    memory = Table(title="memory per GPU", title_justify="left")
+    memory.add_column("kind")
+    memory.add_column("on device", justify="right")
+    memory.add_column("offloaded", justify="right")
+    by_kind = data["memory_per_gpu_bytes"]
+    tiers = by_kind["offloaded"]
+    for kind, label in (("weights", "weights"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
+                        ("activations", "activations"), ("workspace_other", "workspace/other (not modelled)")):
+        off = sum(t.get(kind, 0.0) for t in tiers.values())
+        memory.add_row(label, format_bytes(by_kind[kind]), format_bytes(off) if off else "-")
+    memory.add_row("[b]total[/b]", f"[b]{format_bytes(data['device_bytes'])}[/b] of {format_bytes(data['hbm_bytes'])}",
+                   format_bytes(data["offloaded_bytes"]) if data["offloaded_bytes"] else "-")
+    console.print(memory)
+    if tiers:
+        console.print(f"offloaded to the second tier: {data['offload_tier']}", markup=False)
+    rate = Table(title="throughput", title_justify="left")
+    rate.add_column("measure")
+    rate.add_column("value", justify="right")
+    rate.add_row("tokens/s per GPU", f"{data['tokens_per_s_per_gpu']:,.0f}")
+    rate.add_row("model TFLOP/s per GPU", f"{data['model_flops_per_s_per_gpu'] / 1e12:.1f} of "
+                 f"{data['peak_flops_per_s_per_gpu'] / 1e12:.0f} peak")
+    rate.add_row("MFU", f"{100 * data['mfu']:.1f}%")
+    if data["time_to_train_s"] is not None:
+        rate.add_row(f"time to train {_count(data['train_tokens'])} tokens", _duration(data["time_to_train_s"]))
+    console.print(rate)
 
 
 @app.command("llm-predict")
 def llm_predict_cmd(
-    model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
+    model: Annotated[str, typer.Option(
+        help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
     execution: Annotated[Path, typer.Option(help="Execution record (.json/.yaml): tp, pp, dp, batches, ...")],
     system: Annotated[str, typer.Option(help="Hardware preset or generator file (e.g. dgx-h100, gb200-nvl72), "
                                         "sized for the execution's GPUs; default: the validated DGX A100.")] = "dgx-a100",
@@ -68,16 +165,24 @@ def llm_predict_cmd(
                                         "symmetric closed form; needed for --slowdown.")] = False,
     slowdown: Annotated[list[str] | None, typer.Option(
         help="RANK:FACTOR, a straggler whose compute takes FACTOR x as long (repeatable; implies --ranks).")] = None,
+    train_tokens: Annotated[str | None, typer.Option(
+        help="Also give the time to train this many tokens, e.g. 1T or 300G.")] = None,
     precision: Annotated[str, typer.Option(help="Number format of the GEMMs: bf16, fp8 (Transformer Engine: "
                                            "linear layers in fp8, the rest in bf16), fp16 or fp32.")] = "bf16",
 ) -> None:
-    """Predict one iteration of a preset under an execution record, with its breakdown."""
+    """Predict one iteration of a preset under an execution record: time breakdown, memory per GPU by kind,
+    tokens/s per GPU and MFU. A record that does not fit (device memory or the offload tier's share per GPU)
+    prints its result and exits with 1."""
     from mcdla.sim import llm_step
+    from mcdla.sim.llm import cluster_precision
     from mcdla.workload.execution import load_execution
-    from mcdla.workload.transformer import preset
+    from mcdla.workload.model_file import resolve_model
 
     if not execution.is_file():
         fail(f"--execution: got {str(execution)[:200]!r}; no such file")
+    tokens = None if train_tokens is None else parse_count(train_tokens, "--train-tokens")
+    if tokens is not None and not 0 < tokens < float("inf"):
+        fail(f"--train-tokens: got {brief(train_tokens)}; must be > 0 and finite")
     slow: dict[int, float] = {}
     for item in slowdown or []:
         rank, sep, factor = item.partition(":")
@@ -87,15 +192,30 @@ def llm_predict_cmd(
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
         if not sep:
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
+        if not 0 < slow[int(rank)] <= MAX_SLOWDOWN:
+            fail(f"--slowdown: got {item[:60]!r}; FACTOR must be > 0 and <= {MAX_SLOWDOWN:.0f}")
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
-    cluster = _cluster(system).for_gpus(record.gpus)
-    step = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", precision=precision,
-                    **options)
-    data = step.to_dict()
+    spec = resolve_model(model)
+    base = _cluster(system)
+    base.nodes_for(record.gpus, field="execution.gpus")
+    cluster = base.for_gpus(record.gpus)
+    gemm_peak = cluster_precision(cluster, precision).gemm_peak
+    step = llm_step(spec, record, cluster, mode="ranks" if ranks or slow else "fast", precision=precision, **options)
+    data = _prediction(step, record, spec, system=cluster.name, gpus_per_node=cluster.gpus_per_node,
+                       hbm_bytes=cluster.device.hbm_bytes,
+                       peak_flops_per_s=cluster.device.flops_per_s(gemm_peak),
+                       offload_tier=cluster.offload.source if cluster.offload is not None else None,
+                       train_tokens=tokens)
+    check_finite(data, "llm-predict")
     if as_json:
-        print(json.dumps(data, indent=2, allow_nan=False))
-        return
-    for key, value in data.items():
-        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-        print(f"{key:<16} {shown}")
+        print_json(data)
+    else:
+        _render(data)
+    if not step.fits:
+        if step.device_bytes > cluster.device.hbm_bytes:
+            fail(f"does not fit: {format_bytes(step.device_bytes)} per GPU > {format_bytes(cluster.device.hbm_bytes)} "
+                 "of device memory", code=1)
+        share = cluster.offload.pool_bytes if cluster.offload is not None else 0.0
+        fail(f"does not fit: {format_bytes(step.offloaded_bytes)} offloaded per GPU > {format_bytes(share)} "
+             "of the offload tier's share per GPU", code=1)

@@ -8,13 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from mcdla.cli._app import app, check_batch, check_budget, check_output, console, fail, print_json
+from mcdla.cli._app import app, check_batch, check_budget, check_output, console, fail, key_value_table, print_json
 from mcdla.errors import brief
-from mcdla.hardware import load_system
-from mcdla.plan import PLANNERS, evaluate, make_plan
-from mcdla.sim import pool_link
 from mcdla.units import format_bytes, format_seconds
-from mcdla.workload import load_workload
 
 __all__ = ["plan_cmd"]
 
@@ -25,12 +21,18 @@ def plan_cmd(
     system: Annotated[str, typer.Option(help="Preset name or system file; its first device and pool link are used.")],
     budget: Annotated[Optional[str], typer.Option(
         help="Device-memory budget with a unit, e.g. 16GiB or 512MiB, at most the device's memory (default: all of it).")] = None,
-    planner: Annotated[str, typer.Option(help=f"One of: {', '.join(PLANNERS)}.")] = "lp",
+    planner: Annotated[str, typer.Option(
+        help="Planner name (lp, milp, rotor, vdnn-all, ...; a wrong name lists them all).")] = "lp",
     batch: Annotated[Optional[int], typer.Option(help="Batch size (default: the workload's).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the plan as JSON (mcdla-plan/1).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Plan what to offload, prefetch or recompute, and print the predicted iteration time and its overhead."""
+    from mcdla.hardware import load_system
+    from mcdla.plan import PLANNERS, evaluate, make_plan
+    from mcdla.sim import pool_link
+    from mcdla.workload import load_workload
+
     if planner not in PLANNERS:
         fail(f"--planner: got {brief(planner)}; must be one of {', '.join(PLANNERS)}")
     check_batch(batch)
@@ -69,12 +71,12 @@ def plan_cmd(
         print_json(summary)
         return
     console.print(f"{wl.name} (batch {wl.batch}) on {sys_.name}, budget {format_bytes(budget_bytes)}, planner {planner}")
-    console.print(f"  offloaded   {format_bytes(result.offloaded_bytes)}")
-    console.print(f"  recomputed  {format_bytes(result.recomputed_bytes)}")
-    console.print(f"  resident    {format_bytes(result.resident_bytes)}  (peak device {format_bytes(result.peak_device_bytes)})")
-    console.print(f"  iteration   {format_seconds(result.makespan_s)}  "
-                  f"(+{100 * result.overhead:.1f}% over the no-offload bound {format_seconds(result.lower_bound_s)})")
+    rows = [("offloaded", format_bytes(result.offloaded_bytes)), ("recomputed", format_bytes(result.recomputed_bytes)),
+            ("resident", f"{format_bytes(result.resident_bytes)} (peak device {format_bytes(result.peak_device_bytes)})"),
+            ("iteration", f"{format_seconds(result.makespan_s)} (+{100 * result.overhead:.1f}% over the no-offload "
+                          f"bound {format_seconds(result.lower_bound_s)})")]
     if plan.notes:
-        console.print(f"  notes       {plan.notes}")
+        rows.append(("notes", plan.notes))
     if out is not None:
-        console.print(f"  plan        {out}")
+        rows.append(("plan", str(out)))
+    console.print(key_value_table(rows))

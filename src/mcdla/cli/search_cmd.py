@@ -54,9 +54,10 @@ def _csv_text(rows: Any) -> str:
 
 @app.command("search")
 def search_cmd(
-    model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
+    model: Annotated[str, typer.Option(
+        help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
     system: Annotated[str, typer.Option(help="Generated system preset (dgx-a100, dgx-h100, gb200-nvl72, ...) or file.")],
-    gpus: Annotated[int, typer.Option(help="GPUs in total: whole nodes, or a divisor of one node.")],
+    gpus: Annotated[int, typer.Option(help="GPUs in total (any count; the last node may be partly used).")],
     global_batch: Annotated[int, typer.Option(help="Samples per iteration over all data-parallel replicas.")],
     seq: Annotated[Optional[int], typer.Option(help="Sequence length (default: the model's).")] = None,
     cp: Annotated[str, typer.Option(help="Context-parallel degrees to try, comma-separated.")] = "1",
@@ -84,8 +85,9 @@ def search_cmd(
 
     from mcdla.hardware.cluster import load_cluster
     from mcdla.plan.llm_search import RAY_INSTALL_HINT, search
+    from mcdla.report.meta import meta_comment_lines, results_meta
     from mcdla.units import format_bytes
-    from mcdla.workload.transformer import preset
+    from mcdla.workload.model_file import resolve_model
 
     for name, value in (("--gpus", gpus), ("--global-batch", global_batch), ("--top", top), ("--seq", seq),
                         ("--workers", workers), ("--chunk-size", chunk_size),
@@ -100,15 +102,12 @@ def search_cmd(
 
         if importlib.util.find_spec("ray") is None:
             fail(f"--ray: the ray package is not installed; install it with {RAY_INSTALL_HINT}")
-    spec = preset(model)
-    if seq is not None:
-        spec = dataclasses.replace(spec, seq_len=seq)
-    sys_ = load_cluster(system).for_gpus(gpus)
+    spec = resolve_model(model, seq_len=seq)
+    cluster = load_cluster(system)
+    cluster.nodes_for(gpus, field="--gpus")
+    sys_ = cluster.for_gpus(gpus)
     if not offload:
         sys_ = sys_.without_offload()
-    per_node = sys_.gpus_per_node
-    if gpus % per_node and per_node % gpus:
-        fail(f"--gpus: got {gpus}; must be a multiple of the {per_node} GPUs per node of {sys_.name} or divide it")
     device = sys_.device
     limit = check_budget(memory_limit, "--memory-limit", device.hbm_bytes, f"{sys_.name}'s GPU")
     capacity = sys_.offload.pool_bytes if sys_.offload is not None else None
@@ -128,9 +127,11 @@ def search_cmd(
                         progress=lambda n: progress.advance(task, n))
     seconds = time.perf_counter() - started
     en = result.enumeration
+    meta = results_meta()
     if out is not None:
-        write_output(out, _csv_text(result.rows), "--out")
+        write_output(out, meta_comment_lines(meta) + _csv_text(result.rows), "--out")
     summary = {
+        "meta": meta,
         "model": spec.name, "seq_len": spec.seq_len, "system": sys_.name, "gpus": gpus, "global_batch": global_batch,
         "memory_limit_bytes": limit, "offload_capacity_bytes": capacity, "backend": backend,
         "candidates": en.candidates, "valid": len(en.executions), "rejected": en.rejected,

@@ -12,17 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from mcdla.cli._app import (app, check_batch, check_budget, check_output, console, fail, print_json,
+from mcdla.cli._app import (app, check_batch, check_budget, check_output, console, fail, key_value_table, print_json,
                            strict_json, write_output)
-from mcdla.errors import ConfigError, brief
-from mcdla.hardware import load_system
-from mcdla.plan import PLANNERS, make_plan, policy_plan
-from mcdla.report import experiments, figures, tables
-from mcdla.report.sensitivity import paper_crossings, sensitivity_grid
-from mcdla.sim import pool_link, simulate
-from mcdla.sim.measured import SCALE_MODES, measurement_mismatch, scale_measured_times
-from mcdla.units import format_bytes, format_seconds, parse_bytes_per_s
-from mcdla.workload import load_workload
+from mcdla.errors import brief
+from mcdla.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from mcdla.hardware import System
@@ -40,9 +33,18 @@ class Policy(str, Enum):
     conv = "conv"
 
 
-ScaleTo = Enum("ScaleTo", {mode: mode for mode in SCALE_MODES}, type=str)  # --scale-to's choices
+class ScaleTo(str, Enum):
+    """``--scale-to``'s choices: :data:`mcdla.sim.measured.SCALE_MODES` (a test keeps them equal; not imported
+    here so that ``--help`` does not load the simulator)."""
+
+    peak = "peak"
+    roofline = "roofline"
+
 
 def check_planner(planner: str | None) -> None:
+    """Fail unless ``planner`` is None or a registered planner name."""
+    from mcdla.plan import PLANNERS  # the planners load scipy: only when a command runs
+
     if planner is not None and planner not in PLANNERS:
         fail(f"--planner: got {brief(planner)}; must be one of {', '.join(PLANNERS)}")
 
@@ -50,6 +52,9 @@ def check_planner(planner: str | None) -> None:
 def plan_for(sys_: System, wl: Workload, *, planner: str | None, budget: str | None, policy: str) -> Plan:
     """The plan a ``--planner``/``--budget`` or ``--policy`` choice gives on the system's smallest device
     (a device with unlimited memory gets the no-offload policy)."""
+    from mcdla.plan import make_plan, policy_plan
+    from mcdla.sim import pool_link
+
     smallest = min(sys_.devices, key=lambda d: d.hbm_bytes)
     if planner is not None:
         budget_bytes = check_budget(budget, "--budget", smallest.hbm_bytes, f"{sys_.name} {smallest.name}")
@@ -78,6 +83,11 @@ def simulate_cmd(
     An infeasible iteration (it does not fit the device memory) prints its result and exits with status 1.
     A workload with measured layer times simulated on other hardware than it was measured on gets a one-line
     warning on stderr unless --scale-to says how to rescale them."""
+    from mcdla.hardware import load_system
+    from mcdla.sim import simulate
+    from mcdla.sim.measured import measurement_mismatch, scale_measured_times
+    from mcdla.workload import load_workload
+
     check_planner(planner)
     check_batch(batch)
     check_output(trace, "--trace")
@@ -119,19 +129,19 @@ def simulate_cmd(
     console.print(f"[b]{wl.name}[/b] (batch {wl.batch}, {parallel.value}-parallel) on [b]{sys_.name}[/b], plan {plan.planner}")
     if not result.feasible:
         console.print(f"[red]infeasible:[/red] {result.infeasible_reason}")
-    console.print(f"  iteration time          {format_seconds(result.iteration_time_s)}")
-    for label, value in (("compute", result.compute_s), ("recompute", result.recompute_s),
-                         ("exposed virtualization", result.exposed_virtualization_s),
-                         ("exposed communication", result.exposed_communication_s)):
-        console.print(f"    {label:<22}{format_seconds(value)}")
-    for tier, peak in result.peak_bytes_by_tier.items():
-        console.print(f"  peak {tier:<19}{format_bytes(peak)}")
-    console.print(f"  offloaded               {format_bytes(result.offloaded_bytes)}")
+    rows: list[tuple[str, str]] = [("iteration time", format_seconds(result.iteration_time_s))]
+    rows += [(f"  {label}", format_seconds(value)) for label, value in (
+        ("compute", result.compute_s), ("recompute", result.recompute_s),
+        ("exposed virtualization", result.exposed_virtualization_s),
+        ("exposed communication", result.exposed_communication_s))]
+    rows += [(f"peak {tier}", format_bytes(peak)) for tier, peak in result.peak_bytes_by_tier.items()]
+    rows.append(("offloaded", format_bytes(result.offloaded_bytes)))
     busiest = sorted(result.link_utilization.items(), key=lambda kv: -kv[1])[:5]
     if busiest:
-        console.print("  busiest links           " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in busiest))
+        rows.append(("busiest links", ", ".join(f"{k} {100 * v:.0f}%" for k, v in busiest)))
     if trace is not None:
-        console.print(f"  trace written to {trace} (open in https://ui.perfetto.dev)")
+        rows.append(("trace", f"{trace} (open in https://ui.perfetto.dev)"))
+    console.print(key_value_table(rows))
     _exit_if_infeasible(result)
 
 
@@ -164,8 +174,13 @@ def reproduce_cmd(
     modern: Annotated[bool, typer.Option("--modern", help="Instead: GPT-3 175B and Llama-3 405B training on "
                                          "2026 systems, offload over PCIe5 / C2C / CXL / NVLink5 memory-nodes "
                                          "vs recompute (docs/reproduction.md).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar (it is shown only on a terminal).")] = False,
 ) -> None:
     """The paper's comparison: 8 workloads x {dc-dla, mc-dla, oracle} x {data, model}, plus the sweep."""
+    from mcdla.profile.progress import progress_bar
+    from mcdla.report import experiments, figures, tables
+    from mcdla.report.sensitivity import paper_crossings, sensitivity_grid
+
     check_planner(planner)
     if precision not in ("fp16", "fp32"):
         fail(f"--precision: got {brief(precision)}; must be fp16 or fp32")
@@ -180,12 +195,14 @@ def reproduce_cmd(
     levers = _levers(compute_efficiency, pcie_share)
     variant_keys = _variant_keys(variants)
     start = time.perf_counter()
+    shown = False if quiet else None
     if modern:
-        _reproduce_modern(out, start)
+        _reproduce_modern(out, start, shown)
         return
     label = planner or f"vDNN-{policy.value}"
-    records = experiments.run_matrix(policy=policy.value, planner=planner, precision=precision, workers=workers,
-                                     **levers)
+    with progress_bar("reproducing", enabled=shown) as on_progress:
+        records = experiments.run_matrix(policy=policy.value, planner=planner, precision=precision, workers=workers,
+                                         on_progress=on_progress, **levers)
     rows = experiments.speedup_rows(records)
     console.print(tables.speedup_table(rows, title=f"MC-DLA vs DC-DLA ({label}, {precision})"))
     tables.write_records(records, out / "results.json", out / "results.csv")
@@ -205,8 +222,9 @@ def reproduce_cmd(
             f"{100 * eff:g}% -> {share / 1e9:.1f} GB/s" for eff, share in paper_crossings(grid))
             + " (compute efficiency -> PCIe share per GPU)")
     if sweep:
-        sweep_records = experiments.compute_pcie_sweep(policy=policy.value, planner=planner, precision=precision,
-                                                       workers=workers)
+        with progress_bar("compute x PCIe sweep", enabled=shown) as on_progress:
+            sweep_records = experiments.compute_pcie_sweep(policy=policy.value, planner=planner, precision=precision,
+                                                           workers=workers, on_progress=on_progress)
         tables.write_records(sweep_records, out / "sweep.json", out / "sweep.csv")
         written += [out / "sweep.json", figures.plot_sweep(sweep_records, out / "sweep.png")]
         console.print(tables.sweep_table(sweep_records))
@@ -215,6 +233,11 @@ def reproduce_cmd(
 
 def _levers(compute_efficiency: float | None, pcie_share: str | None) -> dict[str, float | None]:
     """The checked ``--compute-efficiency`` and ``--pcie-share`` as :func:`experiments.run_matrix` settings."""
+    from mcdla.errors import ConfigError
+    from mcdla.hardware import load_system
+    from mcdla.report import experiments
+    from mcdla.units import parse_bytes_per_s
+
     if compute_efficiency is not None and not 0 < compute_efficiency <= 1:
         fail(f"--compute-efficiency: got {brief(compute_efficiency)}; must be > 0 and <= 1")
     share = None
@@ -231,6 +254,8 @@ def _levers(compute_efficiency: float | None, pcie_share: str | None) -> dict[st
 
 def _variant_keys(text: str) -> tuple[str, ...]:
     """The ``--variants`` list: keys of :data:`experiments.VARIANTS`, or none."""
+    from mcdla.report import experiments
+
     keys = tuple(k.strip() for k in text.split(",") if k.strip())
     if keys == ("none",):
         return ()
@@ -241,11 +266,13 @@ def _variant_keys(text: str) -> tuple[str, ...]:
     return keys
 
 
-def _reproduce_modern(out: Path, start: float) -> None:
+def _reproduce_modern(out: Path, start: float, shown: bool | None) -> None:
     """``mcdla reproduce --modern``: the best configuration per system for 175B and 405B (report/modern.py)."""
+    from mcdla.profile.progress import progress_bar
     from mcdla.report import modern as modern_report
 
-    rows = modern_report.run_modern()
+    with progress_bar("modern reproduction", enabled=shown) as on_progress:
+        rows = modern_report.run_modern(on_progress=on_progress)
     console.print(modern_report.modern_table(rows))
     written = [*modern_report.write_results(rows, out), modern_report.plot_modern(rows, out / "modern.png")]
     console.print(f"wrote {', '.join(str(p) for p in written)} in {time.perf_counter() - start:.1f} s")

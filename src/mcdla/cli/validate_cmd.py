@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from mcdla.cli._app import app, check_batch, check_output, check_torch_device, console, fail, print_json
+from mcdla.cli._app import (app, check_batch, check_output, check_torch_device, console, fail, key_value_table,
+                           print_json)
 from mcdla.errors import brief
-from mcdla.units import parse_bytes
+from mcdla.units import format_bytes, format_seconds, parse_bytes
 
 
 def _scale(items: list[str]) -> dict[str, Any]:
@@ -51,8 +53,10 @@ def validate_cmd(
         "--copy-interference/--no-copy-interference",
         help="Measure and charge the compute time copies cost (default: on for CPU, off for CUDA).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar (it is shown only on a terminal).")] = False,
 ) -> None:
     """Profile a model, plan it, predict its step, run it under the runtime and print both with the error."""
+    from mcdla.profile.progress import progress_bar
     from mcdla.report.validate import validate
 
     if granularity not in ("leaf", "block"):
@@ -69,16 +73,50 @@ def validate_cmd(
         fail(f"--threads: got {brief(threads)}; must be >= 1 and <= 4096")
     check_output(plot, "--plot")
     check_torch_device(device)
-    result = validate(
-        model, pool=pool, budget=budget, planner=planner, plan=plan, steps=steps, warmup=warmup, batch=batch,
-        scale=_scale(scale or []), granularity=granularity, threads=threads,
-        min_bytes=int(parse_bytes(min_bytes, "--min-bytes")), plot=plot, device=device,
-        baseline=baseline, copy_interference=copy_interference, io_threads=io_threads or None,  # type: ignore[arg-type]
-    )
+    with progress_bar("validating", enabled=False if quiet else None) as on_progress:
+        result = validate(
+            model, pool=pool, budget=budget, planner=planner, plan=plan, steps=steps, warmup=warmup, batch=batch,
+            scale=_scale(scale or []), granularity=granularity, threads=threads,
+            min_bytes=int(parse_bytes(min_bytes, "--min-bytes")), plot=plot, device=device, baseline=baseline,
+            copy_interference=copy_interference, io_threads=io_threads or None,  # type: ignore[arg-type]
+            on_progress=on_progress,
+        )
     if as_json:
-        print_json(result.to_dict())
+        from mcdla.report.meta import results_meta
+
+        print_json({"meta": results_meta(), **result.to_dict()})
         return
-    print(result.summary())
+    _print_validation(result)
+
+
+def _print_validation(r: Any) -> None:
+    """The validation as a header, a predicted-vs-measured table and its notes."""
+    from rich.table import Table
+
+    console.print(f"{r.model}: pool {r.pool}, budget {format_bytes(r.budget_bytes)}, planner {r.planner}, "
+                  f"{r.layers} layers, {r.threads} compute thread(s)", markup=False)
+    console.print(f"plan: offload {len(r.offloaded_layers)} layer(s), {format_bytes(r.planned_offload_bytes)} (runtime "
+                  f"offloaded {format_bytes(r.measured_offload_bytes)}); link write {r.link.offload_bytes_per_s / 1e9:.2f}"
+                  f" GB/s, read {r.link.prefetch_bytes_per_s / 1e9:.2f} GB/s", markup=False)
+    table = Table(title_justify="left")
+    for column in ("", "predicted", "measured", "error"):
+        table.add_column(column, justify="left" if not column else "right")
+    table.add_row("step time", format_seconds(r.predicted_step_s), format_seconds(r.measured_step_s),
+                  f"{r.step_time_error:+.1%}")
+    table.add_row("peak saved bytes", format_bytes(r.predicted_peak_saved_bytes), format_bytes(r.measured_peak_saved_bytes),
+                  f"{r.peak_saved_error:+.1%}")
+    table.add_row("waits", format_seconds(r.predicted_wait_s),
+                  f"{format_seconds(r.pack_wait_s)} pack + {format_seconds(r.unpack_wait_s)} unpack", "")
+    console.print(table)
+    cap = format_bytes(r.saved_budget_bytes) if math.isfinite(r.saved_budget_bytes) else "none"
+    rows = [("engine alone", format_seconds(r.engine_step_s)),
+            ("copies cost compute", f"{r.copy_cost_s_per_byte * 1e9:.3f} s/GB"),
+            ("plain step", format_seconds(r.plain_step_s)), ("profiled step", format_seconds(r.profiled_step_s)),
+            ("saved-bytes cap", cap)]
+    rows += [("note", n) for n in r.notes]
+    if r.plot:
+        rows.append(("timeline", str(r.plot)))
+    console.print(key_value_table(rows))
 
 
 @app.command("probe")
@@ -88,10 +126,14 @@ def probe_cmd(
     pool_tier: Annotated[str, typer.Option(help="The tier offloads go to: host, file or compress.")] = "file",
     device: Annotated[str, typer.Option(help="The device to measure compute on (cpu, cuda:0).")] = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Also print the measured links as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar (it is shown only on a terminal).")] = False,
 ) -> None:
     """Measure this machine (compute, memory, host/file/compress tiers) into a system file."""
+    from rich.table import Table
+
     from mcdla.hardware import save_system
     from mcdla.profile.probe import probe_machine, probe_system
+    from mcdla.profile.progress import progress_bar
 
     if out.suffix not in (".yaml", ".yml", ".json"):
         fail(f"--out: got {brief(str(out), 200)}; must end in .yaml, .yml or .json")
@@ -101,7 +143,8 @@ def probe_cmd(
     if directory is not None and directory.exists() and not directory.is_dir():
         fail(f"--dir: got {brief(str(directory), 200)}; it is not a directory, must be a directory")
     check_torch_device(device)
-    machine = probe_machine(directory, device=device)
+    with progress_bar("probing", enabled=False if quiet else None) as on_progress:
+        machine = probe_machine(directory, device=device, on_progress=on_progress)
     system = probe_system(machine, pool_tier=pool_tier)
     try:
         save_system(system, out)
@@ -117,10 +160,14 @@ def probe_cmd(
         print_json({"system": str(out), "flops_per_s": machine.flops_per_s,
                     "memory_bytes_per_s": machine.memory_bytes_per_s, "tiers": links})
         return
-    console.print(f"{machine.source}")
-    console.print(f"  compute: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in machine.flops_per_s.items())
+    console.print(f"{machine.source}", markup=False)
+    console.print("compute: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in machine.flops_per_s.items())
                   + f"; memory copy {machine.memory_bytes_per_s / 1e9:.1f} GB/s")
+    table = Table(title="tiers", title_justify="left")
+    for column in ("tier", "write", "read", "latency"):
+        table.add_column(column, justify="left" if column == "tier" else "right")
     for kind, link in links.items():
-        console.print(f"  {kind:<9} write {link['offload_bytes_per_s'] / 1e9:7.2f} GB/s  read "
-                      f"{link['prefetch_bytes_per_s'] / 1e9:7.2f} GB/s  latency {link['latency_s'] * 1e6:7.1f} us")
+        table.add_row(kind, f"{link['offload_bytes_per_s'] / 1e9:.2f} GB/s", f"{link['prefetch_bytes_per_s'] / 1e9:.2f} GB/s",
+                      f"{link['latency_s'] * 1e6:.1f} us")
+    console.print(table)
     console.print(f"wrote {out} (pool tier: {pool_tier})")

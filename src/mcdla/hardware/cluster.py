@@ -301,6 +301,20 @@ class Cluster:
                 return d
         raise HardwareError(f"cluster {self.name!r}: no fabric dimension {name!r}; has {', '.join(d.name for d in self.dims) or 'none'}")
 
+    def nodes_for(self, gpus: int, *, field: str = "gpus") -> int:
+        """The nodes a job of ``gpus`` GPUs occupies: ``ceil(gpus / gpus_per_node)``, the last one partly filled.
+
+        The one rule every GPU count is checked by (``search --gpus``, an execution record's ``gpus`` in
+        ``llm-predict``, :meth:`for_gpus`): any whole number of GPUs from 1 up, so 64 GPUs
+        of one NVL72 rack or 1152 GPUs on 256-GPU DGX GH200 nodes are both valid. A parallel group that does not
+        tile the nodes evenly is priced with more scale-out traffic than its layout has (the LLM time model's
+        group layout says how). One-line HardwareError naming ``field`` otherwise.
+        """
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= _MAX_DEVICES * self.gpus_per_node:
+            raise HardwareError(f"{field}: got {brief(gpus)}; must be an integer in 1..{_MAX_DEVICES * self.gpus_per_node}"
+                                f" ({_MAX_DEVICES} nodes of {self.gpus_per_node} GPUs of {self.name})")
+        return -(-gpus // self.gpus_per_node)
+
     def with_nodes(self, nodes: int) -> Cluster:
         """The same cluster with ``nodes`` nodes (needs a ``scale_out`` fabric when ``nodes`` > 1)."""
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= _MAX_DEVICES:
@@ -314,9 +328,7 @@ class Cluster:
 
     def for_gpus(self, gpus: int) -> Cluster:
         """The same cluster with the fewest whole nodes that hold ``gpus`` GPUs."""
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= _MAX_DEVICES:
-            raise HardwareError(f"cluster {self.name!r}.gpus: got {brief(gpus)}; must be an integer in 1..{_MAX_DEVICES}")
-        nodes = math.ceil(gpus / self.gpus_per_node)
+        nodes = self.nodes_for(gpus, field=f"cluster {self.name!r}.gpus")
         return self if nodes == self.nodes else self.with_nodes(nodes)
 
     def without_offload(self) -> Cluster:

@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from mcdla.profile._owners import LOSS_NAME, OwnerTracker, Phase, tensors_in
 from mcdla.profile._steps import LossFn, StepInputs, compute_loss, run_forward, zero_grads
+from mcdla.profile.progress import OnProgress, notify
 
 __all__ = ["Counts", "count_step", "time_steps", "merge_intervals"]
 
@@ -198,9 +199,11 @@ def time_steps(
     warmup_steps: int,
     measured_steps: int,
     device: torch.device,
+    on_progress: OnProgress | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], list[float]]:
     """Timed steps: per layer its forward and backward seconds in each measured step, and each measured
-    step's wall time (s, without the tracker's own bookkeeping between forward and backward)."""
+    step's wall time (s, without the tracker's own bookkeeping between forward and backward). ``on_progress``
+    hears of each finished step."""
     events: list[tuple[float, str, Phase]] = []
 
     def on_switch(owner: str, phase: Phase) -> None:
@@ -220,6 +223,7 @@ def time_steps(
             _one_step(model, inputs, loss_fn, tracker)
             _sync(device)
             end = time.perf_counter()
+            notify(on_progress, step + 1, warmup_steps + measured_steps, "profiling: timed steps")
             if step < warmup_steps:
                 continue
             stamps = [t for t, _, _ in events] + [end]

@@ -36,6 +36,7 @@ import torch
 
 from mcdla.errors import ConfigError, ProfileError
 from mcdla.hardware import Device, Link, LinkKind, Memory, MemoryKind, PoolLink, System
+from mcdla.profile.progress import OnProgress, notify
 from mcdla.runtime.pool import Pool, Tier, as_pool
 
 __all__ = [
@@ -276,6 +277,7 @@ def _probe_kinds(
     repeats: int,
     kinds: Sequence[str],
     device: str | torch.device = "cpu",
+    on_progress: OnProgress | None = None,
 ) -> dict[str, TierProbe]:
     allowed = ("host", "file", "compress")
     for k in kinds:
@@ -284,7 +286,12 @@ def _probe_kinds(
     with tempfile.TemporaryDirectory(prefix="mcdla-probe-") as tmp:
         where = Path(directory) if directory is not None else Path(tmp)
         specs = {"host": "host", "file": f"file:{where}", "compress": f"compress(file:{where})"}
-        return {k: probe_pool(specs[k], sizes_bytes=sizes_bytes, repeats=repeats, device=device) for k in kinds}
+        probes = {}
+        for i, k in enumerate(kinds):
+            notify(on_progress, 1 + i, 1 + len(kinds), f"probing: {k} tier")
+            probes[k] = probe_pool(specs[k], sizes_bytes=sizes_bytes, repeats=repeats, device=device)
+        notify(on_progress, 1 + len(kinds), 1 + len(kinds), "probing: done")
+        return probes
 
 
 def _now() -> str:
@@ -335,8 +342,11 @@ def probe_machine(
     repeats: int = 3,
     kinds: Sequence[str] = ("host", "file", "compress"),
     precisions: Sequence[str] = ("fp32",),
+    on_progress: OnProgress | None = None,
 ) -> MachineProbe:
-    """Measure compute, memory and the tiers of this machine (see the module doc)."""
+    """Measure compute, memory and the tiers of this machine (see the module doc); ``on_progress`` hears of
+    each finished part (compute, then each tier)."""
+    notify(on_progress, 0, 1 + len(kinds), "probing: compute and memory")
     flops, mem_bw = probe_compute(device, precisions=precisions)
     dev = torch.device(device)
     capacity = (
@@ -349,7 +359,7 @@ def probe_machine(
         flops_per_s=flops,
         memory_bytes=capacity,
         memory_bytes_per_s=mem_bw,
-        tiers=_probe_kinds(directory, sizes_bytes, repeats, kinds, device),
+        tiers=_probe_kinds(directory, sizes_bytes, repeats, kinds, device, on_progress),
         measured_at=_now(),
     )
 

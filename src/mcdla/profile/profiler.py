@@ -55,6 +55,7 @@ from mcdla.profile._kinds import kind_of
 from mcdla.profile._owners import LOSS_NAME, ROOT_NAME, Granularity, owner_names, units_of
 from mcdla.profile._passes import Counts, count_step, time_steps
 from mcdla.profile._steps import LossFn, infer_batch, normalize_inputs, precision_of, zero_grads
+from mcdla.profile.progress import OnProgress, notify, progress_bar
 from mcdla.workload.model import Layer, LayerKind, Measurement, Workload
 
 __all__ = ["ProfileResult", "SharedOwner", "profile", "profile_run"]
@@ -131,8 +132,10 @@ def profile_run(
     shared_storage_owner: SharedOwner = "first",
     min_saved_bytes: int = 0,
     peak_flops_per_s: float | None = None,
+    on_progress: OnProgress | None = None,
 ) -> ProfileResult:
-    """Profile ``model`` and return the workload with its raw measurements; see :func:`profile`."""
+    """Profile ``model`` and return the workload with its raw measurements; see :func:`profile`.
+    ``on_progress`` hears of the counting pass and of each timed step."""
     if not isinstance(model, nn.Module):
         raise ProfileError(f"model: got {type(model).__name__}; must be a torch.nn.Module")
     if granularity not in ("leaf", "block"):
@@ -156,10 +159,11 @@ def profile_run(
     was_training = model.training
     model.train()
     try:
+        notify(on_progress, 0, warmup_steps + measured_steps, "profiling: counting FLOPs and saved bytes")
         counts, order = count_step(model, inputs, loss_fn, units, shared_storage_owner == "first", min_saved_bytes)
         layer_names = _layers(counts, order, frozenset(units.values()))
         fwd_samples, bwd_samples, step_times = time_steps(
-            model, inputs, loss_fn, units, frozenset(layer_names), warmup_steps, measured_steps, device
+            model, inputs, loss_fn, units, frozenset(layer_names), warmup_steps, measured_steps, device, on_progress
         )
     finally:
         zero_grads(model)
@@ -226,6 +230,7 @@ def profile(
     shared_storage_owner: SharedOwner = "first",
     min_saved_bytes: int = 0,
     peak_flops_per_s: float | None = None,
+    progress: bool | None = None,
 ) -> Workload:
     """Measure one training step of ``model`` into a workload whose layers are its modules.
 
@@ -246,26 +251,30 @@ def profile(
             them on the device, ``mcdla.virtualize(min_bytes=...)``).
         peak_flops_per_s: the measuring device's peak FLOP/s in the model's precision, if known; recorded in
             the workload's ``measured_on`` so ``mcdla simulate --scale-to peak`` can rescale the times.
+        progress: a progress bar on stderr: True/False to force it, None (default) only when stderr is a
+            terminal.
 
     Returns:
         A workload at the inputs' batch size; per layer FLOPs (FLOP), saved, output and parameter bytes and
         measured forward/backward times (s). Raises ProfileError (one line) when the forward fails, the
         loss is not a scalar, or an argument is malformed.
     """
-    return profile_run(
-        model,
-        example_inputs,
-        loss_fn,
-        granularity=granularity,
-        warmup_steps=warmup_steps,
-        measured_steps=measured_steps,
-        name=name,
-        batch=batch,
-        optimizer_bytes_per_param_byte=optimizer_bytes_per_param_byte,
-        shared_storage_owner=shared_storage_owner,
-        min_saved_bytes=min_saved_bytes,
-        peak_flops_per_s=peak_flops_per_s,
-    ).workload
+    with progress_bar("profiling", enabled=progress) as on_progress:
+        return profile_run(
+            model,
+            example_inputs,
+            loss_fn,
+            granularity=granularity,
+            warmup_steps=warmup_steps,
+            measured_steps=measured_steps,
+            name=name,
+            batch=batch,
+            optimizer_bytes_per_param_byte=optimizer_bytes_per_param_byte,
+            shared_storage_owner=shared_storage_owner,
+            min_saved_bytes=min_saved_bytes,
+            peak_flops_per_s=peak_flops_per_s,
+            on_progress=on_progress,
+        ).workload
 
 
 def _device_description(device: torch.device) -> str:

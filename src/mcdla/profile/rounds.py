@@ -43,6 +43,7 @@ from mcdla.profile._owners import units_of
 from mcdla.profile._passes import time_steps
 from mcdla.profile._steps import StepInputs, compute_loss, run_forward, zero_grads
 from mcdla.profile.probe import probe_pool
+from mcdla.profile.progress import OnProgress, notify
 from mcdla.profile.resolve import ResolvedModel
 from mcdla.runtime import virtualize
 from mcdla.workload.model import Workload
@@ -182,9 +183,11 @@ def measure_rounds(
     warmup: int,
     baseline: Baseline = "runtime",
     copy_interference: bool = False,
+    on_progress: OnProgress | None = None,
 ) -> Rounds:
     """Run ``warmup + steps`` rounds (NOTE [measuring]) and keep the last ``steps``; with
-    ``copy_interference`` also measure what background copies cost compute (NOTE [copies on the CPU])."""
+    ``copy_interference`` also measure what background copies cost compute (NOTE [copies on the CPU]).
+    ``on_progress`` hears of each finished round."""
     model = resolved.model
     units = units_of(model, granularity)  # type: ignore[arg-type]
     layers = frozenset(workload.layer_names)
@@ -210,6 +213,7 @@ def measure_rounds(
                 cost = max(0.0, loaded[0] - profiled[0]) / moved if moved else 0.0
             elapsed = run_virtualized_step(vm, resolved, inputs, device)
             link = probe_pool(pool, sizes_bytes=_ROUND_PROBE_SIZES, repeats=1, device=device).link
+            notify(on_progress, r + 1, warmup + steps, "measuring: plain and virtualized rounds")
             if r < warmup:
                 continue
             rounds.links.append(link)

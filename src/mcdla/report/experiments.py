@@ -18,6 +18,7 @@ from typing import Any
 from mcdla.errors import ConfigError
 from mcdla.hardware import LinkKind, MemoryKind, System, load_system
 from mcdla.plan import make_plan, policy_plan
+from mcdla.profile.progress import OnProgress, notify
 from mcdla.sim import pool_link, simulate
 from mcdla.workload import Workload, zoo
 
@@ -139,12 +140,21 @@ def _run_job(job: tuple[System, Workload, dict[str, Any]]) -> Record:
     return run_one(system, workload, **kwargs)
 
 
-def _map(jobs: Sequence[tuple[System, Workload, dict[str, Any]]], workers: int | None) -> list[Record]:
+def _map(jobs: Sequence[tuple[System, Workload, dict[str, Any]]], workers: int | None,
+         on_progress: OnProgress | None = None) -> list[Record]:
     workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
+    records: list[Record] = []
+    notify(on_progress, 0, len(jobs), "simulating")
     if workers <= 1 or len(jobs) < 4:
-        return [_run_job(j) for j in jobs]
+        for job in jobs:
+            records.append(_run_job(job))
+            notify(on_progress, len(records), len(jobs), "simulating")
+        return records
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_run_job, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+        for record in pool.map(_run_job, jobs, chunksize=max(1, len(jobs) // (4 * workers))):
+            records.append(record)
+            notify(on_progress, len(records), len(jobs), "simulating")
+    return records
 
 
 def with_compute_efficiency(system: System, efficiency: float) -> System:
@@ -206,8 +216,10 @@ def run_matrix(
     compute_efficiency: float | None = None,
     pcie_share_bytes_per_s: float | None = None,
     workers: int | None = None,
+    on_progress: OnProgress | None = None,
 ) -> list[Record]:
     """The reproduction matrix: workloads x systems x parallelism, at each workload's default batch.
+    ``on_progress`` hears of each finished simulation.
 
     ``saves``: what layers save (:func:`mcdla.workload.zoo.build`); ``"cudnn"`` by default, as vDNN's cuDNN
     layers (a max-pool keeps no int64 indices). ``compute_efficiency`` (fraction of peak, every system) and
@@ -222,7 +234,7 @@ def run_matrix(
         for p in parallels
         for system in loaded
     ]
-    return _map(jobs, workers)
+    return _map(jobs, workers, on_progress)
 
 
 def variant_speedups(keys: Sequence[str], **settings: Any) -> dict[str, tuple[float, int]]:
@@ -280,6 +292,7 @@ def compute_pcie_sweep(
     precision: str = "fp16",
     saves: str = "cudnn",
     workers: int | None = None,
+    on_progress: OnProgress | None = None,
 ) -> list[Record]:
     """mc-dla and dc-dla (at each PCIe generation: :func:`sweep_system`) as device compute grows from 1x to 32x
     a V100, under ``policy`` or, when given, ``planner`` (budget: the device memory)."""
@@ -296,7 +309,7 @@ def compute_pcie_sweep(
                 jobs.append((sweep_system(dc, scale, gen), workload,
                              {"parallel": parallel, "policy": policy, "planner": planner,
                               "compute_scale": scale, "pcie_generation": gen}))
-    return _map(jobs, workers)
+    return _map(jobs, workers, on_progress)
 
 
 def sweep_system(dc: System, scale: float, generation: int) -> System:

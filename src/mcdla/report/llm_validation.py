@@ -28,10 +28,11 @@ in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused attent
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
-import dataclasses
+from rich.table import Table
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster, load_cluster
@@ -192,14 +193,17 @@ def summary(rows: list[ValidationRow]) -> dict[str, float]:
     return {"mean_abs_error": statistics.fmean(errors), "max_abs_error": max(errors)}
 
 
-def format_table(rows: list[ValidationRow]) -> str:
-    """A plain-text table: run, TP/PP/v, micro-batches, measured and predicted seconds, error, MFU."""
-    head = f"{'run':<28} {'tp':>3} {'pp':>3} {'v':>2} {'m':>4} {'measured s':>11} {'predicted s':>12} {'error':>7} {'MFU':>6}"
-    lines = [head, "-" * len(head)]
+def format_table(rows: list[ValidationRow], title: str = "LLM time model vs published Megatron runs") -> Table:
+    """A rich table: run, TP/PP/v, micro-batches, measured and predicted seconds, error, MFU; the mean and
+    max error as its caption."""
+    s = summary(rows)
+    table = Table(title=title, title_justify="left", caption_justify="left",
+                  caption=f"mean |error| {s['mean_abs_error']:.1%}, max |error| {s['max_abs_error']:.1%} over {len(rows)} runs")
+    for column in ("run", "tp", "pp", "v", "m", "measured s", "predicted s", "error", "MFU"):
+        table.add_column(column, justify="left" if column == "run" else "right")
     for r in rows:
         e = r.run.execution
-        lines.append(f"{r.run.name:<28} {e.tp:>3} {e.pp:>3} {e.virtual_stages:>2} {e.micro_batches:>4} "
-                     f"{r.run.measured_s:>11.3f} {r.predicted.iteration_s:>12.3f} {r.error:>+7.1%} {r.predicted.mfu:>6.1%}")
-    s = summary(rows)
-    lines.append(f"mean |error| {s['mean_abs_error']:.1%}, max |error| {s['max_abs_error']:.1%} over {len(rows)} runs")
-    return "\n".join(lines)
+        table.add_row(r.run.name, str(e.tp), str(e.pp), str(e.virtual_stages), str(e.micro_batches),
+                      f"{r.run.measured_s:.3f}", f"{r.predicted.iteration_s:.3f}", f"{r.error:+.1%}",
+                      f"{r.predicted.mfu:.1%}")
+    return table

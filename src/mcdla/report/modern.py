@@ -23,8 +23,6 @@ end stages, which the closed-form model does not represent).
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +33,8 @@ from rich.table import Table
 
 from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.plan.llm_search import SearchResult, search
+from mcdla.profile.progress import OnProgress, notify
+from mcdla.report.meta import results_meta, write_results_csv, write_results_json
 from mcdla.units import format_bytes, format_seconds
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -147,20 +147,23 @@ def _row(scenario: Scenario, variant: Variant, cluster: Cluster, result: SearchR
 
 
 def run_modern(grid: Grid = FULL_GRID, scenarios: Sequence[Scenario] = SCENARIOS,
-               variants: Sequence[Variant] = VARIANTS) -> list[dict[str, Any]]:
+               variants: Sequence[Variant] = VARIANTS, on_progress: OnProgress | None = None) -> list[dict[str, Any]]:
     """One row per (scenario, variant): the best configuration and its time, memory and speedup over the
-    baseline (DC-DLA 2026, when it is among ``variants`` and feasible)."""
+    baseline (DC-DLA 2026, when it is among ``variants`` and feasible); ``on_progress`` hears of each row."""
     rows: list[dict[str, Any]] = []
+    total = len(scenarios) * len(variants)
     for sc in scenarios:
         spec = preset(sc.model)
         block = []
         for v in variants:
+            notify(on_progress, len(rows) + len(block), total, f"searching: {sc.model} on {v.label}")
             cluster = variant_cluster(v, sc.gpus)
             block.append(_row(sc, v, cluster, search_grid(spec, sc, cluster, grid)))
         base = next((r for r in block if r["system"] == BASELINE and r["feasible"]), None)
         for r in block:
             r["speedup"] = base["iteration_s"] / r["iteration_s"] if base is not None and r["feasible"] else None
         rows += block
+    notify(on_progress, total, total, "searching: done")
     return rows
 
 
@@ -172,13 +175,9 @@ _COLUMNS = ("model", "gpus", "global_batch", "system", "label", "preset", "feasi
 
 def write_results(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     """``results.json`` and ``results.csv`` (one row per model, GPU count and system) in ``out``."""
-    json_path, csv_path = out / "results.json", out / "results.csv"
-    json_path.write_text(json.dumps(list(rows), indent=2) + "\n")
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(_COLUMNS), extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return [json_path, csv_path]
+    meta = results_meta()
+    return [write_results_json(out / "results.json", rows, meta),
+            write_results_csv(out / "results.csv", rows, _COLUMNS, meta)]
 
 
 def _config(r: dict[str, Any]) -> str:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from mcdla.report.experiments import Record, mean_speedup, sweep_speedups
+from mcdla.report.meta import results_meta, write_results_csv, write_results_json
 from mcdla.units import format_seconds
 
 __all__ = ["speedup_table", "sweep_table", "write_records"]
@@ -39,14 +38,13 @@ def speedup_table(rows: Sequence[dict[str, Any]], title: str = "MC-DLA vs DC-DLA
 
 
 def write_records(records: Sequence[Record], json_path: Path, csv_path: Path | None = None) -> None:
-    """Write records as a JSON list and optionally a CSV with the same columns."""
+    """Write records as JSON ``{"meta", "rows"}`` and optionally a CSV with the same columns, both under the
+    results header of :mod:`mcdla.report.meta`."""
     data = [r.to_dict() for r in records]
-    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    meta = results_meta()
+    write_results_json(json_path, data, meta)
     if csv_path is not None and data:
-        with csv_path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(data[0]))
-            writer.writeheader()
-            writer.writerows(data)
+        write_results_csv(csv_path, data, list(data[0]), meta)
 
 
 

@@ -44,6 +44,7 @@ from mcdla.profile.predict import (
 )
 from mcdla.profile.probe import probe_pool
 from mcdla.profile.profiler import profile_run
+from mcdla.profile.progress import OnProgress
 from mcdla.profile.resolve import ResolvedModel, resolve_model, to_device
 from mcdla.profile.rounds import WINDOW, Baseline, measure_rounds, one_copy_stream
 from mcdla.profile.timeline import cuda_step_timeline, timeline_from_report
@@ -164,6 +165,7 @@ def validate(
     baseline: Baseline = "runtime",
     copy_interference: bool | None = None,
     io_threads: int | None = 1,
+    on_progress: OnProgress | None = None,
 ) -> ValidationResult:
     """Profile, plan, simulate, run under the runtime and compare (see the NOTEs of this module).
 
@@ -184,6 +186,7 @@ def validate(
         copy_interference: measure what copies cost compute and charge it to the layers they overlap
             (NOTE [copies on the CPU]); None: on for a CPU model, off on CUDA (copy engines).
         io_threads: I/O threads of each threaded tier (NOTE [one copy stream]); None keeps the pool's.
+        on_progress: hears of each profiling step and each measured round (:mod:`mcdla.profile.progress`).
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps: got {steps!r}; must be an integer >= 1")
@@ -205,7 +208,7 @@ def validate(
         torch.set_num_threads(threads)
     try:
         return _validate(resolved, pool_obj, pool, budget, planner, plan, steps, warmup, granularity, min_bytes, plot,
-                         baseline, copy_interference, shared)
+                         baseline, copy_interference, shared, on_progress)
     finally:
         torch.set_num_threads(previous_threads)
         pool_obj.close()
@@ -214,11 +217,11 @@ def validate(
 def _validate(resolved: ResolvedModel, pool_obj: Any, pool: str, budget: str | float, planner: str | None,
               plan: Plan | str | Path | None, steps: int, warmup: int, granularity: str, min_bytes: int,
               plot: str | Path | None, baseline: Baseline, copy_interference: bool | None,
-              shared: bool) -> ValidationResult:
+              shared: bool, on_progress: OnProgress | None = None) -> ValidationResult:
     model, inputs = resolved.model, normalize_inputs(resolved.example_inputs)
     profiled = profile_run(model, resolved.example_inputs, resolved.loss_fn, granularity=granularity,  # type: ignore[arg-type]
                            warmup_steps=warmup, measured_steps=min(3, steps), name=resolved.name,
-                           min_saved_bytes=int(min_bytes), shared_storage_owner="first")
+                           min_saved_bytes=int(min_bytes), shared_storage_owner="first", on_progress=on_progress)
     workload = profiled.workload
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     first = dataclasses.replace(probe_pool(pool_obj, device=device).link, shared_direction=shared)
@@ -236,7 +239,7 @@ def _validate(resolved: ResolvedModel, pool_obj: Any, pool: str, budget: str | f
     interference = device.type == "cpu" if copy_interference is None else copy_interference
     rounds = measure_rounds(resolved, inputs, pool=pool_obj, plan=run_plan, workload=workload, granularity=granularity,
                             min_bytes=int(min_bytes), steps=steps, warmup=warmup, baseline=baseline,
-                            copy_interference=interference)
+                            copy_interference=interference, on_progress=on_progress)
     times = rounds.layer_times()
     timed = workload.with_layers([
         dataclasses.replace(l, fwd_time_s=times[l.name][0], bwd_time_s=times[l.name][1]) for l in workload.layers

@@ -31,6 +31,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from mcdla.errors import ConfigError, PlanError
+from mcdla.runtime._tensor_store import local_tensor
 from mcdla.runtime.pool import Pool
 
 if TYPE_CHECKING:  # the plan module is imported only when a plan is given (NOTE in virtualize.py)
@@ -128,8 +129,8 @@ class _Attribution:
         """Data pointers of the storages of the model's parameters and buffers (never offloaded)."""
         if self.model is None:
             return set()
-        ptrs = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
-        ptrs |= {b.untyped_storage().data_ptr() for b in self.model.buffers()}
+        ptrs = {local_tensor(p).untyped_storage().data_ptr() for p in self.model.parameters()}
+        ptrs |= {local_tensor(b).untyped_storage().data_ptr() for b in self.model.buffers()}
         return ptrs
 
     # -- hooks -----------------------------------------------------------------------------------------

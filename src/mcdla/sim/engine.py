@@ -63,7 +63,7 @@ class Engine:
         # Pool timelines only when recording: without it the engine keeps the tiers' peaks, not their steps.
         self.tier_timeline: dict[str, list[tuple[float, float]]] | None = (
             {"host": [], "memory-node": []} if record else None)
-        self.collectives = CollectiveRunner(self, fabric.rings, len(fabric.devices))
+        self.collectives = CollectiveRunner(self)
         self.coll_done = self.collectives.done
         self.coll_done_t = self.collectives.done_s
         self.route_bytes = [0.0] * len(fabric.routes)
@@ -239,7 +239,8 @@ def simulate_fabric(fabric: Fabric, workload: Workload, plan: Plan, *, parallel:
             if not parts:
                 raise SimError(f"system {fabric.name!r}: device {fabric.devices[i].name!r} has no pool memory to "
                                "offload to; the plan offloads")
-    if len(fabric.devices) > 1 and not fabric.rings and any(op.coll_bytes > 0 for op in programs[0].ops):
+    if (len(fabric.devices) > 1 and not fabric.rings and fabric.collective_algorithm == "ring"
+            and any(op.coll_bytes > 0 for op in programs[0].ops)):
         raise SimError(f"system {fabric.name!r}: {len(fabric.devices)} devices but no rings; "
                        f"{parallel}-parallel collectives need at least one ring")
     engine = Engine(fabric, programs, unlimited_virtualization=unlimited_virtualization_bandwidth,
@@ -250,7 +251,7 @@ def simulate_fabric(fabric: Fabric, workload: Workload, plan: Plan, *, parallel:
 
 def simulate(system: System, workload: Workload, plan: Plan, *, parallel: Parallel = "data",
              bucket_bytes: float = 25 * 2**20, unlimited_virtualization_bandwidth: bool = False,
-             record_timeline: bool = False) -> SimResult:
+             record_timeline: bool = False, collective_algorithm: str = "ring") -> SimResult:
     """Simulate one training iteration of ``workload`` under ``plan`` on every device of ``system``.
 
     Args:
@@ -263,6 +264,8 @@ def simulate(system: System, workload: Workload, plan: Plan, *, parallel: Parall
         bucket_bytes: gradient bucket size of the data-parallel all-reduce (bytes).
         unlimited_virtualization_bandwidth: offloads and prefetches take no time (the oracle's bound).
         record_timeline: keep every operation and memory step for :meth:`SimResult.to_chrome_trace`.
+        collective_algorithm: ``"ring"`` (over the system's rings), ``"tree"`` or ``"in-network"`` (one collective
+            of every device, NOTE [ring collectives] in :mod:`mcdla.sim.collectives`).
 
     Returns:
         a SimResult; ``feasible`` is False (never an exception) when the iteration deadlocks on memory.
@@ -270,8 +273,9 @@ def simulate(system: System, workload: Workload, plan: Plan, *, parallel: Parall
     Raises:
         HardwareError: a disconnected topology or a device with no route to its pool.
         PlanError: a plan for other layers, recomputing layer 0, a prefetch trigger that is not a later layer.
-        SimError: any other impossible request (bad argument, offloads without a pool, collectives without rings).
+        SimError: any other impossible request (bad argument, offloads without a pool, ring collectives without
+            rings, in-network collectives without a switch).
     """
-    return simulate_fabric(Fabric.from_system(system), workload, plan, parallel=parallel, bucket_bytes=bucket_bytes,
+    return simulate_fabric(Fabric.from_system(system, collective_algorithm=collective_algorithm), workload, plan, parallel=parallel, bucket_bytes=bucket_bytes,
                            unlimited_virtualization_bandwidth=unlimited_virtualization_bandwidth,
                            record_timeline=record_timeline)

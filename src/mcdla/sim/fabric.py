@@ -14,7 +14,8 @@ infinite capacity never bind and are left out of the solver (a route crossing no
 
 NOTE [HBM in transfers]
 An offload reads the device's HBM and a prefetch writes it, so every pool route also crosses the resource
-``("hbm", device)`` of capacity ``hbm_bytes_per_s``: a device's offloads and prefetches share its memory
+``("hbm", device)`` of capacity ``hbm_bytes_per_s`` (:func:`mcdla.sim.ir_compile.copy_route`, which places the
+copies of the IR executor too): a device's offloads and prefetches share its memory
 bandwidth max-min fairly with each other (and with nothing else: compute keeps its roofline time, and ring
 collectives do not cross it). On today's presets the links bind long before HBM (12.8 GB/s PCIe or 150 GB/s
 of memory-node links against 900 GB/s), so this matters only for devices whose links rival their HBM. The one
@@ -24,13 +25,19 @@ counted in time units (NOTE [fabric units]): there HBM is left out.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from mcdla.errors import HardwareError
+from mcdla.errors import HardwareError, SimError
 from mcdla.hardware.model import Device, MemoryKind, System
 from mcdla.hardware.pool_link import PoolLink
+from mcdla.hardware.cluster import ALGORITHMS
 from mcdla.hardware.topology import Resource, Route, Topology
+from mcdla.sim.collective_models import Collective
+from mcdla.sim.collective_phases import Endpoint, Reducer, lower
+from mcdla.sim.ir_compile import copy_route, reducer_switch
 
 __all__ = ["Fabric", "POOL_MEMORY"]
 
@@ -54,9 +61,16 @@ class Fabric:
         link_names: ``"a->b"`` of each reporting link; link_bytes_per_s: its bandwidth (may be inf).
         offload_routes, prefetch_routes: per device, ``(memory id, route id)`` for each pool memory
             (empty when the device has no pool).
-        rings: per ring, the route id of one ring step: every hop of the ring (device -> next device along
-            the ring) concatenated, so a link two hops share counts twice; its latency is the largest hop
+        rings: per ring, the route id of one pipelined ring step: every hop of the ring (device -> next device
+            along the ring) concatenated, so a link two hops share counts twice; its latency is the largest hop
             latency (NOTE [ring collectives] in :mod:`mcdla.sim.collectives`).
+        ring_groups: per ring, its device ids in ring order (the communicator group of its collectives).
+        collective_algorithm: how collectives run: ``"ring"`` over :attr:`rings`, or ``"tree"`` /
+            ``"in-network"`` as one collective of every device in rank order (NOTE [ring collectives] in
+            :mod:`mcdla.sim.collectives`).
+        flow_routes: for a tree or in-network algorithm, the route id of each flow its phases start (and of each
+            latency pair), by the flow's two ends as :func:`~mcdla.sim.collective_phases.lower` gives them (a
+            device id, or the :class:`~mcdla.sim.collective_phases.Reducer` of an in-network group).
     """
 
     name: str
@@ -75,6 +89,9 @@ class Fabric:
     offload_routes: tuple[tuple[tuple[int, int], ...], ...]
     prefetch_routes: tuple[tuple[tuple[int, int], ...], ...]
     rings: tuple[int, ...]
+    ring_groups: tuple[tuple[int, ...], ...] = ()
+    collective_algorithm: str = "ring"
+    flow_routes: Mapping[tuple[Endpoint, Endpoint], int] = field(default_factory=dict)
 
     @property
     def device_names(self) -> tuple[str, ...]:
@@ -82,8 +99,14 @@ class Fabric:
 
     # -- construction ---------------------------------------------------------------------------------------
     @classmethod
-    def from_system(cls, system: System) -> Fabric:
-        """Compile ``system``; raises HardwareError (one line) for a disconnected topology or a missing route."""
+    def from_system(cls, system: System, *, collective_algorithm: str = "ring") -> Fabric:
+        """Compile ``system`` with its collectives run by ``collective_algorithm`` (ring, tree or in-network).
+
+        Raises HardwareError (one line) for a disconnected topology or a missing route, SimError for an unknown
+        algorithm or an in-network collective with no switch to reduce in.
+        """
+        if collective_algorithm not in ALGORITHMS:
+            raise SimError(f"collective_algorithm: got {collective_algorithm!r}; must be one of {', '.join(ALGORITHMS)}")
         topo = Topology(system)
         builder = _Builder(system.name)
         for mem in system.memories:
@@ -100,14 +123,22 @@ class Fabric:
             hbm = ("hbm", dev)
             if pool:
                 builder.resource(hbm, device.hbm_bytes_per_s)  # NOTE [HBM in transfers]
-            offload.append(tuple((builder.memory_index[m], builder.via(hbm, topo.route(dev, m))) for m in pool))
-            prefetch.append(tuple((builder.memory_index[m], builder.via(hbm, topo.route(m, dev))) for m in pool))
-        rings = []
+            offload.append(tuple((builder.memory_index[m], builder.raw_route(*copy_route(topo, dev, m, prefetch=False)))
+                                 for m in pool))
+            prefetch.append(tuple((builder.memory_index[m], builder.raw_route(*copy_route(topo, dev, m, prefetch=True)))
+                                  for m in pool))
+        rings, groups = [], []
+        index = {name: i for i, name in enumerate(system.device_names)}
         for r in range(len(system.rings)):
-            hops = [route for _dev, _nxt, route in topo.ring_hops(r)]
-            resources = tuple(res for route in hops for res in route.resources)
-            rings.append(builder.raw_route(resources, max(route.latency_s for route in hops)))
-        return builder.build(system.devices, tuple(offload), tuple(prefetch), tuple(rings))
+            hops = list(topo.ring_hops(r))
+            resources = tuple(res for _dev, _nxt, route in hops for res in route.resources)
+            rings.append(builder.raw_route(resources, max(route.latency_s for _dev, _nxt, route in hops)))
+            groups.append(tuple(index[dev] for dev, _nxt, _route in hops))
+        flow_routes = {}
+        if collective_algorithm != "ring" and len(system.devices) > 1:
+            flow_routes = _flow_routes(builder, topo, collective_algorithm)
+        fabric = builder.build(system.devices, tuple(offload), tuple(prefetch), tuple(rings), tuple(groups))
+        return dataclasses.replace(fabric, collective_algorithm=collective_algorithm, flow_routes=flow_routes)
 
     @classmethod
     def from_pool_link(cls, device: Device, link: PoolLink) -> Fabric:
@@ -140,6 +171,25 @@ class Fabric:
         off_route = builder.raw_route(routes[0], link.latency_s, scales[0])
         pre_route = builder.raw_route(routes[1], link.latency_s, scales[1])
         return builder.build((device,), (((0, off_route),),), (((0, pre_route),),), ())
+
+
+def _flow_routes(builder: _Builder, topo: Topology, algorithm: str) -> dict[tuple[Endpoint, Endpoint], int]:
+    """Route ids of every flow (and latency pair) of the collectives the 2018 programs launch (all-reduce,
+    all-gather over every device in rank order) under ``algorithm``, by the flow's ends as lowered."""
+    names = topo.system.device_names
+
+    def node(end: Endpoint) -> str:
+        if isinstance(end, Reducer):
+            return reducer_switch(topo, tuple(names[m] for m in end.members))
+        return names[end]
+
+    group = tuple(range(len(names)))
+    ends: set[tuple[Endpoint, Endpoint]] = set()
+    for kind in ("all-reduce", "all-gather"):
+        for phase in lower(Collective(kind=kind, nbytes=1.0, group=group, algorithm=algorithm)):
+            ends.update((f.src, f.dst) for f in phase.flows)
+            ends.update(phase.hop_pairs)
+    return {(a, b): builder.route(topo.route(node(a), node(b))) for a, b in ends}
 
 
 class _Builder:
@@ -196,11 +246,7 @@ class _Builder:
     def route(self, route: Route) -> int:
         return self.raw_route(route.resources, route.latency_s)
 
-    def via(self, first: Resource, route: Route) -> int:
-        """``route`` with resource ``first`` (a device's HBM) crossed too."""
-        return self.raw_route((first, *route.resources), route.latency_s)
-
-    def build(self, devices, offload, prefetch, rings) -> Fabric:  # type: ignore[no-untyped-def]
+    def build(self, devices, offload, prefetch, rings, ring_groups=()) -> Fabric:  # type: ignore[no-untyped-def]
         return Fabric(
             name=self.name,
             devices=tuple(devices),
@@ -218,4 +264,5 @@ class _Builder:
             offload_routes=offload,
             prefetch_routes=prefetch,
             rings=rings,
+            ring_groups=ring_groups,
         )

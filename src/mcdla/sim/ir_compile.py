@@ -19,10 +19,38 @@ from mcdla.sim.collective_models import Collective
 from mcdla.sim.collective_phases import Reducer, lower
 from mcdla.sim.ir import CollectiveOp, Offload, Op, Prefetch, RankProgram, Send
 
-__all__ = ["CompiledPrograms", "Parts"]
+__all__ = ["CompiledPrograms", "Parts", "copy_route", "reducer_switch"]
 
 Parts = tuple[tuple[int, float], ...]
 """A transfer: ``(route id, bytes)`` of each of its flows."""
+
+
+def copy_route(topo: Topology, device: str, memory: str, *, prefetch: bool) -> tuple[tuple[Resource, ...], float]:
+    """Resources and latency (s) of an offload (``device`` -> ``memory``) or a prefetch (``memory`` -> ``device``):
+    the device's HBM, which the copy reads or writes (resource ``("hbm", device)``, NOTE [HBM in transfers] in
+    :mod:`mcdla.sim.fabric`), then the topology route. Both engines place a copy this way."""
+    route = topo.route(memory, device) if prefetch else topo.route(device, memory)
+    return (("hbm", device), *route.resources), route.latency_s
+
+
+def reducer_switch(topo: Topology, devs: tuple[str, ...]) -> str:
+    """The switch that reduces and multicasts for devices ``devs`` in an in-network collective: on the route
+    between the first two, the one nearest (fewest links) to the farthest of them (both engines place a
+    :class:`~mcdla.sim.collective_phases.Reducer` here)."""
+    system = topo.system
+    switches = {s.name for s in system.switches}
+    route = topo.route(devs[0], devs[1])
+    path = [devs[0]] + [res[2] for res in route.resources if res[0] == "link"]
+    best: tuple[int, str] | None = None
+    for node in path:
+        if node in switches:
+            hops = max(len(topo.route(node, d).resources) for d in devs)
+            if best is None or hops < best[0]:
+                best = (hops, node)
+    if best is None:
+        raise SimError(f"in-network collective on devices {devs}: the route {devs[0]} -> {devs[1]} crosses no "
+                       f"switch of system {system.name!r} to reduce in; use algorithm 'ring' or 'tree'")
+    return best[1]
 
 
 class CompiledPrograms:
@@ -71,7 +99,6 @@ class CompiledPrograms:
             raise SimError("devices and mirrors: got a device twice; each rank and mirror must have its own")
         self.devices_by_name = {d.name: d for d in system.devices}
         self.memories = {m.name for m in system.memories}
-        self.switches = {s.name for s in system.switches}
         self.resource_id: dict[Resource, int] = {}
         self.capacities: list[float] = []
         self.classes: list[str] = []
@@ -83,7 +110,7 @@ class CompiledPrograms:
         self.routes: list[tuple[int, ...]] = []
         self.latency: list[float] = []
         self.alone_rate: list[float] = []
-        self._route_index: dict[tuple[tuple[tuple[str, str], ...], int], int] = {}
+        self._route_index: dict[tuple[tuple[tuple[str, str], ...], int, bool], int] = {}
         self._reducer: dict[tuple[str, ...], str] = {}
         self.collective_parts: dict[Collective, tuple[tuple[Parts, float], ...]] = {}
         self.copy_parts: dict[tuple[int, int], tuple[Parts, float]] = {}
@@ -91,27 +118,45 @@ class CompiledPrograms:
             for index, op in enumerate(prog.ops):
                 self._compile(rank, index, op, prog.fold)
 
-    def route(self, pairs: tuple[tuple[str, str], ...], fold: int) -> int:
+    def _path(self, pair: tuple[str, str], copy: bool) -> tuple[tuple[Resource, ...], float]:
+        """Resources and latency of the flow from ``pair[0]`` to ``pair[1]``; a ``copy`` (an offload or a
+        prefetch) also crosses its device's HBM (:func:`copy_route`)."""
+        if not copy:
+            route = self.topo.route(*pair)
+            return route.resources, route.latency_s
+        src, dst = pair
+        resources, latency = (copy_route(self.topo, dst, src, prefetch=True) if src in self.memories
+                              else copy_route(self.topo, src, dst, prefetch=False))
+        for res in resources:
+            if res[0] == "hbm" and res not in self.resource_id:
+                capacity = self.devices_by_name[res[1]].hbm_bytes_per_s
+                if math.isfinite(capacity):
+                    self.resource_id[res] = len(self.capacities)
+                    self.capacities.append(capacity)
+                    self.classes.append("hbm")
+        return resources, latency
+
+    def route(self, pairs: tuple[tuple[str, str], ...], fold: int, *, copy: bool = False) -> int:
         """Route id of the flow between ``pairs[0]`` (source node, destination node), loaded as ``fold`` flows:
         on ``pairs`` (its own and each mirror's ends) each resource counts as often as their routes cross it;
-        with only its own ends, every resource but its end devices' ports counts ``fold`` times
-        (NOTE [folded ranks] in :mod:`mcdla.sim.ir`)."""
-        key = (pairs, fold)
+        with only its own ends, every resource but its end devices' ports (and HBM) counts ``fold`` times
+        (NOTE [folded ranks] in :mod:`mcdla.sim.ir`). ``copy``: an offload or prefetch (:meth:`_path`)."""
+        key = (pairs, fold, copy)
         rid = self._route_index.get(key)
         if rid is not None:
             return rid
-        route = self.topo.route(*pairs[0])
+        resources, latency = self._path(pairs[0], copy)
         counts: dict[int, int] = {}
         if len(pairs) == 1:
             ends = {n for n in pairs[0] if n in self.devices_by_name}
-            for res in route.resources:
+            for res in resources:
                 if res in self.resource_id:
-                    private = res[0] == "link" and (res[1] in ends or res[2] in ends)
+                    private = res[0] == "hbm" or (res[0] == "link" and (res[1] in ends or res[2] in ends))
                     counts[self.resource_id[res]] = counts.get(self.resource_id[res], 0) + (1 if private else fold)
         else:
-            own = {self.resource_id[res] for res in route.resources if res in self.resource_id}
+            own = {self.resource_id[res] for res in resources if res in self.resource_id}
             for pair in pairs:
-                for res in self.topo.route(*pair).resources:
+                for res in self._path(pair, copy)[0]:
                     rid_res = self.resource_id.get(res)
                     if rid_res in own:
                         counts[rid_res] = counts.get(rid_res, 0) + 1
@@ -119,28 +164,16 @@ class CompiledPrograms:
         rid = len(self.routes)
         self._route_index[key] = rid
         self.routes.append(ids)
-        self.latency.append(route.latency_s)
+        self.latency.append(latency)
         self.alone_rate.append(min((self.capacities[r] / c for r, c in counts.items()), default=math.inf))
         return rid
 
     def reducer(self, devs: tuple[str, ...]) -> str:
-        """The switch that reduces for devices ``devs``: on the route between the first two, nearest to all."""
+        """The switch that reduces for devices ``devs`` (:func:`reducer_switch`)."""
         name = self._reducer.get(devs)
-        if name is not None:
-            return name
-        route = self.topo.route(devs[0], devs[1])
-        path = [devs[0]] + [res[2] for res in route.resources if res[0] == "link"]
-        best: tuple[int, str] | None = None
-        for node in path:
-            if node in self.switches:
-                hops = max(len(self.topo.route(node, d).resources) for d in devs)
-                if best is None or hops < best[0]:
-                    best = (hops, node)
-        if best is None:
-            raise SimError(f"in-network collective on devices {devs}: the route {devs[0]} -> {devs[1]} crosses no "
-                           f"switch of system {self.system.name!r} to reduce in; use algorithm 'ring' or 'tree'")
-        self._reducer[devs] = best[1]
-        return best[1]
+        if name is None:
+            name = self._reducer[devs] = reducer_switch(self.topo, devs)
+        return name
 
     def _copies(self, rank: int) -> int:
         """How many ends each flow of ``rank`` is placed at: its own, plus one per mirror."""
@@ -180,7 +213,7 @@ class CompiledPrograms:
             pairs = tuple((self._dev(rank, j, rank), self._memory(rank, op.memory, j)) for j in copies)
             if isinstance(op, Prefetch):
                 pairs = tuple((b, a) for a, b in pairs)
-            rid = self.route(pairs, fold)
+            rid = self.route(pairs, fold, copy=True)
             self.copy_parts[(rank, index)] = (((rid, op.nbytes),), self.latency[rid])
         elif isinstance(op, Send):
             rid = self.route(tuple((self._dev(rank, j, rank), self._dev(op.peer, j, rank)) for j in copies), fold)

@@ -10,7 +10,8 @@ NOTE [contention accounting]
 The same programs run twice. Once on the shared fabric; once on an idle one, where every transfer (one copy, or
 one phase of a collective) runs alone, sharing links only among its own flows (a collective's flows through one
 port are part of its algorithm, not contention). ``contention_s`` is the difference of the two makespans. It is
-split over link classes (a link's :class:`~mcdla.hardware.model.LinkKind`, ``"dram"`` for a memory) in
+split over link classes (a link's :class:`~mcdla.hardware.model.LinkKind`, ``"dram"`` for a memory, ``"hbm"`` for
+a device's HBM, which its offloads and prefetches cross) in
 proportion to the flow-seconds slowed there: between two rate solves, a flow going slower than it would alone
 on its route adds ``dt (1 - rate / alone)`` to the class of its bottleneck (its most loaded resource) when
 flows of another transfer share that bottleneck. The split says where the shared run lost time, not a

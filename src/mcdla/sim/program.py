@@ -25,7 +25,8 @@ SPLIT_WEIGHT_KINDS = frozenset({LayerKind.CONV, LayerKind.FC, LayerKind.RNN_CELL
 
 FORWARD, RECOMPUTE, BACKWARD = 0, 1, 2
 PHASES = ("F", "R", "B")
-ALL_REDUCE, ALL_GATHER = 0, 1
+ALL_REDUCE, ALL_GATHER = "all-reduce", "all-gather"
+"""The collective kinds a program launches: names of :data:`mcdla.sim.collective_models.KINDS`."""
 
 
 def roofline_s(flops: float, bytes_moved: float, device: Device, precision: str) -> float:
@@ -47,7 +48,8 @@ class Op:
         start_prefetch / end_prefetch: layers whose prefetch is issued when it starts / ends.
         offload: layer whose saved tensor is offloaded when it starts (-1: none); that tensor is released when
             both the offload and this op have completed.
-        coll_bytes: size of the collective launched when it ends (0: none); coll_kind: ALL_REDUCE / ALL_GATHER;
+        coll_bytes: size of the collective launched when it ends (0: none); coll_kind: ALL_REDUCE / ALL_GATHER
+        (the :class:`~mcdla.sim.collective_models.Collective` kind :mod:`mcdla.sim.collectives` runs it as);
         coll_label: its name; coll_blocks: whether the next op waits for it (model parallel).
     """
 

@@ -29,6 +29,16 @@ class _DecisionDoc(BaseModel):
     prefetch_at: StrictStr | None = None
 
 
+class _StateDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    layer: StrictStr = Field(min_length=1)
+    weights: Literal["device", "offload"] = "device"
+    gradients: Literal["device", "offload"] = "device"
+    optimizer_state: Literal["device", "offload"] = "device"
+    tier: StrictStr = "pool"
+
+
 class _PlanDoc(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -41,6 +51,7 @@ class _PlanDoc(BaseModel):
     notes: StrictStr = ""
     layer_names: list[StrictStr] = Field(default_factory=list)
     decisions: list[_DecisionDoc]
+    state: list[_StateDoc] = Field(default_factory=list)
 
 
 _ALLOWED = {
@@ -72,4 +83,6 @@ def check_plan_document(data: Mapping[str, Any]) -> None:
         if err["type"] == "extra_forbidden":
             raise PlanError(f"{path}: unknown field{more}") from None
         allowed = _ALLOWED.get(err["type"], " ".join(str(err["msg"]).split()).lower())
+        if err["type"] == "literal_error" and err["loc"][:1] == ("state",):
+            allowed = "must be one of device, offload"
         raise PlanError(f"{path}: got {brief(err.get('input'))}; {allowed}{more}") from None

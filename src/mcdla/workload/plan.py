@@ -1,5 +1,5 @@
 """Plans: what happens to each layer's saved tensor (keep, offload to a tier, recompute) and when
-each prefetch starts.
+each prefetch starts, and where each module's own weights, gradients and optimizer state live.
 
 A plan is plain data shared by the simulator (which predicts it), the planners (which make it) and the
 runtime (which executes it). It lives beside the workload because it is a statement about one workload at
@@ -21,7 +21,7 @@ from mcdla._io_safety import read_document
 from mcdla.errors import PlanError, brief
 from mcdla.workload._plan_file import check_plan_document
 
-__all__ = ["Action", "Decision", "Plan"]
+__all__ = ["Action", "Decision", "Placement", "StateDecision", "Plan"]
 
 
 class Action(str, Enum):
@@ -69,11 +69,65 @@ class Decision:
             object.__setattr__(self, "tier", "pool")
 
 
+class Placement(str, Enum):
+    """Where one class of a module's own state lives between its uses."""
+
+    DEVICE = "device"
+    OFFLOAD = "offload"
+
+
+_STATE_CLASSES = ("weights", "gradients", "optimizer_state")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateDecision:
+    """Where one module's own weights, gradients and optimizer state live (NOTE [four classes]).
+
+    Attributes:
+        layer: module name (the module that owns the parameters directly).
+        weights, gradients, optimizer_state: device, or offload to ``tier`` between uses.
+        tier: the pool tier offloaded state goes to (``"pool"`` = the first, or a runtime tier name).
+    """
+
+    layer: str
+    weights: Placement = Placement.DEVICE
+    gradients: Placement = Placement.DEVICE
+    optimizer_state: Placement = Placement.DEVICE
+    tier: str = "pool"
+
+    def __post_init__(self) -> None:
+        for name in _STATE_CLASSES:
+            value = getattr(self, name)
+            if not isinstance(value, Placement):
+                try:
+                    object.__setattr__(self, name, Placement(value))
+                except ValueError:
+                    allowed = ", ".join(p.value for p in Placement)
+                    raise PlanError(
+                        f"plan state for {self.layer!r}.{name}: got {value!r}; must be one of {allowed}"
+                    ) from None
+
+    def offloads(self, state_class: str) -> bool:
+        """Whether ``state_class`` ("weights", "gradients" or "optimizer_state") is offloaded."""
+        return getattr(self, state_class) is Placement.OFFLOAD
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     """A plan for one workload at one budget: one decision per layer that saves bytes.
 
-    Layers without a decision are kept; ``planner`` names what made the plan. NOTE [plan budgets]: two bytes
+    Layers without a decision are kept; ``planner`` names what made the plan.
+
+    NOTE [four classes]
+        ``decisions`` say what happens to each layer's saved tensors (activations); ``state`` says, per
+        module owning parameters, whether its weights, gradients and optimizer state stay on the device or
+        live in a tier between uses (modules without an entry keep all three on the device). The runtime
+        executes weights (``offload_parameters(plan=...)``), optimizer state and gradients
+        (``offload_optimizer(plan=...)``; a gradient leaves the device only for an update on the CPU, so it
+        needs the optimizer state offloaded too). Planners and the simulator do not use ``state`` yet: the
+        simulator counts static bytes per workload, not per module.
+
+    NOTE [plan budgets]: two bytes
     fields, one meaning each (``math.inf`` for none):
       - ``budget_bytes``: the *device* budget the plan was made and simulated for: static bytes (weights,
         gradients, optimizer state) + resident saved tensors + transients (outputs, workspace) at every
@@ -97,7 +151,9 @@ class Plan:
     planner: str = "manual"
     layer_names: tuple[str, ...] = ()
     notes: str = ""
+    state: tuple[StateDecision, ...] = ()
     _by_layer: dict[str, Decision] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _state_by_layer: dict[str, StateDecision] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decisions", tuple(self.decisions))
@@ -127,11 +183,24 @@ class Plan:
                         f"{self.workload!r}"
                     )
         object.__setattr__(self, "_by_layer", by_layer)
+        object.__setattr__(self, "state", tuple(self.state))
+        state_by_layer: dict[str, StateDecision] = {}
+        for sd in self.state:
+            if sd.layer in state_by_layer:
+                raise PlanError(f"plan.state: layer {sd.layer!r} appears twice")
+            if self.layer_names and sd.layer not in self.layer_names:
+                raise PlanError(f"plan.state: layer {sd.layer!r} is not a layer of {self.workload!r}")
+            state_by_layer[sd.layer] = sd
+        object.__setattr__(self, "_state_by_layer", state_by_layer)
 
     # -- queries -------------------------------------------------------------------------------------------
     def decision(self, layer: str) -> Decision:
         """The decision for ``layer`` (keep when the plan does not mention it)."""
         return self._by_layer.get(layer) or Decision(layer=layer, action=Action.KEEP)
+
+    def state_of(self, layer: str) -> StateDecision:
+        """Where ``layer``'s weights, gradients and optimizer state live (all on the device when not mentioned)."""
+        return self._state_by_layer.get(layer) or StateDecision(layer=layer)
 
     def action(self, layer: str) -> Action:
         return self.decision(layer).action
@@ -205,6 +274,10 @@ class Plan:
                 }
                 for d in self.decisions
             ],
+            **({"state": [
+                {"layer": sd.layer, **{c: getattr(sd, c).value for c in _STATE_CLASSES}, "tier": sd.tier}
+                for sd in self.state
+            ]} if self.state else {}),
         }
 
     @classmethod
@@ -232,6 +305,11 @@ class Plan:
                         prefetch_at=d.get("prefetch_at"),
                     )
                     for d in data["decisions"]
+                ),
+                state=tuple(
+                    StateDecision(layer=str(sd["layer"]), tier=str(sd.get("tier", "pool")),
+                                  **{c: sd.get(c, "device") for c in _STATE_CLASSES})
+                    for sd in data.get("state", ())
                 ),
             )
         except KeyError as exc:
