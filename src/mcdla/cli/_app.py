@@ -16,8 +16,8 @@ from rich.console import Console
 from mcdla.errors import brief
 from mcdla.units import format_bytes, parse_bytes
 
-__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_output", "check_torch_device", "print_json",
-           "strict_json", "write_output"]
+__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_output", "check_finite", "check_torch_device",
+           "print_json", "strict_json", "write_output"]
 
 app = typer.Typer(
     name="mcdla",
@@ -114,6 +114,33 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def _first_non_finite(value: Any, path: str) -> str | None:
+    """The dotted path of the first non-finite float in ``value`` (a dict/list tree), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _first_non_finite(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def check_finite(data: Any, what: str) -> None:
+    """Fail (one line naming the field) unless every float in the result ``data`` is finite.
+
+    The last guard before a result is printed: an input at the edge of its bounds must not turn into an
+    ``inf`` or ``NaN`` time that a table shows or a ranking calls fastest.
+    """
+    where = _first_non_finite(data, "")
+    if where is not None:
+        value = data
+        for key in where.split("."):
+            value = value[int(key) if isinstance(value, (list, tuple)) else key]
+        fail(f"{what}.{where}: got {value}; the inputs give no finite result (check the system's bandwidths, "
+             "peaks and the execution's factors)")
 
 
 def strict_json(data: Any, indent: int | None = 2) -> str:

@@ -3,13 +3,15 @@ under one execution record, on the validated DGX A100 figures or on a hardware p
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from mcdla.cli._app import app, fail
+from mcdla.cli._app import app, check_finite, fail, print_json
+
+#: Largest --slowdown factor: a rank a million times slower than its peers is a dead rank, not a straggler.
+MAX_SLOWDOWN = 1e6
 
 
 @app.command("validate-llm")
@@ -25,7 +27,7 @@ def validate_llm_cmd(
                           "measured_s": r.run.measured_s, "predicted_s": r.predicted.iteration_s, "error": r.error,
                           "breakdown": r.predicted.to_dict()} for r in rows],
                 **summary(rows)}
-        print(json.dumps(data, indent=2, allow_nan=False))
+        print_json(data)
         return
     print(format_table(rows))
 
@@ -60,13 +62,16 @@ def llm_predict_cmd(
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
         if not sep:
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
+        if not 0 < slow[int(rank)] <= MAX_SLOWDOWN:
+            fail(f"--slowdown: got {item[:60]!r}; FACTOR must be > 0 and <= {MAX_SLOWDOWN:.0f}")
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
     cluster = dgx_a100_cluster() if system is None else llm_system(system, gpus=record.gpus).cluster
     step = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", **options)
     data = step.to_dict()
+    check_finite(data, "llm-predict")
     if as_json:
-        print(json.dumps(data, indent=2, allow_nan=False))
+        print_json(data)
         return
     for key, value in data.items():
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -40,7 +40,14 @@ from mcdla.sim.llm import GpuCluster, LlmStep, StageCosts, _step_record, stage_c
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["PipelineSchedule", "RanksResult", "pipeline_order", "schedule_pipeline", "simulate_ranks", "ranks_step"]
+__all__ = ["MAX_RANK_GPUS", "MAX_SCHEDULED_OPS", "PipelineSchedule", "RanksResult", "pipeline_order",
+           "schedule_pipeline", "simulate_ranks", "ranks_step"]
+
+MAX_RANK_GPUS = 2**20
+"""Most GPUs the per-rank engine schedules: it keeps one end time per rank."""
+MAX_SCHEDULED_OPS = 4_000_000
+"""Most ``dp x pp x micro-batches x virtual stages`` (forward-backward pairs) the engine schedules, about 5 s
+at the ~1 us per pair it takes; beyond that the symmetric fast path (``mode="fast"``) is the tool."""
 
 
 def pipeline_order(stages: int, micro_batches: int, chunks: int, stage: int) -> list[tuple[bool, int, int]]:
@@ -176,6 +183,11 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: GpuClus
     even split.
     """
     e = execution
+    ops = e.dp * e.pp * e.micro_batches * e.virtual_stages
+    if e.gpus > MAX_RANK_GPUS or ops > MAX_SCHEDULED_OPS:
+        raise ConfigError(f"execution: got {e.gpus} GPUs and dp*pp*micro_batches*virtual_stages = {ops} for the "
+                          f"per-rank engine; must be at most {MAX_RANK_GPUS} GPUs and {MAX_SCHEDULED_OPS} "
+                          "(use the symmetric fast path, without --ranks/--slowdown)")
     c = stage_costs(spec, e, cluster)
     p, v, tp_cp = e.pp, e.virtual_stages, e.tp * e.cp
     slowdown = dict(slowdown or {})
