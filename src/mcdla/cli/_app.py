@@ -68,9 +68,20 @@ def check_output(path: Path | None, option: str) -> None:
     if path is None:
         return
     shown = brief(str(path), 200)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        name_max = os.pathconf(parent if parent.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    if longest > name_max:
+        fail(f"{option}: got {shown}; a path component has {longest} bytes, must be at most {name_max}")
+    try:
+        path.is_dir()
+    except OSError as exc:
+        fail(f"{option}: got {shown}; not a usable path ({exc.strerror or type(exc).__name__})")
     if path.is_dir():
         fail(f"{option}: got {shown}; it is a directory, must be a file path")
-    parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         fail(f"{option}: got {shown}; directory {brief(str(parent), 200)} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
