@@ -33,7 +33,8 @@ _Quantity = str | float | int
 # link of the last decades with orders of magnitude to spare: 1 kB/s (a slow serial line) to 1 PB/s (100x a
 # B200's 8 TB/s HBM); 0 to 1 s of one-way latency (a transatlantic hop is 0.04 s); 1 KiB to 1 EiB of memory;
 # 1 MFLOP/s to 1 EFLOP/s per device (1,000x a B200). ``inf`` stays allowed where the file format gives it a
-# meaning: an unlimited link bandwidth (an on-die memory controller) and an unlimited capacity (the oracle).
+# meaning: an unlimited link or DRAM bandwidth (an on-die memory controller; a probed host memory whose limit is
+# its link) and an unlimited capacity (the oracle).
 #: Finite bandwidths a file may give, bytes/s (NOTE [physical bounds]).
 BANDWIDTH_BOUNDS_BYTES_PER_S = (1e3, 1e15)
 #: Latencies a file may give, seconds.
@@ -102,7 +103,7 @@ class _MemorySpec(_Spec):
     @classmethod
     def _bw(cls, v: _Quantity) -> float:
         return within_bounds(parse_bytes_per_s(v, "dram_bandwidth"), "dram_bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S,
-                             "B/s", allow_inf=False)
+                             "B/s", allow_inf=True)
 
 
 class _SwitchSpec(_Spec):
