@@ -367,6 +367,23 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def _stdout_fd_to_stderr() -> Iterator[None]:
+    """File descriptor 1 pointing at stderr for the block (what child processes inherit), restored after."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _ray_map(context: _Context, chunks: Iterator[_Chunk], workers: int, address: str | None) -> Iterator[_Chunk]:
     try:
         import ray
@@ -376,15 +393,17 @@ def _ray_map(context: _Context, chunks: Iterator[_Chunk], workers: int, address:
     started = not ray.is_initialized()
     if started and address:
         _check_reachable(address)
-    # Ray's own lines (a dead worker, a lost connection) go to stderr: stdout carries the results only.
+    # Ray's own lines (a dead worker, a lost connection) go to stderr: stdout carries the results only, for this
+    # process (redirect_stdout) and for the raylet, GCS and agents it starts (_stdout_fd_to_stderr).
     with _terminate_as_interrupt(), contextlib.redirect_stdout(sys.stderr):
         try:
             if started:
                 try:
-                    if address:
-                        ray.init(address=address, log_to_driver=False)
-                    else:
-                        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+                    with _stdout_fd_to_stderr():  # the processes Ray starts inherit stderr as their stdout
+                        if address:
+                            ray.init(address=address, log_to_driver=False)
+                        else:
+                            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
                 except (ConnectionError, RuntimeError, ValueError) as exc:
                     first = " ".join(str(exc).split())[:200]
                     raise ConfigError(f"search.ray_address: got {brief(address)}; cannot start or reach Ray "
