@@ -204,7 +204,7 @@ def test_an_unreachable_ray_address_fails_in_seconds(run_cli):
 
     t0 = time.perf_counter()
     code, stdout, stderr = run_cli("search", *SMALL, "--ray-address", "127.0.0.1:1")
-    assert code == 2 and not stdout and stderr.count("\n") == 1 and "ray_address: got '127.0.0.1:1'" in stderr
+    assert code == 2 and not stdout and stderr.count("\n") == 1 and "--ray-address: got '127.0.0.1:1'" in stderr
     assert time.perf_counter() - t0 < RAY_CONNECT_TIMEOUT_S + 10
 
 

@@ -59,6 +59,20 @@ def _csv_row(r: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
+def _as_option(field: str, option: str) -> Any:
+    """A ConfigError about the search argument ``field`` becomes one line naming the CLI ``option``."""
+    from mcdla.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        text = str(exc)
+        if not text.startswith(f"{field}:"):
+            raise
+        fail(option + text.removeprefix(field))
+
+
+@contextlib.contextmanager
 def _writing(path: Path) -> Any:
     """``atomic_output(path)``, an OS error (a full disk) becoming one line naming --out."""
     try:
@@ -152,6 +166,7 @@ def search_cmd(
             writer.writerow(_csv_header())
             on_row = lambda row: writer.writerow(_csv_row(row))  # noqa: E731
         stack.enter_context(progress)
+        stack.enter_context(_as_option("search.ray_address", "--ray-address"))
         result = search(spec, sys_.cluster, gpus=gpus, global_batch=global_batch, cp=cp_values,
                         max_virtual_stages=max_virtual_stages, offload=use_offload,
                         dp_overlap=dp_overlap, memory_limit_bytes=limit, offload_capacity_bytes=capacity,
