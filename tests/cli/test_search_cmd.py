@@ -256,3 +256,15 @@ def test_sigterm_during_a_ray_search_leaves_no_ray_process_and_a_clean_stdout(tm
             p.kill()
     assert not running, running
     assert "raylet" not in stdout.read_text()
+
+
+@pytest.mark.slow
+def test_ray_with_more_workers_than_cpus_returns_the_serial_answer(run_cli):
+    """--ray --workers 2147483647 starts a local Ray of at most the CPU count and gives the in-process answer
+    (an uncapped num_cpus never returned)."""
+    pytest.importorskip("ray")
+    code, stdout, stderr = run_cli("search", *SMALL, "--ray", "--workers", "2147483647", "--json")
+    serial = json.loads(run_cli("search", *SMALL, "--workers", "1", "--json")[1])
+    data = json.loads(stdout)
+    assert code == 0, stderr
+    assert data["best"] == serial["best"] and data["top"] == serial["top"]
