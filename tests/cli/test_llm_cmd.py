@@ -127,3 +127,13 @@ def test_check_finite_names_the_non_finite_field(capsys):
             check_finite(bad, "what")
         err = capsys.readouterr().err
         assert info.value.code == 2 and err.count("\n") == 1 and f"{field}: got " in err
+
+
+def test_an_execution_record_with_a_330_digit_degree_is_one_short_line(run_cli, tmp_path):
+    """pp = 10**330 (found by the fuzz test) is refused naming execution.pp and the largest count, in a line of
+    bounded length, not echoed digit by digit in the gpus product."""
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps({"gpus": 16, "tp": 8, "pp": 10**330, "micro_batch": 1, "global_batch": 16}))
+    code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path))
+    assert code == 2 and not out and err.count("\n") == 1 and len(err) < 300
+    assert "execution.pp" in err and str(2**31 - 1) in err
