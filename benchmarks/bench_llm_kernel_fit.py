@@ -26,8 +26,8 @@ from mcdla.report.llm_validation import FAMILIES, MeasuredRun, run_cluster
 from mcdla.sim.llm import llm_step
 from mcdla.workload.transformer import preset
 
-HALF_TOKENS = (0.0, 128.0, 256.0, 512.0, 1024.0)
-BACKWARD_RATIOS = (1.7, 1.75, 1.8, 1.85, 1.9, 1.95, 2.0)
+HALF_TOKENS = (0.0, 256.0, 1024.0)
+BACKWARD_RATIOS = (1.8, 1.9, 2.0)
 FP8_FRACTIONS = tuple(x / 100 for x in range(60, 101, 2))
 NEUTRAL = (0.0, 2.0, 1.0)
 

@@ -5,11 +5,16 @@ import pytest
 from mcdla.report.llm_validation import BRIDGE_FP8_RUNS, FAMILIES, family_runs, summary, validate_llm
 
 # shared/reference/llm-published.md, Megatron-Bridge 25.11: (system, model) -> GPUs, GBS, mbs, TP, PP, VP,
-# tokens/s/GPU, as published.
+# tokens/s/GPU, as published (the DGX H100 405B row, TP8 x CP2 across nodes, is not expressible).
 PUBLISHED = {("dgx-h100", "llama3-8b"): (8, 128, 1, 1, 1, 1, 14451),
              ("dgx-h100", "llama3-70b"): (64, 128, 1, 4, 8, 5, 1602),
              ("gb200-nvl72", "llama3-8b"): (8, 128, 2, 1, 1, 1, 31508),
-             ("gb200-nvl72", "llama3-70b"): (64, 256, 2, 1, 1, 1, 4312)}
+             ("gb200-nvl72", "llama3-70b"): (64, 256, 2, 1, 1, 1, 4312),
+             ("b200", "llama3-405b"): (128, 64, 1, 4, 8, 8, 661),
+             ("gb200-nvl72", "llama3-405b"): (256, 1536, 1, 4, 16, 4, 813),
+             ("gb300-nvl72", "llama3-405b"): (256, 1536, 1, 2, 8, 4, 999)}
+# the CP column of the same table for the rows that use it
+PUBLISHED_CP = {("b200", "llama3-405b"): 2, ("gb300-nvl72", "llama3-405b"): 2}
 
 
 @pytest.mark.parametrize("run", BRIDGE_FP8_RUNS, ids=lambda r: r.name)
@@ -19,6 +24,7 @@ def test_bridge_records_match_the_published_table(run):
     gpus, gbs, mbs, tp, pp, vp, tokens = PUBLISHED[(run.system, run.model)]
     e = run.execution
     assert (e.gpus, e.global_batch, e.micro_batch, e.tp, e.pp, e.virtual_stages) == (gpus, gbs, mbs, tp, pp, vp)
+    assert e.cp == PUBLISHED_CP.get((run.system, run.model), 1)
     assert run.measured_s == pytest.approx(gbs * 8192 / (tokens * gpus), rel=1e-12)
     assert run.precision == "fp8" and e.attention == "flash" and "Megatron-Bridge 25.11" in run.source
     assert run.choices and run.family == "megatron-bridge-fp8"
@@ -35,3 +41,8 @@ def test_a100_family_keeps_materialized_attention_and_its_accuracy():
 def test_all_is_every_family_in_order():
     """``all`` is the concatenation of the families."""
     assert family_runs("all") == tuple(r for runs in FAMILIES.values() for r in runs)
+
+
+def test_every_expressible_published_row_is_a_record():
+    """The family holds one record per published row except the DGX H100 405B one."""
+    assert {(r.system, r.model) for r in BRIDGE_FP8_RUNS} == set(PUBLISHED) and len(BRIDGE_FP8_RUNS) == 7

@@ -19,16 +19,15 @@ to these runs (``node.gemm_efficiency``, ``docs/llm.md`` "Fitting"). These runs 
 so they are predicted with ``attention="materialized"``.
 
 A second family, ``megatron-bridge-fp8`` (:data:`BRIDGE_FP8_RUNS`): Megatron-Bridge 25.11's published FP8
-(current scaling) runs of Llama 3 on DGX H100 and GB200 (``performance-summary.md``, copied in
-``shared/reference/llm-published.md``), the rows the model can express: the Llama 3.1 405B rows need an uneven
-pipeline split (126 layers) or TP x CP beyond one NVLink domain, and B200/GB300 have no preset, so they are left
-out. Measured seconds per iteration = ``GBS x 8192 / (tokens/s/GPU x GPUs)``. Every unpublished field is stated
-in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused attention), ``precision="fp8"``.
+(current scaling) runs of Llama 3 on DGX H100, B200, GB200 and GB300 (``performance-summary.md``, copied in
+``shared/reference/llm-published.md``), the rows the model can express: all but the DGX H100 Llama 3.1 405B
+run, whose TP8 x CP2 spans two nodes. Measured seconds per iteration = ``GBS x 8192 / (tokens/s/GPU x GPUs)``.
+Every unpublished field is stated in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused
+attention), ``precision="fp8"``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from dataclasses import dataclass
 
@@ -102,6 +101,14 @@ _BRIDGE_COMMON = ("distributed optimizer (Megatron-Bridge's recipes: use_distrib
                   "or FSDP=1 as ZeRO-3; flash attention; no dp_overlap")
 
 
+_SPLIT_405B = ("126 layers split with the embedding and the loss counted as layers (Megatron's "
+               "account_for_*_in_pipeline_split); sequence_parallel and tp_comm_overlap on; CP's K/V exchange is not "
+               "charged and the optimizer shards over dp only (Megatron: dp x cp)")
+_RECIPE_405B: dict[str, object] = dict(sequence_parallel=True, zero=1, micro_batch=1, tp_comm_overlap=True,
+                                       account_for_embedding_in_pipeline_split=True,
+                                       account_for_loss_in_pipeline_split=True)
+
+
 def _bridge(system: str, model: str, gpus: int, gbs: int, tokens_per_s_per_gpu: float, choices: str,
             **execution: object) -> MeasuredRun:
     seconds = gbs * 8192 / (tokens_per_s_per_gpu * gpus)
@@ -124,17 +131,16 @@ BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
     _bridge("gb200-nvl72", "llama3-70b", 64, 256, 4312, "FSDP=1 -> zero=3 over dp 64; the recipe offloads 40 "
             "of 80 layers' activations to Grace memory, taken as offload_activations (all layers)",
             dp=64, zero=3, micro_batch=2, offload_activations=True),
+    _bridge("b200", "llama3-405b", 128, 64, 661, f"TP4 PP8 CP2 VP8 -> dp 2, zero=1; {_SPLIT_405B}",
+            tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **_RECIPE_405B),
+    _bridge("gb200-nvl72", "llama3-405b", 256, 1536, 813, f"TP4 PP16 VP4 -> dp 4, zero=1; {_SPLIT_405B}",
+            tp=4, pp=16, dp=4, virtual_stages=4, **_RECIPE_405B),
+    _bridge("gb300-nvl72", "llama3-405b", 256, 1536, 999, f"TP2 PP8 CP2 VP4 -> dp 8, zero=1; {_SPLIT_405B}",
+            tp=2, pp=8, cp=2, dp=8, virtual_stages=4, **_RECIPE_405B),
 )
 
 FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS}
 """The validation families by name: the published A100 Megatron-LM runs and Megatron-Bridge's FP8 runs."""
-
-# FP8 dense peaks used when a preset gives none yet (the GPU's datasheet figure).
-_FP8_DATASHEET: dict[str, float] = {
-    "dgx-h100": 1979e12,  # NVIDIA H100 Tensor Core GPU datasheet, SXM: 1,979 TFLOP/s FP8 (3,958 with sparsity)
-    "gb200-nvl72": 5e15,  # NVIDIA GB200 NVL72 datasheet: 720 PFLOP/s FP8 with sparsity / 72 GPUs / 2 = 5 PFLOP/s
-}
-
 
 def family_runs(family: str) -> tuple[MeasuredRun, ...]:
     """The runs of a family by name (or all of them for ``all``); one-line ConfigError listing them otherwise."""
@@ -148,18 +154,13 @@ def family_runs(family: str) -> tuple[MeasuredRun, ...]:
 
 
 def run_cluster(run: MeasuredRun, system: str | Cluster | None) -> Cluster:
-    """The cluster a run is predicted on: ``system`` for the A100 family when given, else the run's preset (with
-    its datasheet fp8 peak when the preset gives none)."""
+    """The cluster a run is predicted on, sized to its GPUs: ``system`` for the A100 family when given, else the
+    run's preset."""
     if system is not None and run.system == VALIDATION_SYSTEM:
         cluster = system if isinstance(system, Cluster) else load_cluster(system)
     else:
         cluster = load_cluster(run.system)
-    cluster = cluster.for_gpus(run.execution.gpus)
-    peaks = cluster.device.peak_flops_per_s
-    if run.precision == "fp8" and "fp8" not in peaks and run.system in _FP8_DATASHEET:
-        device = dataclasses.replace(cluster.device, peak_flops_per_s={**peaks, "fp8": _FP8_DATASHEET[run.system]})
-        cluster = dataclasses.replace(cluster, device=device)
-    return cluster
+    return cluster.for_gpus(run.execution.gpus)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
