@@ -47,11 +47,12 @@ from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.parallel_dims import ParallelDims
-from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer, attention_bwd_flops_ratio,
-                                        flash_attention_bytes, fp8_cast_bytes_per_layer, hardware_flops_per_iteration,
+from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
+                                        attention_bwd_flops_ratio, flash_attention_bytes, fp8_cast_bytes_per_layer, hardware_flops_per_iteration,
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
 
-__all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision", "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
+__all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
+           "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
            "llm_step", "pacing_stage_parts", "stage_costs", "step_record"]
 
 DEFAULT_PRECISION = "bf16"
@@ -92,9 +93,9 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision(name="fp32", gemm_peak="fp32", other_peak="fp32", element_bytes=4, optimizer_bytes=8),
 )}
 """NOTE [precision] ``bf16``/``fp16``: mixed precision, everything at that peak (ZeRO's 2 + 2 + 12 bytes per
-parameter: Rajbhandari et al. 2020, sec. 3.1). ``fp8``: Transformer Engine: the linear layers' GEMMs at the fp8 peak, the attention core (a bf16
-FlashAttention kernel), the logits, elementwise kernels and the optimizer in bf16/fp32; every GEMM input cast to
-fp8 (current scaling adds an amax pass, :func:`~mcdla.workload.transformer.fp8_cast_bytes_per_layer`), an fp8
+parameter: Rajbhandari et al. 2020, sec. 3.1). ``fp8``: Transformer Engine: the linear layers' GEMMs at the fp8
+peak, the attention core (a bf16 FlashAttention kernel), the logits, elementwise kernels and the optimizer in
+bf16/fp32; every GEMM input cast to fp8 (current scaling adds an amax pass, :func:`~mcdla.workload.transformer.fp8_cast_bytes_per_layer`), an fp8
 copy of the weights (1 byte per parameter), the linear layers' inputs saved in fp8 for backward. ``fp32``: 4-byte
 activations, weights and gradients, Adam's momentum and variance (no master copy)."""
 
@@ -380,7 +381,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     return StageCosts(
         layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=layer_bwd,
         layer_recompute_s=layer_recompute, layer_tp_fwd_s=tp_fwd, layer_tp_bwd_s=tp_bwd, p2p_s=p2p,
-        last_fwd_s=logits + loss, last_bwd_s=gemm_bwd_ratio * logits + 2 * loss, offload_fwd_s=off_fwd, offload_bwd_s=off_bwd,
+        last_fwd_s=logits + loss, last_bwd_s=gemm_bwd_ratio * logits + 2 * loss, offload_fwd_s=off_fwd,
+        offload_bwd_s=off_bwd,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec))
 

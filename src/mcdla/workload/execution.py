@@ -99,7 +99,8 @@ class Execution:
         if self.recompute not in _RECOMPUTE:
             raise ConfigError(f"execution.recompute: got {brief(self.recompute)}; must be one of {', '.join(_RECOMPUTE)}")
         if self.attention not in ATTENTIONS:
-            raise ConfigError(f"execution.attention: got {brief(self.attention)}; must be one of {', '.join(ATTENTIONS)}")
+            raise ConfigError(f"execution.attention: got {brief(self.attention)}; "
+                              f"must be one of {', '.join(ATTENTIONS)}")
         if self.fp8_scaling not in FP8_SCALINGS:
             raise ConfigError(f"execution.fp8_scaling: got {brief(self.fp8_scaling)}; "
                               f"must be one of {', '.join(FP8_SCALINGS)}")
