@@ -8,17 +8,15 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from mcdla.errors import brief
+from mcdla.report.tables import key_value_table
 from mcdla.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
@@ -86,17 +84,6 @@ def measured_times_for(workload: Workload, system: System, scale_to: ScaleTo | N
     if (mismatch := measurement_mismatch(workload, system)) is not None:
         print(f"mcdla: warning: {mismatch}", file=sys.stderr)
     return workload
-
-
-def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
-    """Two left-aligned columns (name, value) without borders: the summary a command prints. The cells are
-    plain text (a value such as a file name with ``[...]`` in it is not read as markup)."""
-    table = Table.grid(padding=(0, 3))
-    table.add_column(no_wrap=True)
-    table.add_column()
-    for name, value in rows:
-        table.add_row(Text(name), Text(value))
-    return table
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
