@@ -46,7 +46,7 @@ from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_la
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
 
 __all__ = ["DEFAULT_PRECISION", "LlmStep", "StageCosts", "llm_step", "offload_rejection", "stage_costs", "step_record",
-           "elementwise_bytes_per_layer"]
+           "elementwise_bytes_per_layer", "RankTraffic", "rank_traffic"]
 
 DEFAULT_PRECISION = "bf16"
 """The number format of the GEMMs (a run choice, not hardware): the key of the device's ``peak_flops_per_s``."""
@@ -344,3 +344,37 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         fits=device_bytes <= dev.hbm_bytes and offloaded <= (0.0 if cluster.offload is None
                                                              else cluster.offload.pool_bytes),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankTraffic:
+    """The bytes one rank moves, as :func:`stage_costs` prices them, for the lowering onto the program IR
+    (:mod:`mcdla.sim.llm_lower`) and the per-link floor (:mod:`mcdla.sim.llm_floor`).
+
+    ``activation_bytes``: one TP all-reduce's buffer (``b s h / cp``); ``p2p_bytes``: one pipeline send;
+    ``stage_activation_bytes``: what one micro-batch leaves on the stage (offloaded in forward, back in backward);
+    ``weight_bytes``: the rank's weights (fetched for each forward and backward when offloaded);
+    ``optimizer_bytes``: its optimizer-state shard (crosses the offload link twice per step); ``gradient_bytes``:
+    the buffer of the data-parallel reduction.
+    """
+
+    activation_bytes: float
+    p2p_bytes: float
+    stage_activation_bytes: float
+    weight_bytes: float
+    optimizer_bytes: float
+    gradient_bytes: float
+
+
+def rank_traffic(spec: TransformerSpec, execution: Execution) -> RankTraffic:
+    """The bytes of :class:`RankTraffic` for ``execution`` (the figures :func:`stage_costs` divides by bandwidths)."""
+    e = execution
+    act = spec.bytes_per_element * e.micro_batch * spec.seq_len / e.cp * spec.hidden
+    params_rank = _stage_params(spec, e)
+    shard = e.dp if e.zero >= 1 else 1
+    return RankTraffic(
+        activation_bytes=act, p2p_bytes=act / e.tp,
+        stage_activation_bytes=spec.layers // e.pp * activation_bytes_per_layer(
+            spec, e.micro_batch, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, recompute=e.recompute),
+        weight_bytes=_WEIGHT_BYTES * params_rank, optimizer_bytes=_OPTIMIZER_BYTES * params_rank / shard,
+        gradient_bytes=_GRAD_BYTES * params_rank)

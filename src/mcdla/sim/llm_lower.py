@@ -1,0 +1,253 @@
+"""LLM training lowered onto the program IR (:mod:`mcdla.sim.ir`) and run on the contention-aware engine.
+
+:func:`lower` turns one execution of a transformer on a generated :class:`~mcdla.hardware.cluster.Cluster` into
+per-rank programs; :func:`engine_step` runs them with :func:`mcdla.sim.ir_engine.execute` on
+:meth:`Cluster.expand` and reports the iteration with the time lost to contention per link class. Every
+duration and byte count comes from :func:`mcdla.sim.llm.stage_costs` and :func:`mcdla.sim.llm.rank_traffic`,
+the cost source of the analytical model, so the two differ only in how the links are shared.
+
+NOTE [LLM lowering]
+
+* Ranks: one pipeline, the TP x CP ranks of every stage of data-parallel replica 0, in Megatron's rank order
+  (:class:`~mcdla.workload.parallel_dims.ParallelDims`). The other ``dp - 1`` replicas run the same program at
+  the same time, so each rank is folded ``dp`` times with its replicas' devices as mirrors (NOTE [folded
+  ranks]): the node's other GPUs, their PCIe switches, host memory and network rails carry the replicas'
+  traffic. Ranks are placed node-major (rank ``r`` on ``system.devices[r]``).
+* Each rank runs :func:`mcdla.sim.llm_ranks.pipeline_order`. One chunk's forward of one micro-batch is: wait
+  for the input (a :class:`~mcdla.sim.ir.Recv` from the previous stage, on a stream per peer and direction so
+  receives never hold the rank), the chunk's compute (its layers, plus logits and loss on the last chunk of the
+  last stage), then its TP collectives: the ``2 n`` all-reduces (all-gather + reduce-scatter with sequence
+  parallelism) of ``n`` layers as one collective of ``2 n`` times the bytes followed by the latency of the
+  ``2 n - 1`` others (a collective's closed form is linear in its bytes, so this is exact on an idle fabric),
+  then the send of the activation to the next stage. A backward is the same with the backward compute (and the
+  recomputation), ``2 n`` collectives (``4 n`` with full recomputation) and the gradient sent back.
+* Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
+  while its backward runs; with ``offload_weights`` the chunk's weights are fetched for each forward and each
+  backward; each copy is spread evenly over the GPU's pool memories (one flow per memory). The chunk's send
+  waits for its copies, so what the compute and the collectives do not hide is exposed.
+* Where Megatron has no peer (the last chunk's forward on the last stage, the first chunk's backward on stage
+  0) the rank is held for the transfer's time, as the analytical model charges every forward and backward one
+  transfer.
+* After its last backward a rank runs the data-parallel reduction's exposed part (``dp_exposed_s``: the folded
+  replicas have no programs of their own, so the reduction is priced by its closed form), then with
+  ``offload_optimizer`` fetches its optimizer state, runs the Adam step and writes the state back.
+* CP adds no traffic of its own: the cost source splits the compute over ``tp * cp`` and prices no ring
+  exchange.
+
+On an idle fabric the programs take the per-rank schedule's time (:func:`mcdla.sim.llm_ranks.simulate_ranks`)
+whenever the offload is hidden by the compute; an exposed offload is shorter here, since the TP collectives
+also hide it. Contention is what sharing adds (NOTE [contention accounting] in :mod:`mcdla.sim.ir_engine`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from mcdla.hardware.cluster import Cluster
+from mcdla.hardware.model import System
+from mcdla.sim.collective_models import Collective, collective_time
+from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
+from mcdla.sim.ir_engine import execute
+from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, rank_traffic, stage_costs
+from mcdla.sim.llm_ranks import pipeline_order
+from mcdla.workload.execution import Execution
+from mcdla.workload.parallel_dims import ParallelDims
+from mcdla.workload.transformer import TransformerSpec
+
+__all__ = ["LoweredIteration", "EngineStep", "lower", "engine_step"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoweredIteration:
+    """The programs of one iteration: the system they run on, each rank's device and its folded replicas'."""
+
+    system: System
+    programs: tuple[RankProgram, ...]
+    devices: dict[int, str]
+    mirrors: dict[int, tuple[str, ...]]
+    costs: StageCosts
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStep:
+    """One iteration on the engine (seconds): ``iteration_s`` on the shared fabric, ``idle_iteration_s`` with
+    every transfer alone, ``contention_s`` their difference split over link classes in
+    ``contention_by_class_s``; ``analytical`` is the closed form's record of the same execution."""
+
+    iteration_s: float
+    idle_iteration_s: float
+    contention_s: float
+    contention_by_class_s: dict[str, float]
+    ranks_simulated: int
+    fold: int
+    solves: int
+    analytical: LlmStep = field(repr=False)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain data for JSON."""
+        return {"iteration_s": self.iteration_s, "idle_iteration_s": self.idle_iteration_s,
+                "contention_s": self.contention_s, "contention_by_class_s": dict(self.contention_by_class_s),
+                "ranks_simulated": self.ranks_simulated, "fold": self.fold, "solves": self.solves,
+                "analytical_iteration_s": self.analytical.iteration_s}
+
+
+class _RankBuilder:
+    """The ops of one rank, with the names of the ops its next chunk must wait for."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.ops: list[Op] = []
+        self.last: str | None = None  # the op that ends the previous chunk (holds the rank until it ends)
+
+    def add(self, op: Op) -> str:
+        self.ops.append(op)
+        return op.name
+
+
+def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbytes: float, count: int,
+                    ) -> list[tuple[Collective, float]]:
+    """``count`` TP all-reduces (or all-gather + reduce-scatter pairs) of ``nbytes`` as collectives of ``count``
+    times the bytes, each followed by what the ``count`` calls take beyond the one (their latency terms, NOTE
+    [LLM lowering])."""
+    if len(group) == 1 or count == 0:
+        return []
+    layout = ParallelDims.of(e)
+    dims = cluster.group_dims(layout.tp, layout.stride("tp"))
+    levels = tuple(d.size for d in dims)
+    algs = tuple(d.algorithm for d in dims)
+    kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
+    return [(Collective(kind=k, nbytes=count * nbytes, group=group, levels=levels, algorithm=algs),
+             max(0.0, count * collective_time(k, nbytes, dims) - collective_time(k, count * nbytes, dims)))
+            for k in kinds]
+
+
+def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
+          precision: str = DEFAULT_PRECISION) -> LoweredIteration:
+    """The per-rank programs of one iteration (NOTE [LLM lowering]); ConfigError as :func:`stage_costs`."""
+    e = execution
+    c = stage_costs(spec, e, cluster, precision=precision)
+    traffic = rank_traffic(spec, e)
+    cluster = cluster.for_gpus(e.gpus)
+    system = cluster.expand()
+    names = system.device_names
+    layout = ParallelDims.of(e)
+    p, v, m = e.pp, e.virtual_stages, e.micro_batches
+    n = c.layers_per_stage // v
+
+    def rank(t: int, x: int, s: int, d: int = 0) -> int:
+        return layout.rank(tp=t, cp=x, dp=d, pp=s)
+
+    programs: list[RankProgram] = []
+    mirrors: dict[int, tuple[str, ...]] = {}
+    for s in range(p):
+        order = pipeline_order(p, m, v, s)
+        for x in range(e.cp):
+            group = tuple(rank(t, x, s) for t in range(e.tp))
+            fwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes, 2 * n)
+            bwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes,
+                                        (4 if e.recompute == "full" else 2) * n)
+            for t in range(e.tp):
+                r = rank(t, x, s)
+                pool = system.pools.get(names[r], ())
+                ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, fwd_colls, bwd_colls,
+                                peer=lambda s2, t=t, x=x: rank(t, x, s2))
+                programs.append(RankProgram(rank=r, ops=tuple(ops), fold=e.dp))
+                if e.dp > 1:
+                    mirrors[r] = tuple(names[rank(t, x, s, d)] for d in range(1, e.dp))
+    return LoweredIteration(system=system, programs=tuple(programs),
+                            devices={prog.rank: names[prog.rank] for prog in programs}, mirrors=mirrors, costs=c)
+
+
+def _links(s: int, p: int, v: int, forward: bool, ch: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """(stage, chunk) the op's input comes from and its output goes to; None where Megatron has no peer."""
+    down = (s + 1, ch) if s < p - 1 else ((0, ch + 1) if ch < v - 1 else None)
+    up = (s - 1, ch) if s else ((p - 1, ch - 1) if ch else None)
+    return (up, down) if forward else (down, up)
+
+
+def _tag(forward: bool, mb: int, ch: int) -> str:
+    return f"{'f' if forward else 'b'}{mb}c{ch}"
+
+
+def _receives(s: int, p: int, m: int, v: int) -> list[tuple[int, str]]:
+    """The receives of stage ``s`` as ``(source stage, tag of the op that consumes it)``, ordered as each source
+    sends them (its program order), so the j-th send from a stage meets the j-th receive from it."""
+    got: list[tuple[int, str]] = []
+    for src in range(p):
+        if src == s:
+            continue
+        for forward, mb, ch in pipeline_order(p, m, v, src):
+            dst = _links(src, p, v, forward, ch)[1]
+            if dst is not None and dst[0] == s:
+                got.append((src, _tag(forward, mb, dst[1])))
+    return got
+
+
+def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v: int, c: StageCosts,
+              e: Execution, traffic: RankTraffic, pool: Sequence[str], fwd_colls: list[tuple[Collective, float]],
+              bwd_colls: list[tuple[Collective, float]], *, peer: Callable[[int], int]) -> list[Op]:
+    """The ops of rank ``r`` on stage ``s`` (NOTE [LLM lowering]); ``peer(stage)``: the same TP x CP slot there."""
+    b = _RankBuilder(r)
+    n = c.layers_per_stage // v
+    q = len(pool)
+    recv_of: dict[str, str] = {}
+    for src, tag in _receives(s, p, e.micro_batches, v):  # posted up front: receives never hold the rank
+        recv_of[tag] = b.add(Recv(name=f"recv-{tag}", stream=f"recv-{src}", peer=peer(src), nbytes=traffic.p2p_bytes))
+    for forward, mb, ch in order:
+        tag = _tag(forward, mb, ch)
+        last_chunk = s == p - 1 and ch == v - 1
+        dst = _links(s, p, v, forward, ch)[1]
+        waits = tuple(w for w in (b.last, recv_of.get(tag)) if w)
+        if forward:
+            seconds = n * c.layer_fwd_s + (c.last_fwd_s if last_chunk else 0.0)
+        else:
+            seconds = n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last_chunk else 0.0)
+        compute = b.add(Compute(name=f"compute-{tag}", seconds=seconds, waits=tuple(waits)))
+        copies: list[str] = []
+        moves: list[tuple[type[Offload] | type[Prefetch], float]] = []
+        if e.offload_activations:
+            moves.append((Offload if forward else Prefetch, traffic.stage_activation_bytes / v))
+        if e.offload_weights:
+            moves.append((Prefetch, traffic.weight_bytes / v))
+        for j, (kind, nbytes) in enumerate(moves):
+            for mem in pool:
+                copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem, nbytes=nbytes / q,
+                                         stream=f"{kind.__name__.lower()}{j}-{mem}", waits=tuple(waits))))
+        done = compute
+        for i, (coll, latency_s) in enumerate(fwd_colls if forward else bwd_colls):
+            done = b.add(CollectiveOp(name=f"tp{i}-{tag}", collective=coll, waits=(done,)))
+            if latency_s > 0:
+                done = b.add(Compute(name=f"tp{i}-latency-{tag}", stream="comm", seconds=latency_s, waits=(done,)))
+        end_waits = (done, *copies)
+        if p == 1:
+            b.last = b.add(Compute(name=f"end-{tag}", stream="send", seconds=0.0, waits=end_waits))
+        elif dst is None:
+            b.last = b.add(Compute(name=f"hold-{tag}", stream="send", seconds=c.p2p_s, waits=end_waits))
+        else:
+            b.last = b.add(Send(name=f"send-{tag}", peer=peer(dst[0]), nbytes=traffic.p2p_bytes, waits=end_waits))
+    tail = b.last
+    if c.dp_full_s > 0:
+        tail = b.add(Compute(name="dp-reduce", seconds=c.dp_exposed_s, waits=(tail,) if tail else ()))
+    fetched: list[str] = []
+    if e.offload_optimizer:
+        for mem in pool:
+            fetched.append(b.add(Prefetch(name=f"optimizer-in-{mem}", stream=f"optimizer-{mem}", memory=mem,
+                                          nbytes=traffic.optimizer_bytes / q, waits=(tail,) if tail else ())))
+    step = b.add(Compute(name="adam", seconds=c.optimizer_s, waits=tuple(x for x in (tail, *fetched) if x)))
+    if e.offload_optimizer:
+        for mem in pool:
+            b.add(Offload(name=f"optimizer-out-{mem}", stream=f"optimizer-{mem}", memory=mem,
+                          nbytes=traffic.optimizer_bytes / q, waits=(step,)))
+    return b.ops
+
+
+def engine_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
+                precision: str = DEFAULT_PRECISION) -> EngineStep:
+    """Run the lowered iteration on the engine (:class:`EngineStep`); ConfigError as :func:`stage_costs`."""
+    lowered = lower(spec, execution, cluster, precision=precision)
+    run = execute(lowered.system, lowered.programs, devices=lowered.devices, mirrors=lowered.mirrors or None)
+    return EngineStep(iteration_s=run.makespan_s, idle_iteration_s=run.idle_makespan_s,
+                      contention_s=run.contention_s, contention_by_class_s=dict(run.contention_by_class_s),
+                      ranks_simulated=len(lowered.programs), fold=execution.dp, solves=run.solves,
+                      analytical=llm_step(spec, execution, cluster.for_gpus(execution.gpus), precision=precision))
