@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
+from mcdla.sim.llm_floor import link_floor_s
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
@@ -287,6 +288,11 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     last_extra = c.last_fwd_s + c.last_bwd_s
 
     stage_mid = compute_mb + recompute_mb + tp_mb + pp_mb + off_mb
+    # no shared link priced as idle (NOTE [link floor] in sim/llm_floor.py): the stretch is exposed offload
+    stretch = max(0.0, link_floor_s(e, cluster, c, rank_traffic(spec, e)) - stage_mid) if (
+        e.offload_activations or e.offload_weights) else 0.0
+    stage_mid += stretch
+    off_mb += stretch
     stage_last = stage_mid + last_extra
     m = e.micro_batches
     # The exact length of Megatron's (interleaved) 1F1B schedule when every stage but the last costs
