@@ -43,6 +43,8 @@ def llm_predict_cmd(
                                         "symmetric closed form; needed for --slowdown.")] = False,
     slowdown: Annotated[list[str] | None, typer.Option(
         help="RANK:FACTOR, a straggler whose compute takes FACTOR x as long (repeatable; implies --ranks).")] = None,
+    engine: Annotated[bool, typer.Option("--engine", help="Run the lowered per-rank programs on the contention-aware "
+                                         "engine; adds the time lost to contention per link class.")] = False,
 ) -> None:
     """Predict one iteration of a preset under an execution record, with its breakdown."""
     from mcdla.hardware.cluster import load_cluster
@@ -64,11 +66,23 @@ def llm_predict_cmd(
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
     cluster = load_cluster(system).for_gpus(record.gpus)
-    step = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", **options)
-    data = step.to_dict()
+    if engine and (ranks or slow):
+        fail("--engine: got it with --ranks/--slowdown; the engine runs the symmetric lowering, use one of them")
+    if engine:
+        from mcdla.sim.llm_lower import engine_step
+
+        run = engine_step(preset(model), record, cluster)
+        data = {**run.analytical.to_dict(), "analytical_iteration_s": run.analytical.iteration_s,
+                "iteration_s": run.iteration_s, "idle_iteration_s": run.idle_iteration_s,
+                "contention_s": run.contention_s, "mfu": run.analytical.mfu * run.analytical.iteration_s / run.iteration_s,
+                **{f"contention_{cls}_s": sec for cls, sec in run.contention_by_class_s.items()}}
+        if as_json:
+            data["contention_by_class_s"] = run.contention_by_class_s
+    else:
+        data = llm_step(preset(model), record, cluster, mode="ranks" if ranks or slow else "fast", **options).to_dict()
     if as_json:
         print(json.dumps(data, indent=2, allow_nan=False))
         return
     for key, value in data.items():
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-        print(f"{key:<16} {shown}")
+        print(f"{key:<22} {shown}")
