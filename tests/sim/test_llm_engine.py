@@ -37,13 +37,15 @@ def test_engine_equals_the_analytical_model_without_a_shared_link(system: str, f
     assert got.contention_s == pytest.approx(0.0, abs=1e-9 * got.iteration_s)
 
 
-def test_lowering_folds_the_data_parallel_replicas_onto_their_devices() -> None:
-    """One pipeline is simulated; each rank stands for its dp replicas, mirrored on their own GPUs."""
-    e = Execution(gpus=32, tp=8, pp=2, dp=2, micro_batch=1, global_batch=8)
+def test_lowering_folds_the_data_parallel_replicas_of_a_node() -> None:
+    """One pipeline is simulated; a rank stands for the dp replicas on its node, mirrored on their GPUs; the
+    replicas on other nodes are left out, and only the nodes in use are expanded."""
+    e = Execution(gpus=32, tp=4, pp=2, dp=4, micro_batch=1, global_batch=8)
     lowered = lower(_GPT3, e, load_cluster("dgx-h100").for_gpus(32))
-    assert sorted(p.rank for p in lowered.programs) == list(range(8)) + list(range(16, 24))
-    assert {p.fold for p in lowered.programs} == {2}
-    assert lowered.mirrors[0] == ("n1.gpu0",) and lowered.mirrors[16] == ("n3.gpu0",)
+    assert sorted(p.rank for p in lowered.programs) == [0, 1, 2, 3, 16, 17, 18, 19]
+    assert lowered.fold == 2 and {p.fold for p in lowered.programs} == {2}
+    assert lowered.devices[16] == "n1.gpu0" and lowered.mirrors[16] == ("n1.gpu4",)
+    assert len(lowered.system.devices) == 16
 
 
 def test_gh200_c2c_and_grace_memory_shared_by_offload_and_weight_fetch() -> None:

@@ -10,9 +10,12 @@ NOTE [LLM lowering]
 
 * Ranks: one pipeline, the TP x CP ranks of every stage of data-parallel replica 0, in Megatron's rank order
   (:class:`~mcdla.workload.parallel_dims.ParallelDims`). The other ``dp - 1`` replicas run the same program at
-  the same time, so each rank is folded ``dp`` times with its replicas' devices as mirrors (NOTE [folded
-  ranks]): the node's other GPUs, their PCIe switches, host memory and network rails carry the replicas'
-  traffic. Ranks are placed node-major (rank ``r`` on ``system.devices[r]``).
+  the same time. Those on the rank's node are folded into it with their devices as mirrors (NOTE [folded
+  ranks]), so the node's other GPUs, PCIe switches, host memory and memory-node links carry their traffic;
+  those on other nodes share no finite resource with it (every GPU has its own rail into a non-blocking
+  scale-out switch; pools are per node) and are left out. Should replicas straddle nodes unevenly, all
+  ``dp`` are folded. Only the nodes that hold a simulated rank or a mirror are expanded (the nodes are
+  identical), each rank on its GPU slot of its node.
 * Each rank runs :func:`mcdla.sim.llm_ranks.pipeline_order`. One chunk's forward of one micro-batch is: wait
   for the input (a :class:`~mcdla.sim.ir.Recv` from the previous stage, on a stream per peer and direction so
   receives never hold the rank), the chunk's compute (its layers, plus logits and loss on the last chunk of the
@@ -57,6 +60,9 @@ from mcdla.workload.transformer import TransformerSpec
 
 __all__ = ["LoweredIteration", "EngineStep", "lower", "engine_step"]
 
+_ROUNDING = 1e-12
+"""Relative size below which the shared run's excess over the idle one is the rounding of two float sums."""
+
 
 @dataclass(frozen=True, slots=True)
 class LoweredIteration:
@@ -67,6 +73,7 @@ class LoweredIteration:
     devices: dict[int, str]
     mirrors: dict[int, tuple[str, ...]]
     costs: StageCosts
+    fold: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,14 +136,29 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
     c = stage_costs(spec, e, cluster, precision=precision)
     traffic = rank_traffic(spec, e)
     cluster = cluster.for_gpus(e.gpus)
-    system = cluster.expand()
-    names = system.device_names
     layout = ParallelDims.of(e)
     p, v, m = e.pp, e.virtual_stages, e.micro_batches
     n = c.layers_per_stage // v
+    k = cluster.gpus_per_node
 
     def rank(t: int, x: int, s: int, d: int = 0) -> int:
         return layout.rank(tp=t, cp=x, dp=d, pp=s)
+
+    simulated = [rank(t, x, s) for s in range(p) for x in range(e.cp) for t in range(e.tp)]
+    # the replicas a rank stands for that share its node (the others share no finite resource with it)
+    peers = {r: [r + d * layout.stride("dp") for d in range(1, e.dp)
+                 if (r + d * layout.stride("dp")) // k == r // k] for r in simulated}
+    fold = 1 + len(peers[simulated[0]])
+    if any(len(ps) != fold - 1 for ps in peers.values()):  # replicas straddle nodes unevenly: fold them all
+        peers = {r: [r + d * layout.stride("dp") for d in range(1, e.dp)] for r in simulated}
+        fold = e.dp
+    used = sorted({g // k for r in simulated for g in (r, *peers[r])})
+    system = cluster.with_nodes(len(used)).expand() if cluster.scale_out is not None else cluster.expand()
+    names = system.device_names
+    where = {node: i for i, node in enumerate(used)}
+
+    def device(g: int) -> str:
+        return names[where[g // k] * k + g % k]
 
     programs: list[RankProgram] = []
     mirrors: dict[int, tuple[str, ...]] = {}
@@ -149,14 +171,15 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
                                         (4 if e.recompute == "full" else 2) * n)
             for t in range(e.tp):
                 r = rank(t, x, s)
-                pool = system.pools.get(names[r], ())
+                pool = system.pools.get(device(r), ())
                 ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, fwd_colls, bwd_colls,
                                 peer=lambda s2, t=t, x=x: rank(t, x, s2))
-                programs.append(RankProgram(rank=r, ops=tuple(ops), fold=e.dp))
-                if e.dp > 1:
-                    mirrors[r] = tuple(names[rank(t, x, s, d)] for d in range(1, e.dp))
+                programs.append(RankProgram(rank=r, ops=tuple(ops), fold=fold))
+                if fold > 1:
+                    mirrors[r] = tuple(device(g) for g in peers[r])
     return LoweredIteration(system=system, programs=tuple(programs),
-                            devices={prog.rank: names[prog.rank] for prog in programs}, mirrors=mirrors, costs=c)
+                            devices={prog.rank: device(prog.rank) for prog in programs}, mirrors=mirrors, costs=c,
+                            fold=fold)
 
 
 def _links(s: int, p: int, v: int, forward: bool, ch: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
@@ -215,10 +238,12 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
                 copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem, nbytes=nbytes / q,
                                          stream=f"{kind.__name__.lower()}{j}-{mem}", waits=tuple(waits))))
         done = compute
-        for i, (coll, latency_s) in enumerate(fwd_colls if forward else bwd_colls):
+        colls = fwd_colls if forward else bwd_colls
+        for i, (coll, _latency_s) in enumerate(colls):
             done = b.add(CollectiveOp(name=f"tp{i}-{tag}", collective=coll, waits=(done,)))
-            if latency_s > 0:
-                done = b.add(Compute(name=f"tp{i}-latency-{tag}", stream="comm", seconds=latency_s, waits=(done,)))
+        latency_s = sum(lat for _coll, lat in colls)
+        if latency_s > 0:
+            done = b.add(Compute(name=f"tp-latency-{tag}", stream="comm", seconds=latency_s, waits=(done,)))
         end_waits = (done, *copies)
         if p == 1:
             b.last = b.add(Compute(name=f"end-{tag}", stream="send", seconds=0.0, waits=end_waits))
@@ -247,7 +272,9 @@ def engine_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     """Run the lowered iteration on the engine (:class:`EngineStep`); ConfigError as :func:`stage_costs`."""
     lowered = lower(spec, execution, cluster, precision=precision)
     run = execute(lowered.system, lowered.programs, devices=lowered.devices, mirrors=lowered.mirrors or None)
+    # two float sums of the same durations: a difference within their rounding is no contention
+    contention = 0.0 if abs(run.contention_s) <= _ROUNDING * run.makespan_s else run.contention_s
     return EngineStep(iteration_s=run.makespan_s, idle_iteration_s=run.idle_makespan_s,
-                      contention_s=run.contention_s, contention_by_class_s=dict(run.contention_by_class_s),
-                      ranks_simulated=len(lowered.programs), fold=execution.dp, solves=run.solves,
+                      contention_s=contention, contention_by_class_s=dict(run.contention_by_class_s),
+                      ranks_simulated=len(lowered.programs), fold=lowered.fold, solves=run.solves,
                       analytical=llm_step(spec, execution, cluster.for_gpus(execution.gpus), precision=precision))
