@@ -100,3 +100,71 @@ def test_analytical_floor_is_never_below_the_engine(system: str, fields: dict[st
     e = Execution(**fields)  # type: ignore[arg-type]
     cluster = load_cluster(system).for_gpus(e.gpus)
     assert llm_step(spec, e, cluster).iteration_s >= 0.99 * engine_step(spec, e, cluster).iteration_s
+
+
+def test_dgx_h100_pcie_shared_by_the_nic_send_and_the_offload() -> None:
+    """Two DGX H100 nodes, one stage each (TP8 PP2), one micro-batch, activations offloaded: stage 0's
+    activation send leaves through the GPU's PCIe x16 to its ConnectX-7 (dgx-h100.yaml ``via_gpu_link``) while
+    the offload still drains through the same x16 to host memory. By hand: the two flows split the 51.2 GB/s
+    x16 until the send's bytes are through; every other transfer runs alone (the four GPUs of a socket offload
+    at 4 x 51.2 < 307.2 GB/s of DDR5, so the x16 binds)."""
+    e = Execution(gpus=16, tp=8, pp=2, dp=1, micro_batch=1, global_batch=1, offload_activations=True)
+    cluster = load_cluster("dgx-h100").for_gpus(16)
+    c, t = stage_costs(_GPT3, e, cluster), rank_traffic(_GPT3, e)
+    pcie, lat_off = 51.2e9, cluster.offload.latency_s  # dgx-h100.yaml gpu_link
+    send_latency = cluster.scale_out.latency_s
+    n, act, p2p = c.layers_per_stage, t.stage_activation_bytes, t.p2p_bytes
+    tf, tb = n * c.layer_tp_fwd_s, n * c.layer_tp_bwd_s
+    t1 = n * c.layer_fwd_s + tf  # stage 0's forward compute and collectives
+    assert act - pcie * t1 > p2p  # the offload is still draining when the send starts
+    send_end = t1 + p2p / (pcie / 2) + send_latency
+    off0_end = t1 + (act + p2p) / pcie + lat_off  # work-conserving x16
+    f1_end = send_end + n * c.layer_fwd_s + c.last_fwd_s + tf + c.p2p_s
+    b1 = max(f1_end, send_end + act / pcie + lat_off)
+    s1_end = b1 + n * c.layer_bwd_s + c.last_bwd_s + tb + c.p2p_s  # the gradient goes out, the prefetch comes in
+    final1 = max(s1_end, b1 + act / pcie + lat_off) + c.optimizer_s
+    b0 = max(s1_end, off0_end)
+    final0 = max(b0 + n * c.layer_bwd_s + tb + c.p2p_s, b0 + act / pcie + lat_off) + c.optimizer_s
+    got = engine_step(_GPT3, e, cluster)
+    assert got.iteration_s == pytest.approx(max(final0, final1), rel=1e-9)
+    assert got.contention_s == pytest.approx(p2p / (pcie / 2) - p2p / 50e9, rel=1e-6)  # the send's slowdown
+    assert set(got.contention_by_class_s) == {"pcie"}
+
+
+def _port_shared(copy_left: float, coll: float, copy_flows: int, port: float) -> tuple[float, float]:
+    """Max-min by hand on one port direction: ``copy_flows`` equal flows still carrying ``copy_left`` bytes in
+    all and one collective flow of ``coll`` bytes start together; each flow gets ``port / (copy_flows + 1)``
+    until one side is through, then the other has the port. Returns (collective's time, copies' time); copies
+    already through (``copy_left <= 0``) leave the collective alone."""
+    if copy_left <= 0:
+        return coll / port, copy_left / port
+    share = port / (copy_flows + 1)
+    per_copy = copy_left / copy_flows
+    if coll <= per_copy:
+        return coll / share, (copy_left + coll) / port
+    return (copy_left + coll) / port, per_copy / share
+
+
+def test_gb200_memory_nodes_share_nvlink_ports_with_tp_all_reduces() -> None:
+    """One NVL72 rack with memory-nodes behind the NVSwitch, TP8, one micro-batch, activations offloaded to the
+    36 memory-nodes: the offload (forward) and the prefetch (backward) cross the GPU's 900 GB/s NVLink port with
+    the TP all-reduce's flow up to (forward) or down from (backward) the reducing switch; the other direction's
+    flow runs alone. By hand (:func:`_port_shared`): max-min over the port's 36 copy flows and the all-reduce's
+    (here the forward's offload outlasts its compute; the backward's prefetch does not)."""
+    spec = preset("llama3-8b")
+    e = Execution(gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=1, offload_activations=True)
+    cluster = load_cluster("gb200-nvl72-memnode").for_gpus(8)
+    c, t = stage_costs(spec, e, cluster), rank_traffic(spec, e)
+    port, lat, mems = 900e9, cluster.offload.latency_s, 36  # gb200-nvl72-memnode.yaml scale_up, memory_nodes
+    n, act = c.layers_per_stage, t.stage_activation_bytes
+    big = 2 * n * t.activation_bytes  # the 2 n all-reduces of a pass as one (NOTE [LLM lowering])
+    cf, cb = n * c.layer_fwd_s + c.last_fwd_s, n * c.layer_bwd_s + c.last_bwd_s
+    assert act > port * cf  # the offload is still in flight when the forward's all-reduces start
+    tp_f, off_f = _port_shared(act - port * cf, big, mems, port)
+    f_end = cf + n * c.layer_tp_fwd_s + tp_f - big / port
+    b = max(f_end, cf + off_f + lat)
+    tp_b, pre_b = _port_shared(act - port * cb, big, mems, port)
+    b_end = max(b + cb + n * c.layer_tp_bwd_s + tp_b - big / port, b + cb + pre_b + lat)
+    got = engine_step(spec, e, cluster)
+    assert got.iteration_s == pytest.approx(b_end + c.optimizer_s, rel=1e-9)
+    assert got.contention_s > 0 and "nvlink" in got.contention_by_class_s

@@ -27,7 +27,9 @@ NOTE [LLM lowering]
 * Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
   while its backward runs; with ``offload_weights`` the chunk's weights are fetched for each forward and each
   backward; each copy is spread evenly over the GPU's pool memories (one flow per memory). The chunk's send
-  waits for its copies, so what the compute and the collectives do not hide is exposed.
+  starts when its collectives end, sharing the links with copies still in flight (a DGX H100 GPU's PCIe
+  carries both its offload and its NIC's traffic); the rank's next chunk waits for the copies, so what the
+  compute and the collectives do not hide is exposed.
 * Where Megatron has no peer (the last chunk's forward on the last stage, the first chunk's backward on stage
   0) the rank is held for the transfer's time, as the analytical model charges every forward and backward one
   transfer.
@@ -44,11 +46,12 @@ also hide it. Contention is what sharing adds (NOTE [contention accounting] in :
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mcdla.hardware.cluster import Cluster
-from mcdla.hardware.model import System
+from mcdla.hardware.model import Link, LinkKind, Switch, System
 from mcdla.sim.collective_models import Collective, collective_time
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
 from mcdla.sim.ir_engine import execute
@@ -99,6 +102,38 @@ class EngineStep:
                 "analytical_iteration_s": self.analytical.iteration_s}
 
 
+def _nics_behind_pcie(cluster: Cluster, system: System) -> System:
+    """``system`` with each GPU's network rail behind its PCIe x16 where the file says so (``scale_out.via_gpu_link``,
+    as :func:`mcdla.hardware.traffic.node_paths` routes the scale-out class): the x16 ends in a PCIe switch
+    ``<gpu>.pcie`` that leads on to the CPU socket and to the rail, so GPUDirect RDMA and the offload to host
+    memory share it. The rail keeps the GPU-to-GPU latency: half of it, less the x16's, on each rail link. The
+    2018 engine's rings, which this engine does not read, are dropped."""
+    out = cluster.scale_out
+    if out is None or cluster.nodes == 1:
+        return system
+    if len(cluster.path("scale-out").resources) == 1:  # the rail alone: the NIC is not behind the GPU's x16
+        return system
+    gpus = {d.name for d in system.devices}
+    pcie = {(lk.a if lk.a in gpus else lk.b): lk for lk in system.links if lk.kind is LinkKind.PCIE
+            and (lk.a in gpus) != (lk.b in gpus)}
+    links: list[Link] = []
+    switches = list(system.switches)
+    for lk in system.links:
+        gpu = lk.a if lk.a in gpus else lk.b
+        if lk is pcie.get(gpu):
+            cpu = lk.b if lk.a == gpu else lk.a
+            switches.append(Switch(name=f"{gpu}.pcie", source="the PCIe switch a GPU and its NIC share (via_gpu_link)"))
+            links += [dataclasses.replace(lk, a=gpu, b=f"{gpu}.pcie"),
+                      Link(a=f"{gpu}.pcie", b=cpu, bytes_per_s=float("inf"), kind=LinkKind.PCIE,
+                           source="the PCIe switch's path to the socket: the GPU's x16 is the limit")]
+        elif lk.kind is LinkKind.NETWORK and gpu in pcie and out.name in (lk.a, lk.b):
+            links.append(dataclasses.replace(lk, a=f"{gpu}.pcie", b=out.name,
+                                             latency_s=max(0.0, lk.latency_s - pcie[gpu].latency_s)))
+        else:
+            links.append(lk)
+    return dataclasses.replace(system, switches=tuple(switches), links=tuple(links), rings=())
+
+
 class _RankBuilder:
     """The ops of one rank, with the names of the ops its next chunk must wait for."""
 
@@ -106,6 +141,7 @@ class _RankBuilder:
         self.rank = rank
         self.ops: list[Op] = []
         self.last: str | None = None  # the op that ends the previous chunk (holds the rank until it ends)
+        self.copies: list[str] = []  # the previous chunk's offloads and prefetches (the next chunk waits for them)
 
     def add(self, op: Op) -> str:
         self.ops.append(op)
@@ -153,7 +189,8 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
         peers = {r: [r + d * layout.stride("dp") for d in range(1, e.dp)] for r in simulated}
         fold = e.dp
     used = sorted({g // k for r in simulated for g in (r, *peers[r])})
-    system = cluster.with_nodes(len(used)).expand() if cluster.scale_out is not None else cluster.expand()
+    system = _nics_behind_pcie(cluster, cluster.with_nodes(len(used)).expand() if cluster.scale_out is not None
+                               else cluster.expand())
     names = system.device_names
     where = {node: i for i, node in enumerate(used)}
 
@@ -221,7 +258,7 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         tag = _tag(forward, mb, ch)
         last_chunk = s == p - 1 and ch == v - 1
         dst = _links(s, p, v, forward, ch)[1]
-        waits = tuple(w for w in (b.last, recv_of.get(tag)) if w)
+        waits = tuple(w for w in (b.last, *b.copies, recv_of.get(tag)) if w)
         if forward:
             seconds = n * c.layer_fwd_s + (c.last_fwd_s if last_chunk else 0.0)
         else:
@@ -244,22 +281,22 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         latency_s = sum(lat for _coll, lat in colls)
         if latency_s > 0:
             done = b.add(Compute(name=f"tp-latency-{tag}", stream="comm", seconds=latency_s, waits=(done,)))
-        end_waits = (done, *copies)
+        b.copies = copies
         if p == 1:
-            b.last = b.add(Compute(name=f"end-{tag}", stream="send", seconds=0.0, waits=end_waits))
+            b.last = b.add(Compute(name=f"end-{tag}", stream="send", seconds=0.0, waits=(done,)))
         elif dst is None:
-            b.last = b.add(Compute(name=f"hold-{tag}", stream="send", seconds=c.p2p_s, waits=end_waits))
+            b.last = b.add(Compute(name=f"hold-{tag}", stream="send", seconds=c.p2p_s, waits=(done,)))
         else:
-            b.last = b.add(Send(name=f"send-{tag}", peer=peer(dst[0]), nbytes=traffic.p2p_bytes, waits=end_waits))
-    tail = b.last
+            b.last = b.add(Send(name=f"send-{tag}", peer=peer(dst[0]), nbytes=traffic.p2p_bytes, waits=(done,)))
+    tail = b.add(Compute(name="pipeline-end", seconds=0.0, waits=tuple(w for w in (b.last, *b.copies) if w)))
     if c.dp_full_s > 0:
-        tail = b.add(Compute(name="dp-reduce", seconds=c.dp_exposed_s, waits=(tail,) if tail else ()))
+        tail = b.add(Compute(name="dp-reduce", seconds=c.dp_exposed_s, waits=(tail,)))
     fetched: list[str] = []
     if e.offload_optimizer:
         for mem in pool:
             fetched.append(b.add(Prefetch(name=f"optimizer-in-{mem}", stream=f"optimizer-{mem}", memory=mem,
-                                          nbytes=traffic.optimizer_bytes / q, waits=(tail,) if tail else ())))
-    step = b.add(Compute(name="adam", seconds=c.optimizer_s, waits=tuple(x for x in (tail, *fetched) if x)))
+                                          nbytes=traffic.optimizer_bytes / q, waits=(tail,))))
+    step = b.add(Compute(name="adam", seconds=c.optimizer_s, waits=(tail, *fetched)))
     if e.offload_optimizer:
         for mem in pool:
             b.add(Offload(name=f"optimizer-out-{mem}", stream=f"optimizer-{mem}", memory=mem,
