@@ -1,4 +1,4 @@
-"""``mcdla llm-predict --engine``."""
+"""``mcdla llm-predict --engine`` and ``mcdla search --engine-top``."""
 
 import json
 
@@ -32,3 +32,18 @@ def test_llm_predict_engine_with_ranks_is_one_line_error(run_cli, tmp_path):
     path.write_text(_RECORD)
     code, _, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--engine", "--ranks")
     assert code == 2 and err.startswith("mcdla: error: --engine") and err.count("\n") <= 1
+
+
+def test_search_engine_top_json_reorders_the_top_rows_by_their_engine_runs(run_cli):
+    """--engine-top K adds the search's K fastest to --json, ordered by each one's engine run."""
+    code, out, err = run_cli("search", "--model", "megatron-1.7b", "--system", "dgx-h100", "--gpus", "16",
+                             "--global-batch", "32", "--max-virtual-stages", "2", "--quiet", "--workers", "1",
+                             "--json", "--top", "3", "--engine-top", "3")
+    assert code == 0, err
+    data = json.loads(out)
+    spec, cluster = preset("megatron-1.7b"), load_cluster("dgx-h100").for_gpus(16)
+    runs = [(engine_step(spec, Execution(**row["execution"]), cluster).iteration_s, i, row["index"])
+            for i, row in enumerate(data["top"])]
+    assert [r["index"] for r in data["engine_top"]] == [index for _s, _i, index in sorted(runs)]
+    assert [r["engine"]["iteration_s"] for r in data["engine_top"]] == sorted(s for s, _i, _x in runs)
+    assert [r["analytical_rank"] for r in data["engine_top"]] == [i + 1 for _s, i, _x in sorted(runs)]

@@ -8,6 +8,7 @@ design, breakdown and assumptions: ``docs/simulator.md``.
 from mcdla.sim.engine import simulate
 from mcdla.sim.flows import max_min_rates
 from mcdla.sim.llm import LlmStep, llm_step, offload_rejection
+from mcdla.sim.llm_lower import EngineStep, engine_step
 from mcdla.sim.pool_link import pool_link
 from mcdla.sim.program import BACKWARD, FORWARD, build_program, roofline_s
 from mcdla.sim.result import SimResult
@@ -27,5 +28,7 @@ __all__ = [
     "max_min_rates",
     "LlmStep",
     "llm_step",
+    "EngineStep",
+    "engine_step",
     "offload_rejection",
 ]
