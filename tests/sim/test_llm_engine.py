@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mcdla.hardware.cluster import load_cluster
+from mcdla.sim.collective_models import collective_time
 from mcdla.sim.llm import llm_step, rank_traffic, stage_costs
 from mcdla.sim.llm_lower import engine_step, lower
 from mcdla.workload.execution import Execution
@@ -158,13 +159,16 @@ def test_gb200_memory_nodes_share_nvlink_ports_with_tp_all_reduces() -> None:
     port, lat, mems = 900e9, cluster.offload.latency_s, 36  # gb200-nvl72-memnode.yaml scale_up, memory_nodes
     n, act = c.layers_per_stage, t.stage_activation_bytes
     big = 2 * n * t.activation_bytes  # the 2 n all-reduces of a pass as one (NOTE [LLM lowering])
-    cf, cb = n * c.layer_fwd_s + c.last_fwd_s, n * c.layer_bwd_s + c.last_bwd_s
+    dims = cluster.group_dims(8)
+    one = collective_time("all-reduce", big, dims)  # the one collective; the rest of 2 n calls' time is latency
+    cf = n * c.layer_fwd_s + c.last_fwd_s + n * c.layer_tp_fwd_s - one  # compute and those latencies
+    cb = n * c.layer_bwd_s + c.last_bwd_s + n * c.layer_tp_bwd_s - one
     assert act > port * cf  # the offload is still in flight when the forward's all-reduces start
     tp_f, off_f = _port_shared(act - port * cf, big, mems, port)
-    f_end = cf + n * c.layer_tp_fwd_s + tp_f - big / port
+    f_end = cf + one + tp_f - big / port
     b = max(f_end, cf + off_f + lat)
     tp_b, pre_b = _port_shared(act - port * cb, big, mems, port)
-    b_end = max(b + cb + n * c.layer_tp_bwd_s + tp_b - big / port, b + cb + pre_b + lat)
+    b_end = max(b + cb + one + tp_b - big / port, b + cb + pre_b + lat)
     got = engine_step(spec, e, cluster)
     assert got.iteration_s == pytest.approx(b_end + c.optimizer_s, rel=1e-9)
     assert got.contention_s > 0 and "nvlink" in got.contention_by_class_s

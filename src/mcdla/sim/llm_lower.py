@@ -17,12 +17,13 @@ NOTE [LLM lowering]
   ``dp`` are folded. Only the nodes that hold a simulated rank or a mirror are expanded (the nodes are
   identical), each rank on its GPU slot of its node.
 * Each rank runs :func:`mcdla.sim.llm_ranks.pipeline_order`. One chunk's forward of one micro-batch is: wait
-  for the input (a :class:`~mcdla.sim.ir.Recv` from the previous stage, on a stream per peer and direction so
-  receives never hold the rank), the chunk's compute (its layers, plus logits and loss on the last chunk of the
-  last stage), then its TP collectives: the ``2 n`` all-reduces (all-gather + reduce-scatter with sequence
-  parallelism) of ``n`` layers as one collective of ``2 n`` times the bytes followed by the latency of the
-  ``2 n - 1`` others (a collective's closed form is linear in its bytes, so this is exact on an idle fabric),
-  then the send of the activation to the next stage. A backward is the same with the backward compute (and the
+  for the input (a :class:`~mcdla.sim.ir.Recv` from the previous stage; a rank posts all its receives up front,
+  one stream per peer in the order the peer sends, so receives never hold it), the chunk's compute (its
+  layers, plus logits and loss on the last chunk of the last stage), then its TP collectives: the ``2 n``
+  all-reduces (all-gather + reduce-scatter with sequence parallelism) of ``n`` layers as one collective of
+  ``2 n`` times the bytes, the latency terms of the ``2 n - 1`` others charged with the compute they are spread
+  over (a collective's closed form is its bytes' term plus a latency, so this is exact on an idle fabric), then
+  the send of the activation to the next stage. A backward is the same with the backward compute (and the
   recomputation), ``2 n`` collectives (``4 n`` with full recomputation) and the gradient sent back.
 * Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
   while its backward runs; with ``offload_weights`` the chunk's weights are fetched for each forward and each
@@ -151,8 +152,8 @@ class _RankBuilder:
 def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbytes: float, count: int,
                     ) -> list[tuple[Collective, float]]:
     """``count`` TP all-reduces (or all-gather + reduce-scatter pairs) of ``nbytes`` as collectives of ``count``
-    times the bytes, each followed by what the ``count`` calls take beyond the one (their latency terms, NOTE
-    [LLM lowering])."""
+    times the bytes, each with what the ``count`` calls take beyond the one (their latency terms, NOTE [LLM
+    lowering])."""
     if len(group) == 1 or count == 0:
         return []
     layout = ParallelDims.of(e)
@@ -259,10 +260,12 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         last_chunk = s == p - 1 and ch == v - 1
         dst = _links(s, p, v, forward, ch)[1]
         waits = tuple(w for w in (b.last, *b.copies, recv_of.get(tag)) if w)
+        colls = fwd_colls if forward else bwd_colls
         if forward:
             seconds = n * c.layer_fwd_s + (c.last_fwd_s if last_chunk else 0.0)
         else:
             seconds = n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last_chunk else 0.0)
+        seconds += sum(lat for _coll, lat in colls)  # the other calls' latencies, spread over the layers
         compute = b.add(Compute(name=f"compute-{tag}", seconds=seconds, waits=tuple(waits)))
         copies: list[str] = []
         moves: list[tuple[type[Offload] | type[Prefetch], float]] = []
@@ -275,12 +278,8 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
                 copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem, nbytes=nbytes / q,
                                          stream=f"{kind.__name__.lower()}{j}-{mem}", waits=tuple(waits))))
         done = compute
-        colls = fwd_colls if forward else bwd_colls
         for i, (coll, _latency_s) in enumerate(colls):
             done = b.add(CollectiveOp(name=f"tp{i}-{tag}", collective=coll, waits=(done,)))
-        latency_s = sum(lat for _coll, lat in colls)
-        if latency_s > 0:
-            done = b.add(Compute(name=f"tp-latency-{tag}", stream="comm", seconds=latency_s, waits=(done,)))
         b.copies = copies
         if p == 1:
             b.last = b.add(Compute(name=f"end-{tag}", stream="send", seconds=0.0, waits=(done,)))
