@@ -4,6 +4,8 @@ analytical model, a contention case computed by hand, and the analytical per-lin
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.collective_models import collective_time
@@ -172,3 +174,22 @@ def test_gb200_memory_nodes_share_nvlink_ports_with_tp_all_reduces() -> None:
     got = engine_step(spec, e, cluster)
     assert got.iteration_s == pytest.approx(b_end + c.optimizer_s, rel=1e-9)
     assert got.contention_s > 0 and "nvlink" in got.contention_by_class_s
+
+
+@pytest.mark.slow  # ~10 s: 25 engine runs, some on a 72-GPU rack with 36 memory-nodes
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(system=st.sampled_from(["dgx-h100", "gh200", "gb200-nvl72-memnode"]), tp=st.sampled_from([1, 2, 8]),
+       pp=st.sampled_from([1, 2]), dp=st.sampled_from([1, 2]), micro_batch=st.sampled_from([1, 4]),
+       per_replica=st.sampled_from([1, 2, 4]), recompute=st.sampled_from(["none", "selective", "full"]),
+       offload=st.sampled_from([(True, False), (False, True), (True, True)]), dp_overlap=st.booleans())
+def test_analytical_floor_is_never_below_the_engine_sweep(system: str, tp: int, pp: int, dp: int, micro_batch: int,
+                                                          per_replica: int, recompute: str,
+                                                          offload: tuple[bool, bool], dp_overlap: bool) -> None:
+    """The same bound over a sweep of small offloading executions of Megatron 1.7B (GH200 nodes hold one GPU)."""
+    if system == "gh200":
+        tp = 1
+    e = Execution(gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
+                  global_batch=micro_batch * dp * per_replica * pp, recompute=recompute,  # type: ignore[arg-type]
+                  offload_activations=offload[0], offload_weights=offload[1], dp_overlap=dp_overlap and dp > 1)
+    spec, cluster = preset("megatron-1.7b"), load_cluster(system).for_gpus(e.gpus)
+    assert llm_step(spec, e, cluster).iteration_s >= 0.99 * engine_step(spec, e, cluster).iteration_s
