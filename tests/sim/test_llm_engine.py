@@ -7,8 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.collective_models import collective_time
+from mcdla.sim.ir import CollectiveOp
 from mcdla.sim.llm import llm_step, rank_traffic, stage_costs
 from mcdla.sim.llm_lower import engine_step, lower
 from mcdla.workload.execution import Execution
@@ -23,18 +25,22 @@ _NO_SHARED_LINK = [
                       sequence_parallel=True, recompute="selective")),
     ("dgx-h100", dict(gpus=32, tp=8, pp=2, dp=2, micro_batch=1, global_batch=8, recompute="full")),
     ("dgx-h100", dict(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, dp_overlap=True, zero=1)),
+    ("dgx-h100", dict(gpus=16, tp=8, pp=1, dp=2, micro_batch=1, global_batch=4, zero=3)),
     ("gh200", dict(gpus=4, tp=1, pp=4, dp=1, micro_batch=1, global_batch=4)),
 ]
 
 
+@pytest.mark.parametrize("replicas", ["fold", "all"])
 @pytest.mark.parametrize(("system", "fields"), _NO_SHARED_LINK)
-def test_engine_equals_the_analytical_model_without_a_shared_link(system: str, fields: dict[str, object]) -> None:
-    """With no link carrying two classes at once (no offload; every stage one node), the engine's iteration equals the closed form and the per-rank
-    schedule to 1e-9, and reports no contention."""
+def test_engine_equals_the_analytical_model_without_a_shared_link(system: str, fields: dict[str, object],
+                                                                   replicas: str) -> None:
+    """With no link carrying two classes at once (no offload; every stage one node), the engine's iteration
+    equals the closed form and the per-rank schedule to 1e-9 and reports no contention, with one pipeline
+    (the reduction's closed form) or every replica (the reduction as collectives)."""
     spec = _GPT3 if system != "gh200" else preset("megatron-1.7b")
     e = Execution(**fields)  # type: ignore[arg-type]
     cluster = load_cluster(system).for_gpus(e.gpus)
-    got = engine_step(spec, e, cluster)
+    got = engine_step(spec, e, cluster, replicas=replicas)
     assert got.iteration_s == pytest.approx(llm_step(spec, e, cluster).iteration_s, rel=1e-9)
     assert got.iteration_s == pytest.approx(llm_step(spec, e, cluster, mode="ranks").iteration_s, rel=1e-9)
     assert got.contention_s == pytest.approx(0.0, abs=1e-9 * got.iteration_s)
@@ -44,11 +50,28 @@ def test_lowering_folds_the_data_parallel_replicas_of_a_node() -> None:
     """One pipeline is simulated; a rank stands for the dp replicas on its node, mirrored on their GPUs; the
     replicas on other nodes are left out, and only the nodes in use are expanded."""
     e = Execution(gpus=32, tp=4, pp=2, dp=4, micro_batch=1, global_batch=8)
-    lowered = lower(_GPT3, e, load_cluster("dgx-h100").for_gpus(32))
+    lowered = lower(_GPT3, e, load_cluster("dgx-h100").for_gpus(32), replicas="fold")
     assert sorted(p.rank for p in lowered.programs) == [0, 1, 2, 3, 16, 17, 18, 19]
     assert lowered.fold == 2 and {p.fold for p in lowered.programs} == {2}
     assert lowered.devices[16] == "n1.gpu0" and lowered.mirrors[16] == ("n1.gpu4",)
     assert len(lowered.system.devices) == 16
+
+
+def test_every_replica_runs_the_data_parallel_reduction_as_collectives() -> None:
+    """replicas="all": every rank has a program and an all-reduce (and ZeRO-3's all-gather) on its DP group."""
+    e = Execution(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, zero=3)
+    lowered = lower(_GPT3, e, load_cluster("dgx-h100").for_gpus(16), replicas="all")
+    assert sorted(p.rank for p in lowered.programs) == list(range(16)) and lowered.fold == 1
+    program = next(p for p in lowered.programs if p.rank == 5)
+    reduction = [op for op in program.ops if isinstance(op, CollectiveOp) and op.stream == "dp"]
+    kinds, groups = [op.collective.kind for op in reduction], {op.collective.group for op in reduction}
+    assert kinds == ["all-reduce", "all-gather"] and groups == {(1, 5)}
+
+
+def test_bad_replicas_is_one_line() -> None:
+    e = Execution(gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=1)
+    with pytest.raises(ConfigError, match=r"replicas: got 'some'; must be one of auto, fold, all"):
+        lower(_GPT3, e, load_cluster("dgx-h100"), replicas="some")
 
 
 def test_gh200_c2c_and_grace_memory_shared_by_offload_and_weight_fetch() -> None:

@@ -34,9 +34,13 @@ NOTE [LLM lowering]
 * Where Megatron has no peer (the last chunk's forward on the last stage, the first chunk's backward on stage
   0) the rank is held for the transfer's time, as the analytical model charges every forward and backward one
   transfer.
-* After its last backward a rank runs the data-parallel reduction's exposed part (``dp_exposed_s``: the folded
-  replicas have no programs of their own, so the reduction is priced by its closed form), then with
-  ``offload_optimizer`` fetches its optimizer state, runs the Adam step and writes the state back.
+* ``replicas="all"`` (``"auto"`` up to :data:`ALL_REPLICAS_UP_TO` GPUs) simulates every replica instead, unfolded,
+  and runs the data-parallel reduction as collectives on the DP group's fabric dimensions (an all-reduce of the
+  gradients, ZeRO-1/2 moving the same bytes; ZeRO-3 adds an all-gather of the weights): after the rank's
+  pipeline, or with ``dp_overlap`` from the start of its last backward, sharing the links with it. With one
+  pipeline (``"fold"``) the replicas on other nodes have no programs, so a rank runs the reduction's exposed
+  part by its closed form (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer state,
+  runs the Adam step and writes the state back.
 * CP adds no traffic of its own: the cost source splits the compute over ``tp * cp`` and prices no ring
   exchange.
 
@@ -51,6 +55,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.hardware.model import Link, LinkKind, Switch, System
 from mcdla.sim.collective_models import Collective, collective_time
@@ -62,7 +67,14 @@ from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["LoweredIteration", "EngineStep", "lower", "engine_step"]
+__all__ = ["ALL_REPLICAS_UP_TO", "REPLICAS", "LoweredIteration", "EngineStep", "lower", "engine_step"]
+
+REPLICAS = ("auto", "fold", "all")
+"""How :func:`lower` treats the data-parallel replicas (NOTE [LLM lowering])."""
+
+ALL_REPLICAS_UP_TO = 64
+"""``replicas="auto"`` simulates every replica up to this many GPUs (ms to a second on the engine), one pipeline
+beyond."""
 
 _ROUNDING = 1e-12
 """Relative size below which the shared run's excess over the idle one is the rounding of two float sums."""
@@ -166,10 +178,30 @@ def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbyt
             for k in kinds]
 
 
-def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
-          precision: str = DEFAULT_PRECISION) -> LoweredIteration:
-    """The per-rank programs of one iteration (NOTE [LLM lowering]); ConfigError as :func:`stage_costs`."""
+def _dp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], traffic: RankTraffic,
+                    ) -> list[Collective]:
+    """The data-parallel reduction of one rank's gradients as :func:`mcdla.sim.llm.stage_costs` prices it: an
+    all-reduce on the DP group's fabric dimensions (ZeRO-1/2 move the same bytes), plus an all-gather of the
+    weights with ZeRO-3."""
+    if len(group) == 1:
+        return []
+    layout = ParallelDims.of(e)
+    dims = cluster.group_dims(layout.dp, layout.stride("dp"))
+    levels, algs = tuple(d.size for d in dims), tuple(d.algorithm for d in dims)
+    kinds = ("all-reduce", "all-gather") if e.zero >= 3 else ("all-reduce",)
+    return [Collective(kind=kind, nbytes=traffic.gradient_bytes, group=group, levels=levels, algorithm=algs)
+            for kind in kinds]
+
+
+def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, precision: str = DEFAULT_PRECISION,
+          replicas: str = "auto") -> LoweredIteration:
+    """The per-rank programs of one iteration (NOTE [LLM lowering]); ConfigError as :func:`stage_costs` or for an
+    unknown ``replicas`` (``fold``: one pipeline; ``all``: every replica, with the data-parallel reduction as
+    collectives; ``auto``: ``all`` up to :data:`ALL_REPLICAS_UP_TO` GPUs)."""
+    if replicas not in REPLICAS:
+        raise ConfigError(f"replicas: got {brief(replicas)}; must be one of {', '.join(REPLICAS)}")
     e = execution
+    every = replicas == "all" or (replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO)
     c = stage_costs(spec, e, cluster, precision=precision)
     traffic = rank_traffic(spec, e)
     cluster = cluster.for_gpus(e.gpus)
@@ -181,10 +213,11 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
     def rank(t: int, x: int, s: int, d: int = 0) -> int:
         return layout.rank(tp=t, cp=x, dp=d, pp=s)
 
-    simulated = [rank(t, x, s) for s in range(p) for x in range(e.cp) for t in range(e.tp)]
+    replica_ids = range(e.dp) if every else range(1)
+    simulated = [rank(t, x, s, d) for d in replica_ids for s in range(p) for x in range(e.cp) for t in range(e.tp)]
     # the replicas a rank stands for that share its node (the others share no finite resource with it)
-    peers = {r: [r + d * layout.stride("dp") for d in range(1, e.dp)
-                 if (r + d * layout.stride("dp")) // k == r // k] for r in simulated}
+    peers = {r: [] if every else [r + d * layout.stride("dp") for d in range(1, e.dp)
+                                  if (r + d * layout.stride("dp")) // k == r // k] for r in simulated}
     fold = 1 + len(peers[simulated[0]])
     if any(len(ps) != fold - 1 for ps in peers.values()):  # replicas straddle nodes unevenly: fold them all
         peers = {r: [r + d * layout.stride("dp") for d in range(1, e.dp)] for r in simulated}
@@ -200,21 +233,23 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
 
     programs: list[RankProgram] = []
     mirrors: dict[int, tuple[str, ...]] = {}
-    for s in range(p):
-        order = pipeline_order(p, m, v, s)
-        for x in range(e.cp):
-            group = tuple(rank(t, x, s) for t in range(e.tp))
-            fwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes, 2 * n)
-            bwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes,
-                                        (4 if e.recompute == "full" else 2) * n)
-            for t in range(e.tp):
-                r = rank(t, x, s)
-                pool = system.pools.get(device(r), ())
-                ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, fwd_colls, bwd_colls,
-                                peer=lambda s2, t=t, x=x: rank(t, x, s2))
-                programs.append(RankProgram(rank=r, ops=tuple(ops), fold=fold))
-                if fold > 1:
-                    mirrors[r] = tuple(device(g) for g in peers[r])
+    for d in replica_ids:
+        for s in range(p):
+            order = pipeline_order(p, m, v, s)
+            for x in range(e.cp):
+                group = tuple(rank(t, x, s, d) for t in range(e.tp))
+                fwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes, 2 * n)
+                bwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes,
+                                            (4 if e.recompute == "full" else 2) * n)
+                for t in range(e.tp):
+                    r = rank(t, x, s, d)
+                    pool = system.pools.get(device(r), ())
+                    dp_colls = _dp_collectives(e, cluster, layout.group("dp", r), traffic) if every else None
+                    ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, fwd_colls, bwd_colls, dp_colls,
+                                    peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
+                    programs.append(RankProgram(rank=r, ops=tuple(ops), fold=fold))
+                    if fold > 1:
+                        mirrors[r] = tuple(device(g) for g in peers[r])
     return LoweredIteration(system=system, programs=tuple(programs),
                             devices={prog.rank: device(prog.rank) for prog in programs}, mirrors=mirrors, costs=c,
                             fold=fold)
@@ -247,12 +282,16 @@ def _receives(s: int, p: int, m: int, v: int) -> list[tuple[int, str]]:
 
 def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v: int, c: StageCosts,
               e: Execution, traffic: RankTraffic, pool: Sequence[str], fwd_colls: list[tuple[Collective, float]],
-              bwd_colls: list[tuple[Collective, float]], *, peer: Callable[[int], int]) -> list[Op]:
-    """The ops of rank ``r`` on stage ``s`` (NOTE [LLM lowering]); ``peer(stage)``: the same TP x CP slot there."""
+              bwd_colls: list[tuple[Collective, float]], dp_colls: list[Collective] | None, *,
+              peer: Callable[[int], int]) -> list[Op]:
+    """The ops of rank ``r`` on stage ``s`` (NOTE [LLM lowering]); ``peer(stage)``: the same TP x CP slot there;
+    ``dp_colls``: the data-parallel reduction as collectives, or None to run its closed-form exposed time."""
     b = _RankBuilder(r)
     n = c.layers_per_stage // v
     q = len(pool)
     recv_of: dict[str, str] = {}
+    last_backward = next((mb, ch) for forward, mb, ch in reversed(order) if not forward)
+    reduce_waits: tuple[str, ...] = ()
     for src, tag in _receives(s, p, e.micro_batches, v):  # posted up front: receives never hold the rank
         recv_of[tag] = b.add(Recv(name=f"recv-{tag}", stream=f"recv-{src}", peer=peer(src), nbytes=traffic.p2p_bytes))
     for forward, mb, ch in order:
@@ -266,6 +305,8 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         else:
             seconds = n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last_chunk else 0.0)
         seconds += sum(lat for _coll, lat in colls)  # the other calls' latencies, spread over the layers
+        if dp_colls and e.dp_overlap and not forward and (mb, ch) == last_backward:  # starts with the last backward
+            reduce_waits = tuple(waits)
         compute = b.add(Compute(name=f"compute-{tag}", seconds=seconds, waits=tuple(waits)))
         copies: list[str] = []
         moves: list[tuple[type[Offload] | type[Prefetch], float]] = []
@@ -288,7 +329,12 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         else:
             b.last = b.add(Send(name=f"send-{tag}", peer=peer(dst[0]), nbytes=traffic.p2p_bytes, waits=(done,)))
     tail = b.add(Compute(name="pipeline-end", seconds=0.0, waits=tuple(w for w in (b.last, *b.copies) if w)))
-    if c.dp_full_s > 0:
+    if dp_colls:
+        done = reduce_waits if e.dp_overlap else (tail,)
+        for i, coll in enumerate(dp_colls):
+            done = (b.add(CollectiveOp(name=f"dp{i}", stream="dp", collective=coll, waits=done)),)
+        tail = b.add(Compute(name="dp-end", seconds=0.0, waits=(tail, *done)))
+    elif c.dp_full_s > 0:
         tail = b.add(Compute(name="dp-reduce", seconds=c.dp_exposed_s, waits=(tail,)))
     fetched: list[str] = []
     if e.offload_optimizer:
@@ -304,9 +350,9 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
 
 
 def engine_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
-                precision: str = DEFAULT_PRECISION) -> EngineStep:
-    """Run the lowered iteration on the engine (:class:`EngineStep`); ConfigError as :func:`stage_costs`."""
-    lowered = lower(spec, execution, cluster, precision=precision)
+                precision: str = DEFAULT_PRECISION, replicas: str = "auto") -> EngineStep:
+    """Run the lowered iteration on the engine (:class:`EngineStep`); ConfigError as :func:`lower`."""
+    lowered = lower(spec, execution, cluster, precision=precision, replicas=replicas)
     run = execute(lowered.system, lowered.programs, devices=lowered.devices, mirrors=lowered.mirrors or None)
     # two float sums of the same durations: a difference within their rounding is no contention
     contention = 0.0 if abs(run.contention_s) <= _ROUNDING * run.makespan_s else run.contention_s
