@@ -36,12 +36,12 @@ def test_llm_predict_engine_with_ranks_is_one_line_error(run_cli, tmp_path):
 
 def test_search_engine_top_json_reorders_the_top_rows_by_their_engine_runs(run_cli):
     """--engine-top K adds the search's K fastest to --json, ordered by each one's engine run."""
-    code, out, err = run_cli("search", "--model", "megatron-1.7b", "--system", "dgx-h100", "--gpus", "16",
-                             "--global-batch", "32", "--max-virtual-stages", "2", "--quiet", "--workers", "1",
+    code, out, err = run_cli("search", "--model", "megatron-1.7b", "--system", "dgx-h100", "--gpus", "8",
+                             "--global-batch", "16", "--max-virtual-stages", "1", "--quiet", "--workers", "1",
                              "--json", "--top", "3", "--engine-top", "3")
     assert code == 0, err
     data = json.loads(out)
-    spec, cluster = preset("megatron-1.7b"), load_cluster("dgx-h100").for_gpus(16)
+    spec, cluster = preset("megatron-1.7b"), load_cluster("dgx-h100").for_gpus(8)
     runs = [(engine_step(spec, Execution(**row["execution"]), cluster).iteration_s, i, row["index"])
             for i, row in enumerate(data["top"])]
     assert [r["index"] for r in data["engine_top"]] == [index for _s, _i, index in sorted(runs)]

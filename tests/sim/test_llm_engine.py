@@ -12,6 +12,7 @@ from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.collective_models import collective_time
 from mcdla.sim.ir import CollectiveOp
 from mcdla.sim.llm import llm_step, rank_traffic, stage_costs
+from mcdla.sim.llm_floor import link_floor_s, link_floors
 from mcdla.sim.llm_lower import engine_step, lower
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
@@ -113,8 +114,9 @@ _SMALL = [
                    offload_weights=True)),
     ("gh200", dict(gpus=1, tp=1, pp=1, dp=1, micro_batch=8, global_batch=8, offload_activations=True,
                    offload_weights=True)),
-    ("gb200-nvl72-memnode", dict(gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=2,
-                                 offload_activations=True, offload_weights=True)),
+    pytest.param("gb200-nvl72-memnode", dict(gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=2,
+                                             offload_activations=True, offload_weights=True),
+                 marks=pytest.mark.slow),  # ~2 s: a 72-GPU rack, 36 memory-nodes
 ]
 
 
@@ -216,3 +218,41 @@ def test_analytical_floor_is_never_below_the_engine_sweep(system: str, tp: int, 
                   offload_activations=offload[0], offload_weights=offload[1], dp_overlap=dp_overlap and dp > 1)
     spec, cluster = preset("megatron-1.7b"), load_cluster(system).for_gpus(e.gpus)
     assert llm_step(spec, e, cluster).iteration_s >= 0.99 * engine_step(spec, e, cluster).iteration_s
+
+
+def test_link_floor_by_hand_on_gh200_at_16384_gpus() -> None:
+    """The floor of a GH200 GPU offloading activations and weights, at 16,384 GPUs (DP over all of them): in the
+    forward the activations out and the weights in share the LPDDR5X (500 GB/s both ways together) behind the
+    450 GB/s-each-way C2C; in the backward both come in over the C2C; each phase at least its closed-form time.
+    The analytical iteration keeps it: every micro-batch of the stage takes at least the floor."""
+    spec = preset("megatron-1.7b")
+    e = Execution(gpus=16384, tp=1, pp=1, dp=16384, micro_batch=1, global_batch=16384, offload_activations=True,
+                  offload_weights=True)
+    cluster = load_cluster("gh200").for_gpus(16384)
+    c, t = stage_costs(spec, e, cluster), rank_traffic(spec, e)
+    act, weights, n = t.stage_activation_bytes, t.weight_bytes, c.layers_per_stage
+    forward = max(n * (c.layer_fwd_s + c.layer_tp_fwd_s) + c.offload_fwd_s,
+                  (act + weights) / 500e9, act / 450e9, weights / 450e9)
+    backward = max(n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_tp_bwd_s) + c.offload_bwd_s,
+                   (act + weights) / 450e9, (act + weights) / 500e9)
+    assert link_floor_s(e, cluster, c, t) == pytest.approx(forward + backward, rel=1e-12)
+    step = llm_step(spec, e, cluster)
+    assert step.iteration_s - step.dp_comm_s - step.optimizer_s >= e.micro_batches * (forward + backward) + \
+        c.last_fwd_s + c.last_bwd_s - 1e-12
+
+
+def test_overlapped_reduction_floor_by_hand_on_dgx_h100() -> None:
+    """TP8 DP2 over two DGX H100 nodes, activations offloaded, the reduction overlapped with the last backward:
+    the ring all-reduce of p = 2 moves the gradients g once each way through the GPU's x16 to its NIC while the
+    prefetch brings the activations in through the same x16, so the backward with the reduction needs at least
+    (A + g) / 51.2 GB/s there (the rail, g / 50 GB/s, and the socket's DDR5, 4 A / 307.2 GB/s, need less); what
+    exceeds the backward's closed-form time is exposed."""
+    e = Execution(gpus=16, tp=8, pp=1, dp=2, micro_batch=1, global_batch=2, offload_activations=True,
+                  dp_overlap=True)
+    spec, cluster = preset("megatron-1.7b"), load_cluster("dgx-h100").for_gpus(16)
+    c, t = stage_costs(spec, e, cluster), rank_traffic(spec, e)
+    act, g, n = t.stage_activation_bytes, t.gradient_bytes, c.layers_per_stage
+    busiest = max((act + g) / 51.2e9, g / 50e9, 4 * act / 307.2e9)
+    backward = n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_tp_bwd_s) + c.offload_bwd_s
+    assert busiest > backward  # the floor binds
+    assert link_floors(e, cluster, c, t).dp_exposed_s == pytest.approx(busiest - backward, rel=1e-12)

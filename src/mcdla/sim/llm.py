@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
-from mcdla.sim.llm_floor import link_floor_s
+from mcdla.sim.llm_floor import link_floors
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
@@ -288,11 +288,12 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     last_extra = c.last_fwd_s + c.last_bwd_s
 
     stage_mid = compute_mb + recompute_mb + tp_mb + pp_mb + off_mb
-    # no shared link priced as idle (NOTE [link floor] in sim/llm_floor.py): the stretch is exposed offload
-    stretch = max(0.0, link_floor_s(e, cluster, c, rank_traffic(spec, e)) - stage_mid) if (
-        e.offload_activations or e.offload_weights) else 0.0
+    # no shared link priced as idle (NOTE [link floor] in sim/llm_floor.py): the stretches are exposed offload
+    floors = link_floors(e, cluster, c, rank_traffic(spec, e))
+    stretch = max(0.0, floors.stage_s - stage_mid)
     stage_mid += stretch
     off_mb += stretch
+    dp_stretch = max(0.0, floors.dp_exposed_s - c.dp_exposed_s)
     stage_last = stage_mid + last_extra
     m = e.micro_batches
     # The exact length of Megatron's (interleaved) 1F1B schedule when every stage but the last costs
@@ -302,9 +303,9 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     bubble = (e.pp - 1) / e.virtual_stages * stage_mid
     dp_exposed, optimizer, offload_step = c.dp_exposed_s, c.optimizer_s, c.offload_step_s
     return step_record(spec, e, cluster, c, precision=precision,
-                       iteration=m * stage_last + bubble + dp_exposed + optimizer + offload_step,
+                       iteration=m * stage_last + bubble + dp_exposed + dp_stretch + optimizer + offload_step,
                        bubble=bubble, compute_s=m * (compute_mb + last_extra), recompute_s=m * recompute_mb,
-                       tp_comm_s=m * tp_mb, pp_comm_s=m * pp_mb, offload_s=m * off_mb + offload_step)
+                       tp_comm_s=m * tp_mb, pp_comm_s=m * pp_mb, offload_s=m * off_mb + offload_step + dp_stretch)
 
 
 def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageCosts, *, precision: str,

@@ -24,12 +24,18 @@ A resource crossed by ``g`` GPUs of the node, each sending the fraction ``f`` of
 ``bytes g f / capacity`` per class (NOTE [symmetric closed form] in :mod:`mcdla.hardware.traffic`); a link's two
 directions are apart, a memory's are one bus. Each phase takes the larger of the closed form's time for it and
 its busiest resource's; :func:`mcdla.sim.llm.llm_step` stretches a stage's micro-batch to the sum and counts the
-stretch as exposed offload. The data-parallel
-reduction runs once per iteration and is not in the per-micro-batch floor.
+stretch as exposed offload.
+
+The data-parallel reduction runs once per iteration. Overlapped with the last backward (``dp_overlap``), it shares
+that backward's resources: its bytes (per fabric dimension of the DP group, :func:`reduction_bytes`) join the
+backward's, and what the busiest resource then needs beyond the backward's closed-form time is the least the
+reduction exposes (``LinkFloors.dp_exposed_s``; a DGX H100's x16 carries the prefetch and the NIC's all-reduce).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mcdla.sim.collective_models import collective_time
@@ -40,7 +46,7 @@ if TYPE_CHECKING:  # sim.llm calls this module; the types only
     from mcdla.sim.llm import RankTraffic, StageCosts
     from mcdla.workload.execution import Execution
 
-__all__ = ["class_bytes_per_micro_batch", "link_floor_s"]
+__all__ = ["LinkFloors", "class_bytes_per_micro_batch", "link_floor_s", "link_floors", "reduction_bytes"]
 
 
 def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
@@ -95,13 +101,63 @@ def _busiest_s(cluster: Cluster, moved: dict[str, tuple[float, float]]) -> float
     return max((max(o, i) if duplex[r] else o + i for r, (o, i) in busy.items()), default=0.0)
 
 
+def _phase_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
+    """The closed form's time of one micro-batch's forward and backward on a stage."""
+    c, n, v = costs, costs.layers_per_stage, execution.virtual_stages
+    return {"forward": n * (c.layer_fwd_s + c.layer_tp_fwd_s) + v * c.p2p_s + c.offload_fwd_s,
+            "backward": n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_tp_bwd_s) + v * c.p2p_s
+            + c.offload_bwd_s}
+
+
 def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic) -> float:
     """One micro-batch on one stage with no shared resource priced as idle: each phase (forward, backward) takes
     at least what its busiest resource needs (NOTE [link floor]); at least the closed form's stage time."""
-    e, c = execution, costs
-    n, v = c.layers_per_stage, e.virtual_stages
-    phase_s = {"forward": n * (c.layer_fwd_s + c.layer_tp_fwd_s) + v * c.p2p_s + c.offload_fwd_s,
-               "backward": n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_tp_bwd_s) + v * c.p2p_s
-               + c.offload_bwd_s}
-    moved = class_bytes_per_micro_batch(e, cluster, c, traffic)
+    phase_s = _phase_s(execution, costs)
+    moved = class_bytes_per_micro_batch(execution, cluster, costs, traffic)
     return sum(max(phase_s[phase], _busiest_s(cluster, moved[phase])) for phase in phase_s)
+
+
+def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic) -> dict[str, float]:
+    """Bytes one GPU moves each way per traffic class in the data-parallel reduction: per fabric dimension of
+    the DP group, the bandwidth term of its collectives (their time less their time at twice the bandwidth,
+    doubled) times the dimension's bandwidth."""
+    e = execution
+    layout = ParallelDims.of(e)
+    dims = cluster.group_dims(layout.dp, layout.stride("dp"))
+    kinds = ("all-reduce", "all-gather") if e.zero >= 3 else ("all-reduce",)
+    moved: dict[str, float] = {}
+    for i, dim in enumerate(dims):
+        faster = (*dims[:i], dataclasses.replace(dim, bytes_per_s=2 * dim.bytes_per_s), *dims[i + 1:])
+        term = sum(2 * (collective_time(k, traffic.gradient_bytes, dims)
+                        - collective_time(k, traffic.gradient_bytes, faster)) for k in kinds)
+        up = cluster.scale_up
+        cls = "scale-up" if up is not None and dim.name == up.name else "scale-out"
+        moved[cls] = moved.get(cls, 0.0) + term * dim.bytes_per_s
+    return moved
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFloors:
+    """What :func:`mcdla.sim.llm.llm_step` keeps: ``stage_s``, the least time of one micro-batch on a stage
+    (:func:`link_floor_s`), and ``dp_exposed_s``, the least exposed time of a reduction overlapped with the last
+    backward (0 when it is not overlapped or nothing is offloaded)."""
+
+    stage_s: float
+    dp_exposed_s: float
+
+
+def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic) -> LinkFloors:
+    """The floors of NOTE [link floor] for an offloading execution (both 0 without offload: no class then shares
+    a resource with another one the closed form prices apart)."""
+    e = execution
+    if not (e.offload_activations or e.offload_weights) or cluster.offload is None:
+        return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
+    stage = link_floor_s(e, cluster, costs, traffic)
+    dp_exposed = 0.0
+    if e.dp_overlap and e.dp > 1:
+        moved = class_bytes_per_micro_batch(e, cluster, costs, traffic)["backward"]
+        for cls, nbytes in reduction_bytes(e, cluster, traffic).items():
+            out, inward = moved.get(cls, (0.0, 0.0))
+            moved[cls] = (out + nbytes, inward + nbytes)
+        dp_exposed = max(0.0, _busiest_s(cluster, moved) - _phase_s(e, costs)["backward"])
+    return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed)
