@@ -14,8 +14,8 @@ Per micro-batch and phase (forward, backward), one GPU of a stage moves, each wa
 * ``offload``: in the forward the stage's activations out (``offload_activations``) and its weights in
   (``offload_weights``); in the backward the activations and the weights in;
 * ``scale-up``: the bandwidth term of its TP collectives (``2 n`` per phase, ``4 n`` in a fully recomputed
-  backward, per stage of ``n`` layers: what each one moves through the GPU's port, the collective's time at twice its bytes minus
-  its time at its bytes, times the port's bandwidth), and the pipeline sends and receives when neighbouring
+  backward, per stage of ``n`` layers: what each one moves through the GPU's port, its bandwidth term times the
+  port's bandwidth), and the pipeline sends and receives when neighbouring
   stages share a node;
 * ``scale-out``: the pipeline's ``v`` sends and ``v`` receives per phase when neighbouring stages are on other
   nodes.
@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from mcdla.hardware.cluster import FabricDim
 from mcdla.sim.collective_models import collective_time
 from mcdla.workload.parallel_dims import ParallelDims
 
@@ -69,10 +71,8 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
     layout = ParallelDims.of(e)
     dims = cluster.group_dims(layout.tp, layout.stride("tp"))
     if dims:
-        n = traffic.activation_bytes
         kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
-        per_call = sum(collective_time(k, 2 * n, dims) - collective_time(k, n, dims) for k in kinds)
-        per_call_bytes = per_call * dims[0].bytes_per_s
+        per_call_bytes = traffic.activation_bytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds)
         for phase, calls in (("forward", 2), ("backward", 4 if e.recompute == "full" else 2)):
             tp_bytes = costs.layers_per_stage * calls * per_call_bytes
             add(phase, "scale-up", tp_bytes, tp_bytes)
@@ -84,21 +84,43 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
     return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
 
 
-def _busiest_s(cluster: Cluster, moved: dict[str, tuple[float, float]]) -> float:
-    """Seconds the busiest resource of a GPU's paths needs for ``moved`` (``(out, in)`` bytes per class)."""
-    busy: dict[tuple[str, ...], list[float]] = {}
-    duplex: dict[tuple[str, ...], bool] = {}
+_TABLES: dict[int, tuple[object, tuple[tuple[str, int, float], ...], tuple[bool, ...]]] = {}
+"""Per ``Cluster.paths`` (by identity, the tuple kept alongside): each path resource as (traffic class, resource
+slot, seconds per byte) and each slot's duplex flag, so a search's evaluations do not walk the paths again."""
+
+
+def _table(cluster: Cluster) -> tuple[tuple[tuple[str, int, float], ...], tuple[bool, ...]]:
+    got = _TABLES.get(id(cluster.paths))
+    if got is not None and got[0] is cluster.paths:
+        return got[1], got[2]
+    slot: dict[tuple[str, ...], int] = {}
+    duplex: list[bool] = []
+    rows = []
     for path in cluster.paths:
-        out, inward = moved.get(path.traffic, (0.0, 0.0))
         for res in path.resources:
             if res.resource[0] == "hbm":  # the GPU's own memory: the compute's, priced by the cost model
                 continue
-            per_byte = res.load_s_per_byte()
-            load = busy.setdefault(res.resource, [0.0, 0.0])
-            load[0] += out * per_byte
-            load[1] += inward * per_byte
-            duplex[res.resource] = res.duplex
-    return max((max(o, i) if duplex[r] else o + i for r, (o, i) in busy.items()), default=0.0)
+            if res.resource not in slot:
+                slot[res.resource] = len(duplex)
+                duplex.append(res.duplex)
+            rows.append((path.traffic, slot[res.resource], res.load_s_per_byte()))
+    if len(_TABLES) > 256:
+        _TABLES.clear()
+    _TABLES[id(cluster.paths)] = (cluster.paths, tuple(rows), tuple(duplex))
+    return tuple(rows), tuple(duplex)
+
+
+def _busiest_s(cluster: Cluster, moved: dict[str, tuple[float, float]]) -> float:
+    """Seconds the busiest resource of a GPU's paths needs for ``moved`` (``(out, in)`` bytes per class)."""
+    rows, duplex = _table(cluster)
+    out = [0.0] * len(duplex)
+    inward = [0.0] * len(duplex)
+    for traffic, i, per_byte in rows:
+        got = moved.get(traffic)
+        if got is not None:
+            out[i] += got[0] * per_byte
+            inward[i] += got[1] * per_byte
+    return max((max(o, n) if d else o + n for o, n, d in zip(out, inward, duplex)), default=0.0)
 
 
 def _phase_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
@@ -126,14 +148,30 @@ def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic
     dims = cluster.group_dims(layout.dp, layout.stride("dp"))
     kinds = ("all-reduce", "all-gather") if e.zero >= 3 else ("all-reduce",)
     moved: dict[str, float] = {}
+    up = cluster.scale_up
+    for i, dim in enumerate(dims):
+        cls = "scale-up" if up is not None and dim.name == up.name else "scale-out"
+        per_byte = sum(_level_bytes_per_byte(k, dims)[i] for k in kinds)
+        moved[cls] = moved.get(cls, 0.0) + traffic.gradient_bytes * per_byte
+    return moved
+
+
+_PROBE_BYTES = 1e9
+"""Buffer at which :func:`_level_bytes_per_byte` reads the closed forms (they are linear in the bytes)."""
+
+
+@lru_cache(maxsize=4096)
+def _level_bytes_per_byte(kind: str, dims: tuple[FabricDim, ...]) -> tuple[float, ...]:
+    """Bytes each GPU moves each way through each of ``dims`` per byte of a ``kind`` buffer: the collective's
+    time less its time with that dimension twice as fast, doubled (its bandwidth term), times the dimension's
+    bandwidth. Memoized: a search asks a handful of (kind, dimensions) pairs."""
+    n = _PROBE_BYTES
+    base = collective_time(kind, n, dims)
+    out = []
     for i, dim in enumerate(dims):
         faster = (*dims[:i], dataclasses.replace(dim, bytes_per_s=2 * dim.bytes_per_s), *dims[i + 1:])
-        term = sum(2 * (collective_time(k, traffic.gradient_bytes, dims)
-                        - collective_time(k, traffic.gradient_bytes, faster)) for k in kinds)
-        up = cluster.scale_up
-        cls = "scale-up" if up is not None and dim.name == up.name else "scale-out"
-        moved[cls] = moved.get(cls, 0.0) + term * dim.bytes_per_s
-    return moved
+        out.append(2 * (base - collective_time(kind, n, faster)) * dim.bytes_per_s / n)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +190,14 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     e = execution
     if not (e.offload_activations or e.offload_weights) or cluster.offload is None:
         return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
-    stage = link_floor_s(e, cluster, costs, traffic)
+    phase_s = _phase_s(e, costs)
+    by_phase = class_bytes_per_micro_batch(e, cluster, costs, traffic)
+    stage = sum(max(phase_s[phase], _busiest_s(cluster, by_phase[phase])) for phase in phase_s)
     dp_exposed = 0.0
     if e.dp_overlap and e.dp > 1:
-        moved = class_bytes_per_micro_batch(e, cluster, costs, traffic)["backward"]
+        moved = dict(by_phase["backward"])
         for cls, nbytes in reduction_bytes(e, cluster, traffic).items():
             out, inward = moved.get(cls, (0.0, 0.0))
             moved[cls] = (out + nbytes, inward + nbytes)
-        dp_exposed = max(0.0, _busiest_s(cluster, moved) - _phase_s(e, costs)["backward"])
+        dp_exposed = max(0.0, _busiest_s(cluster, moved) - phase_s["backward"])
     return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed)
