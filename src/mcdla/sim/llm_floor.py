@@ -85,25 +85,27 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
 
 
 _TABLES: dict[int, tuple[object, tuple[tuple[str, int, float], ...], tuple[bool, ...]]] = {}
-"""Per ``Cluster.paths`` (by identity, the tuple kept alongside): each path resource as (traffic class, resource
-slot, seconds per byte) and each slot's duplex flag, so a search's evaluations do not walk the paths again."""
+"""Per ``Cluster.paths`` (by identity, the tuple kept alongside): each distinct kind of path resource's loads as
+(traffic class, slot, seconds per byte) and each slot's duplex flag, so a search's evaluations do not walk the
+paths again."""
 
 
 def _table(cluster: Cluster) -> tuple[tuple[tuple[str, int, float], ...], tuple[bool, ...]]:
     got = _TABLES.get(id(cluster.paths))
     if got is not None and got[0] is cluster.paths:
         return got[1], got[2]
-    slot: dict[tuple[str, ...], int] = {}
-    duplex: list[bool] = []
-    rows = []
+    loads: dict[tuple[str, ...], list[tuple[str, float]]] = {}
+    is_duplex: dict[tuple[str, ...], bool] = {}
     for path in cluster.paths:
         for res in path.resources:
             if res.resource[0] == "hbm":  # the GPU's own memory: the compute's, priced by the cost model
                 continue
-            if res.resource not in slot:
-                slot[res.resource] = len(duplex)
-                duplex.append(res.duplex)
-            rows.append((path.traffic, slot[res.resource], res.load_s_per_byte()))
+            loads.setdefault(res.resource, []).append((path.traffic, res.load_s_per_byte()))
+            is_duplex[res.resource] = res.duplex
+    # resources loaded alike (the 36 memory-nodes of a rack, each link and DRAM) are always as busy: keep one
+    kinds = {(is_duplex[r], tuple(sorted(load))) for r, load in loads.items()}
+    duplex = [d for d, _load in sorted(kinds)]
+    rows = [(traffic, i, per_byte) for i, (_d, load) in enumerate(sorted(kinds)) for traffic, per_byte in load]
     if len(_TABLES) > 256:
         _TABLES.clear()
     _TABLES[id(cluster.paths)] = (cluster.paths, tuple(rows), tuple(duplex))
