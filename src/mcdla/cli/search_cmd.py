@@ -139,6 +139,8 @@ def search_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary and the top rows as JSON.")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Write every evaluated configuration as CSV.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    engine_top: Annotated[Optional[int], typer.Option(
+        help="Re-rank the K fastest on the contention-aware engine (llm-predict --engine) and show that ranking.")] = None,
 ) -> None:
     """Search all valid parallel configurations of a model on a system; print the fastest that fit in memory."""
     from mcdla.hardware.cluster import load_cluster
@@ -150,7 +152,8 @@ def search_cmd(
 
     for name, value in (("--gpus", gpus), ("--global-batch", global_batch), ("--top", top), ("--seq", seq),
                         ("--workers", workers), ("--chunk-size", chunk_size),
-                        ("--max-virtual-stages", max_virtual_stages), ("--max-configurations", max_configurations)):
+                        ("--max-virtual-stages", max_virtual_stages), ("--max-configurations", max_configurations),
+                        ("--engine-top", engine_top)):
         if value is not None and not 1 <= value <= 2**31 - 1:
             fail(f"{name}: got {brief(value)}; must be >= 1 and <= {2**31 - 1}")
     if top > MAX_TOP:
@@ -215,6 +218,13 @@ def search_cmd(
         "results_csv": str(out) if out is not None else None,
     }
     code = 0 if result.best is not None else 1
+    reranked = None
+    if engine_top is not None and result.ranked:
+        from mcdla.plan.llm_rerank import rerank
+
+        reranked = rerank(spec, sys_, result.ranked, engine_top)
+        summary["engine_top"] = [{**_row_dict(r.row), "analytical_rank": r.analytical_rank,
+                                  "engine": r.engine.to_dict()} for r in reranked]
     check_finite(summary, "search")
     if as_json:
         print_json(summary)
@@ -241,5 +251,17 @@ def search_cmd(
                       str(e.pp), str(e.virtual_stages), str(e.dp), str(e.cp), str(e.micro_batch),
                       "on" if e.sequence_parallel else "-", str(e.zero), e.recompute, _offload_tag(e))
     console.print(table)
+    if reranked is not None:
+        again = Table(title=f"the {len(reranked)} fastest re-ranked on the contention-aware engine")
+        for column in ("#", "search #", "engine s", "analytical s", "contention s", "by link class", "tp", "pp",
+                       "v", "dp", "mb", "recompute", "offload"):
+            again.add_column(column, justify="left" if column in ("by link class", "recompute", "offload") else "right")
+        for i, r in enumerate(reranked, 1):
+            e, run = r.row.execution, r.engine
+            classes = ", ".join(f"{cls} {sec:.3g}" for cls, sec in run.contention_by_class_s.items()) or "-"
+            again.add_row(str(i), str(r.analytical_rank), f"{run.iteration_s:.3f}", f"{r.row.step.iteration_s:.3f}",
+                          f"{run.contention_s:.3g}", classes, str(e.tp), str(e.pp), str(e.virtual_stages), str(e.dp),
+                          str(e.micro_batch), e.recompute, _offload_tag(e))
+        console.print(again)
     if out is not None:
         console.print(f"  all {en.valid} configurations: {out}")
