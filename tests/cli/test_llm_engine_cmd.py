@@ -7,7 +7,9 @@ from mcdla.sim.llm_lower import engine_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
 
-_RECORD = "gpus: 16\ntp: 8\npp: 2\nmicro_batch: 1\nglobal_batch: 4\noffload_activations: true\n"
+# weights and optimizer state offloaded too, so that 175B fits 16 GPUs (llm-predict exits 1 otherwise)
+_RECORD = ("gpus: 16\ntp: 8\npp: 2\nmicro_batch: 1\nglobal_batch: 4\noffload_activations: true\n"
+           "offload_weights: true\noffload_optimizer: true\n")
 
 
 def test_llm_predict_engine_json_reports_contention_per_link_class(run_cli, tmp_path):
@@ -18,7 +20,8 @@ def test_llm_predict_engine_json_reports_contention_per_link_class(run_cli, tmp_
     code, out, _ = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--system", "dgx-h100",
                            "--engine", "--json")
     data = json.loads(out)
-    e = Execution(gpus=16, tp=8, pp=2, micro_batch=1, global_batch=4, offload_activations=True)
+    e = Execution(gpus=16, tp=8, pp=2, micro_batch=1, global_batch=4, offload_activations=True, offload_weights=True,
+                  offload_optimizer=True)
     want = engine_step(preset("gpt3-175b"), e, load_cluster("dgx-h100").for_gpus(16))
     assert code == 0
     assert data["iteration_s"] == want.iteration_s and data["analytical_iteration_s"] == want.analytical.iteration_s
