@@ -58,10 +58,10 @@ def test_a_full_disk_mid_export_leaves_no_trace(tmp_path, run_cli, monkeypatch) 
     import errno
     import os
 
-    import mcdla.cli.chakra_cmd as chakra_cmd
+    import mcdla.workload.chakra as chakra_io
     from mcdla._io_safety import atomic_output
 
-    real = chakra_cmd.write_trace
+    real = chakra_io.write_trace
     calls = []
 
     def fills_up(path, metadata, nodes):
@@ -72,7 +72,7 @@ def test_a_full_disk_mid_export_leaves_no_trace(tmp_path, run_cli, monkeypatch) 
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(path, metadata, nodes)
 
-    monkeypatch.setattr(chakra_cmd, "write_trace", fills_up)
+    monkeypatch.setattr(chakra_io, "write_trace", fills_up)  # export-chakra imports it when it runs
     code, out, err = run_cli("export-chakra", "--system", "mc-dla", "--workload", "alexnet",
                              "--prefix", str(tmp_path / "t"))
     assert code == 2 and not out and err.count("\n") == 1 and "--prefix: got" in err and "No space left" in err

@@ -211,14 +211,15 @@ def test_llm_predict_refuses_a_slowdown_past_its_bound_and_prints_strict_json_at
 
 
 def test_llm_predict_ranks_refuses_past_the_engines_size(run_cli, tmp_path):
-    """--ranks on dp = 10^8 replicas is one line naming the size dp*pp*micro_batches*virtual_stages, not hours."""
+    """--ranks on dp = 10^6 replicas of 8 micro-batches (8 million GPUs, the most dgx-a100 may have) is one line
+    naming the size dp*pp*micro_batches*virtual_stages, not hours."""
     from mcdla.sim.llm_ranks import MAX_SCHEDULED_OPS
 
-    dp = 10**8
-    path = _record_fields(tmp_path, gpus=8 * dp, tp=8, pp=1, dp=dp, micro_batch=1, global_batch=dp)
+    dp = 10**6
+    path = _record_fields(tmp_path, gpus=8 * dp, tp=8, pp=1, dp=dp, micro_batch=1, global_batch=8 * dp)
     code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--ranks")
     assert code == 2 and not out and err.count("\n") == 1
-    assert f"= {dp * 1 * 1 * 1}" in err and str(MAX_SCHEDULED_OPS) in err
+    assert f"= {dp * 1 * 8 * 1}" in err and str(MAX_SCHEDULED_OPS) in err
 
 
 def test_check_finite_names_the_non_finite_field(capsys):

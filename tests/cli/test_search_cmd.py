@@ -161,18 +161,18 @@ def test_streamed_top_k_equals_the_full_ranking():
     assert tuple(seen) == full.rows
 
 
-def test_a_non_finite_time_is_refused_not_ranked():
-    """A cluster (built in Python, past the file bounds) whose figures give inf times is refused with one line
-    naming iteration_s, not ranked fastest."""
+def test_a_non_finite_time_is_refused_not_ranked(llm_cluster):
+    """A cluster (built in Python, past the file bounds: a 5e-324 B/s NVLink) whose figures give inf times is
+    refused with one line naming iteration_s, not ranked fastest."""
+    import dataclasses
+
     from mcdla.errors import ConfigError
-    from mcdla.hardware.model import Device
-    from mcdla.sim.llm import GemmEfficiency, GpuCluster
     from mcdla.workload.transformer import TransformerSpec
 
     spec = TransformerSpec(name="tiny", layers=6, hidden=96, heads=6, vocab=128, seq_len=12)
-    dev = Device(name="g", peak_flops_per_s={"fp16": 1e12}, hbm_bytes=2e6, hbm_bytes_per_s=1e11)
-    cluster = GpuCluster(device=dev, gpus_per_node=4, nvlink_bytes_per_s=5e-324, network_bytes_per_s=1e9,
-                         offload_bytes_per_s=0, gemm_efficiency=GemmEfficiency(peak_fraction=0.5, half_width=10.0))
+    fast = llm_cluster(gpus_per_node=4, nodes=2, peak_flops_per_s=1e12, hbm_bytes=2e6, hbm_bytes_per_s=1e11,
+                       network_bytes_per_s=1e9, gemm_half_width=10.0)
+    cluster = dataclasses.replace(fast, dims=(dataclasses.replace(fast.dims[0], bytes_per_s=5e-324), *fast.dims[1:]))
     with pytest.raises(ConfigError, match=r"search: got iteration_s = inf for tp=") as info:
         search(spec, cluster, gpus=8, global_batch=8)
     assert "\n" not in str(info.value)

@@ -90,9 +90,11 @@ def test_fabric_prices_tp_and_dp_collectives_with_the_presets_algorithms() -> No
 def test_exposed_activation_offload_by_hand() -> None:
     """Offloading activations over PCIe5: per micro-batch a stage moves A = n s b h (34 + 5 a s / h) / t bytes
     (Korthikanti 2022 eq. with SP) out during forward and back during backward; exposed is what n F (forward)
-    and 2 n F (backward) of compute do not hide, paid by m micro-batches plus the (p - 1) bubble slots."""
+    and 2 n F (backward) of compute do not hide, paid by m micro-batches plus the (p - 1) bubble slots (the
+    gradient reduction after the pipeline, so it shares no link with the prefetch)."""
     system = _system("dc-dla-2026")
-    plain, off = _exec(attention="materialized"), _exec(offload_activations=True, attention="materialized")
+    plain = _exec(dp_overlap=False, attention="materialized")
+    off = _exec(offload_activations=True, dp_overlap=False, attention="materialized")
     F = stage_costs(GPT3, plain, system).layer_fwd_s
     n, s, b, h, a, t = 8, 2048, 1, 12288, 96, 8
     move = n * s * b * h * (34 + 5 * a * s / h) / t / 51.2e9

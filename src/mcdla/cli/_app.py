@@ -1,5 +1,6 @@
-"""The typer app shared by the command modules, the one-line failure helper and the checks of option values
-that every command shares (batch, budget, output paths, devices, strict JSON output)."""
+"""The typer app shared by the command modules, the one-line failure helper, the checks of option values
+that every command shares (batch, budget, output paths, devices, strict JSON output) and the options that
+several commands take (``--scale-to``)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,24 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from mcdla.errors import brief
+from mcdla.report.tables import key_value_table
 from mcdla.units import format_bytes, parse_bytes
 
+if TYPE_CHECKING:
+    from mcdla.hardware import System
+    from mcdla.workload import Workload
+
 __all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_finite", "check_output", "check_torch_device",
-           "key_value_table", "print_json", "strict_json", "write_output"]
+           "key_value_table", "print_json", "strict_json", "write_output", "ScaleTo", "ScaleToOption",
+           "measured_times_for"]
 
 app = typer.Typer(
     name="mcdla",
@@ -54,15 +59,31 @@ def _root(
     """The options of ``mcdla`` itself (``--version``); the app's help text is the Typer's."""
 
 
-def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
-    """Two left-aligned columns (name, value) without borders: the summary a command prints. The cells are
-    plain text (a value such as a file name with ``[...]`` in it is not read as markup)."""
-    table = Table.grid(padding=(0, 3))
-    table.add_column(no_wrap=True)
-    table.add_column()
-    for name, value in rows:
-        table.add_row(Text(name), Text(value))
-    return table
+class ScaleTo(str, Enum):
+    """``--scale-to``'s choices: :data:`mcdla.sim.measured.SCALE_MODES` (a test keeps them equal; not imported
+    here so that ``--help`` does not load the simulator)."""
+
+    peak = "peak"
+    roofline = "roofline"
+
+
+ScaleToOption = Annotated[Optional[ScaleTo], typer.Option(
+    "--scale-to", help="Make a profiled workload's measured layer times hold on the system: peak (times the "
+    "measured/target peak FLOP/s ratio) or roofline (drop them; time layers from FLOPs and bytes).")]
+"""``--scale-to``, as every command that simulates a workload file declares it."""
+
+
+def measured_times_for(workload: Workload, system: System, scale_to: ScaleTo | None) -> Workload:
+    """``workload`` ready to simulate on ``system``: its measured layer times rescaled to the system's first
+    device as ``--scale-to`` says, or, without it, unchanged with a one-line warning on stderr when they were
+    measured on other hardware (:mod:`mcdla.sim.measured`)."""
+    from mcdla.sim.measured import measurement_mismatch, scale_measured_times
+
+    if scale_to is not None:
+        return scale_measured_times(workload, system.devices[0], scale_to.value)
+    if (mismatch := measurement_mismatch(workload, system)) is not None:
+        print(f"mcdla: warning: {mismatch}", file=sys.stderr)
+    return workload
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

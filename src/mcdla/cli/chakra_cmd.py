@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from mcdla.cli._app import app, check_batch, check_output, console, fail, print_json
+from mcdla.cli._app import ScaleToOption, app, check_batch, check_output, console, fail, measured_times_for, print_json
 from mcdla.cli.sim_cmd import Parallel as _Parallel
 from mcdla.cli.sim_cmd import Policy as _Policy
 from mcdla.cli.sim_cmd import check_planner, plan_for
@@ -61,9 +61,11 @@ def export_chakra_cmd(
     planner: Annotated[Optional[str], typer.Option(help="Budgeted planner instead of a fixed policy.")] = None,
     budget: Annotated[Optional[str], typer.Option(help="Device-memory budget for --planner, e.g. 8GiB.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the files and the iteration time as JSON.")] = False,
+    scale_to: ScaleToOption = None,
 ) -> None:
     """Simulate one training iteration and write it as Chakra ET files (one per rank) for Chakra's tools and
-    ASTRA-sim. An infeasible iteration writes nothing and exits with status 1."""
+    ASTRA-sim. An infeasible iteration writes nothing and exits with status 1. A workload with measured layer
+    times simulated on other hardware gets a one-line warning on stderr unless --scale-to rescales them."""
     from mcdla.hardware import load_system
     from mcdla.report.chakra import iter_chakra_ranks, trace_paths
     from mcdla.sim import simulate
@@ -79,6 +81,7 @@ def export_chakra_cmd(
     for path in trace_paths(prefix, len(sys_.devices)):
         check_output(path, "--prefix")
     wl = load_workload(workload, batch=batch)
+    wl = measured_times_for(wl, sys_, scale_to)
     plan = plan_for(sys_, wl, planner=planner, budget=budget, policy=policy.value)
     result = simulate(sys_, wl, plan, parallel=parallel.value, record_timeline=True)
     if not result.feasible:

@@ -109,6 +109,26 @@ def _prediction(step: LlmStep, record: Execution, spec: TransformerSpec, *, syst
     }
 
 
+def _engine_fields(spec: TransformerSpec, record: Execution, cluster: Cluster, data: dict[str, Any]) -> dict[str, Any]:
+    """The engine run's fields (``--engine``): its iteration replaces the analytical one (kept as
+    ``analytical_iteration_s``), with the idle-fabric run and the time lost to contention per link class; the
+    throughput figures follow the engine's iteration."""
+    from mcdla.sim.llm_lower import engine_step
+
+    run = engine_step(spec, record, cluster)
+    ratio = run.analytical.iteration_s / run.iteration_s
+    fields: dict[str, Any] = {
+        "analytical_iteration_s": run.analytical.iteration_s, "iteration_s": run.iteration_s,
+        "idle_iteration_s": run.idle_iteration_s, "contention_s": run.contention_s,
+        "contention_by_class_s": dict(run.contention_by_class_s), "mfu": data["mfu"] * ratio,
+        "tokens_per_s_per_gpu": data["tokens_per_s_per_gpu"] * ratio,
+        "model_flops_per_s_per_gpu": data["model_flops_per_s_per_gpu"] * ratio,
+    }
+    if data["time_to_train_s"] is not None:
+        fields["time_to_train_s"] = data["time_to_train_s"] / ratio
+    return fields
+
+
 def _render(data: dict[str, Any]) -> None:
     """The prediction as three rich tables: time, memory per GPU, throughput."""
     from rich.table import Table
@@ -126,6 +146,16 @@ def _render(data: dict[str, Any]) -> None:
         times.add_row(key.removesuffix("_s").replace("_", " "), shown, f"{100 * data[key] / data['iteration_s']:.1f}%")
     times.add_row("[b]iteration[/b]", f"[b]{format_seconds(data['iteration_s'])}[/b]", "100%")
     console.print(times)
+    if "analytical_iteration_s" in data:
+        engine = Table(title="contention-aware engine (the parts above are the closed form's)", title_justify="left")
+        engine.add_column("run")
+        engine.add_column("time", justify="right")
+        engine.add_row("closed form", format_seconds(data["analytical_iteration_s"]))
+        engine.add_row("engine, idle fabric", format_seconds(data["idle_iteration_s"]))
+        engine.add_row("[b]engine[/b]", f"[b]{format_seconds(data['iteration_s'])}[/b]")
+        for cls, seconds in data["contention_by_class_s"].items():
+            engine.add_row(f"  lost to contention on {cls}", format_seconds(seconds))
+        console.print(engine)
     memory = Table(title="memory per GPU", title_justify="left")
     memory.add_column("kind")
     memory.add_column("on device", justify="right")
@@ -169,6 +199,8 @@ def llm_predict_cmd(
         help="Also give the time to train this many tokens, e.g. 1T or 300G.")] = None,
     precision: Annotated[str, typer.Option(help="Number format of the GEMMs: bf16, fp8 (Transformer Engine: "
                                            "linear layers in fp8, the rest in bf16), fp16 or fp32.")] = "bf16",
+    engine: Annotated[bool, typer.Option("--engine", help="Run the lowered per-rank programs on the contention-aware "
+                                         "engine; adds the time lost to contention per link class.")] = False,
 ) -> None:
     """Predict one iteration of a preset under an execution record: time breakdown, memory per GPU by kind,
     tokens/s per GPU and MFU. A record that does not fit (device memory or the offload tier's share per GPU)
@@ -200,6 +232,8 @@ def llm_predict_cmd(
     base = _cluster(system)
     base.nodes_for(record.gpus, field="execution.gpus")
     cluster = base.for_gpus(record.gpus)
+    if engine and (ranks or slow):
+        fail("--engine: got it with --ranks/--slowdown; the engine runs the symmetric lowering, use one of them")
     gemm_peak = cluster_precision(cluster, precision).gemm_peak
     step = llm_step(spec, record, cluster, mode="ranks" if ranks or slow else "fast", precision=precision, **options)
     data = _prediction(step, record, spec, system=cluster.name, gpus_per_node=cluster.gpus_per_node,
@@ -207,6 +241,8 @@ def llm_predict_cmd(
                        peak_flops_per_s=cluster.device.flops_per_s(gemm_peak),
                        offload_tier=cluster.offload.source if cluster.offload is not None else None,
                        train_tokens=tokens)
+    if engine:
+        data.update(_engine_fields(spec, record, cluster, data))
     check_finite(data, "llm-predict")
     if as_json:
         print_json(data)

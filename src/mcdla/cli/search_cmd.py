@@ -8,10 +8,13 @@ import csv
 import dataclasses
 import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Annotated, Any, Optional
 
 import typer
+from rich.table import Table
+from rich.text import Text
 
 from mcdla._io_safety import atomic_output
 from mcdla.cli._app import app, check_budget, check_finite, check_output, console, fail, print_json
@@ -37,6 +40,34 @@ def _offload_tag(e: Any) -> str:
     tags = [name for name, on in (("act", e.offload_activations), ("wts", e.offload_weights),
                                   ("opt", e.offload_optimizer)) if on]
     return "+".join(tags) or "-"
+
+
+@dataclasses.dataclass
+class _EvaluatedCounter:
+    """``search``'s callbacks (the enumeration once, then batches of evaluated configurations) as the
+    ``on_progress(done, total, what)`` calls that :func:`mcdla.profile.progress.progress_bar` draws."""
+
+    on_progress: Callable[[int, int, str], None]
+    total: int = 0
+    done: int = 0
+
+    def enumerated(self, enumeration: Any) -> None:
+        self.total = enumeration.valid
+        self.on_progress(0, self.total, "evaluating")
+
+    def advance(self, evaluated: int) -> None:
+        self.done += evaluated
+        self.on_progress(self.done, self.total, "evaluating")
+
+
+def _rejected_table(rejected: Mapping[str, int]) -> Table:
+    """The rejected candidates, one row per reason with its count (right-aligned), most frequent first."""
+    table = Table(title="rejected candidates", title_justify="left")
+    table.add_column("count", justify="right")
+    table.add_column("reason")
+    for reason, count in sorted(rejected.items(), key=lambda kv: -kv[1]):
+        table.add_row(str(count), Text(reason))
+    return table
 
 
 def _row_dict(row: Any) -> dict[str, Any]:
@@ -109,21 +140,21 @@ def search_cmd(
     out: Annotated[Optional[Path], typer.Option(help="Write every evaluated configuration as CSV.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     precision: Annotated[str, typer.Option(help="Number format of the GEMMs: bf16, fp8, fp16 or fp32.")] = "bf16",
+    engine_top: Annotated[Optional[int], typer.Option(
+        help="Re-rank the K fastest on the contention-aware engine (llm-predict --engine) and show that ranking.")] = None,
 ) -> None:
     """Search all valid parallel configurations of a model on a system; print the fastest that fit in memory."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-    from rich.table import Table
-
     from mcdla.hardware.cluster import load_cluster
     from mcdla.plan.llm_search import DEFAULT_MAX_CONFIGURATIONS, RAY_INSTALL_HINT, count_candidates, search
+    from mcdla.profile.progress import progress_bar
     from mcdla.report.meta import meta_comment_lines, results_meta
     from mcdla.units import format_bytes
     from mcdla.workload.model_file import resolve_model
 
     for name, value in (("--gpus", gpus), ("--global-batch", global_batch), ("--top", top), ("--seq", seq),
                         ("--workers", workers), ("--chunk-size", chunk_size),
-                        ("--max-virtual-stages", max_virtual_stages), ("--max-configurations", max_configurations)):
+                        ("--max-virtual-stages", max_virtual_stages), ("--max-configurations", max_configurations),
+                        ("--engine-top", engine_top)):
         if value is not None and not 1 <= value <= 2**31 - 1:
             fail(f"{name}: got {brief(value)}; must be >= 1 and <= {2**31 - 1}")
     if top > MAX_TOP:
@@ -157,10 +188,6 @@ def search_cmd(
              "space (--cp, --max-virtual-stages, a global batch with fewer divisors)")
 
     meta = results_meta()
-    err = Console(stderr=True, highlight=False)
-    progress = Progress(TextColumn("evaluating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TimeRemainingColumn(), console=err, disable=quiet or not err.is_terminal, transient=True)
-    task = progress.add_task("search", total=None)
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         on_row = None
@@ -170,7 +197,7 @@ def search_cmd(
             csv_file.write(meta_comment_lines(meta))
             writer.writerow(_csv_header())
             on_row = lambda row: writer.writerow(_csv_row(row))  # noqa: E731
-        stack.enter_context(progress)
+        counter = _EvaluatedCounter(stack.enter_context(progress_bar("evaluating", enabled=False if quiet else None)))
         stack.enter_context(_as_option("search.ray_address", "--ray-address"))
         result = search(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values,
                         max_virtual_stages=max_virtual_stages, offload=use_offload,
@@ -179,8 +206,7 @@ def search_cmd(
                         chunk_size=chunk_size, ray_address=ray_address, precision=precision,
                         max_configurations=max_configurations,
                         top=top, keep_rows=False, on_row=on_row,
-                        on_enumerated=lambda en: progress.update(task, total=en.valid),
-                        progress=lambda n: progress.advance(task, n))
+                        on_enumerated=counter.enumerated, progress=counter.advance)
     seconds = time.perf_counter() - started
     en = result.enumeration
     summary = {
@@ -194,6 +220,13 @@ def search_cmd(
         "results_csv": str(out) if out is not None else None,
     }
     code = 0 if result.best is not None else 1
+    reranked = None
+    if engine_top is not None and result.ranked:
+        from mcdla.plan.llm_rerank import rerank
+
+        reranked = rerank(spec, sys_, result.ranked, engine_top)
+        summary["engine_top"] = [{**_row_dict(r.row), "analytical_rank": r.analytical_rank,
+                                  "engine": r.engine.to_dict()} for r in reranked]
     check_finite(summary, "search")
     if as_json:
         print_json(summary)
@@ -202,8 +235,8 @@ def search_cmd(
                   f"{gpus} GPUs, memory limit {format_bytes(limit)} per GPU")
     console.print(f"  {en.candidates} candidates: {en.valid} valid, {en.n_rejected} rejected; "
                   f"{result.fitting} fit in memory; {seconds:.1f} s ({backend})")
-    for reason, count in en.rejected.items():
-        console.print(f"    rejected {count:>9}  {reason}", markup=False)
+    if en.rejected:
+        console.print(_rejected_table(en.rejected))
     if result.best is None:
         why = "no valid configuration" if not en.valid else "no configuration fits in memory"
         least = result.least_device_bytes
@@ -220,5 +253,17 @@ def search_cmd(
                       str(e.pp), str(e.virtual_stages), str(e.dp), str(e.cp), str(e.micro_batch),
                       "on" if e.sequence_parallel else "-", str(e.zero), e.recompute, _offload_tag(e))
     console.print(table)
+    if reranked is not None:
+        again = Table(title=f"the {len(reranked)} fastest re-ranked on the contention-aware engine")
+        for column in ("#", "search #", "engine s", "analytical s", "contention s", "by link class", "tp", "pp",
+                       "v", "dp", "mb", "recompute", "offload"):
+            again.add_column(column, justify="left" if column in ("by link class", "recompute", "offload") else "right")
+        for i, r in enumerate(reranked, 1):
+            e, run = r.row.execution, r.engine
+            classes = ", ".join(f"{cls} {sec:.3g}" for cls, sec in run.contention_by_class_s.items()) or "-"
+            again.add_row(str(i), str(r.analytical_rank), f"{run.iteration_s:.3f}", f"{r.row.step.iteration_s:.3f}",
+                          f"{run.contention_s:.3g}", classes, str(e.tp), str(e.pp), str(e.virtual_stages), str(e.dp),
+                          str(e.micro_batch), e.recompute, _offload_tag(e))
+        console.print(again)
     if out is not None:
         console.print(f"  all {en.valid} configurations: {out}")

@@ -169,8 +169,9 @@ class _FabricSpec(_Spec):
     @field_validator("bandwidth")
     @classmethod
     def _bw(cls, v: _Quantity) -> float:
+        # inf: an idealised fabric that never binds (a test's or a what-if's figure; it adds no time)
         return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
-                             allow_inf=False)
+                             allow_inf=True)
 
     @field_validator("latency")
     @classmethod

@@ -87,13 +87,23 @@ class _Run:
         self.ops = {rank: prog.ops for rank, prog in plan.programs.items()}
         self.done: dict[int, list[bool]] = {rank: [False] * len(ops) for rank, ops in self.ops.items()}
         self.started: dict[int, list[bool]] = {rank: [False] * len(ops) for rank, ops in self.ops.items()}
-        self.index = {r: {op.name: i for i, op in enumerate(ops)} for r, ops in self.ops.items()}
+        index = {r: {op.name: i for i, op in enumerate(ops)} for r, ops in self.ops.items()}
+        self.wait_index = {r: [tuple(index[r][w] for w in op.waits) for op in ops] for r, ops in self.ops.items()}
         self.streams: dict[int, dict[str, deque[int]]] = {}
         for rank, ops in self.ops.items():
             streams: dict[str, deque[int]] = {}
             for i, op in enumerate(ops):
                 streams.setdefault(op.stream, deque()).append(i)
             self.streams[rank] = streams
+        # the streams whose head may become ready when op i ends: its own, and those of the ops that wait on it
+        self.woken: dict[int, list[tuple[deque[int], ...]]] = {}
+        for rank, ops in self.ops.items():
+            streams = self.streams[rank]
+            woken: list[dict[str, None]] = [{op.stream: None} for op in ops]
+            for j, waits in enumerate(self.wait_index[rank]):
+                for w in waits:
+                    woken[w][ops[j].stream] = None
+            self.woken[rank] = [tuple(streams[name] for name in names) for names in woken]
         self.end_s: dict[tuple[int, str], float] = {}
         self.meetings: dict[tuple[Any, ...], _Meeting] = {}
         self.counters: dict[tuple[Any, ...], int] = {}
@@ -101,13 +111,13 @@ class _Run:
 
     # -- operations -------------------------------------------------------------------------------------------
     def _try_start(self, rank: int, now: float) -> None:
-        ops, done, started, index = self.ops[rank], self.done[rank], self.started[rank], self.index[rank]
+        ops, done, started, wait_index = self.ops[rank], self.done[rank], self.started[rank], self.wait_index[rank]
         for queue in self.streams[rank].values():
-            if queue and not started[queue[0]]:
-                op = ops[queue[0]]
-                if all(done[index[w]] for w in op.waits):
-                    started[queue[0]] = True
-                    self._start(rank, queue[0], op, now)
+            if queue:
+                head = queue[0]
+                if not started[head] and all(done[w] for w in wait_index[head]):
+                    started[head] = True
+                    self._start(rank, head, ops[head], now)
 
     def _complete(self, arg: tuple[int, int], now: float) -> None:
         rank, i = arg
@@ -115,7 +125,13 @@ class _Run:
         op = self.ops[rank][i]
         self.end_s[(rank, op.name)] = now
         self.streams[rank][op.stream].popleft()
-        self._try_start(rank, now)
+        ops, done, started, wait_index = self.ops[rank], self.done[rank], self.started[rank], self.wait_index[rank]
+        for queue in self.woken[rank][i]:
+            if queue:
+                head = queue[0]
+                if not started[head] and all(done[w] for w in wait_index[head]):
+                    started[head] = True
+                    self._start(rank, head, ops[head], now)
 
     def _meet(self, key: tuple[Any, ...], needed: int, rank: int, i: int) -> list[tuple[int, int]] | None:
         """Join rendezvous ``key``; returns every member once all ``needed`` have arrived."""
@@ -193,6 +209,9 @@ class _Run:
         assert self.net is not None
         plan = self.plan
         active = self.net.active()
+        alone_rate = plan.alone_rate
+        if all(rate <= 0.0 or rate >= alone_rate[route] * (1.0 - 1e-9) for route, rate, _token in active):
+            return  # no flow is slowed: nothing to charge
         load: dict[int, float] = {}
         owners: dict[int, set[int]] = {}
         for route, rate, token in active:

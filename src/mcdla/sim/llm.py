@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, replace
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
+from mcdla.sim.llm_floor import link_floors
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
@@ -52,8 +53,8 @@ from mcdla.workload.transformer import (Attention, TransformerSpec, activation_b
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
 
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
-           "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
-           "llm_step", "pacing_stage_parts", "stage_costs", "step_record"]
+           "LlmStep", "RankTraffic", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
+           "llm_step", "pacing_stage_parts", "rank_traffic", "stage_costs", "step_record"]
 
 DEFAULT_PRECISION = "bf16"
 """The number format of the GEMMs (a run choice, not hardware): the key of the device's ``peak_flops_per_s``."""
@@ -428,6 +429,11 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
         return ranks_step(spec, execution, cluster, precision=precision)
     e = execution
     stage_mid = c.middle_stage_s(e.virtual_stages)
+    # no shared link priced as idle (NOTE [link floor] in sim/llm_floor.py): the stretches are exposed offload
+    floors = link_floors(e, cluster, c, rank_traffic(spec, e, precision))
+    stretch = max(0.0, floors.stage_s - stage_mid)
+    stage_mid += stretch
+    dp_stretch = max(0.0, floors.dp_exposed_s - c.dp_exposed_s)
     stage_last = stage_mid + c.last_fwd_s + c.last_bwd_s
     m = e.micro_batches
     # The exact length of Megatron's (interleaved) 1F1B schedule when every stage but the last costs
@@ -435,9 +441,10 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     # (p - 1) / v of a middle stage (NOTE [rank schedule] in sim/llm_ranks.py; tested equal to the per-rank
     # schedule in tests/sim/test_llm_ranks.py).
     bubble = (e.pp - 1) / e.virtual_stages * stage_mid
-    iteration = m * stage_last + bubble + c.dp_exposed_s + c.optimizer_s + c.offload_step_s
-    return step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble,
-                       **c.iteration_parts(m, e.virtual_stages))
+    iteration = m * stage_last + bubble + c.dp_exposed_s + dp_stretch + c.optimizer_s + c.offload_step_s
+    parts = c.iteration_parts(m, e.virtual_stages)
+    parts["offload_s"] += m * stretch + dp_stretch
+    return step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble, **parts)
 
 
 def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, float]]:
@@ -500,3 +507,39 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         optimizer_bytes=opt,
         activation_bytes=activations,
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankTraffic:
+    """The bytes one rank moves, as :func:`stage_costs` prices them, for the lowering onto the program IR
+    (:mod:`mcdla.sim.llm_lower`) and the per-link floor (:mod:`mcdla.sim.llm_floor`).
+
+    ``activation_bytes``: one TP all-reduce's buffer (``b s h / cp``); ``p2p_bytes``: one pipeline send;
+    ``stage_activation_bytes``: what one micro-batch leaves on the stage (offloaded in forward, back in backward);
+    ``weight_bytes``: the rank's weights (fetched for each forward and backward when offloaded);
+    ``optimizer_bytes``: its optimizer-state shard (crosses the offload link twice per step); ``gradient_bytes``:
+    the buffer of the data-parallel reduction.
+    """
+
+    activation_bytes: float
+    p2p_bytes: float
+    stage_activation_bytes: float
+    weight_bytes: float
+    optimizer_bytes: float
+    gradient_bytes: float
+
+
+def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = DEFAULT_PRECISION) -> RankTraffic:
+    """The bytes of :class:`RankTraffic` for ``execution`` at ``precision`` (the figures :func:`stage_costs`
+    divides by bandwidths)."""
+    e = execution
+    prec = precision_of(precision)
+    spec = _at_precision(spec, prec)
+    act = spec.bytes_per_element * e.micro_batch * spec.seq_len / e.cp * spec.hidden
+    params_rank = _stage_params(spec, e)
+    shard = e.dp if e.zero >= 1 else 1
+    return RankTraffic(
+        activation_bytes=act, p2p_bytes=act / e.tp,
+        stage_activation_bytes=spec.layers // e.pp * _activation_bytes(spec, e, prec),
+        weight_bytes=prec.element_bytes * params_rank, optimizer_bytes=prec.optimizer_bytes * params_rank / shard,
+        gradient_bytes=prec.element_bytes * params_rank)

@@ -1,0 +1,205 @@
+"""The per-link floor of the analytical LLM model: no shared resource is priced as idle.
+
+The closed form of :mod:`mcdla.sim.llm` prices each traffic class on its own: the offload against the compute
+it hides behind, the TP collectives and the pipeline sends on idle links. Links that two classes cross (a DGX
+H100 GPU's PCIe x16 carries its offload and its NIC's GPUDirect RDMA; a memory-node rack's NVLink ports carry
+TP all-reduces and prefetches; a GH200's C2C carries every offload of its GPU) are then never priced as busy
+with both. :func:`link_floor_s` is one micro-batch's time on one stage where each phase takes at least what
+its busiest such resource needs, from the bytes each class moves per micro-batch (:class:`~mcdla.sim.llm.RankTraffic`) and the resources each
+class crosses (:attr:`Cluster.paths <mcdla.hardware.cluster.Cluster.paths>`, :mod:`mcdla.hardware.traffic`).
+
+NOTE [link floor]
+Per micro-batch and phase (forward, backward), one GPU of a stage moves, each way:
+
+* ``offload``: in the forward the stage's activations out (``offload_activations``) and its weights in
+  (``offload_weights``); in the backward the activations and the weights in;
+* ``scale-up``: the bandwidth term of its TP collectives (``2 n`` per phase, ``4 n`` in a fully recomputed
+  backward, per stage of ``n`` layers: what each one moves through the GPU's port, its bandwidth term times the
+  port's bandwidth), and the pipeline sends and receives when neighbouring
+  stages share a node;
+* ``scale-out``: the pipeline's ``v`` sends and ``v`` receives per phase when neighbouring stages are on other
+  nodes.
+
+A resource crossed by ``g`` GPUs of the node, each sending the fraction ``f`` of a class through it, is busy
+``bytes g f / capacity`` per class (NOTE [symmetric closed form] in :mod:`mcdla.hardware.traffic`); a link's two
+directions are apart, a memory's are one bus. Each phase takes the larger of the closed form's time for it and
+its busiest resource's; :func:`mcdla.sim.llm.llm_step` stretches a stage's micro-batch to the sum and counts the
+stretch as exposed offload.
+
+The data-parallel reduction runs once per iteration. Overlapped with the last backward (``dp_overlap``), it shares
+that backward's resources: its bytes (per fabric dimension of the DP group, :func:`reduction_bytes`) join the
+backward's, and what the busiest resource then needs beyond the backward's closed-form time is the least the
+reduction exposes (``LinkFloors.dp_exposed_s``; a DGX H100's x16 carries the prefetch and the NIC's all-reduce).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from mcdla.hardware.cluster import FabricDim
+from mcdla.sim.collective_models import collective_time
+from mcdla.workload.parallel_dims import ParallelDims
+
+if TYPE_CHECKING:  # sim.llm calls this module; the types only
+    from mcdla.hardware.cluster import Cluster
+    from mcdla.sim.llm import RankTraffic, StageCosts
+    from mcdla.workload.execution import Execution
+
+__all__ = ["LinkFloors", "class_bytes_per_micro_batch", "link_floor_s", "link_floors", "reduction_bytes"]
+
+
+def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+                                ) -> dict[str, dict[str, tuple[float, float]]]:
+    """Bytes one GPU of a stage moves per micro-batch, per phase (``forward``, ``backward``), ``(out, in)`` per
+    traffic class (NOTE [link floor])."""
+    e = execution
+    moved: dict[str, dict[str, list[float]]] = {"forward": {}, "backward": {}}
+
+    def add(phase: str, cls: str, out: float, inward: float) -> None:
+        got = moved[phase].setdefault(cls, [0.0, 0.0])
+        got[0] += out
+        got[1] += inward
+
+    if cluster.offload is not None:
+        act = traffic.stage_activation_bytes if e.offload_activations else 0.0
+        weights = traffic.weight_bytes if e.offload_weights else 0.0
+        add("forward", "offload", act, weights)
+        add("backward", "offload", 0.0, act + weights)
+    layout = ParallelDims.of(e)
+    dims = cluster.group_dims(layout.tp, layout.stride("tp"))
+    if dims:
+        kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
+        per_call_bytes = traffic.activation_bytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds)
+        for phase, calls in (("forward", 2), ("backward", 4 if e.recompute == "full" else 2)):
+            tp_bytes = costs.layers_per_stage * calls * per_call_bytes
+            add(phase, "scale-up", tp_bytes, tp_bytes)
+    if e.pp > 1:
+        sends = e.virtual_stages * traffic.p2p_bytes
+        within = layout.stride("pp") < cluster.gpus_per_node and cluster.scale_up is not None
+        for phase in ("forward", "backward"):
+            add(phase, "scale-up" if within else "scale-out", sends, sends)
+    return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
+
+
+_TABLES: dict[int, tuple[object, tuple[tuple[str, int, float], ...], tuple[bool, ...]]] = {}
+"""Per ``Cluster.paths`` (by identity, the tuple kept alongside): each distinct kind of path resource's loads as
+(traffic class, slot, seconds per byte) and each slot's duplex flag, so a search's evaluations do not walk the
+paths again."""
+
+
+def _table(cluster: Cluster) -> tuple[tuple[tuple[str, int, float], ...], tuple[bool, ...]]:
+    got = _TABLES.get(id(cluster.paths))
+    if got is not None and got[0] is cluster.paths:
+        return got[1], got[2]
+    loads: dict[tuple[str, ...], list[tuple[str, float]]] = {}
+    is_duplex: dict[tuple[str, ...], bool] = {}
+    for path in cluster.paths:
+        for res in path.resources:
+            if res.resource[0] == "hbm":  # the GPU's own memory: the compute's, priced by the cost model
+                continue
+            loads.setdefault(res.resource, []).append((path.traffic, res.load_s_per_byte()))
+            is_duplex[res.resource] = res.duplex
+    # resources loaded alike (the 36 memory-nodes of a rack, each link and DRAM) are always as busy: keep one
+    kinds = {(is_duplex[r], tuple(sorted(load))) for r, load in loads.items()}
+    duplex = [d for d, _load in sorted(kinds)]
+    rows = [(traffic, i, per_byte) for i, (_d, load) in enumerate(sorted(kinds)) for traffic, per_byte in load]
+    if len(_TABLES) > 256:
+        _TABLES.clear()
+    _TABLES[id(cluster.paths)] = (cluster.paths, tuple(rows), tuple(duplex))
+    return tuple(rows), tuple(duplex)
+
+
+def _busiest_s(cluster: Cluster, moved: dict[str, tuple[float, float]]) -> float:
+    """Seconds the busiest resource of a GPU's paths needs for ``moved`` (``(out, in)`` bytes per class)."""
+    rows, duplex = _table(cluster)
+    out = [0.0] * len(duplex)
+    inward = [0.0] * len(duplex)
+    for traffic, i, per_byte in rows:
+        got = moved.get(traffic)
+        if got is not None:
+            out[i] += got[0] * per_byte
+            inward[i] += got[1] * per_byte
+    return max((max(o, n) if d else o + n for o, n, d in zip(out, inward, duplex)), default=0.0)
+
+
+def _phase_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
+    """The closed form's time of one micro-batch's forward and backward on a stage."""
+    c, n, v = costs, costs.layers_per_stage, execution.virtual_stages
+    return {"forward": n * (c.layer_fwd_s + c.layer_tp_fwd_s) + v * c.p2p_s + c.offload_fwd_s,
+            "backward": n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_tp_bwd_s) + v * c.p2p_s
+            + c.offload_bwd_s}
+
+
+def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic) -> float:
+    """One micro-batch on one stage with no shared resource priced as idle: each phase (forward, backward) takes
+    at least what its busiest resource needs (NOTE [link floor]); at least the closed form's stage time."""
+    phase_s = _phase_s(execution, costs)
+    moved = class_bytes_per_micro_batch(execution, cluster, costs, traffic)
+    return sum(max(phase_s[phase], _busiest_s(cluster, moved[phase])) for phase in phase_s)
+
+
+def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic) -> dict[str, float]:
+    """Bytes one GPU moves each way per traffic class in the data-parallel reduction: per fabric dimension of
+    the DP group, the bandwidth term of its collectives (their time less their time at twice the bandwidth,
+    doubled) times the dimension's bandwidth."""
+    e = execution
+    layout = ParallelDims.of(e)
+    dims = cluster.group_dims(layout.dp, layout.stride("dp"))
+    kinds = ("all-reduce", "all-gather") if e.zero >= 3 else ("all-reduce",)
+    moved: dict[str, float] = {}
+    up = cluster.scale_up
+    for i, dim in enumerate(dims):
+        cls = "scale-up" if up is not None and dim.name == up.name else "scale-out"
+        per_byte = sum(_level_bytes_per_byte(k, dims)[i] for k in kinds)
+        moved[cls] = moved.get(cls, 0.0) + traffic.gradient_bytes * per_byte
+    return moved
+
+
+_PROBE_BYTES = 1e9
+"""Buffer at which :func:`_level_bytes_per_byte` reads the closed forms (they are linear in the bytes)."""
+
+
+@lru_cache(maxsize=4096)
+def _level_bytes_per_byte(kind: str, dims: tuple[FabricDim, ...]) -> tuple[float, ...]:
+    """Bytes each GPU moves each way through each of ``dims`` per byte of a ``kind`` buffer: the collective's
+    time less its time with that dimension twice as fast, doubled (its bandwidth term), times the dimension's
+    bandwidth. Memoized: a search asks a handful of (kind, dimensions) pairs."""
+    n = _PROBE_BYTES
+    base = collective_time(kind, n, dims)
+    out = []
+    for i, dim in enumerate(dims):
+        faster = (*dims[:i], dataclasses.replace(dim, bytes_per_s=2 * dim.bytes_per_s), *dims[i + 1:])
+        out.append(2 * (base - collective_time(kind, n, faster)) * dim.bytes_per_s / n)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFloors:
+    """What :func:`mcdla.sim.llm.llm_step` keeps: ``stage_s``, the least time of one micro-batch on a stage
+    (:func:`link_floor_s`), and ``dp_exposed_s``, the least exposed time of a reduction overlapped with the last
+    backward (0 when it is not overlapped or nothing is offloaded)."""
+
+    stage_s: float
+    dp_exposed_s: float
+
+
+def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic) -> LinkFloors:
+    """The floors of NOTE [link floor] for an offloading execution (both 0 without offload: no class then shares
+    a resource with another one the closed form prices apart)."""
+    e = execution
+    if not (e.offload_activations or e.offload_weights) or cluster.offload is None:
+        return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
+    phase_s = _phase_s(e, costs)
+    by_phase = class_bytes_per_micro_batch(e, cluster, costs, traffic)
+    stage = sum(max(phase_s[phase], _busiest_s(cluster, by_phase[phase])) for phase in phase_s)
+    dp_exposed = 0.0
+    if e.dp_overlap and e.dp > 1:
+        moved = dict(by_phase["backward"])
+        for cls, nbytes in reduction_bytes(e, cluster, traffic).items():
+            out, inward = moved.get(cls, (0.0, 0.0))
+            moved[cls] = (out + nbytes, inward + nbytes)
+        dp_exposed = max(0.0, _busiest_s(cluster, moved) - phase_s["backward"])
+    return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed)

@@ -1,0 +1,362 @@
+"""LLM training lowered onto the program IR (:mod:`mcdla.sim.ir`) and run on the contention-aware engine.
+
+:func:`lower` turns one execution of a transformer on a generated :class:`~mcdla.hardware.cluster.Cluster` into
+per-rank programs; :func:`engine_step` runs them with :func:`mcdla.sim.ir_engine.execute` on
+:meth:`Cluster.expand` and reports the iteration with the time lost to contention per link class. Every
+duration and byte count comes from :func:`mcdla.sim.llm.stage_costs` and :func:`mcdla.sim.llm.rank_traffic`,
+the cost source of the analytical model, so the two differ only in how the links are shared.
+
+NOTE [LLM lowering]
+
+* Ranks: one pipeline, the TP x CP ranks of every stage of data-parallel replica 0, in Megatron's rank order
+  (:class:`~mcdla.workload.parallel_dims.ParallelDims`). The other ``dp - 1`` replicas run the same program at
+  the same time. Those on the rank's node are folded into it with their devices as mirrors (NOTE [folded
+  ranks]), so the node's other GPUs, PCIe switches, host memory and memory-node links carry their traffic;
+  those on other nodes share no finite resource with it (every GPU has its own rail into a non-blocking
+  scale-out switch; pools are per node) and are left out. Should replicas straddle nodes unevenly, all
+  ``dp`` are folded. Only the nodes that hold a simulated rank or a mirror are expanded (the nodes are
+  identical), each rank on its GPU slot of its node.
+* Each rank runs :func:`mcdla.sim.llm_ranks.pipeline_order`. One chunk's forward of one micro-batch is: wait
+  for the input (a :class:`~mcdla.sim.ir.Recv` from the previous stage; a rank posts all its receives up front,
+  one stream per peer in the order the peer sends, so receives never hold it), the chunk's compute (its
+  layers, plus logits and loss on the last chunk of the last stage), then its TP collectives: the ``2 n``
+  all-reduces (all-gather + reduce-scatter with sequence parallelism) of ``n`` layers as one collective of
+  ``2 n`` times the bytes, the latency terms of the ``2 n - 1`` others charged with the compute they are spread
+  over (a collective's closed form is its bytes' term plus a latency, so this is exact on an idle fabric), then
+  the send of the activation to the next stage. A backward is the same with the backward compute (and the
+  recomputation), ``2 n`` collectives (``4 n`` with full recomputation) and the gradient sent back.
+* Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
+  while its backward runs; with ``offload_weights`` the chunk's weights are fetched for each forward and each
+  backward; each copy is spread evenly over the GPU's pool memories (one flow per memory). The chunk's send
+  starts when its collectives end, sharing the links with copies still in flight (a DGX H100 GPU's PCIe
+  carries both its offload and its NIC's traffic); the rank's next chunk waits for the copies, so what the
+  compute and the collectives do not hide is exposed.
+* Where Megatron has no peer (the last chunk's forward on the last stage, the first chunk's backward on stage
+  0) the rank is held for the transfer's time, as the analytical model charges every forward and backward one
+  transfer.
+* ``replicas="all"`` (``"auto"`` up to :data:`ALL_REPLICAS_UP_TO` GPUs) simulates every replica instead, unfolded,
+  and runs the data-parallel reduction as collectives on the DP group's fabric dimensions (an all-reduce of the
+  gradients, ZeRO-1/2 moving the same bytes; ZeRO-3 adds an all-gather of the weights): after the rank's
+  pipeline, or with ``dp_overlap`` from the start of its last backward, sharing the links with it. With one
+  pipeline (``"fold"``) the replicas on other nodes have no programs, so a rank runs the reduction's exposed
+  part by its closed form (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer state,
+  runs the Adam step and writes the state back.
+* CP adds no traffic of its own: the cost source splits the compute over ``tp * cp`` and prices no ring
+  exchange.
+
+On an idle fabric the programs take the per-rank schedule's time (:func:`mcdla.sim.llm_ranks.simulate_ranks`)
+whenever the offload is hidden by the compute; an exposed offload is shorter here, since the TP collectives
+also hide it. Contention is what sharing adds (NOTE [contention accounting] in :mod:`mcdla.sim.ir_engine`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from mcdla.errors import ConfigError, brief
+from mcdla.hardware.cluster import Cluster
+from mcdla.hardware.model import Link, LinkKind, Switch, System
+from mcdla.sim.collective_models import Collective, collective_time
+from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
+from mcdla.sim.ir_engine import execute
+from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, rank_traffic, stage_costs
+from mcdla.sim.llm_ranks import pipeline_order
+from mcdla.workload.execution import Execution
+from mcdla.workload.parallel_dims import ParallelDims
+from mcdla.workload.transformer import TransformerSpec
+
+__all__ = ["ALL_REPLICAS_UP_TO", "REPLICAS", "LoweredIteration", "EngineStep", "lower", "engine_step"]
+
+REPLICAS = ("auto", "fold", "all")
+"""How :func:`lower` treats the data-parallel replicas (NOTE [LLM lowering])."""
+
+ALL_REPLICAS_UP_TO = 64
+"""``replicas="auto"`` simulates every replica up to this many GPUs (ms to a second on the engine), one pipeline
+beyond."""
+
+_ROUNDING = 1e-12
+"""Relative size below which the shared run's excess over the idle one is the rounding of two float sums."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoweredIteration:
+    """The programs of one iteration: the system they run on, each rank's device and its folded replicas'."""
+
+    system: System
+    programs: tuple[RankProgram, ...]
+    devices: dict[int, str]
+    mirrors: dict[int, tuple[str, ...]]
+    costs: StageCosts
+    fold: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStep:
+    """One iteration on the engine (seconds): ``iteration_s`` on the shared fabric, ``idle_iteration_s`` with
+    every transfer alone, ``contention_s`` their difference split over link classes in
+    ``contention_by_class_s``; ``analytical`` is the closed form's record of the same execution."""
+
+    iteration_s: float
+    idle_iteration_s: float
+    contention_s: float
+    contention_by_class_s: dict[str, float]
+    ranks_simulated: int
+    fold: int
+    solves: int
+    analytical: LlmStep = field(repr=False)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain data for JSON."""
+        return {"iteration_s": self.iteration_s, "idle_iteration_s": self.idle_iteration_s,
+                "contention_s": self.contention_s, "contention_by_class_s": dict(self.contention_by_class_s),
+                "ranks_simulated": self.ranks_simulated, "fold": self.fold, "solves": self.solves,
+                "analytical_iteration_s": self.analytical.iteration_s}
+
+
+def _nics_behind_pcie(cluster: Cluster, system: System) -> System:
+    """``system`` with each GPU's network rail behind its PCIe x16 where the file says so (``scale_out.via_gpu_link``,
+    as :func:`mcdla.hardware.traffic.node_paths` routes the scale-out class): the x16 ends in a PCIe switch
+    ``<gpu>.pcie`` that leads on to the CPU socket and to the rail, so GPUDirect RDMA and the offload to host
+    memory share it. The rail keeps the GPU-to-GPU latency: half of it, less the x16's, on each rail link. The
+    2018 engine's rings, which this engine does not read, are dropped."""
+    out = cluster.scale_out
+    if out is None or cluster.nodes == 1:
+        return system
+    if len(cluster.path("scale-out").resources) == 1:  # the rail alone: the NIC is not behind the GPU's x16
+        return system
+    gpus = {d.name for d in system.devices}
+    pcie = {(lk.a if lk.a in gpus else lk.b): lk for lk in system.links if lk.kind is LinkKind.PCIE
+            and (lk.a in gpus) != (lk.b in gpus)}
+    links: list[Link] = []
+    switches = list(system.switches)
+    for lk in system.links:
+        gpu = lk.a if lk.a in gpus else lk.b
+        if lk is pcie.get(gpu):
+            cpu = lk.b if lk.a == gpu else lk.a
+            switches.append(Switch(name=f"{gpu}.pcie", source="the PCIe switch a GPU and its NIC share (via_gpu_link)"))
+            links += [dataclasses.replace(lk, a=gpu, b=f"{gpu}.pcie"),
+                      Link(a=f"{gpu}.pcie", b=cpu, bytes_per_s=float("inf"), kind=LinkKind.PCIE,
+                           source="the PCIe switch's path to the socket: the GPU's x16 is the limit")]
+        elif lk.kind is LinkKind.NETWORK and gpu in pcie and out.name in (lk.a, lk.b):
+            links.append(dataclasses.replace(lk, a=f"{gpu}.pcie", b=out.name,
+                                             latency_s=max(0.0, lk.latency_s - pcie[gpu].latency_s)))
+        else:
+            links.append(lk)
+    return dataclasses.replace(system, switches=tuple(switches), links=tuple(links), rings=())
+
+
+class _RankBuilder:
+    """The ops of one rank, with the names of the ops its next chunk must wait for."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.ops: list[Op] = []
+        self.last: str | None = None  # the op that ends the previous chunk (holds the rank until it ends)
+        self.copies: list[str] = []  # the previous chunk's offloads and prefetches (the next chunk waits for them)
+
+    def add(self, op: Op) -> str:
+        self.ops.append(op)
+        return op.name
+
+
+def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbytes: float, count: int,
+                    ) -> list[tuple[Collective, float]]:
+    """``count`` TP all-reduces (or all-gather + reduce-scatter pairs) of ``nbytes`` as collectives of ``count``
+    times the bytes, each with what the ``count`` calls take beyond the one (their latency terms, NOTE [LLM
+    lowering])."""
+    if len(group) == 1 or count == 0:
+        return []
+    layout = ParallelDims.of(e)
+    dims = cluster.group_dims(layout.tp, layout.stride("tp"))
+    levels = tuple(d.size for d in dims)
+    algs = tuple(d.algorithm for d in dims)
+    kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
+    return [(Collective(kind=k, nbytes=count * nbytes, group=group, levels=levels, algorithm=algs),
+             max(0.0, count * collective_time(k, nbytes, dims) - collective_time(k, count * nbytes, dims)))
+            for k in kinds]
+
+
+def _dp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], traffic: RankTraffic,
+                    ) -> list[Collective]:
+    """The data-parallel reduction of one rank's gradients as :func:`mcdla.sim.llm.stage_costs` prices it: an
+    all-reduce on the DP group's fabric dimensions (ZeRO-1/2 move the same bytes), plus an all-gather of the
+    weights with ZeRO-3."""
+    if len(group) == 1:
+        return []
+    layout = ParallelDims.of(e)
+    dims = cluster.group_dims(layout.dp, layout.stride("dp"))
+    levels, algs = tuple(d.size for d in dims), tuple(d.algorithm for d in dims)
+    kinds = ("all-reduce", "all-gather") if e.zero >= 3 else ("all-reduce",)
+    return [Collective(kind=kind, nbytes=traffic.gradient_bytes, group=group, levels=levels, algorithm=algs)
+            for kind in kinds]
+
+
+def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, precision: str = DEFAULT_PRECISION,
+          replicas: str = "auto") -> LoweredIteration:
+    """The per-rank programs of one iteration (NOTE [LLM lowering]); ConfigError as :func:`stage_costs` or for an
+    unknown ``replicas`` (``fold``: one pipeline; ``all``: every replica, with the data-parallel reduction as
+    collectives; ``auto``: ``all`` up to :data:`ALL_REPLICAS_UP_TO` GPUs)."""
+    if replicas not in REPLICAS:
+        raise ConfigError(f"replicas: got {brief(replicas)}; must be one of {', '.join(REPLICAS)}")
+    e = execution
+    every = replicas == "all" or (replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO)
+    c = stage_costs(spec, e, cluster, precision=precision)
+    traffic = rank_traffic(spec, e, precision)
+    cluster = cluster.for_gpus(e.gpus)
+    layout = ParallelDims.of(e)
+    p, v, m = e.pp, e.virtual_stages, e.micro_batches
+    n = c.layers_per_stage // v
+    k = cluster.gpus_per_node
+
+    def rank(t: int, x: int, s: int, d: int = 0) -> int:
+        return layout.rank(tp=t, cp=x, dp=d, pp=s)
+
+    replica_ids = range(e.dp) if every else range(1)
+    simulated = [rank(t, x, s, d) for d in replica_ids for s in range(p) for x in range(e.cp) for t in range(e.tp)]
+    # the replicas a rank stands for that share its node (the others share no finite resource with it)
+    peers = {r: [] if every else [r + d * layout.stride("dp") for d in range(1, e.dp)
+                                  if (r + d * layout.stride("dp")) // k == r // k] for r in simulated}
+    fold = 1 + len(peers[simulated[0]])
+    if any(len(ps) != fold - 1 for ps in peers.values()):  # replicas straddle nodes unevenly: fold them all
+        peers = {r: [r + d * layout.stride("dp") for d in range(1, e.dp)] for r in simulated}
+        fold = e.dp
+    used = sorted({g // k for r in simulated for g in (r, *peers[r])})
+    system = _nics_behind_pcie(cluster, cluster.with_nodes(len(used)).expand() if cluster.scale_out is not None
+                               else cluster.expand())
+    names = system.device_names
+    where = {node: i for i, node in enumerate(used)}
+
+    def device(g: int) -> str:
+        return names[where[g // k] * k + g % k]
+
+    programs: list[RankProgram] = []
+    mirrors: dict[int, tuple[str, ...]] = {}
+    for d in replica_ids:
+        for s in range(p):
+            order = pipeline_order(p, m, v, s)
+            for x in range(e.cp):
+                group = tuple(rank(t, x, s, d) for t in range(e.tp))
+                fwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes, 2 * n)
+                bwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes,
+                                            (4 if e.recompute == "full" else 2) * n)
+                for t in range(e.tp):
+                    r = rank(t, x, s, d)
+                    pool = system.pools.get(device(r), ())
+                    dp_colls = _dp_collectives(e, cluster, layout.group("dp", r), traffic) if every else None
+                    ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, fwd_colls, bwd_colls, dp_colls,
+                                    peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
+                    programs.append(RankProgram(rank=r, ops=tuple(ops), fold=fold))
+                    if fold > 1:
+                        mirrors[r] = tuple(device(g) for g in peers[r])
+    return LoweredIteration(system=system, programs=tuple(programs),
+                            devices={prog.rank: device(prog.rank) for prog in programs}, mirrors=mirrors, costs=c,
+                            fold=fold)
+
+
+def _links(s: int, p: int, v: int, forward: bool, ch: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """(stage, chunk) the op's input comes from and its output goes to; None where Megatron has no peer."""
+    down = (s + 1, ch) if s < p - 1 else ((0, ch + 1) if ch < v - 1 else None)
+    up = (s - 1, ch) if s else ((p - 1, ch - 1) if ch else None)
+    return (up, down) if forward else (down, up)
+
+
+def _tag(forward: bool, mb: int, ch: int) -> str:
+    return f"{'f' if forward else 'b'}{mb}c{ch}"
+
+
+def _receives(s: int, p: int, m: int, v: int) -> list[tuple[int, str]]:
+    """The receives of stage ``s`` as ``(source stage, tag of the op that consumes it)``, ordered as each source
+    sends them (its program order), so the j-th send from a stage meets the j-th receive from it."""
+    got: list[tuple[int, str]] = []
+    for src in range(p):
+        if src == s:
+            continue
+        for forward, mb, ch in pipeline_order(p, m, v, src):
+            dst = _links(src, p, v, forward, ch)[1]
+            if dst is not None and dst[0] == s:
+                got.append((src, _tag(forward, mb, dst[1])))
+    return got
+
+
+def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v: int, c: StageCosts,
+              e: Execution, traffic: RankTraffic, pool: Sequence[str], fwd_colls: list[tuple[Collective, float]],
+              bwd_colls: list[tuple[Collective, float]], dp_colls: list[Collective] | None, *,
+              peer: Callable[[int], int]) -> list[Op]:
+    """The ops of rank ``r`` on stage ``s`` (NOTE [LLM lowering]); ``peer(stage)``: the same TP x CP slot there;
+    ``dp_colls``: the data-parallel reduction as collectives, or None to run its closed-form exposed time."""
+    b = _RankBuilder(r)
+    n = c.layers_per_stage // v
+    q = len(pool)
+    recv_of: dict[str, str] = {}
+    last_backward = next((mb, ch) for forward, mb, ch in reversed(order) if not forward)
+    reduce_waits: tuple[str, ...] = ()
+    for src, tag in _receives(s, p, e.micro_batches, v):  # posted up front: receives never hold the rank
+        recv_of[tag] = b.add(Recv(name=f"recv-{tag}", stream=f"recv-{src}", peer=peer(src), nbytes=traffic.p2p_bytes))
+    for forward, mb, ch in order:
+        tag = _tag(forward, mb, ch)
+        last_chunk = s == p - 1 and ch == v - 1
+        dst = _links(s, p, v, forward, ch)[1]
+        waits = tuple(w for w in (b.last, *b.copies, recv_of.get(tag)) if w)
+        colls = fwd_colls if forward else bwd_colls
+        if forward:
+            seconds = n * c.layer_fwd_s + (c.last_fwd_s if last_chunk else 0.0)
+        else:
+            seconds = n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last_chunk else 0.0)
+        seconds += sum(lat for _coll, lat in colls)  # the other calls' latencies, spread over the layers
+        if dp_colls and e.dp_overlap and not forward and (mb, ch) == last_backward:  # starts with the last backward
+            reduce_waits = tuple(waits)
+        compute = b.add(Compute(name=f"compute-{tag}", seconds=seconds, waits=tuple(waits)))
+        copies: list[str] = []
+        moves: list[tuple[type[Offload] | type[Prefetch], float]] = []
+        if e.offload_activations:
+            moves.append((Offload if forward else Prefetch, traffic.stage_activation_bytes / v))
+        if e.offload_weights:
+            moves.append((Prefetch, traffic.weight_bytes / v))
+        for j, (kind, nbytes) in enumerate(moves):
+            for mem in pool:
+                copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem, nbytes=nbytes / q,
+                                         stream=f"{kind.__name__.lower()}{j}-{mem}", waits=tuple(waits))))
+        done = compute
+        for i, (coll, _latency_s) in enumerate(colls):
+            done = b.add(CollectiveOp(name=f"tp{i}-{tag}", collective=coll, waits=(done,)))
+        b.copies = copies
+        if p == 1:
+            b.last = b.add(Compute(name=f"end-{tag}", stream="send", seconds=0.0, waits=(done,)))
+        elif dst is None:
+            b.last = b.add(Compute(name=f"hold-{tag}", stream="send", seconds=c.p2p_s, waits=(done,)))
+        else:
+            b.last = b.add(Send(name=f"send-{tag}", peer=peer(dst[0]), nbytes=traffic.p2p_bytes, waits=(done,)))
+    tail = b.add(Compute(name="pipeline-end", seconds=0.0, waits=tuple(w for w in (b.last, *b.copies) if w)))
+    if dp_colls:
+        done = reduce_waits if e.dp_overlap else (tail,)
+        for i, coll in enumerate(dp_colls):
+            done = (b.add(CollectiveOp(name=f"dp{i}", stream="dp", collective=coll, waits=done)),)
+        tail = b.add(Compute(name="dp-end", seconds=0.0, waits=(tail, *done)))
+    elif c.dp_full_s > 0:
+        tail = b.add(Compute(name="dp-reduce", seconds=c.dp_exposed_s, waits=(tail,)))
+    fetched: list[str] = []
+    if e.offload_optimizer:
+        for mem in pool:
+            fetched.append(b.add(Prefetch(name=f"optimizer-in-{mem}", stream=f"optimizer-{mem}", memory=mem,
+                                          nbytes=traffic.optimizer_bytes / q, waits=(tail,))))
+    step = b.add(Compute(name="adam", seconds=c.optimizer_s, waits=(tail, *fetched)))
+    if e.offload_optimizer:
+        for mem in pool:
+            b.add(Offload(name=f"optimizer-out-{mem}", stream=f"optimizer-{mem}", memory=mem,
+                          nbytes=traffic.optimizer_bytes / q, waits=(step,)))
+    return b.ops
+
+
+def engine_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
+                precision: str = DEFAULT_PRECISION, replicas: str = "auto") -> EngineStep:
+    """Run the lowered iteration on the engine (:class:`EngineStep`); ConfigError as :func:`lower`."""
+    lowered = lower(spec, execution, cluster, precision=precision, replicas=replicas)
+    run = execute(lowered.system, lowered.programs, devices=lowered.devices, mirrors=lowered.mirrors or None)
+    # two float sums of the same durations: a difference within their rounding is no contention
+    contention = 0.0 if abs(run.contention_s) <= _ROUNDING * run.makespan_s else run.contention_s
+    return EngineStep(iteration_s=run.makespan_s, idle_iteration_s=run.idle_makespan_s,
+                      contention_s=contention, contention_by_class_s=dict(run.contention_by_class_s),
+                      ranks_simulated=len(lowered.programs), fold=lowered.fold, solves=run.solves,
+                      analytical=llm_step(spec, execution, cluster.for_gpus(execution.gpus), precision=precision))

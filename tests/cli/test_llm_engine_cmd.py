@@ -1,0 +1,52 @@
+"""``mcdla llm-predict --engine`` and ``mcdla search --engine-top``."""
+
+import json
+
+from mcdla.hardware.cluster import load_cluster
+from mcdla.sim.llm_lower import engine_step
+from mcdla.workload.execution import Execution
+from mcdla.workload.transformer import preset
+
+# weights and optimizer state offloaded too, so that 175B fits 16 GPUs (llm-predict exits 1 otherwise)
+_RECORD = ("gpus: 16\ntp: 8\npp: 2\nmicro_batch: 1\nglobal_batch: 4\noffload_activations: true\n"
+           "offload_weights: true\noffload_optimizer: true\n")
+
+
+def test_llm_predict_engine_json_reports_contention_per_link_class(run_cli, tmp_path):
+    """--engine --json gives the engine's iteration, the analytical one and the contention split, as
+    engine_step computes them for the same record."""
+    path = tmp_path / "e.yaml"
+    path.write_text(_RECORD)
+    code, out, _ = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--system", "dgx-h100",
+                           "--engine", "--json")
+    data = json.loads(out)
+    e = Execution(gpus=16, tp=8, pp=2, micro_batch=1, global_batch=4, offload_activations=True, offload_weights=True,
+                  offload_optimizer=True)
+    want = engine_step(preset("gpt3-175b"), e, load_cluster("dgx-h100").for_gpus(16))
+    assert code == 0
+    assert data["iteration_s"] == want.iteration_s and data["analytical_iteration_s"] == want.analytical.iteration_s
+    assert data["contention_by_class_s"] == want.contention_by_class_s
+    assert data["contention_s"] == want.contention_s
+
+
+def test_llm_predict_engine_with_ranks_is_one_line_error(run_cli, tmp_path):
+    """--engine with --ranks: one line, exit 2."""
+    path = tmp_path / "e.yaml"
+    path.write_text(_RECORD)
+    code, _, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--engine", "--ranks")
+    assert code == 2 and err.startswith("mcdla: error: --engine") and err.count("\n") <= 1
+
+
+def test_search_engine_top_json_reorders_the_top_rows_by_their_engine_runs(run_cli):
+    """--engine-top K adds the search's K fastest to --json, ordered by each one's engine run."""
+    code, out, err = run_cli("search", "--model", "megatron-1.7b", "--system", "dgx-h100", "--gpus", "8",
+                             "--global-batch", "16", "--max-virtual-stages", "1", "--quiet", "--workers", "1",
+                             "--json", "--top", "3", "--engine-top", "3")
+    assert code == 0, err
+    data = json.loads(out)
+    spec, cluster = preset("megatron-1.7b"), load_cluster("dgx-h100").for_gpus(8)
+    runs = [(engine_step(spec, Execution(**row["execution"]), cluster).iteration_s, i, row["index"])
+            for i, row in enumerate(data["top"])]
+    assert [r["index"] for r in data["engine_top"]] == [index for _s, _i, index in sorted(runs)]
+    assert [r["engine"]["iteration_s"] for r in data["engine_top"]] == sorted(s for s, _i, _x in runs)
+    assert [r["analytical_rank"] for r in data["engine_top"]] == [i + 1 for _s, i, _x in sorted(runs)]
