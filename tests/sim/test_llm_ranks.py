@@ -115,6 +115,21 @@ def test_per_rank_engine_against_independent_flop_count(v, llm_cluster):
 
 
 @pytest.mark.parametrize("v", [1, 2])
+def test_per_rank_engine_with_flash_attention_against_independent_flop_count(v, llm_cluster):
+    """FlashAttention on a FLOPs-only cluster: a layer's forward + backward is 3 x 24 s h^2 of GEMMs plus
+    (1 + 2.5) x the causal core 2 s^2 h, per TP rank; both modes give m T_last + (p-1)/v T_mid."""
+    e = Execution(gpus=16, tp=2, pp=4, dp=2, virtual_stages=v, micro_batch=1, global_batch=16, attention="flash")
+    s, h = SPEC.seq_len, SPEC.hidden
+    rate = PEAK * EFF * 2
+    layer_fb = (3 * 24 * s * h * h + 3.5 * 2 * s * s * h) / rate
+    t_mid = SPEC.layers // 4 * layer_fb
+    t_last = t_mid + 3 * 2 * s * h * SPEC.vocab / rate
+    expect = 8 * t_last + 3 / v * t_mid
+    assert simulate_ranks(SPEC, e, _flops_cluster(llm_cluster)).iteration_s == pytest.approx(expect, rel=1e-12)
+    assert llm_step(SPEC, e, _flops_cluster(llm_cluster)).iteration_s == pytest.approx(expect, rel=1e-12)
+
+
+@pytest.mark.parametrize("v", [1, 2])
 def test_straggler_on_the_last_stage_costs_m_times_its_extra_compute(v):
     """One rank of the last stage 2x slower: its TP peer waits for it at every layer and the DP reduction waits
     for its replica, so the iteration grows by exactly ``m x`` the last stage's compute per micro-batch; the
