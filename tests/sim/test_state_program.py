@@ -114,3 +114,14 @@ def test_state_for_an_unknown_layer_is_refused() -> None:
     plan = Plan(workload="toy", batch=1, budget_bytes=math.inf, decisions=(), state=(StateDecision(layer="x"),))
     with pytest.raises(PlanError, match="'x'"):
         evaluate_plan(wl, plan, PoolLink.symmetric(1e9))
+
+
+def test_cpu_updates_run_one_at_a_time_after_each_gradient_leaves() -> None:
+    """Optimizer state offloaded with a CPU update of 3 s per layer (longer than a backward): the second
+    update waits for the first; by hand: out 4-4.25, update 4.25-7.25, back 7.25-7.5; B0 ends 6, out 6-6.25,
+    update 7.25-10.25, back 10.25-10.5."""
+    wl = _workload(2)
+    where = {"optimizer_state": "offload"}
+    r = evaluate_plan(wl, _plan(wl, l0=where, l1=where), PoolLink.symmetric(4e9), update_s_per_param_byte=3.0 / P)
+    assert r.iteration_time_s == pytest.approx(10.5)
+    assert r.exposed_virtualization_s == pytest.approx(10.5 - 2 * F_S - 2 * B_S)

@@ -48,7 +48,7 @@ class DeviceState:
         "comp_req", "comp_req_t", "pf_req", "pf_req_t", "d2h", "d2h_busy", "h2d", "h2d_busy",
         "fwd_done", "off_done", "pf_issued", "pf_done", "compute_s", "recompute_s", "virt_s", "comm_s",
         "finished", "d2h_start", "d2h_layer", "h2d_start", "in_settle", "pf_live", "tables",
-        "fetch_bytes", "fetch_layer", "wq", "w_busy", "w_start", "w_issued", "w_done",
+        "fetch_bytes", "fetch_layer", "wq", "w_busy", "w_start", "w_issued", "w_done", "cpu_q", "cpu_busy",
     )
 
     def __init__(self, engine: Engine, index: int, name: str, capacity: float, program: Program,
@@ -101,6 +101,8 @@ class DeviceState:
         self.w_start = 0.0
         self.w_issued = [False] * len(program.fetch_bytes)
         self.w_done = [False] * len(program.fetch_bytes)
+        self.cpu_q: deque[Op] = deque()  # updates waiting for the CPU (one at a time)
+        self.cpu_busy = False
 
     # -- memory --------------------------------------------------------------------------------------------
     def alloc(self, nbytes: float, now: float) -> None:
@@ -392,10 +394,23 @@ class DeviceState:
     def _end_gradient_out(self, op: Op, now: float) -> None:
         if op.update_frees:
             self.free(op.update_bytes, now)
+        self.cpu_q.append(op)
+        self._try_update(now)
+
+    def _try_update(self, now: float) -> None:
+        if self.cpu_busy or not self.cpu_q:
+            return
+        self.cpu_busy = True
+        op = self.cpu_q.popleft()
+        self.engine.queue.push(now + op.update_s, self._end_cpu_update, op)
+
+    def _end_cpu_update(self, op: Op, now: float) -> None:
+        self.cpu_busy = False
         if op.update_back:
             self._state_transfer(op, False, op.update_bytes, self._end_update, now)
         else:
             self._end_update(op, now)
+        self._try_update(now)
 
     def _end_update(self, op: Op, now: float) -> None:
         """An update has landed; after the last operation it extends the iteration (the step waits for it)."""

@@ -18,10 +18,12 @@ NOTE [state in the program]
       to backward, as the runtime releases each layer after its forward). Weight fetches run one at a time
       over the prefetch route; a recomputation of such a layer fetches on demand and releases after;
     - offloaded optimizer state: when ``B_i`` ends its gradient (``P``) is copied out over the offload route
-      and the updated parameter (``P``) back over the prefetch route unless the weights are offloaded too (the
-      update then writes the pool). An offloaded gradient takes ``P`` on the device from ``B_i`` until its copy
-      out lands. The iteration ends when the last update has landed (``OffloadedOptimizer.step`` waits). The
-      CPU update itself is not timed here (the host's update bandwidth is not part of the system model).
+      then updated on the CPU, one layer at a time (the optimizer's one worker thread), for
+      ``P * update_s_per_param_byte`` (a measured rate: the host's update speed is not part of the system
+      model, so it is 0 unless given), and the parameter (``P``) comes back over the prefetch route unless the
+      weights are offloaded too (the update then writes the pool). An offloaded gradient takes ``P`` on the
+      device from ``B_i`` until its copy out lands. The iteration ends when the last update has landed
+      (``OffloadedOptimizer.step`` waits).
 """
 
 from __future__ import annotations
@@ -74,14 +76,15 @@ class Op:
             need_fetch: the weight fetch that must have landed before it starts (-1: none).
         update_bytes: parameter bytes of the layer whose gradient leaves for a CPU update when it ends (0: none);
             update_back: whether the updated parameter comes back over the link (its weights stay on the device);
-            update_frees: whether the gradient's device bytes are freed once it has left (offloaded gradients).
+            update_frees: whether the gradient's device bytes are freed once it has left (offloaded gradients);
+            update_s: the CPU update's duration (s).
         (NOTE [state in the program].)
     """
 
     __slots__ = ("kind", "layer", "label", "duration_s", "flops", "bytes_moved", "alloc_bytes", "free_bytes", "need_data",
                  "reach_prefetch", "start_prefetch", "end_prefetch", "offload", "coll_bytes", "coll_kind",
                  "coll_label", "coll_blocks", "reach_fetch", "start_fetch", "need_fetch", "update_bytes",
-                 "update_back", "update_frees")
+                 "update_back", "update_frees", "update_s")
 
     def __init__(self, kind: int, layer: int, label: str, duration_s: float, alloc_bytes: float,
                  free_bytes: float) -> None:
@@ -108,6 +111,7 @@ class Op:
         self.update_bytes = 0.0
         self.update_back = False
         self.update_frees = False
+        self.update_s = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +250,7 @@ def _state_placements(workload: Workload, plan: Plan) -> tuple[list[bool], list[
     return weights, grads, opt
 
 
-def _apply_state(workload: Workload, plan: Plan, ops: list[Op], share: int, prefetch: int
+def _apply_state(workload: Workload, plan: Plan, ops: list[Op], share: int, prefetch: int, update_s_per_byte: float
                  ) -> tuple[float, tuple[float, ...], tuple[int, ...], float]:
     """Add the plan's state to ``ops`` (NOTE [state in the program]); returns the static bytes, each weight
     fetch's bytes and layer, and the bytes of state kept in the pool."""
@@ -287,6 +291,7 @@ def _apply_state(workload: Workload, plan: Plan, ops: list[Op], share: int, pref
             op.free_bytes += param[op.layer]
         elif op.kind == BACKWARD and opt[op.layer] and param[op.layer] > 0:
             op.update_bytes = param[op.layer]
+            op.update_s = param[op.layer] * update_s_per_byte
             op.update_back = not weights[op.layer]
             if grads[op.layer]:
                 op.alloc_bytes += param[op.layer]
@@ -295,7 +300,7 @@ def _apply_state(workload: Workload, plan: Plan, ops: list[Op], share: int, pref
 
 
 def build_program(workload: Workload, plan: Plan, device: Device, *, model_parallel: bool, n_devices: int,
-                  bucket_bytes: float, state_prefetch: int = 1) -> Program:
+                  bucket_bytes: float, state_prefetch: int = 1, update_s_per_param_byte: float = 0.0) -> Program:
     """The program of one device of ``n_devices`` (see ``docs/timing-model.md`` and ``docs/simulator.md``).
 
     Operation times come from the device roofline, or from a layer's measured ``fwd_time_s`` / ``bwd_time_s``
@@ -307,6 +312,7 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
             parallel.
         bucket_bytes: gradient bucket size of the data-parallel all-reduce (bytes).
         state_prefetch: layers of offloaded weights fetched ahead (``offload_parameters``'s ``prefetch``).
+        update_s_per_param_byte: CPU time of an offloaded optimizer's update per parameter byte (s/B; 0: untimed).
     """
     layers = workload.layers
     n = len(layers)
@@ -377,7 +383,8 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
                 op.coll_bytes, op.coll_kind, op.coll_blocks = grad, ALL_REDUCE, True
                 op.coll_label = f"all-reduce input grad {names[i]}"
         ops.append(op)
-    static, fetch_bytes, fetch_layer, pool_state = _apply_state(workload, plan, ops, share, state_prefetch)
+    static, fetch_bytes, fetch_layer, pool_state = _apply_state(workload, plan, ops, share, state_prefetch,
+                                                               update_s_per_param_byte)
     assert math.isfinite(static)
     return Program(tuple(ops), saved, names, static, tuple(a is Action.OFFLOAD for a in actions), fetch_bytes,
                    fetch_layer, pool_state)
