@@ -8,7 +8,7 @@ from torch import nn
 
 from mcdla.errors import ConfigError
 from mcdla.profile.resolve import ResolvedModel
-from mcdla.report.validate_states import validate_states
+from mcdla.report.validate_states import adam_state_per_param_byte, validate_states
 
 WIDTH = 384
 
@@ -38,3 +38,9 @@ def test_warmup_must_learn_the_order() -> None:
     """warmup=0 raises one-line ConfigError naming it (the first step learns the forward order)."""
     with pytest.raises(ConfigError, match="warmup: got 0"):
         validate_states(_mlp(), warmup=0)
+
+
+def test_adam_state_per_param_byte_counts_fp32_masters_of_half_parameters() -> None:
+    """fp32 parameters: two moments (2 bytes per byte); bf16: fp32 master + two fp32 moments (6 per byte)."""
+    assert adam_state_per_param_byte(nn.Linear(8, 8)) == 2.0
+    assert adam_state_per_param_byte(nn.Linear(8, 8).to(torch.bfloat16)) == 6.0

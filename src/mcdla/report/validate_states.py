@@ -34,9 +34,17 @@ from mcdla.units import format_bytes
 from mcdla.workload.model import Workload
 from mcdla.workload.plan import Placement, Plan, StateDecision
 
-__all__ = ["StateValidation", "validate_states", "offload_all_plan"]
+__all__ = ["StateValidation", "validate_states", "offload_all_plan", "adam_state_per_param_byte"]
 
-_ADAM_STATE_PER_PARAM_BYTE = 2.0  # exp_avg and exp_avg_sq, each the parameter's dtype (fp32 here: no master)
+
+def adam_state_per_param_byte(model: torch.nn.Module) -> float:
+    """Bytes of Adam state ``offload_optimizer`` keeps per parameter byte: two moments of the parameter's dtype,
+    or, for float16/bfloat16 parameters, an fp32 master and two fp32 moments (12 bytes per 2-byte parameter)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = sum(p.numel() * p.element_size() for p in params)
+    state = sum(p.numel() * (12 if p.dtype in (torch.float16, torch.bfloat16) else 2 * p.element_size())
+                for p in params)
+    return state / total if total else 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +145,7 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
     inputs = normalize_inputs(resolved.example_inputs)
     profiled = profile_run(resolved.model, resolved.example_inputs, resolved.loss_fn, warmup_steps=warmup,
                            measured_steps=steps, name=resolved.name,
-                           optimizer_bytes_per_param_byte=_ADAM_STATE_PER_PARAM_BYTE)
+                           optimizer_bytes_per_param_byte=adam_state_per_param_byte(resolved.model))
     workload = profiled.workload
     modules = {n for n, _ in resolved.model.named_modules()}
     chosen = plan if plan is not None else offload_all_plan(workload, modules)
