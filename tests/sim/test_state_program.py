@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcdla.errors import PlanError
 from mcdla.hardware.pool_link import PoolLink
@@ -125,3 +127,20 @@ def test_cpu_updates_run_one_at_a_time_after_each_gradient_leaves() -> None:
     r = evaluate_plan(wl, _plan(wl, l0=where, l1=where), PoolLink.symmetric(4e9), update_s_per_param_byte=3.0 / P)
     assert r.iteration_time_s == pytest.approx(10.5)
     assert r.exposed_virtualization_s == pytest.approx(10.5 - 2 * F_S - 2 * B_S)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.booleans(), st.booleans()), min_size=1, max_size=4),
+       st.sampled_from((0.5e9, 2e9, 8e9)), st.integers(0, 2))
+def test_the_step_covers_compute_and_every_byte_on_the_prefetch_route(layers, bandwidth, prefetch) -> None:
+    """Any placement: the step is at least the compute, and at least every byte crossing the prefetch route
+    (two fetches per offloaded weight, one parameter back per update of a device-resident weight) at its rate."""
+    wl = Workload(name="toy", batch=1, optimizer_bytes_per_param_byte=R, layers=tuple(
+        Layer(name=f"l{i}", kind=LayerKind.FC, fwd_flops=0, bwd_flops=0, fwd_time_s=F_S, bwd_time_s=B_S,
+              param_bytes=p * 1e8, saved_bytes=0, output_bytes=0) for i, (p, _, _) in enumerate(layers)))
+    where = {f"l{i}": {"weights": "offload" if w else "device", "optimizer_state": "offload" if o else "device"}
+             for i, (_, w, o) in enumerate(layers)}
+    r = evaluate_plan(wl, _plan(wl, **where), PoolLink.symmetric(bandwidth), state_prefetch=prefetch)
+    h2d = sum(p * 1e8 * (2 * w + (o and not w)) for p, w, o in layers)
+    assert r.iteration_time_s >= len(layers) * (F_S + B_S) * (1 - 1e-12)
+    assert r.iteration_time_s >= h2d / bandwidth * (1 - 1e-12)
