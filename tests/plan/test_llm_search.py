@@ -32,7 +32,7 @@ def brute(*, offload: bool, cps=(1,), max_v=None) -> set[tuple]:
     keep = set()
     r = range(1, GPUS + 1)
     for tp, cp, pp, dp in itertools.product(r, r, r, r):
-        if tp * cp * pp * dp != GPUS or cp not in cps or tp * cp > PER_NODE:
+        if tp * cp * pp * dp != GPUS or cp not in cps or tp > PER_NODE:
             continue
         if SPEC.heads % tp or SPEC.ffn_hidden % tp:
             continue

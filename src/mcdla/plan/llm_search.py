@@ -4,10 +4,11 @@ Two steps, usable apart (``mcdla search`` and ``mcdla reproduce --modern`` share
 
 * :func:`enumerate_executions` lists the candidate :class:`Execution` records of ``(model, cluster, GPUs,
   global batch)`` and keeps those the record's own validation accepts (``Execution.__post_init__``,
-  :func:`check_execution`, and the cluster rules of :func:`mcdla.sim.cluster_rejection`: TP x CP inside one
+  :func:`check_execution`, and the cluster rules of :func:`mcdla.sim.cluster_rejection`: TP inside one
   NVLink domain, offload only with a second tier), counting the rejected candidates by reason. Candidates:
-  TP over the divisors of the GPU count up to a node's GPUs, CP from ``cp`` (default 1), PP over the divisors
-  of what is left, DP the rest; virtual stages over the divisors of the layer count (``pp > 1`` only);
+  TP over the divisors of the GPU count up to a node's GPUs, CP from ``cp`` (default 1; the CP group may
+  span nodes), PP over the divisors of what is left, DP the rest, EP from ``ep`` (default 1; inside
+  ``dp x cp``, so it adds no GPUs); virtual stages over the divisors of the layer count (``pp > 1`` only);
   micro-batch sizes dividing the per-replica batch; recompute none/selective/full; SP on/off when TP > 1;
   ZeRO 0-3; offload of activations/weights/optimizer on/off when the cluster has a second tier. Each choice
   can be narrowed (``tp``, ``micro_batch``, ``virtual_stages``, ``sequence_parallel``, ``zero``, ``offloads``,
@@ -24,6 +25,7 @@ broken by enumeration order.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -115,7 +117,7 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
                          micro_batch: Sequence[int] | None = None, virtual_stages: Sequence[int] | None = None,
                          sequence_parallel: Sequence[bool] = (False, True),
                          offloads: Sequence[tuple[bool, bool, bool]] | None = None,
-                         max_pp: int | None = None) -> Enumeration:
+                         max_pp: int | None = None, ep: Sequence[int] = (1,)) -> Enumeration:
     """Every candidate execution of ``spec`` on ``gpus`` GPUs of ``cluster`` (module docstring), validated.
 
     ``offload=None`` tries the offload switches when the cluster has a second tier, ``False`` never, ``True``
@@ -129,6 +131,8 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
     _positive("global_batch", global_batch)
     for value in cp:
         _positive("cp", value)
+    for value in ep:
+        _positive("ep", value)
     if max_virtual_stages is not None:
         _positive("max_virtual_stages", max_virtual_stages)
     if max_pp is not None:
@@ -172,30 +176,29 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
                 if mb_only is not None:
                     mbs = [mb for mb in mbs if mb in mb_only] or [min(mb_only)]
                 for v in (v_choices if pp > 1 else [1] if v_only is None or 1 in v_only else []):
-                    for sp in (sp_tp if t > 1 else (False,)):
-                        for z in zero:
-                            for mb in mbs:
-                                base = dict(gpus=gpus, tp=t, pp=pp, dp=dp, cp=c, virtual_stages=v,
-                                            sequence_parallel=sp, zero=z, micro_batch=mb, global_batch=global_batch,
-                                            dp_overlap=dp_overlap)
-                                candidates += tail
-                                try:
-                                    probe = Execution(**base)  # type: ignore[arg-type]
-                                except ConfigError as exc:
-                                    rejected[_reason(str(exc))] += tail
-                                    continue
-                                why = execution_rejection(spec, probe, cluster)
-                                if why is not None:
-                                    rejected[_reason(why)] += tail
-                                    continue
-                                for r in recompute:
-                                    for act, wts, opt in offload_sets:
-                                        e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
-                                                      offload_weights=wts, offload_optimizer=opt)
-                                        if no_tier and (act or wts or opt):
-                                            rejected[_reason(str(execution_rejection(spec, e, cluster)))] += 1
-                                        else:
-                                            valid.append(e)
+                    for sp, z, mb, x in itertools.product(sp_tp if t > 1 else (False,), zero, mbs,
+                                                          sorted(set(ep))):
+                        base = dict(gpus=gpus, tp=t, pp=pp, dp=dp, cp=c, virtual_stages=v,
+                                    sequence_parallel=sp, zero=z, micro_batch=mb, global_batch=global_batch,
+                                    dp_overlap=dp_overlap, ep=x)
+                        candidates += tail
+                        try:
+                            probe = Execution(**base)  # type: ignore[arg-type]
+                        except ConfigError as exc:
+                            rejected[_reason(str(exc))] += tail
+                            continue
+                        why = execution_rejection(spec, probe, cluster)
+                        if why is not None:
+                            rejected[_reason(why)] += tail
+                            continue
+                        for r in recompute:
+                            for act, wts, opt in offload_sets:
+                                e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
+                                              offload_weights=wts, offload_optimizer=opt)
+                                if no_tier and (act or wts or opt):
+                                    rejected[_reason(str(execution_rejection(spec, e, cluster)))] += 1
+                                else:
+                                    valid.append(e)
     return Enumeration(executions=tuple(valid), candidates=candidates, rejected=dict(rejected.most_common()))
 
 
