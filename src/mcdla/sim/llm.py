@@ -257,7 +257,8 @@ class StageCosts:
     def stage_parts(self, layers: int, micro_batches: int, virtual_stages: int, *, last: bool = True) -> dict[str, float]:
         """A stage's busy time over ``micro_batches`` micro-batches by part (seconds; ``LlmStep`` field names):
         compute (with the logits and loss on the last stage), recompute, TP, PP, offload with the optimizer
-        state's round trip, CP and EP. Both the closed form and the per-rank schedule report these for the pacing stage."""
+        state's round trip, CP and EP. Both the closed form and the per-rank schedule report these for the
+        pacing stage."""
         n, m = layers, micro_batches
         last_extra = self.last_fwd_s + self.last_bwd_s if last else 0.0
         return dict(compute_s=m * (n * (self.layer_fwd_s + self.layer_bwd_s) + last_extra),

@@ -1,9 +1,9 @@
 """The execution record of LLM training: how a model is split and scheduled, apart from the model and the system.
 
 Like Calculon's execution JSON, one record says tensor (TP), pipeline (PP, 1F1B or interleaved with virtual
-stages), data (DP), context (CP) and expert (EP) parallelism, sequence parallelism, ZeRO stage (3 = FSDP), micro-batch and
-global batch, activation recomputation and what is offloaded to a second memory tier. Keeping it separate
-lets one model be judged under many executions and one execution on many systems. Expert parallelism splits
+stages), data (DP), context (CP) and expert (EP) parallelism, sequence parallelism, ZeRO stage (3 = FSDP),
+micro-batch and global batch, activation recomputation and what is offloaded to a second memory tier. Keeping it
+separate lets one model be judged under many executions and one execution on many systems. Expert parallelism splits
 an MoE model's experts over ``ep`` ranks of the ``dp x cp`` group (Megatron-Core), so it adds no GPUs:
 ``ep`` divides ``dp * cp`` here and the model's experts in :func:`check_execution`.
 
@@ -30,8 +30,8 @@ from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, field_path
 from mcdla.workload.transformer import Recompute, TransformerSpec
 
-__all__ = ["CP_COMM_TYPES", "Execution", "check_execution", "chunk_layers", "stage_layers", "execution_from_dict", "load_execution",
-           "execution_to_dict"]
+__all__ = ["CP_COMM_TYPES", "Execution", "check_execution", "chunk_layers", "stage_layers", "execution_from_dict",
+           "load_execution", "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "full")
 _INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "ep", "virtual_stages", "micro_batch", "global_batch")
@@ -102,7 +102,8 @@ class Execution:
         if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < float("inf"):
             raise ConfigError(f"execution.capacity_factor: got {brief(factor)}; must be a finite number > 0")
         if self.cp_comm not in CP_COMM_TYPES:
-            raise ConfigError(f"execution.cp_comm: got {brief(self.cp_comm)}; must be one of {', '.join(CP_COMM_TYPES)}")
+            raise ConfigError(f"execution.cp_comm: got {brief(self.cp_comm)}; "
+                              f"must be one of {', '.join(CP_COMM_TYPES)}")
         if (self.dp * self.cp) % self.ep:
             raise ConfigError(f"execution.ep: got {self.ep}; must divide dp*cp = {self.dp}*{self.cp} = "
                               f"{self.dp * self.cp} (experts are split inside the data x context parallel group)")
@@ -261,7 +262,7 @@ class _ExecutionFile(BaseModel):
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     ep: int = Field(default=1, ge=1)
-    capacity_factor: float = Field(default=1.0, gt=0)
+    capacity_factor: float = Field(default=1.0, gt=0, le=1000.0)  # 1000 pads past any expert count's need
     cp_comm: Literal["p2p", "all_gather"] = "p2p"
 
 
