@@ -1,6 +1,6 @@
 """mcdla's LLM iteration model side by side with Calculon on Korthikanti et al. 2022, Table 5.
 
-Issue #10 item 6. The eight Table 5 runs (A100-80GB, seq 2048; 22B TP8 PP1, 175B TP8 PP8 v3, 530B TP8 PP35 v3,
+The eight Table 5 runs (A100-80GB, seq 2048; 22B TP8 PP1, 175B TP8 PP8 v3, 530B TP8 PP35 v3,
 1T TP8 PP64; full recomputation and selective recomputation + sequence parallelism) are predicted by
 ``mcdla.sim.llm.llm_step`` on the ``dgx-a100`` preset and by Calculon's ``Llm`` model
 on its own ``systems/a100_80g.json`` with the execution files of its own ``llm-validation`` (``seqsel_tab5``).

@@ -1,7 +1,7 @@
 """LLM iteration prediction at scale: seconds per evaluation of the fast path and of the per-rank engine.
 
-Issue #10 item 4 asks one 1,024-GPU GPT-3 175B iteration in <= 1 s and 16,384 GPUs in <= 5 s in-process on
-this (2-core, shared) machine. The fast path (``llm_step(mode="fast")``) is a closed form over one rank per
+The target: one 1,024-GPU GPT-3 175B iteration in <= 1 s and 16,384 GPUs in <= 5 s in-process on this
+(2-core, shared) machine. The fast path (``llm_step(mode="fast")``) is a closed form over one rank per
 pipeline role; the per-rank engine (``mode="ranks"``, ``sim/llm_ranks.py``) schedules every replica's
 ``p x m x v x 2`` ops and is the reference it is tested equal to. Both are timed here on DGX A100 figures,
 TP8 PP16, selective recompute + SP, micro-batch 1, 1F1B and interleaved (v = 2).
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if not args.no_record:
         record("llm-scale", "LLM iteration at scale: fast path and per-rank engine (GPT-3 175B)", COMMAND,
-               "Seconds per evaluation, median, in-process on this machine (issue #10 item 4 asks <= 1 s at "
+               "Seconds per evaluation, median, in-process on this machine (the target: <= 1 s at "
                "1,024 GPUs and <= 5 s at 16,384). Fast path = closed form over one rank per pipeline role; "
                "ranks = every replica's 1F1B / interleaved schedule (`sim/llm_ranks.py`), the reference the "
                "fast path is tested equal to (`tests/sim/test_llm_ranks.py`). DGX A100 figures, TP8 PP16, "

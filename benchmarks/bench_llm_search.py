@@ -1,10 +1,10 @@
 """Configuration search at scale (``mcdla search``): GPT-3 175B on 1,024 and 4,096 DGX H100 GPUs.
 
-Issue #10 item 8 asks 10,000 configurations in minutes. Each case enumerates every valid TP/PP/virtual
+The target: 10,000 configurations in minutes. Each case enumerates every valid TP/PP/virtual
 stages/DP/micro-batch/SP/ZeRO/recompute/offload execution (global batch 1536, interleaving up to any divisor
 of the 96 layers) and evaluates them with ``llm_step`` (fast path, the preset's fabric collectives), in this
 process (serial, the baseline) and on the local process pool (``os.cpu_count()`` workers, spawn); the two
-give identical rows (checked here, and in ``tests/sim/test_llm_search.py``).
+give identical rows (checked here, and in ``tests/plan/test_llm_search.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each run is a fresh child process (one torch thread) that reads its own RSS: growth from before forward to
 the end of forward, the forward's peak and backward's peak (``VmHWM`` after ``clear_refs`` 5 at the start
 of each phase), all relative to the RSS before forward. Next to them: what the report says (bytes the
-runtime held at its peak, bytes alive in all, and the ``not_freed`` reasons). Issue #9, item 3.
+runtime held at its peak, bytes alive in all, and the ``not_freed`` reasons).
 
     .venv/bin/python -m benchmarks.bench_runtime_rss_cases [--cases mlp,compile,lstm] [--backend aot_eager]
         [--pool file] [--write]

@@ -1,7 +1,7 @@
 """GPU check of the runtime: step time and peak memory of a GPT-2-medium-size transformer with no offload,
 ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` and mcdla's host tier.
 
-Prepared for the device machine (one CUDA GPU). Target (issue 3): mcdla's host tier saves at least 40% of
+Prepared for the device machine (one CUDA GPU). Target: mcdla's host tier saves at least 40% of
 activation memory at no more than 5% slowdown against no offload. Activation memory is the peak allocated
 during a step minus what is allocated before it (weights, gradients, optimizer state). The batch fills most
 of the device, capped so that save_on_cpu's full offload fits in 45% of host RAM (``--batch N`` overrides).

@@ -7,7 +7,6 @@ import pytest
 
 from mcdla.hardware.cluster import Cluster, cluster_from_dict
 
-_BIG = 1e30  # a link that never binds: the file format refuses an infinite fabric bandwidth
 
 
 def figures_cluster(*, gpus_per_node: int = 8, nodes: int = 1, peak_flops_per_s: float = 300e12,
@@ -20,7 +19,7 @@ def figures_cluster(*, gpus_per_node: int = 8, nodes: int = 1, peak_flops_per_s:
     on one NVLink switch and a network rail per GPU; with ``offload_bytes_per_s`` each GPU has its own socket
     link to ``pool_bytes_per_gpu`` of host memory whose DRAM never binds."""
     def bw(value: float) -> float | str:
-        return _BIG if math.isinf(value) else value
+        return "inf" if math.isinf(value) else value  # an idealised link that never binds
 
     node = {
         "gpus": gpus_per_node, "source": "test figures",

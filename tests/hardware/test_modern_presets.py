@@ -1,4 +1,4 @@
-"""Modern presets (issue #10): they load, every figure has a source, and the generated structure has the counts,
+"""Modern presets (the 2026 systems): they load, every figure has a source, and the generated structure has the counts,
 bandwidths and pools the hardware has (checked against the figures recomputed here by hand)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One contract between a plan's maker and the runtime (issue #9, item 6): the plan's budgets (NOTE [plan
+"""One contract between a plan's maker and the runtime: the plan's budgets (NOTE [plan
 budgets] in ``mcdla.workload.plan``) and the owner of a storage saved by several modules (NOTE [saved bytes]
 in ``mcdla.profile.profiler``)."""
 

@@ -10,7 +10,7 @@ from mcdla.sim import pool_link
 
 # Per GPU, all eight offloading at once: two GPUs share each switch uplink (half the x16 DMA rate, 0.8 x raw),
 # four share a socket's DRAM. Host DRAM: Gen3 DDR4-2400 x 4 = 76.8, Gen4 DDR4-3200 x 8 = 204.8, Gen5/6
-# DDR5-4800 x 12 = 460.8 GB/s (hardware.md).
+# DDR5-4800 x 12 = 460.8 GB/s (64-bit channels).
 _CASES = {
     3: (76.8e9, min(0.8 * 16e9 / 2, 76.8e9 / 4)),     # 6.4 GB/s: the uplink binds
     4: (204.8e9, min(0.8 * 32e9 / 2, 204.8e9 / 4)),   # 12.8: the uplink

@@ -16,15 +16,18 @@ from mcdla.workload import load_workload, save_workload
 FWD_S, BWD_S, PEAK = 1e-3, 2e-3, 2e12
 
 
-def _write(tmp_path, measured_on: str = "{device: 'cpu: test box', peak_flops_per_s: 2TFLOP/s}") -> str:
-    path = tmp_path / "measured.yaml"
+def _write(tmp_path, measured_on: str = "{device: 'cpu: test box', peak_flops_per_s: 2TFLOP/s}", *,
+           times: tuple[float, float] | None = (FWD_S, BWD_S), name: str = "measured") -> str:
+    """A one-layer workload file; ``times`` are its measured (fwd, bwd) seconds, None for none (analytical)."""
+    path = tmp_path / f"{name}.yaml"
+    measured = "" if times is None else f", fwd_time_s: {times[0]}, bwd_time_s: {times[1]}"
     path.write_text(f"""format: mcdla-workload/1
 name: measured
 batch: 4
-measured_on: {measured_on}
+measured_on: {measured_on if times is not None else "null"}
 layers:
   - {{name: a, kind: fc, fwd_flops: 1e9, bwd_flops: 2e9, fwd_bytes_moved: 1MiB, bwd_bytes_moved: 2MiB,
-      saved_bytes: 1MiB, fwd_time_s: {FWD_S}, bwd_time_s: {BWD_S}}}
+      saved_bytes: 1MiB{measured}}}
 """)
     return str(path)
 
@@ -104,8 +107,46 @@ def test_profile_records_where_it_measured() -> None:
 
 
 def test_cli_scale_to_choices_are_the_scale_modes() -> None:
-    """simulate's --scale-to offers exactly the modes scale_measured_times accepts."""
-    from mcdla.cli.sim_cmd import ScaleTo
+    """The CLI's --scale-to offers exactly the modes scale_measured_times accepts."""
+    from mcdla.cli._app import ScaleTo
     from mcdla.sim.measured import SCALE_MODES
 
     assert tuple(m.value for m in ScaleTo) == SCALE_MODES
+
+
+def _run(capsys, *argv: str) -> tuple[int, dict, str]:
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--json"])
+    out = capsys.readouterr()
+    return info.value.code, json.loads(out.out) if out.out else {}, out.err
+
+
+def _command(name: str, tmp_path, workload: str) -> list[str]:
+    """The argv of ``plan`` or ``export-chakra`` on mc-dla for ``workload``; both print iteration_time_s."""
+    if name == "plan":
+        return ["plan", "--system", "mc-dla", "--workload", workload, "--planner", "lp"]
+    return ["export-chakra", "--system", "mc-dla", "--workload", workload, "--policy", "none",
+            "--prefix", str(tmp_path / "trace")]
+
+
+@pytest.mark.parametrize("command", ["plan", "export-chakra"])
+def test_plan_and_export_chakra_warn_on_unscaled_measured_times(command, tmp_path, capsys) -> None:
+    """plan and export-chakra warn once on stderr, like simulate, when measured times meet other hardware."""
+    code, _, err = _run(capsys, *_command(command, tmp_path, _write(tmp_path)))
+    lines = err.splitlines()
+    assert code == 0 and len(lines) == 1 and lines[0].startswith("mcdla: warning:") and "--scale-to" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["plan", "export-chakra"])
+def test_plan_and_export_chakra_scale_to_match_rescaled_files(command, tmp_path, capsys) -> None:
+    """--scale-to peak gives the time of a file whose times are scaled by hand by measured/target peak, and
+    --scale-to roofline the time of the same layer without measured times; neither warns."""
+    target = load_system("mc-dla").devices[0].flops_per_s("fp16")
+    by_hand = _write(tmp_path, times=(FWD_S * PEAK / target, BWD_S * PEAK / target), name="by_hand")
+    analytical = _write(tmp_path, times=None, name="analytical")
+    measured = _write(tmp_path)
+    for mode, reference in (("peak", by_hand), ("roofline", analytical)):
+        code, got, err = _run(capsys, *_command(command, tmp_path, measured), "--scale-to", mode)
+        assert code == 0 and err == ""
+        _, expected, _ = _run(capsys, *_command(command, tmp_path, reference))
+        assert got["iteration_time_s"] == pytest.approx(expected["iteration_time_s"]), mode

@@ -1,5 +1,6 @@
-"""The typer app shared by the command modules, the one-line failure helper and the checks of option values
-that every command shares (batch, budget, output paths, devices, strict JSON output)."""
+"""The typer app shared by the command modules, the one-line failure helper, the checks of option values
+that every command shares (batch, budget, output paths, devices, strict JSON output) and the options that
+several commands take (``--scale-to``)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,24 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from mcdla.errors import brief
+from mcdla.report.tables import key_value_table
 from mcdla.units import format_bytes, parse_bytes
 
-__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_output", "check_torch_device",
-           "key_value_table", "print_json", "strict_json", "write_output"]
+if TYPE_CHECKING:
+    from mcdla.hardware import System
+    from mcdla.workload import Workload
+
+__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_finite", "check_output", "check_torch_device",
+           "key_value_table", "print_json", "strict_json", "write_output", "ScaleTo", "ScaleToOption",
+           "measured_times_for"]
 
 app = typer.Typer(
     name="mcdla",
@@ -54,15 +59,31 @@ def _root(
     """The options of ``mcdla`` itself (``--version``); the app's help text is the Typer's."""
 
 
-def key_value_table(rows: Sequence[tuple[str, str]]) -> Table:
-    """Two left-aligned columns (name, value) without borders: the summary a command prints. The cells are
-    plain text (a value such as a file name with ``[...]`` in it is not read as markup)."""
-    table = Table.grid(padding=(0, 3))
-    table.add_column(no_wrap=True)
-    table.add_column()
-    for name, value in rows:
-        table.add_row(Text(name), Text(value))
-    return table
+class ScaleTo(str, Enum):
+    """``--scale-to``'s choices: :data:`mcdla.sim.measured.SCALE_MODES` (a test keeps them equal; not imported
+    here so that ``--help`` does not load the simulator)."""
+
+    peak = "peak"
+    roofline = "roofline"
+
+
+ScaleToOption = Annotated[Optional[ScaleTo], typer.Option(
+    "--scale-to", help="Make a profiled workload's measured layer times hold on the system: peak (times the "
+    "measured/target peak FLOP/s ratio) or roofline (drop them; time layers from FLOPs and bytes).")]
+"""``--scale-to``, as every command that simulates a workload file declares it."""
+
+
+def measured_times_for(workload: Workload, system: System, scale_to: ScaleTo | None) -> Workload:
+    """``workload`` ready to simulate on ``system``: its measured layer times rescaled to the system's first
+    device as ``--scale-to`` says, or, without it, unchanged with a one-line warning on stderr when they were
+    measured on other hardware (:mod:`mcdla.sim.measured`)."""
+    from mcdla.sim.measured import measurement_mismatch, scale_measured_times
+
+    if scale_to is not None:
+        return scale_measured_times(workload, system.devices[0], scale_to.value)
+    if (mismatch := measurement_mismatch(workload, system)) is not None:
+        print(f"mcdla: warning: {mismatch}", file=sys.stderr)
+    return workload
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -101,9 +122,20 @@ def check_output(path: Path | None, option: str) -> None:
     if path is None:
         return
     shown = brief(str(path), 200)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        name_max = os.pathconf(parent if parent.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    if longest > name_max:
+        fail(f"{option}: got {shown}; a path component has {longest} bytes, must be at most {name_max}")
+    try:
+        path.is_dir()
+    except OSError as exc:
+        fail(f"{option}: got {shown}; not a usable path ({exc.strerror or type(exc).__name__})")
     if path.is_dir():
         fail(f"{option}: got {shown}; it is a directory, must be a file path")
-    parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         fail(f"{option}: got {shown}; directory {brief(str(parent), 200)} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
@@ -147,6 +179,33 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def _first_non_finite(value: Any, path: str) -> str | None:
+    """The dotted path of the first non-finite float in ``value`` (a dict/list tree), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _first_non_finite(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def check_finite(data: Any, what: str) -> None:
+    """Fail (one line naming the field) unless every float in the result ``data`` is finite.
+
+    The last guard before a result is printed: an input at the edge of its bounds must not turn into an
+    ``inf`` or ``NaN`` time that a table shows or a ranking calls fastest.
+    """
+    where = _first_non_finite(data, "")
+    if where is not None:
+        value = data
+        for key in where.split("."):
+            value = value[int(key) if isinstance(value, (list, tuple)) else key]
+        fail(f"{what}.{where}: got {value}; the inputs give no finite result (check the system's bandwidths, "
+             "peaks and the execution's factors)")
 
 
 def strict_json(data: Any, indent: int | None = 2) -> str:

@@ -4,13 +4,12 @@ under one execution record on a hardware preset, by default the validated ``dgx-
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mcdla.cli._app import app, console, fail, print_json
+from mcdla.cli._app import app, check_finite, console, fail, print_json
 from mcdla.errors import HardwareError, brief
 from mcdla.units import format_bytes, format_seconds, parse_count
 
@@ -20,7 +19,10 @@ if TYPE_CHECKING:
     from mcdla.workload.execution import Execution
     from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["llm_predict_cmd", "validate_llm_cmd"]
+__all__ = ["MAX_SLOWDOWN", "llm_predict_cmd", "validate_llm_cmd"]
+
+#: Largest --slowdown factor: a rank a million times slower than its peers is a dead rank, not a straggler.
+MAX_SLOWDOWN = 1e6
 
 
 def _cluster(system: str) -> Cluster:
@@ -48,7 +50,7 @@ def validate_llm_cmd(
                           "measured_s": r.run.measured_s, "predicted_s": r.predicted.iteration_s, "error": r.error,
                           "breakdown": r.predicted.to_dict()} for r in rows],
                 **summary(rows)}
-        print(json.dumps(data, indent=2, allow_nan=False))
+        print_json(data)
         return
     console.print(format_table(rows))
 
@@ -177,6 +179,8 @@ def llm_predict_cmd(
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
         if not sep:
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
+        if not 0 < slow[int(rank)] <= MAX_SLOWDOWN:
+            fail(f"--slowdown: got {item[:60]!r}; FACTOR must be > 0 and <= {MAX_SLOWDOWN:.0f}")
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
     spec = resolve_model(model)
@@ -189,6 +193,7 @@ def llm_predict_cmd(
                        peak_flops_per_s=cluster.device.flops_per_s(DEFAULT_PRECISION),
                        offload_tier=cluster.offload.source if cluster.offload is not None else None,
                        train_tokens=tokens)
+    check_finite(data, "llm-predict")
     if as_json:
         print_json(data)
     else:

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from mcdla.cli._app import app, check_batch, check_budget, check_output, console, fail, key_value_table, print_json
+from mcdla.cli._app import (ScaleToOption, app, check_batch, check_budget, check_output, console, fail, key_value_table,
+                           measured_times_for, print_json)
 from mcdla.errors import brief
 from mcdla.units import format_bytes, format_seconds
 
@@ -26,8 +27,12 @@ def plan_cmd(
     batch: Annotated[Optional[int], typer.Option(help="Batch size (default: the workload's).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the plan as JSON (mcdla-plan/1).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    scale_to: ScaleToOption = None,
 ) -> None:
-    """Plan what to offload, prefetch or recompute, and print the predicted iteration time and its overhead."""
+    """Plan what to offload, prefetch or recompute, and print the predicted iteration time and its overhead.
+
+    A workload with measured layer times planned for other hardware than it was measured on gets a one-line
+    warning on stderr unless --scale-to says how to rescale them."""
     from mcdla.hardware import load_system
     from mcdla.plan import PLANNERS, evaluate, make_plan
     from mcdla.sim import pool_link
@@ -42,6 +47,7 @@ def plan_cmd(
     link = pool_link(sys_, device.name)
     budget_bytes = check_budget(budget, "--budget", device.hbm_bytes, f"{sys_.name} {device.name}")
     wl = load_workload(workload, batch=batch)
+    wl = measured_times_for(wl, sys_, scale_to)
     plan = make_plan(wl, budget_bytes, link, planner=planner, device=device)
     result = evaluate(wl, plan, link, device=device)
     if result.violations:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from enum import Enum
 from pathlib import Path
@@ -12,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from mcdla.cli._app import (app, check_batch, check_budget, check_output, console, fail, key_value_table, print_json,
-                           strict_json, write_output)
+from mcdla.cli._app import (ScaleToOption, app, check_batch, check_budget, check_output, console, fail, key_value_table,
+                           measured_times_for, print_json, strict_json, write_output)
 from mcdla.errors import brief
 from mcdla.units import format_bytes, format_seconds
 
@@ -31,14 +30,6 @@ class Policy(str, Enum):
     none = "none"
     all = "all"
     conv = "conv"
-
-
-class ScaleTo(str, Enum):
-    """``--scale-to``'s choices: :data:`mcdla.sim.measured.SCALE_MODES` (a test keeps them equal; not imported
-    here so that ``--help`` does not load the simulator)."""
-
-    peak = "peak"
-    roofline = "roofline"
 
 
 def check_planner(planner: str | None) -> None:
@@ -74,9 +65,7 @@ def simulate_cmd(
         help="Device-memory budget for --planner with a unit, e.g. 8GiB, at most the device memory (default: all of it).")] = None,
     trace: Annotated[Optional[Path], typer.Option(help="Write a Chrome trace (open in Perfetto).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-    scale_to: Annotated[Optional[ScaleTo], typer.Option(
-        "--scale-to", help="Make a profiled workload's measured layer times hold on the system: peak (times the "
-        "measured/target peak FLOP/s ratio) or roofline (drop them; time layers from FLOPs and bytes).")] = None,
+    scale_to: ScaleToOption = None,
 ) -> None:
     """Simulate one training iteration of a workload on a system with memory virtualization.
 
@@ -85,7 +74,6 @@ def simulate_cmd(
     warning on stderr unless --scale-to says how to rescale them."""
     from mcdla.hardware import load_system
     from mcdla.sim import simulate
-    from mcdla.sim.measured import measurement_mismatch, scale_measured_times
     from mcdla.workload import load_workload
 
     check_planner(planner)
@@ -95,10 +83,7 @@ def simulate_cmd(
         fail("--budget: only used with --planner")
     sys_ = load_system(system)
     wl = load_workload(workload, batch=batch)
-    if scale_to is not None:
-        wl = scale_measured_times(wl, sys_.devices[0], scale_to.value)
-    elif (mismatch := measurement_mismatch(wl, sys_)) is not None:
-        print(f"mcdla: warning: {mismatch}", file=sys.stderr)
+    wl = measured_times_for(wl, sys_, scale_to)
     plan = plan_for(sys_, wl, planner=planner, budget=budget, policy=policy.value)
     result = simulate(sys_, wl, plan, parallel=parallel.value, record_timeline=trace is not None)
     if trace is not None:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from mcdla.cli._app import (app, check_batch, check_output, check_torch_device, console, fail, key_value_table,
-                           print_json)
+from mcdla.cli._app import app, check_batch, check_output, check_torch_device, console, fail, print_json
 from mcdla.errors import brief
-from mcdla.units import format_bytes, format_seconds, parse_bytes
+from mcdla.units import parse_bytes
 
 
 def _scale(items: list[str]) -> dict[str, Any]:
@@ -90,33 +88,10 @@ def validate_cmd(
 
 
 def _print_validation(r: Any) -> None:
-    """The validation as a header, a predicted-vs-measured table and its notes."""
-    from rich.table import Table
+    """The validation as a header, a predicted-vs-measured table and its notes (:func:`validation_view`)."""
+    from mcdla.report.validate import validation_view
 
-    console.print(f"{r.model}: pool {r.pool}, budget {format_bytes(r.budget_bytes)}, planner {r.planner}, "
-                  f"{r.layers} layers, {r.threads} compute thread(s)", markup=False)
-    console.print(f"plan: offload {len(r.offloaded_layers)} layer(s), {format_bytes(r.planned_offload_bytes)} (runtime "
-                  f"offloaded {format_bytes(r.measured_offload_bytes)}); link write {r.link.offload_bytes_per_s / 1e9:.2f}"
-                  f" GB/s, read {r.link.prefetch_bytes_per_s / 1e9:.2f} GB/s", markup=False)
-    table = Table(title_justify="left")
-    for column in ("", "predicted", "measured", "error"):
-        table.add_column(column, justify="left" if not column else "right")
-    table.add_row("step time", format_seconds(r.predicted_step_s), format_seconds(r.measured_step_s),
-                  f"{r.step_time_error:+.1%}")
-    table.add_row("peak saved bytes", format_bytes(r.predicted_peak_saved_bytes), format_bytes(r.measured_peak_saved_bytes),
-                  f"{r.peak_saved_error:+.1%}")
-    table.add_row("waits", format_seconds(r.predicted_wait_s),
-                  f"{format_seconds(r.pack_wait_s)} pack + {format_seconds(r.unpack_wait_s)} unpack", "")
-    console.print(table)
-    cap = format_bytes(r.saved_budget_bytes) if math.isfinite(r.saved_budget_bytes) else "none"
-    rows = [("engine alone", format_seconds(r.engine_step_s)),
-            ("copies cost compute", f"{r.copy_cost_s_per_byte * 1e9:.3f} s/GB"),
-            ("plain step", format_seconds(r.plain_step_s)), ("profiled step", format_seconds(r.profiled_step_s)),
-            ("saved-bytes cap", cap)]
-    rows += [("note", n) for n in r.notes]
-    if r.plot:
-        rows.append(("timeline", str(r.plot)))
-    console.print(key_value_table(rows))
+    console.print(validation_view(r))
 
 
 @app.command("probe")

@@ -42,15 +42,15 @@ __all__ = [
 ]
 
 PCIE_GENERATIONS: dict[int, float] = {3: 16e9, 4: 32e9, 5: 64e9, 6: 128e9}
-"""PCIe x16 raw bandwidth per direction by generation (bytes/s); alpha-one-index spec table, hardware.md."""
+"""PCIe x16 raw bandwidth per direction by generation (bytes/s) [src] alpha-one-index.github.io/ai-infra-index."""
 PCIE_DMA_EFFICIENCY = 0.8
 """Fraction of the raw PCIe rate that DMA achieves (TLP/DLLP headers, flow control, ACKs): realistic DMA reaches
 70-80% of nominal (blogs.oracle.com/pyakutis/resource/expected_pcie_bw.html); the dc-dla preset's 12.8 GB/s."""
 HOST_DRAM_BY_GENERATION: dict[int, tuple[float, str]] = {
     3: (76.8e9, "4 x DDR4-2400 = 76.8 GB/s per socket, the DGX-1's Xeon E5-2698 v4 (dc-dla preset)"),
-    4: (204.8e9, "8 x DDR4-3200 = 8 x 25.6 = 204.8 GB/s per socket, PCIe 4.0-era servers [derived, hardware.md]"),
-    5: (460.8e9, "12 x DDR5-4800 = 460.8 GB/s per socket, EPYC Genoa (PCIe 5.0) [derived, hardware.md]"),
-    6: (460.8e9, "12 x DDR5-4800 = 460.8 GB/s per socket, as PCIe 5.0 [assumption: no newer figure in hardware.md]"),
+    4: (204.8e9, "8 x DDR4-3200 = 8 x 25.6 = 204.8 GB/s per socket, PCIe 4.0-era servers [derived]"),
+    5: (460.8e9, "12 x DDR5-4800 = 460.8 GB/s per socket, EPYC Genoa (PCIe 5.0) [derived]"),
+    6: (460.8e9, "12 x DDR5-4800 = 460.8 GB/s per socket, as PCIe 5.0 [assumption: no newer published figure]"),
 }
 """Host (socket) DRAM bandwidth of the era of each PCIe generation (bytes/s, source): the compute x PCIe sweep
 moves the host memory with the link, else DDR4's 76.8 GB/s caps every generation past 4.0."""
@@ -317,7 +317,7 @@ def sweep_system(dc: System, scale: float, generation: int) -> System:
     dram, dram_source = HOST_DRAM_BY_GENERATION[generation]
     system = dc.with_compute_scale(scale).with_link_bandwidth(
         LinkKind.PCIE, PCIE_GENERATIONS[generation] * PCIE_DMA_EFFICIENCY,
-        source=f"PCIe {generation}.0 x16 raw (hardware.md) x {PCIE_DMA_EFFICIENCY} DMA efficiency",
+        source=f"PCIe {generation}.0 x16 raw (alpha-one-index spec table) x {PCIE_DMA_EFFICIENCY} DMA efficiency",
     )
     return dataclasses.replace(system, memories=tuple(
         dataclasses.replace(m, dram_bytes_per_s=dram, source=dram_source) if m.kind is MemoryKind.HOST else m

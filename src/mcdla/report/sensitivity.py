@@ -26,7 +26,7 @@ __all__ = ["PAPER_SPEEDUP", "COMPUTE_EFFICIENCIES", "PCIE_SHARES_BYTES_PER_S", "
            "sensitivity_grid", "paper_crossings"]
 
 PAPER_SPEEDUP = 2.8
-"""MC-DLA's mean speedup over DC-DLA reported by the paper (Kwon & Rhu, MICRO 2018; shared/reference/paper.md)."""
+"""MC-DLA's mean speedup over DC-DLA reported by the paper (Kwon & Rhu, MICRO 2018)."""
 COMPUTE_EFFICIENCIES: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 """Sustained fraction of the device's peak FLOP/s (0.7: the presets' assumption, docs/hardware.md)."""
 PCIE_SHARES_BYTES_PER_S: tuple[float, ...] = (3.2e9, 6.4e9, 9.6e9, 12.8e9, 16e9, 19.2e9)

@@ -22,6 +22,7 @@ measured step time and peak resident saved bytes, and their errors; ``mcdla vali
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import statistics
 from collections.abc import Mapping
@@ -30,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
 
 from mcdla.errors import ConfigError
 from mcdla.hardware import PoolLink
@@ -48,11 +52,12 @@ from mcdla.profile.progress import OnProgress
 from mcdla.profile.resolve import ResolvedModel, resolve_model, to_device
 from mcdla.profile.rounds import WINDOW, Baseline, measure_rounds, one_copy_stream
 from mcdla.profile.timeline import cuda_step_timeline, timeline_from_report
+from mcdla.report.tables import key_value_table
 from mcdla.runtime import DEFAULT_MIN_BYTES, parse_pool, virtualize
-from mcdla.units import format_bytes
+from mcdla.units import format_bytes, format_seconds
 from mcdla.workload.plan import Action, Plan
 
-__all__ = ["ValidationResult", "validate", "parse_budget", "executable_plan", "predict"]
+__all__ = ["ValidationResult", "validate", "validation_view", "parse_budget", "executable_plan", "predict"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,27 +127,43 @@ class ValidationResult:
         return out
 
     def summary(self) -> str:
-        lines = [
-            f"{self.model}: pool {self.pool}, budget {format_bytes(self.budget_bytes)}, planner {self.planner}, "
-            f"{self.layers} layers, {self.threads} compute thread(s)",
-            f"  plan: offload {len(self.offloaded_layers)} layer(s), {format_bytes(self.planned_offload_bytes)} "
-            f"(runtime offloaded {format_bytes(self.measured_offload_bytes)}); link write "
-            f"{self.link.offload_bytes_per_s / 1e9:.2f} GB/s, read {self.link.prefetch_bytes_per_s / 1e9:.2f} GB/s",
-            f"  step time:  predicted {self.predicted_step_s * 1e3:9.2f} ms   measured {self.measured_step_s * 1e3:9.2f} ms"
-            f"   error {self.step_time_error:+.1%}",
-            f"              (engine alone {self.engine_step_s * 1e3:.2f} ms; copies cost compute "
-            f"{self.copy_cost_s_per_byte * 1e9:.3f} s/GB)",
-            f"  reference:  plain step {self.plain_step_s * 1e3:.2f} ms, profiled step {self.profiled_step_s * 1e3:.2f} ms",
-            f"  peak saved: predicted {format_bytes(self.predicted_peak_saved_bytes):>12}   measured "
-            f"{format_bytes(self.measured_peak_saved_bytes):>12}   error {self.peak_saved_error:+.1%}"
-            f"   (cap {format_bytes(self.saved_budget_bytes) if math.isfinite(self.saved_budget_bytes) else 'none'})",
-            f"  waits:      predicted {self.predicted_wait_s * 1e3:9.2f} ms   measured {self.pack_wait_s * 1e3:.2f} ms "
-            f"in pack (room under the budget) + {self.unpack_wait_s * 1e3:.2f} ms in unpack",
-        ]
-        lines += [f"  note: {n}" for n in self.notes]
-        if self.plot:
-            lines.append(f"  timeline: {self.plot}")
-        return "\n".join(lines)
+        """The validation as plain text: :func:`validation_view` (what ``mcdla validate`` prints), uncoloured,
+        on a page wide enough that no cell wraps."""
+        page = io.StringIO()
+        Console(file=page, width=_TEXT_WIDTH, color_system=None, highlight=False).print(validation_view(self))
+        return "\n".join(line.rstrip() for line in page.getvalue().splitlines())
+
+
+_TEXT_WIDTH = 1000
+"""Columns of :meth:`ValidationResult.summary`'s page: room for any row (a table takes the width it needs)."""
+
+
+def validation_view(r: ValidationResult) -> Group:
+    """The validation as rich renderables: a header, the predicted-vs-measured table (step time, peak saved
+    bytes, waits, each with its error) and the reference figures and notes as a two-column table."""
+    header = Text(f"{r.model}: pool {r.pool}, budget {format_bytes(r.budget_bytes)}, planner {r.planner}, "
+                  f"{r.layers} layers, {r.threads} compute thread(s)")
+    plan = Text(f"plan: offload {len(r.offloaded_layers)} layer(s), {format_bytes(r.planned_offload_bytes)} (runtime "
+                f"offloaded {format_bytes(r.measured_offload_bytes)}); link write {r.link.offload_bytes_per_s / 1e9:.2f}"
+                f" GB/s, read {r.link.prefetch_bytes_per_s / 1e9:.2f} GB/s")
+    table = Table(title_justify="left")
+    for column in ("", "predicted", "measured", "error"):
+        table.add_column(column, justify="left" if not column else "right")
+    table.add_row("step time", format_seconds(r.predicted_step_s), format_seconds(r.measured_step_s),
+                  f"{r.step_time_error:+.1%}")
+    table.add_row("peak saved bytes", format_bytes(r.predicted_peak_saved_bytes), format_bytes(r.measured_peak_saved_bytes),
+                  f"{r.peak_saved_error:+.1%}")
+    table.add_row("waits", format_seconds(r.predicted_wait_s),
+                  f"{format_seconds(r.pack_wait_s)} pack + {format_seconds(r.unpack_wait_s)} unpack", "")
+    cap = format_bytes(r.saved_budget_bytes) if math.isfinite(r.saved_budget_bytes) else "none"
+    rows = [("engine alone", format_seconds(r.engine_step_s)),
+            ("copies cost compute", f"{r.copy_cost_s_per_byte * 1e9:.3f} s/GB"),
+            ("plain step", format_seconds(r.plain_step_s)), ("profiled step", format_seconds(r.profiled_step_s)),
+            ("saved-bytes cap", cap)]
+    rows += [("note", n) for n in r.notes]
+    if r.plot:
+        rows.append(("timeline", str(r.plot)))
+    return Group(header, plan, table, key_value_table(rows))
 
 
 # -- the loop --------------------------------------------------------------------------------------------------

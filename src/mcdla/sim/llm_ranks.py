@@ -42,7 +42,14 @@ from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["PipelineSchedule", "RanksResult", "pipeline_order", "schedule_pipeline", "simulate_ranks", "ranks_step"]
+__all__ = ["MAX_RANK_GPUS", "MAX_SCHEDULED_OPS", "PipelineSchedule", "RanksResult", "pipeline_order",
+           "schedule_pipeline", "simulate_ranks", "ranks_step"]
+
+MAX_RANK_GPUS = 2**20
+"""Most GPUs the per-rank engine schedules: it keeps one end time per rank."""
+MAX_SCHEDULED_OPS = 4_000_000
+"""Most ``dp x pp x micro-batches x virtual stages`` (forward-backward pairs) the engine schedules, about 5 s
+at the ~1 us per pair it takes; beyond that the symmetric fast path (``mode="fast"``) is the tool."""
 
 
 _ROUNDING = 1e-12
@@ -184,6 +191,11 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
     execution's split (:func:`~mcdla.workload.execution.chunk_layers`).
     """
     e = execution
+    ops = e.dp * e.pp * e.micro_batches * e.virtual_stages
+    if e.gpus > MAX_RANK_GPUS or ops > MAX_SCHEDULED_OPS:
+        raise ConfigError(f"execution: got {e.gpus} GPUs and dp*pp*micro_batches*virtual_stages = {ops} for the "
+                          f"per-rank engine; must be at most {MAX_RANK_GPUS} GPUs and {MAX_SCHEDULED_OPS} "
+                          "(use the symmetric fast path, without --ranks/--slowdown)")
     c = stage_costs(spec, e, cluster, precision=precision)
     p, v = e.pp, e.virtual_stages
     layout = ParallelDims.of(e)

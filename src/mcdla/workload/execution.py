@@ -239,19 +239,24 @@ def check_execution(execution: Execution, spec: TransformerSpec) -> None:
                           f"must divide the sequence length {spec.seq_len} of {spec.name}")
 
 
+#: Largest count (GPUs, a parallel degree, a batch) an execution file may give: past it a record describes no
+#: machine, and its products would print as hundreds of digits.
+_MAX_COUNT = 2**31 - 1
+
+
 class _ExecutionFile(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
-    gpus: int = Field(ge=1)
-    tp: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
-    dp: int = Field(default=1, ge=1)
-    cp: int = Field(default=1, ge=1)
-    virtual_stages: int = Field(default=1, ge=1)
+    gpus: int = Field(ge=1, le=_MAX_COUNT)
+    tp: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    pp: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    dp: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    cp: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    virtual_stages: int = Field(default=1, ge=1, le=_MAX_COUNT)
     sequence_parallel: bool = False
     zero: Literal[0, 1, 2, 3] = 0
-    micro_batch: int = Field(default=1, ge=1)
-    global_batch: int = Field(default=1, ge=1)
+    micro_batch: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    global_batch: int = Field(default=1, ge=1, le=_MAX_COUNT)
     recompute: Literal["none", "selective", "full"] = "none"
     offload_activations: bool = False
     offload_weights: bool = False
@@ -261,7 +266,7 @@ class _ExecutionFile(BaseModel):
     layers_last_stage: int | None = Field(default=None, ge=1)
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
-    ep: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1, le=_MAX_COUNT)
     capacity_factor: float = Field(default=1.0, gt=0, le=1000.0)  # 1000 pads past any expert count's need
     cp_comm: Literal["p2p", "all_gather"] = "p2p"
 
