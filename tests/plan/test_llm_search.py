@@ -9,7 +9,7 @@ import pytest
 
 from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import Cluster
-from mcdla.plan.llm_search import enumerate_executions, evaluate_executions, search
+from mcdla.plan.llm_search import count_candidates, enumerate_executions, evaluate_executions, search
 from mcdla.sim import llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec
@@ -180,10 +180,12 @@ MOE = TransformerSpec(name="tiny-moe", layers=6, hidden=96, heads=6, vocab=128, 
 
 def test_enumeration_covers_expert_parallelism(llm_cluster):
     """With ep=(1, 2, 4) the enumeration holds exactly the brute-force tuples where ep divides dp*cp and the 4
-    experts and, with TP, SP is on (Megatron-Core); EP adds no GPUs."""
+    experts and, with TP, SP is on (Megatron-Core); EP adds no GPUs; the closed-form count counts every EP
+    candidate."""
     c = cluster(llm_cluster, offload=0.0)
-    en = enumerate_executions(MOE, c, gpus=GPUS, global_batch=BATCH, cp=(1, 2), ep=(1, 2, 4), recompute=("none",),
-                              zero=(0,), micro_batch=(1,), virtual_stages=(1,))
+    space = dict(cp=(1, 2), ep=(1, 2, 4), recompute=("none",), zero=(0,), micro_batch=(1,), virtual_stages=(1,))
+    en = enumerate_executions(MOE, c, gpus=GPUS, global_batch=BATCH, **space)
+    assert count_candidates(MOE, c, gpus=GPUS, global_batch=BATCH, **space) == en.candidates
     got = {(e.tp, e.cp, e.pp, e.dp, e.ep, e.sequence_parallel) for e in en.executions}
     expected = set()
     r = range(1, GPUS + 1)
