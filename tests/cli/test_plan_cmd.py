@@ -49,3 +49,18 @@ def test_unknown_planner_exits_2(run_cli) -> None:
     """An unknown --planner prints the allowed names and exits 2."""
     code, _, err = run_cli("plan", "--workload", "vgg-e", "--system", "dc-dla", "--planner", "nope")
     assert code == 2 and "milp" in err
+
+
+def test_plan_states_fits_a_budget_the_activation_planner_alone_cannot(run_cli) -> None:
+    """--states offloads optimizer state where the budget is below the static bytes and agrees with the API."""
+    args = ("plan", "--workload", "vgg-e", "--batch", "8", "--system", "dc-dla", "--budget", "700MiB")
+    code, _, err = run_cli(*args)
+    assert code == 2 and "infeasible" in err
+    code, out, _ = run_cli(*args, "--states", "--json")
+    assert code == 0
+    got = json.loads(out)
+    system = load_system("dc-dla")
+    w = zoo.build("vgg-e", batch=8)
+    plan = make_plan(w, 700 * 2**20, pool_link(system), device=system.devices[0], states=True)
+    assert got["state_offloaded"]["optimizer_state"] == sum(sd.offloads("optimizer_state") for sd in plan.state) > 0
+    assert got["peak_device_bytes"] <= 700 * 2**20

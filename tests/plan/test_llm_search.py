@@ -9,7 +9,7 @@ import pytest
 
 from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import Cluster
-from mcdla.plan.llm_search import enumerate_executions, evaluate_executions, search
+from mcdla.plan.llm_search import count_candidates, enumerate_executions, evaluate_executions, search
 from mcdla.sim import llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec
@@ -32,7 +32,7 @@ def brute(*, offload: bool, cps=(1,), max_v=None) -> set[tuple]:
     keep = set()
     r = range(1, GPUS + 1)
     for tp, cp, pp, dp in itertools.product(r, r, r, r):
-        if tp * cp * pp * dp != GPUS or cp not in cps or tp * cp > PER_NODE:
+        if tp * cp * pp * dp != GPUS or cp not in cps or tp > PER_NODE:
             continue
         if SPEC.heads % tp or SPEC.ffn_hidden % tp:
             continue
@@ -173,3 +173,31 @@ def test_bad_backend_and_workers(llm_cluster):
         evaluate_executions(SPEC, cluster(llm_cluster), [], backend="dask")
     with pytest.raises(ConfigError, match="search.workers"):
         evaluate_executions(SPEC, cluster(llm_cluster), [], backend="process", workers=0)
+
+
+MOE = TransformerSpec(name="tiny-moe", layers=6, hidden=96, heads=6, vocab=128, seq_len=12, experts=4, top_k=2)
+
+
+def test_enumeration_covers_expert_parallelism(llm_cluster):
+    """With ep=(1, 2, 4) the enumeration holds exactly the brute-force tuples where ep divides dp*cp and the 4
+    experts and, with TP, SP is on (Megatron-Core); EP adds no GPUs; the closed-form count counts every EP
+    candidate."""
+    c = cluster(llm_cluster, offload=0.0)
+    space = dict(cp=(1, 2), ep=(1, 2, 4), recompute=("none",), zero=(0,), micro_batch=(1,), virtual_stages=(1,))
+    en = enumerate_executions(MOE, c, gpus=GPUS, global_batch=BATCH, **space)
+    assert count_candidates(MOE, c, gpus=GPUS, global_batch=BATCH, **space) == en.candidates
+    got = {(e.tp, e.cp, e.pp, e.dp, e.ep, e.sequence_parallel) for e in en.executions}
+    expected = set()
+    r = range(1, GPUS + 1)
+    for tp, cp, pp, dp, ep, sp in itertools.product(r, (1, 2), r, r, (1, 2, 4), (False, True)):
+        if tp * cp * pp * dp != GPUS or tp > PER_NODE or MOE.heads % tp or MOE.ffn_hidden % tp or MOE.layers % pp:
+            continue
+        if (sp and tp == 1) or MOE.seq_len % (cp * (tp if sp else 1)) or BATCH % dp:
+            continue
+        if (dp * cp) % ep or MOE.experts % ep or (ep > 1 and tp > 1 and not sp):
+            continue
+        expected.add((tp, cp, pp, dp, ep, sp))
+    assert any(t[4] == 4 and t[1] == 2 for t in expected)  # an EP group spanning CP and DP ranks
+    assert got == expected
+    for e in en.executions:
+        llm_step(MOE, e, c)

@@ -139,3 +139,23 @@ def test_probe_rejects_a_bad_suffix(tmp_path: Path, capsys: pytest.CaptureFixtur
     """--out must be .yaml/.yml/.json."""
     code, _, err = _run(["probe", "--out", str(tmp_path / "machine.txt")], capsys)
     assert code == 2 and "--out" in err
+
+
+def test_validate_states_prints_exact_weight_bytes(factories: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--states --json: every module's weights and optimizer state offloaded; predicted peak weight bytes equal
+    the runtime's, which are two 256x256 layers (weights and biases, float32) with prefetch 1."""
+    code, out, _ = _run(["validate", "--model", f"{factories}:make", "--pool", "host", "--budget", "100%",
+                         "--states", "--steps", "2", "--warmup", "1", "--threads", "1", "--batch", "32", "--json"],
+                        capsys)
+    assert code == 0
+    got = json.loads(out)
+    assert got["offloaded_weight_layers"] == got["offloaded_optimizer_layers"] == 3
+    assert got["measured_peak_weight_bytes"] == 2 * (256 * 256 + 256) * 4
+    assert got["predicted_peak_weight_bytes"] == got["measured_peak_weight_bytes"]
+
+
+def test_validate_states_bad_prefetch_exits_2(factories: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A negative --state-prefetch is one error line and exit 2."""
+    code, _, err = _run(["validate", "--model", f"{factories}:make", "--pool", "host", "--budget", "100%",
+                         "--states", "--state-prefetch", "-1"], capsys)
+    assert code == 2 and "--state-prefetch: got -1" in err

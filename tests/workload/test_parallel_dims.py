@@ -9,7 +9,7 @@ from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 
 SHAPES = [dict(tp=2, cp=1, dp=3, pp=2), dict(tp=4, cp=2, dp=2, pp=1), dict(tp=1, cp=1, dp=4, pp=3, ep=2),
-          dict(tp=2, cp=2, dp=2, pp=2, ep=2), dict()]
+          dict(tp=2, cp=2, dp=2, pp=2, ep=2), dict(tp=2, cp=2, dp=2, pp=1, ep=4), dict()]
 
 
 def _nested(d: dict) -> list[tuple[int, int, int, int]]:
@@ -34,17 +34,19 @@ def test_coordinates_follow_the_nested_loops(shape) -> None:
 @pytest.mark.parametrize("dim", ["tp", "cp", "dp", "pp", "ep"])
 def test_groups_are_the_ranks_differing_only_in_one_dimension(shape, dim) -> None:
     """A group of tp/cp/dp/pp holds the ranks whose other coordinates agree (brute force over all pairs); an ep
-    group the ranks of one dp group whose dp index has the same quotient by ep. Groups partition the ranks."""
+    group the ranks of one cp x dp group whose joint index ``cp + cp_size dp`` has the same quotient by ep.
+    Groups partition the ranks."""
     dims = ParallelDims(**shape)
     order = _nested(shape)
     ep = shape.get("ep", 1)
-    index = {"tp": 0, "cp": 1, "dp": 2, "pp": 3, "ep": 2}[dim]
+    cp = shape.get("cp", 1)
+    free = {"tp": (0,), "cp": (1,), "dp": (2,), "pp": (3,), "ep": (1, 2)}[dim]
 
     def same_group(a: int, b: int) -> bool:
         ca, cb = order[a], order[b]
-        if any(ca[i] != cb[i] for i in range(4) if i != index):
+        if any(ca[i] != cb[i] for i in range(4) if i not in free):
             return False
-        return dim != "ep" or ca[2] // ep == cb[2] // ep
+        return dim != "ep" or (ca[1] + cp * ca[2]) // ep == (cb[1] + cp * cb[2]) // ep
 
     groups = dims.groups(dim)
     assert sorted(r for g in groups for r in g) == list(range(dims.world_size))
@@ -63,9 +65,10 @@ def test_of_an_execution() -> None:
     assert ParallelDims.of(e) == ParallelDims(tp=2, cp=2, dp=2, pp=2)
 
 
-@pytest.mark.parametrize("kwargs, field", [(dict(tp=0), "tp"), (dict(dp=4, ep=3), "ep"), (dict(pp=True), "pp")])
+@pytest.mark.parametrize("kwargs, field", [(dict(tp=0), "tp"), (dict(dp=4, ep=3), "ep"),
+                                                   (dict(cp=2, dp=3, ep=4), "ep"), (dict(pp=True), "pp")])
 def test_bad_degrees_are_one_line_errors(kwargs, field) -> None:
-    """Degrees below 1, non-integers and an ep that does not divide dp are refused, naming the field."""
+    """Degrees below 1, non-integers and an ep that does not divide cp*dp are refused, naming the field."""
     with pytest.raises(ConfigError, match=rf"parallel_dims\.{field}: got"):
         ParallelDims(**kwargs)
 

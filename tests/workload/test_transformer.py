@@ -9,7 +9,7 @@ from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_la
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration, preset,
                                         preset_names)
 
-GPT_PRESETS = [n for n in preset_names() if not n.startswith("llama")]
+GPT_PRESETS = [n for n in preset_names() if preset(n).mlp == "gelu"]  # the GPT family (GELU, MHA, dense)
 
 # Narayanan et al. SC21, Table 1, "Number of parameters (billion)".
 SC21_PARAMS_B = {"megatron-1.7b": 1.7, "megatron-3.6b": 3.6, "megatron-7.5b": 7.5, "megatron-18.4b": 18.4,

@@ -28,6 +28,8 @@ def plan_cmd(
     out: Annotated[Optional[Path], typer.Option(help="Write the plan as JSON (mcdla-plan/1).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     scale_to: ScaleToOption = None,
+    states: Annotated[bool, typer.Option(
+        "--states", help="Also offload layers' optimizer state, gradients and weights as the budget needs.")] = False,
 ) -> None:
     """Plan what to offload, prefetch or recompute, and print the predicted iteration time and its overhead.
 
@@ -48,7 +50,7 @@ def plan_cmd(
     budget_bytes = check_budget(budget, "--budget", device.hbm_bytes, f"{sys_.name} {device.name}")
     wl = load_workload(workload, batch=batch)
     wl = measured_times_for(wl, sys_, scale_to)
-    plan = make_plan(wl, budget_bytes, link, planner=planner, device=device)
+    plan = make_plan(wl, budget_bytes, link, planner=planner, device=device, states=states)
     result = evaluate(wl, plan, link, device=device)
     if result.violations:
         fail(f"plan by {planner} does not run within {format_bytes(budget_bytes)}: {result.violations[0]}")
@@ -70,6 +72,8 @@ def plan_cmd(
         "iteration_time_s": result.makespan_s,
         "lower_bound_s": result.lower_bound_s,
         "overhead": result.overhead,
+        "state_offloaded": {c: sum(sd.offloads(c) for sd in plan.state)
+                            for c in ("weights", "gradients", "optimizer_state")},
         "notes": plan.notes,
         "plan_file": str(out) if out is not None else None,
     }
@@ -81,6 +85,10 @@ def plan_cmd(
             ("resident", f"{format_bytes(result.resident_bytes)} (peak device {format_bytes(result.peak_device_bytes)})"),
             ("iteration", f"{format_seconds(result.makespan_s)} (+{100 * result.overhead:.1f}% over the no-offload "
                           f"bound {format_seconds(result.lower_bound_s)})")]
+    if plan.state:
+        moved = summary["state_offloaded"]
+        rows.append(("state offloaded", f"{moved['optimizer_state']} layers' optimizer state and gradients, "
+                                        f"{moved['weights']} layers' weights"))
     if plan.notes:
         rows.append(("notes", plan.notes))
     if out is not None:

@@ -121,6 +121,7 @@ def search_cmd(
     global_batch: Annotated[int, typer.Option(help="Samples per iteration over all data-parallel replicas.")],
     seq: Annotated[Optional[int], typer.Option(help="Sequence length (default: the model's).")] = None,
     cp: Annotated[str, typer.Option(help="Context-parallel degrees to try, comma-separated.")] = "1",
+    ep: Annotated[str, typer.Option(help="Expert-parallel degrees to try (MoE models), comma-separated.")] = "1",
     max_virtual_stages: Annotated[Optional[int], typer.Option(
         help="Largest interleaving (virtual stages per pipeline rank) to try (default: any divisor of the layers).")] = None,
     offload: Annotated[bool, typer.Option("--offload/--no-offload", help="Try offloading activations, weights "
@@ -162,6 +163,7 @@ def search_cmd(
     if max_configurations is None:
         max_configurations = DEFAULT_MAX_CONFIGURATIONS
     cp_values = _int_list(cp, "--cp")
+    ep_values = _int_list(ep, "--ep")
     check_output(out, "--out")
     backend = "ray" if use_ray or ray_address else ("serial" if workers == 1 else "process")
     if backend == "ray":
@@ -180,12 +182,12 @@ def search_cmd(
     capacity = sys_.offload.pool_bytes if sys_.offload is not None else None
 
     use_offload = offload and sys_.offload is not None
-    count = count_candidates(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values,
+    count = count_candidates(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values, ep=ep_values,
                              max_virtual_stages=max_virtual_stages, offload=use_offload)
     if count > max_configurations:
         fail(f"--max-configurations: got {max_configurations}, but {spec.name} on {gpus} GPUs with a global batch "
              f"of {global_batch} has {count} candidate configurations; raise it to at least {count}, or narrow the "
-             "space (--cp, --max-virtual-stages, a global batch with fewer divisors)")
+             "space (--cp, --ep, --max-virtual-stages, a global batch with fewer divisors)")
 
     meta = results_meta()
     started = time.perf_counter()
@@ -199,7 +201,7 @@ def search_cmd(
             on_row = lambda row: writer.writerow(_csv_row(row))  # noqa: E731
         counter = _EvaluatedCounter(stack.enter_context(progress_bar("evaluating", enabled=False if quiet else None)))
         stack.enter_context(_as_option("search.ray_address", "--ray-address"))
-        result = search(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values,
+        result = search(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values, ep=ep_values,
                         max_virtual_stages=max_virtual_stages, offload=use_offload,
                         dp_overlap=dp_overlap, memory_limit_bytes=limit,
                         backend=backend, workers=workers if workers is not None else os.cpu_count() or 1,
@@ -244,13 +246,13 @@ def search_cmd(
         console.print(f"[red]{why}[/red]{extra}")
         raise typer.Exit(code)
     table = Table(title=f"fastest {min(top, result.fitting)} of {result.fitting} that fit")
-    for column in ("#", "time s", "MFU", "device mem", "tp", "pp", "v", "dp", "cp", "mb", "SP", "ZeRO",
+    for column in ("#", "time s", "MFU", "device mem", "tp", "pp", "v", "dp", "cp", "ep", "mb", "SP", "ZeRO",
                    "recompute", "offload"):
         table.add_column(column, justify="right" if column not in ("recompute", "offload", "SP") else "left")
     for i, r in enumerate(result.ranked[:top], 1):
         e, s = r.execution, r.step
         table.add_row(str(i), f"{s.iteration_s:.3f}", f"{100 * s.mfu:.1f}%", format_bytes(s.device_bytes), str(e.tp),
-                      str(e.pp), str(e.virtual_stages), str(e.dp), str(e.cp), str(e.micro_batch),
+                      str(e.pp), str(e.virtual_stages), str(e.dp), str(e.cp), str(e.ep), str(e.micro_batch),
                       "on" if e.sequence_parallel else "-", str(e.zero), e.recompute, _offload_tag(e))
     console.print(table)
     if reranked is not None:

@@ -52,10 +52,18 @@ def validate_cmd(
         help="Measure and charge the compute time copies cost (default: on for CPU, off for CUDA).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar (it is shown only on a terminal).")] = False,
+    states: Annotated[bool, typer.Option(
+        "--states", help="Check weights/optimizer-state offload instead: run --plan's state entries (default: all "
+                         "offloaded) under offload_parameters + offload_optimizer with Adam; --budget is not used.")] = False,
+    state_prefetch: Annotated[int, typer.Option(help="With --states: layers of weights fetched ahead.")] = 1,
 ) -> None:
     """Profile a model, plan it, predict its step, run it under the runtime and print both with the error."""
     from mcdla.profile.progress import progress_bar
     from mcdla.report.validate import validate
+
+    if states:
+        _validate_states(model, pool, plan, steps, warmup, batch, scale, threads, state_prefetch, as_json)
+        return
 
     if granularity not in ("leaf", "block"):
         fail(f"--granularity: got {brief(granularity)}; must be leaf or block")
@@ -85,6 +93,31 @@ def validate_cmd(
         print_json({"meta": results_meta(), **result.to_dict()})
         return
     _print_validation(result)
+
+
+def _validate_states(model: str, pool: str, plan: Optional[Path], steps: int, warmup: int, batch: Optional[int],
+                     scale: Optional[list[str]], threads: Optional[int], prefetch: int, as_json: bool) -> None:
+    """``mcdla validate --states``: :func:`mcdla.report.validate_states.validate_states`, printed."""
+    from mcdla.profile.resolve import resolve_model
+    from mcdla.report.validate_states import validate_states
+    from mcdla.workload.plan import Plan
+
+    check_batch(batch)
+    for option, value, least in (("--steps", steps, 1), ("--warmup", warmup, 1), ("--state-prefetch", prefetch, 0)):
+        if not least <= value <= 10_000:
+            fail(f"{option}: got {brief(value)}; must be >= {least} and <= 10000")
+    if threads is not None and not 1 <= threads <= 4096:
+        fail(f"--threads: got {brief(threads)}; must be >= 1 and <= 4096")
+    resolved = resolve_model(model, batch=batch, scale=_scale(scale or []))
+    result = validate_states(resolved, pool=pool, plan=Plan.load(plan) if plan is not None else None,
+                             prefetch=prefetch, steps=steps, warmup=warmup, threads=threads)
+    if as_json:
+        from mcdla.report.meta import results_meta
+
+        print_json({"meta": results_meta(), **{k: getattr(result, k) for k in result.__dataclass_fields__
+                                               if k != "link"}, "step_time_error": result.step_time_error})
+        return
+    console.print(result.summary(), markup=False)
 
 
 def _print_validation(r: Any) -> None:

@@ -10,6 +10,7 @@ return a plan marked infeasible so that nothing downstream can run a plan that d
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from types import MappingProxyType
@@ -26,6 +27,8 @@ from mcdla.plan.milp_highs import plan_milp_highs
 from mcdla.plan.pofo import plan_pofo
 from mcdla.plan.problem import Problem, make_problem
 from mcdla.plan.rotor import plan_rotor
+from mcdla.plan.states import check_prefetch, state_decisions, state_device_bytes, state_steps
+from mcdla.sim import evaluate_plan
 from mcdla.units import format_bytes
 from mcdla.workload.model import Workload
 from mcdla.workload.plan import Plan
@@ -107,6 +110,8 @@ def make_plan(
     planner: str = "lp",
     *,
     device: Device | None = None,
+    states: bool = False,
+    state_prefetch: int = 1,
     **options: object,
 ) -> Plan:
     """A plan for ``workload`` within ``budget`` device bytes, offloading through ``link``.
@@ -116,6 +121,10 @@ def make_plan(
         link: offload and prefetch bandwidths to the pool (e.g. ``mcdla.sim.pool_link(system)``).
         planner: one of :data:`PLANNERS`.
         device: the device whose roofline times the layers (default: the engine's default device).
+        states: also choose which layers' weights, gradients and optimizer state leave the device (NOTE [state
+            greedy] in ``mcdla.plan.states``), as few as the activation planner needs to fit the budget.
+        state_prefetch: layers of weights fetched ahead for offloaded weights (``offload_parameters``'s
+            ``prefetch``), with ``states``.
         options: planner-specific keywords (``time_limit_s`` for milp; ``unit_bytes`` for the DPs;
             ``space`` for brute; ``max_evals`` for lp).
 
@@ -124,6 +133,8 @@ def make_plan(
     """
     _check_name(planner)
     budget = _check_budget(budget)
+    if states:
+        return _plan_with_states(workload, budget, link, planner, device, check_prefetch(state_prefetch), options)
     problem: Problem = make_problem(workload, link, budget, planner=planner, device=device)
     plan = run_planner(problem, **options)
     if plan is not None:
@@ -133,3 +144,35 @@ def make_plan(
     tail = "no budget up to the no-offload peak fits" if math.isinf(smallest) else (
         f"the smallest feasible is {format_bytes(smallest)}")
     raise PlanError(f"budget {format_bytes(budget)} is infeasible for {what} with planner {planner}; {tail}")
+
+
+def _plan_with_states(workload: Workload, budget: float, link: PoolLink, planner: str, device: Device | None,
+                      prefetch: int, options: dict[str, object]) -> Plan:
+    """The shortest prefix of the state greedy (NOTE [state greedy]) after which ``planner`` fits the room left,
+    with that planner's activation decisions.
+
+    The activation planner sees the workload's full static bytes; a budget raised by the state bytes the prefix
+    frees (less the weights window and gradient in flight it adds) is the same room for saved tensors.
+    """
+    chain = build_chain(workload, device)
+    need = smallest_budget(workload, link, planner, device=device, chain=chain)
+    steps = state_steps(workload)
+    full = chain.static_bytes
+    for k in range(len(steps) + 1):
+        room = budget + full - state_device_bytes(workload, steps[:k], prefetch)
+        if need > room * (1 + 1e-9) and k < len(steps):
+            continue
+        plan = run_planner(make_problem(workload, link, room, planner=planner, device=device, chain=chain),
+                           **options)
+        if plan is None:
+            continue
+        moved = state_decisions(workload, steps[:k])
+        notes = "; ".join(x for x in (plan.notes, f"state: {k} greedy steps, prefetch {prefetch}" if k else "") if x)
+        plan = dataclasses.replace(plan, budget_bytes=budget, saved_cap_bytes=min(plan.saved_cap_bytes, budget),
+                                   state=moved, notes=notes)
+        if k == 0 or evaluate_plan(workload, plan, link, device=device, state_prefetch=prefetch).feasible:
+            return plan
+    what = f"{workload.name} (batch {workload.batch})"
+    floor = state_device_bytes(workload, steps, prefetch) + max(0.0, need - full)
+    raise PlanError(f"budget {format_bytes(budget)} is infeasible for {what} with planner {planner} and every "
+                    f"state offloaded; it needs about {format_bytes(floor)}")

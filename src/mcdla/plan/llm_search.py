@@ -4,10 +4,11 @@ Two steps, usable apart (``mcdla search`` and ``mcdla reproduce --modern`` share
 
 * :func:`enumerate_executions` lists the candidate :class:`Execution` records of ``(model, cluster, GPUs,
   global batch)`` and keeps those the record's own validation accepts (``Execution.__post_init__``,
-  :func:`check_execution`, and the cluster rules of :func:`mcdla.sim.cluster_rejection`: TP x CP inside one
+  :func:`check_execution`, and the cluster rules of :func:`mcdla.sim.cluster_rejection`: TP inside one
   NVLink domain, offload only with a second tier), counting the rejected candidates by reason. Candidates:
-  TP over the divisors of the GPU count up to a node's GPUs, CP from ``cp`` (default 1), PP over the divisors
-  of what is left, DP the rest; virtual stages over the divisors of the layer count (``pp > 1`` only);
+  TP over the divisors of the GPU count up to a node's GPUs, CP from ``cp`` (default 1; the CP group may
+  span nodes), PP over the divisors of what is left, DP the rest, EP from ``ep`` (default 1; inside
+  ``dp x cp``, so it adds no GPUs); virtual stages over the divisors of the layer count (``pp > 1`` only);
   micro-batch sizes dividing the per-replica batch; recompute none/selective/full; SP on/off when TP > 1;
   ZeRO 0-3; offload of activations/weights/optimizer on/off when the cluster has a second tier. Each choice
   can be narrowed (``tp``, ``micro_batch``, ``virtual_stages``, ``sequence_parallel``, ``zero``, ``offloads``,
@@ -144,6 +145,7 @@ class _Space:
     gpus: int
     global_batch: int
     cp: tuple[int, ...]
+    ep: tuple[int, ...]
     tp_only: tuple[int, ...] | None
     mb_only: tuple[int, ...] | None
     max_pp: int | None
@@ -162,12 +164,15 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
            zero: Sequence[int] = (0, 1, 2, 3), offload: bool | None = None, dp_overlap: bool = False,
            tp: Sequence[int] | None = None, micro_batch: Sequence[int] | None = None,
            virtual_stages: Sequence[int] | None = None, sequence_parallel: Sequence[bool] = (False, True),
-           offloads: Sequence[tuple[bool, bool, bool]] | None = None, max_pp: int | None = None) -> _Space:
+           offloads: Sequence[tuple[bool, bool, bool]] | None = None, max_pp: int | None = None,
+           ep: Sequence[int] = (1,)) -> _Space:
     """Check the search arguments (the options of :func:`enumerate_executions`) into a :class:`_Space`."""
     _positive("gpus", gpus)
     _positive("global_batch", global_batch)
     for value in cp:
         _positive("cp", value)
+    for value in ep:
+        _positive("ep", value)
     if max_virtual_stages is not None:
         _positive("max_virtual_stages", max_virtual_stages)
     if max_pp is not None:
@@ -191,7 +196,8 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
     tried = tuple(offloads) if offloads is not None else OFFLOAD_CHOICES
     v_choices = tuple(v for v in divisors(spec.layers) if (max_virtual_stages is None or v <= max_virtual_stages)
                       and (v_only is None or v in v_only))
-    return _Space(gpus=gpus, global_batch=global_batch, cp=tuple(sorted(set(cp))), tp_only=tp_only, mb_only=mb_only,
+    return _Space(gpus=gpus, global_batch=global_batch, cp=tuple(sorted(set(cp))), ep=tuple(sorted(set(ep))),
+                  tp_only=tp_only, mb_only=mb_only,
                   max_pp=max_pp, v_choices=v_choices, v_one=v_only is None or 1 in v_only,
                   sp_tp=tuple(dict.fromkeys(sequence_parallel)), zero=tuple(zero), recompute=tuple(recompute),
                   offload_sets=tried if use_offload else _OFFLOAD_OFF, no_tier=no_tier, dp_overlap=dp_overlap)
@@ -218,7 +224,7 @@ def count_candidates(spec: TransformerSpec, cluster: Cluster, *, gpus: int, glob
     (no candidate is built): the bound :func:`search` checks first (NOTE [bounded search])."""
     sp = _space(spec, cluster, gpus=gpus, global_batch=global_batch, **space)
     tail = len(sp.recompute) * len(sp.offload_sets)
-    return sum(len(vs) * (len(sp.sp_tp) if t > 1 else 1) * len(sp.zero) * len(mbs) * tail
+    return sum(len(vs) * (len(sp.sp_tp) if t > 1 else 1) * len(sp.zero) * len(mbs) * len(sp.ep) * tail
                for t, _, _, _, vs, mbs in _structures(cluster, sp))
 
 
@@ -234,37 +240,36 @@ def iter_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, globa
     for t, c, pp, dp, vs, mbs in _structures(cluster, sp):
         for v in vs:
             for seq_par in (sp.sp_tp if t > 1 else (False,)):
-                for z in sp.zero:
-                    for mb in mbs:
-                        base = dict(gpus=gpus, tp=t, pp=pp, dp=dp, cp=c, virtual_stages=v, sequence_parallel=seq_par,
-                                    zero=z, micro_batch=mb, global_batch=global_batch, dp_overlap=sp.dp_overlap)
-                        try:
-                            probe = Execution(**base)  # type: ignore[arg-type]
-                        except ConfigError as exc:
-                            rejected[_reason(str(exc))] += tail
-                            continue
-                        why = execution_rejection(spec, probe, cluster)
-                        if why is not None:
-                            rejected[_reason(why)] += tail
-                            continue
-                        for r in sp.recompute:
-                            for act, wts, opt in sp.offload_sets:
-                                e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
-                                              offload_weights=wts, offload_optimizer=opt)
-                                if sp.no_tier and (act or wts or opt):
-                                    rejected[_reason(str(execution_rejection(spec, e, cluster)))] += 1
-                                else:
-                                    yield e
+                for z, mb, x in itertools.product(sp.zero, mbs, sp.ep):
+                    base = dict(gpus=gpus, tp=t, pp=pp, dp=dp, cp=c, virtual_stages=v, sequence_parallel=seq_par,
+                                zero=z, micro_batch=mb, global_batch=global_batch, dp_overlap=sp.dp_overlap, ep=x)
+                    try:
+                        probe = Execution(**base)  # type: ignore[arg-type]
+                    except ConfigError as exc:
+                        rejected[_reason(str(exc))] += tail
+                        continue
+                    why = execution_rejection(spec, probe, cluster)
+                    if why is not None:
+                        rejected[_reason(why)] += tail
+                        continue
+                    for r in sp.recompute:
+                        for act, wts, opt in sp.offload_sets:
+                            e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
+                                          offload_weights=wts, offload_optimizer=opt)
+                            if sp.no_tier and (act or wts or opt):
+                                rejected[_reason(str(execution_rejection(spec, e, cluster)))] += 1
+                            else:
+                                yield e
 
 
 def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int,
                          **space: Any) -> Enumeration:
     """Every candidate execution of ``spec`` on ``gpus`` GPUs of ``cluster`` (module docstring), validated.
 
-    Options (``space``): ``cp`` degrees (default (1,)); ``max_virtual_stages`` bounds the interleaving (None: any
-    divisor of the layer count); ``recompute`` and ``zero`` choices; ``offload=None`` tries the offload switches
-    when the cluster has a second tier, ``False`` never, ``True`` always (and they are rejected without a tier);
-    ``dp_overlap``. The narrowing options keep only the listed values (None: all): ``tp`` degrees,
+    Options (``space``): ``cp`` and ``ep`` degrees (default (1,) each); ``max_virtual_stages`` bounds the
+    interleaving (None: any divisor of the layer count); ``recompute`` and ``zero`` choices; ``offload=None``
+    tries the offload switches when the cluster has a second tier, ``False`` never, ``True`` always (and they
+    are rejected without a tier); ``dp_overlap``. The narrowing options keep only the listed values (None: all): ``tp`` degrees,
     ``micro_batch`` sizes, ``virtual_stages``, ``sequence_parallel`` settings tried when TP > 1 (TP 1 runs
     without), ``offloads`` as (activations, weights, optimizer) switches in the order to try, and ``max_pp``
     the deepest pipeline.

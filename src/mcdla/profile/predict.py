@@ -51,11 +51,11 @@ from mcdla.hardware import Device, PoolLink
 from mcdla.profile.timeline import MemoryTimeline
 from mcdla.units import parse_bytes
 from mcdla.workload.model import Layer, Workload
-from mcdla.workload.plan import Action, Decision, Plan
+from mcdla.workload.plan import Action, Decision, Placement, Plan
 
 __all__ = [
     "time_device", "timed_view", "parse_budget", "per_storage_link", "charge_copies", "saved_budget",
-    "executable_plan", "Prediction", "predict", "make_plan_for",
+    "executable_plan", "Prediction", "predict", "make_plan_for", "StatePrediction", "predict_states",
 ]
 
 _PEAK_FLOPS_PER_S = 1e12
@@ -233,3 +233,62 @@ def make_plan_for(workload: Workload, budget_bytes: float, link: PoolLink, plann
     if "device" in inspect.signature(make_plan).parameters:
         kwargs["device"] = time_device(workload.precision)
     return make_plan(view, budget_bytes, link, **kwargs)
+
+
+class StatePrediction(NamedTuple):
+    """What the engine predicts for a plan's weights, gradients and optimizer state (NOTE [predicting state])."""
+
+    step_s: float
+    peak_weight_bytes: float  # resident bytes of the offloaded layers' weights (ParameterOffloader's peak)
+    exposed_s: float  # compute waiting for weight fetches and, after the last backward, for updates
+    serial_step_s: float  # compute, every state copy and every update one after another (no spare core)
+
+
+def predict_states(workload: Workload, plan: Plan, link: PoolLink, *, prefetch: int,
+                   update_s_per_param_byte: float = 0.0) -> StatePrediction:
+    """The engine's step time and peak resident offloaded-weight bytes for ``plan``'s ``state`` entries.
+
+    NOTE [predicting state]
+    The step is the engine's run of the measured layer times (NOTE [measured times in the engine]) with the
+    plan's state (NOTE [state in the program] in ``mcdla.sim.program``) on an unlimited device: the fetches of
+    offloaded weights ``prefetch`` layers ahead, gradients out and parameters back over ``link``. The peak
+    weight bytes come from a second run that counts weights only (no saved tensors, outputs, workspace or
+    optimizer state; gradients kept): its peak less the bytes it keeps throughout (every gradient and the kept
+    weights) is what ``mcdla.offload_parameters`` reports as ``peak_resident_bytes``, the offloaded weights
+    resident at once. Each CPU update takes ``update_s_per_param_byte`` per parameter byte (a measured rate),
+    one at a time, overlapped with the rest of backward as the optimizer's worker thread runs them.
+    ``serial_step_s`` bounds the other end: on a CPU whose cores are all busy (a shared machine) the copies and
+    updates get no core of their own, so they add to the compute (the engine's compute time plus every state
+    transfer at the link's rates and latency plus every update).
+    """
+    from mcdla.sim import evaluate_plan
+
+    device = time_device(workload.precision)
+    timed = timed_view(workload, saved_only=False)
+    result = evaluate_plan(timed, plan, link, device=device, budget_bytes=math.inf, state_prefetch=prefetch,
+                           update_s_per_param_byte=update_s_per_param_byte)
+    if not result.feasible:
+        raise PlanError(f"simulator: the plan cannot run: {result.infeasible_reason}")
+    weights_only = dataclasses.replace(
+        timed.with_layers([dataclasses.replace(l, saved_bytes=0.0, output_bytes=0.0, workspace_bytes=0.0)
+                           for l in timed.layers]), optimizer_bytes_per_param_byte=0.0)
+    state = tuple(dataclasses.replace(sd, gradients=Placement.DEVICE, optimizer_state=Placement.DEVICE)
+                  for sd in plan.state)
+    weights_plan = dataclasses.replace(plan, decisions=(), state=state)
+    peak = evaluate_plan(weights_only, weights_plan, link, device=device, budget_bytes=math.inf,
+                         state_prefetch=prefetch).peak_device_bytes
+    kept = sum(l.param_bytes * (1 + (not weights_plan.state_of(l.name).offloads("weights")))
+               for l in weights_only.layers)
+    serial = result.compute_s
+    for l in timed.layers:
+        where = plan.state_of(l.name)
+        if l.param_bytes <= 0:
+            continue
+        if where.offloads("weights"):  # fetched for forward and for backward
+            serial += 2 * (link.latency_s + l.param_bytes / link.prefetch_bytes_per_s)
+        if where.offloads("optimizer_state"):  # gradient out, update, parameter back unless it lives in the pool
+            serial += link.latency_s + l.param_bytes / link.offload_bytes_per_s + l.param_bytes * update_s_per_param_byte
+            if not where.offloads("weights"):
+                serial += link.latency_s + l.param_bytes / link.prefetch_bytes_per_s
+    return StatePrediction(float(result.iteration_time_s), float(peak - kept), float(result.exposed_virtualization_s),
+                           float(serial))

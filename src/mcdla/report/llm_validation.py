@@ -20,8 +20,7 @@ so they are predicted with ``attention="materialized"``.
 
 A second family, ``megatron-bridge-fp8`` (:data:`BRIDGE_FP8_RUNS`): Megatron-Bridge 25.11's published FP8
 (current scaling) runs of Llama 3 on DGX H100, B200, GB200 and GB300 (``performance-summary.md``, copied in
-``shared/reference/llm-published.md``), the rows the model can express: all but the DGX H100 Llama 3.1 405B
-run, whose TP8 x CP2 spans two nodes. Measured seconds per iteration = ``GBS x 8192 / (tokens/s/GPU x GPUs)``.
+``shared/reference/llm-published.md``), all eight rows. Measured seconds per iteration = ``GBS x 8192 / (tokens/s/GPU x GPUs)``.
 Every unpublished field is stated in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused
 attention), ``precision="fp8"``.
 """
@@ -102,8 +101,8 @@ _BRIDGE_COMMON = ("distributed optimizer (Megatron-Bridge's recipes: use_distrib
 
 
 _SPLIT_405B = ("126 layers split with the embedding and the loss counted as layers (Megatron's "
-               "account_for_*_in_pipeline_split); sequence_parallel and tp_comm_overlap on; CP's K/V exchange is not "
-               "charged and the optimizer shards over dp only (Megatron: dp x cp)")
+               "account_for_*_in_pipeline_split); sequence_parallel and tp_comm_overlap on; CP's ring K/V exchange "
+               "(cp_comm p2p)")
 _RECIPE_405B: dict[str, object] = dict(sequence_parallel=True, zero=1, micro_batch=1, tp_comm_overlap=True,
                                        account_for_embedding_in_pipeline_split=True,
                                        account_for_loss_in_pipeline_split=True)
@@ -131,6 +130,8 @@ BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
     _bridge("gb200-nvl72", "llama3-70b", 64, 256, 4312, "FSDP=1 -> zero=3 over dp 64; the recipe offloads 40 "
             "of 80 layers' activations to Grace memory, taken as offload_activations (all layers)",
             dp=64, zero=3, micro_batch=2, offload_activations=True),
+    _bridge("dgx-h100", "llama3-405b", 1024, 512, 292, f"TP8 PP8 CP2 VP8 -> dp 8, zero=1; {_SPLIT_405B}",
+            tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **_RECIPE_405B),
     _bridge("b200", "llama3-405b", 128, 64, 661, f"TP4 PP8 CP2 VP8 -> dp 2, zero=1; {_SPLIT_405B}",
             tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **_RECIPE_405B),
     _bridge("gb200-nvl72", "llama3-405b", 256, 1536, 813, f"TP4 PP16 VP4 -> dp 4, zero=1; {_SPLIT_405B}",

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from mcdla.errors import SimError
 from mcdla.sim.program import BACKWARD, FORWARD, Op, Program
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class DeviceState:
         "comp_req", "comp_req_t", "pf_req", "pf_req_t", "d2h", "d2h_busy", "h2d", "h2d_busy",
         "fwd_done", "off_done", "pf_issued", "pf_done", "compute_s", "recompute_s", "virt_s", "comm_s",
         "finished", "d2h_start", "d2h_layer", "h2d_start", "in_settle", "pf_live", "tables",
+        "fetch_bytes", "fetch_layer", "wq", "w_busy", "w_start", "w_issued", "w_done", "cpu_q", "cpu_busy",
     )
 
     def __init__(self, engine: Engine, index: int, name: str, capacity: float, program: Program,
@@ -92,6 +94,15 @@ class DeviceState:
         self.in_settle = False
         self.pf_live: list[int] = []  # layers whose prefetch has started (pruned by _prefetch_is_safe)
         self.tables: tuple[list[int], list[float], list[float]] | None = None
+        self.fetch_bytes = program.fetch_bytes  # weight fetches (NOTE [state in the program])
+        self.fetch_layer = program.fetch_layer
+        self.wq: deque[int] = deque()
+        self.w_busy = False
+        self.w_start = 0.0
+        self.w_issued = [False] * len(program.fetch_bytes)
+        self.w_done = [False] * len(program.fetch_bytes)
+        self.cpu_q: deque[Op] = deque()  # updates waiting for the CPU (one at a time)
+        self.cpu_busy = False
 
     # -- memory --------------------------------------------------------------------------------------------
     def alloc(self, nbytes: float, now: float) -> None:
@@ -202,9 +213,13 @@ class DeviceState:
             self.reached = pc
             for layer in op.reach_prefetch:
                 self.issue_prefetch(layer, now)
+            for fetch in op.reach_fetch:
+                self.issue_fetch(fetch, now)
         if self.wait_coll >= 0 and not self.engine.coll_done[self.wait_coll]:
             return
         if op.need_data >= 0 and not self.pf_done[op.need_data]:
+            return
+        if op.need_fetch >= 0 and not self.w_done[op.need_fetch]:
             return
         self.comp_req = op.alloc_bytes
         self.comp_req_t = now
@@ -229,6 +244,8 @@ class DeviceState:
             self.try_d2h(now)
         for layer in op.start_prefetch:
             self.issue_prefetch(layer, now)
+        for fetch in op.start_fetch:
+            self.issue_fetch(fetch, now)
         self.engine.queue.push(now + op.duration_s, self._end_compute, op)
 
     def _end_compute(self, op: Op, now: float) -> None:
@@ -252,6 +269,8 @@ class DeviceState:
             self.free(self.saved[layer], now)
         for pf in op.end_prefetch:
             self.issue_prefetch(pf, now)
+        if op.update_bytes > 0.0:
+            self._state_transfer(op, True, op.update_bytes, self._end_gradient_out, now)
         if op.coll_bytes > 0.0:
             coll = engine.arrive(self, op, now)
             if op.coll_blocks:
@@ -331,6 +350,73 @@ class DeviceState:
                                tier=engine.pool_names(self.index))
         self.try_h2d(now)
         self.try_compute(now)
+
+    # -- weights and optimizer state (NOTE [state in the program]) ---------------------------------------------
+    def _state_transfer(self, arg: object, out: bool, nbytes: float, handler, now: float) -> None:
+        """Move ``nbytes`` of state over the offload (``out``) or prefetch route; ``handler(arg, t)`` when done."""
+        engine = self.engine
+        if engine.unlimited:
+            engine.queue.push(now, handler, arg)
+            return
+        parts = (engine.fabric.offload_routes if out else engine.fabric.prefetch_routes)[self.index]
+        if not parts:
+            raise SimError(f"device {self.name!r} has no pool memory; the plan moves weights or optimizer state")
+        share = nbytes / len(parts)
+        engine.transfer([(route, share) for _mem, route in parts], handler, arg, now)
+
+    def issue_fetch(self, fetch: int, now: float) -> None:
+        if self.w_issued[fetch]:
+            return
+        self.w_issued[fetch] = True
+        self.wq.append(fetch)
+        self._try_fetch(now)
+
+    def _try_fetch(self, now: float) -> None:
+        if self.w_busy or not self.wq:
+            return
+        fetch = self.wq.popleft()
+        self.w_busy = True
+        self.w_start = now
+        self._state_transfer(fetch, False, self.fetch_bytes[fetch], self._end_fetch, now)
+
+    def _end_fetch(self, fetch: int, now: float) -> None:
+        self.w_busy = False
+        self.w_done[fetch] = True
+        engine = self.engine
+        if engine.spans is not None:
+            name = engine.layer_names[self.fetch_layer[fetch]]
+            engine.record_span((self.index, 2, f"fetch weights {name}", "prefetch", self.w_start, now),
+                               layer=name, tensor=f"weights {name}", bytes=self.fetch_bytes[fetch],
+                               tier=engine.pool_names(self.index))
+        self._try_fetch(now)
+        self.try_compute(now)
+
+    def _end_gradient_out(self, op: Op, now: float) -> None:
+        if op.update_frees:
+            self.free(op.update_bytes, now)
+        self.cpu_q.append(op)
+        self._try_update(now)
+
+    def _try_update(self, now: float) -> None:
+        if self.cpu_busy or not self.cpu_q:
+            return
+        self.cpu_busy = True
+        op = self.cpu_q.popleft()
+        self.engine.queue.push(now + op.update_s, self._end_cpu_update, op)
+
+    def _end_cpu_update(self, op: Op, now: float) -> None:
+        self.cpu_busy = False
+        if op.update_back:
+            self._state_transfer(op, False, op.update_bytes, self._end_update, now)
+        else:
+            self._end_update(op, now)
+        self._try_update(now)
+
+    def _end_update(self, op: Op, now: float) -> None:
+        """An update has landed; after the last operation it extends the iteration (the step waits for it)."""
+        if self.finished and now > self.prev_end:
+            self.virt_s += now - self.prev_end
+            self.prev_end = now
 
     # -- diagnosis --------------------------------------------------------------------------------------------
     def blocked_requests(self) -> list[tuple[float, str]]:

@@ -29,7 +29,13 @@ NOTE [time model] (also ``docs/llm.md``):
   schedule of these stages (the bubble ``(p - 1) / (m v)`` when balanced); ``mode="ranks"`` schedules every
   rank instead (``sim/llm_ranks.py``), as does an uneven split (``layers_first_stage``/``layers_last_stage``,
   or the embedding and the loss counted as layers), where the slowest stage sets the pace.
-* Data parallelism: one all-reduce of the rank's gradients on the DP group's dimensions (hierarchical over
+* Context parallelism: the ring exchange (or all-gather) of K and V in every attention, overlapped with the
+  attention of the block before (``sim/llm_cp.py``, NOTE [context parallel exchange]); the CP group maps onto
+  the fabric like any group, inside a node or across nodes.
+* Expert parallelism: the all-to-all dispatch and combine of every MoE layer, the capacity factor's expert
+  FLOPs, ``1 / ep`` of the routed experts per rank (``sim/llm_moe.py``, NOTE [expert parallelism]).
+* Data parallelism: one all-reduce of the rank's gradients over its replicas, the ``dp x cp`` ranks (the
+  routed experts' over the ``dp cp / ep`` that hold them), on their dimensions (hierarchical over
   NVLink and the network when a node holds several members; ZeRO-1/2: reduce-scatter + all-gather, the same
   traffic; ZeRO-3: one more all-gather of weights) after the last backward, or overlapped with the last
   micro-batch's backward (``dp_overlap``); then the Adam step streams the rank's optimizer state through HBM.
@@ -46,6 +52,8 @@ from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_floor import link_floors
+from mcdla.sim.llm_cp import cp_exchange
+from mcdla.sim.llm_moe import ParamGroup, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
@@ -135,7 +143,8 @@ class LlmStep:
 
     The parts add up to ``iteration_s``: ``compute_s`` (forward and backward of the slowest stage over all
     micro-batches, logits included), ``recompute_s``, ``tp_comm_s``, ``pp_comm_s``, ``bubble_s``,
-    ``dp_comm_s`` (exposed), ``optimizer_s``, ``offload_s`` (exposed). ``fits``: the rank's device bytes
+    ``dp_comm_s`` (exposed), ``optimizer_s``, ``offload_s`` (exposed), ``cp_comm_s`` (the K/V exchange's
+    exposed part), ``ep_comm_s`` (the MoE all-to-alls). ``fits``: the rank's device bytes
     within the GPU's HBM AND what it offloads within its share of the pool (0 bytes without one), the one
     definition of fitting every command uses.
     """
@@ -163,6 +172,8 @@ class LlmStep:
     """Optimizer state: master weights and both Adam moments."""
     activation_bytes: float
     """Activations saved for backward by the micro-batches in flight."""
+    cp_comm_s: float = 0.0
+    ep_comm_s: float = 0.0
 
     def to_dict(self) -> dict[str, float | bool]:
         """Plain data for JSON."""
@@ -189,11 +200,20 @@ def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: 
     return {"block": (norms + residual) / (tp if sp else 1) + activation / tp, "scores": scores / tp}
 
 
-def _stage_params(spec: TransformerSpec, e: Execution) -> float:
+def _param_groups(spec: TransformerSpec, e: Execution) -> tuple[ParamGroup, ...]:
     """Parameters on the rank of the first stage (the most layers any stage has, and the embedding), per TP
-    rank."""
-    per_stage = max(stage_layers(e, spec)) * spec.params_per_layer() + spec.embedding_params()
-    return per_stage / e.tp
+    rank (and per EP rank for the routed experts), by reduction group (:func:`rank_param_groups`)."""
+    return rank_param_groups(spec, e, max(stage_layers(e, spec)))
+
+
+def _stage_params(spec: TransformerSpec, e: Execution) -> float:
+    """All parameters on the rank of the first stage (:func:`_param_groups`)."""
+    return sum(g.params for g in _param_groups(spec, e))
+
+
+def _sharded(groups: tuple[ParamGroup, ...], sharded: bool) -> float:
+    """Parameters a rank keeps of ``groups`` when a state is sharded over each group's ranks (else all)."""
+    return sum(g.params / (g.size if sharded else 1) for g in groups)
 
 
 def _tp_allreduce_s(cluster: Cluster, layout: ParallelDims, sequence_parallel: bool, nbytes: float) -> float:
@@ -204,11 +224,15 @@ def _tp_allreduce_s(cluster: Cluster, layout: ParallelDims, sequence_parallel: b
     return collective_time("all-reduce", nbytes, dims)
 
 
-def _dp_reduce_s(cluster: Cluster, layout: ParallelDims, zero: int, nbytes: float) -> float:
-    """The data-parallel gradient reduction (ZeRO-1/2: the same traffic; ZeRO-3: one more all-gather)."""
-    dims = cluster.group_dims(layout.dp, layout.stride("dp"))
-    extra = collective_time("all-gather", nbytes, dims) if zero >= 3 else 0.0
-    return collective_time("all-reduce", nbytes, dims) + extra
+def _dp_reduce_s(cluster: Cluster, groups: tuple[ParamGroup, ...], zero: int, grad_bytes: float) -> float:
+    """The gradient reductions of each parameter group over its replicas (ZeRO-1/2: the same traffic; ZeRO-3:
+    one more all-gather), one group after the other; ``grad_bytes`` per parameter."""
+    total = 0.0
+    for g in groups:
+        dims, nbytes = cluster.group_dims(g.size, g.stride), grad_bytes * g.params
+        extra = collective_time("all-gather", nbytes, dims) if zero >= 3 else 0.0
+        total += collective_time("all-reduce", nbytes, dims) + extra
+    return total
 
 
 def _p2p_s(cluster: Cluster, layout: ParallelDims, nbytes: float) -> float:
@@ -225,11 +249,11 @@ def _offload_bytes_per_s(cluster: Cluster) -> float:
 
 
 def cluster_rejection(execution: Execution, cluster: Cluster) -> str | None:
-    """Why ``cluster`` cannot run ``execution`` (TP x CP beyond one NVLink domain, offload without a pool), or
-    None; the message of :func:`stage_costs`' ConfigError."""
+    """Why ``cluster`` cannot run ``execution`` (TP beyond one NVLink domain, offload without a pool), or
+    None; the message of :func:`stage_costs`' ConfigError. Context and expert parallel groups may span nodes."""
     e = execution
-    if e.tp * e.cp > cluster.gpus_per_node:
-        return (f"execution.tp: got tp*cp = {e.tp * e.cp}; must fit one NVLink domain "
+    if e.tp > cluster.gpus_per_node:
+        return (f"execution.tp: got {e.tp}; must fit one NVLink domain "
                 f"({cluster.gpus_per_node} GPUs per node)")
     if (e.offload_activations or e.offload_weights or e.offload_optimizer) and cluster.offload is None:
         return "execution.offload_*: offload asked but the cluster has no second tier (no pool memory)"
@@ -267,6 +291,20 @@ class StageCosts:
     offload_step_s: float  # optimizer state to and from the second tier
     stage_layers: tuple[int, ...] = ()  # layers of each pipeline stage, first to last
     chunk_layers: tuple[tuple[int, ...], ...] = ()  # layers of each stage's virtual chunks
+    layer_cp_fwd_s: float = 0.0  # exposed K/V exchange of context parallelism in one layer's forward
+    layer_cp_bwd_s: float = 0.0  # and in its backward (+ the recomputed attention's)
+    layer_ep_fwd_s: float = 0.0  # MoE all-to-alls in one (mean) layer's forward
+    layer_ep_bwd_s: float = 0.0  # and in its backward (+ the recomputed forward's with full recompute)
+
+    @property
+    def layer_comm_fwd_s(self) -> float:
+        """One layer's forward link time: TP collectives, exposed CP exchange, EP all-to-alls."""
+        return self.layer_tp_fwd_s + self.layer_cp_fwd_s + self.layer_ep_fwd_s
+
+    @property
+    def layer_comm_bwd_s(self) -> float:
+        """One layer's backward link time (:attr:`layer_comm_fwd_s`'s counterpart)."""
+        return self.layer_tp_bwd_s + self.layer_cp_bwd_s + self.layer_ep_bwd_s
 
     @property
     def dp_exposed_s(self) -> float:
@@ -278,7 +316,7 @@ class StageCosts:
         recompute, TP, the ``2 v`` pipeline transfers, exposed offload; the last stage adds the logits and loss."""
         n = layers
         return (n * (self.layer_fwd_s + self.layer_bwd_s) + n * self.layer_recompute_s
-                + n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s) + 2 * virtual_stages * self.p2p_s
+                + n * (self.layer_comm_fwd_s + self.layer_comm_bwd_s) + 2 * virtual_stages * self.p2p_s
                 + self.offload_fwd_s + self.offload_bwd_s + (self.last_fwd_s + self.last_bwd_s if last else 0.0))
 
     def middle_stage_s(self, virtual_stages: int) -> float:
@@ -287,15 +325,18 @@ class StageCosts:
 
     def stage_parts(self, layers: int, micro_batches: int, virtual_stages: int, *, last: bool = True) -> dict[str, float]:
         """A stage's busy time over ``micro_batches`` micro-batches by part (seconds; ``LlmStep`` field names):
-        compute (with the logits and loss on the last stage), recompute, TP, PP, and offload with the optimizer
-        state's round trip. Both the closed form and the per-rank schedule report these for the pacing stage."""
+        compute (with the logits and loss on the last stage), recompute, TP, PP, offload with the optimizer
+        state's round trip, CP and EP. Both the closed form and the per-rank schedule report these for the
+        pacing stage."""
         n, m = layers, micro_batches
         last_extra = self.last_fwd_s + self.last_bwd_s if last else 0.0
         return dict(compute_s=m * (n * (self.layer_fwd_s + self.layer_bwd_s) + last_extra),
                     recompute_s=m * (n * self.layer_recompute_s),
                     tp_comm_s=m * (n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s)),
                     pp_comm_s=m * (2 * virtual_stages * self.p2p_s),
-                    offload_s=m * (self.offload_fwd_s + self.offload_bwd_s) + self.offload_step_s)
+                    offload_s=m * (self.offload_fwd_s + self.offload_bwd_s) + self.offload_step_s,
+                    cp_comm_s=m * (n * (self.layer_cp_fwd_s + self.layer_cp_bwd_s)),
+                    ep_comm_s=m * (n * (self.layer_ep_fwd_s + self.layer_ep_bwd_s)))
 
     def iteration_parts(self, micro_batches: int, virtual_stages: int) -> dict[str, float]:
         """The steady-state parts of an evenly split iteration: the last stage's :meth:`stage_parts`."""
@@ -325,7 +366,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
 
     flops = layer_fwd_flops(spec, b, attention=e.attention)
     ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, attention=e.attention)
-    gemm_f = flops["gemm"] / split / gemm_rate
+    gemm_f = (flops["gemm"] + capacity_extra_flops(spec, e)) / split / gemm_rate
     attn_f = flops["attention"] / split / other_rate
     if e.attention == "flash":
         kernel = flash_attention_bytes(spec, b, tp=e.tp, cp=e.cp)
@@ -342,6 +383,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     layer_bwd = (gemm_bwd_ratio * gemm_f + 2 * block_f + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd
                  + cast_bwd)
     layer_recompute = {"none": 0.0, "selective": attn_f + core_fwd, "full": layer_fwd}[e.recompute]
+    cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)
+    ep_fwd, ep_bwd = ep_all_to_all_s(spec, e, cluster)
 
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
     tp_one = _tp_allreduce_s(cluster, layout, e.sequence_parallel, act_bytes)
@@ -371,21 +414,22 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * layer_bwd)
 
-    dp_bytes = prec.element_bytes * params_rank
-    dp_full = _dp_reduce_s(cluster, layout, e.zero, dp_bytes)
+    groups = _param_groups(spec, e)
+    dp_full = _dp_reduce_s(cluster, groups, e.zero, prec.element_bytes)
     hidden_by = n_layers * (layer_bwd + layer_recompute) if e.dp_overlap else 0.0
 
-    shard = e.dp if e.zero >= 1 else 1
+    opt_params = _sharded(groups, e.zero >= 1)
     offload_step = 0.0
     if e.offload_optimizer:
-        offload_step = 2 * prec.optimizer_bytes * params_rank / shard / offload_bytes_per_s
+        offload_step = 2 * prec.optimizer_bytes * opt_params / offload_bytes_per_s
     return StageCosts(
         layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=layer_bwd,
         layer_recompute_s=layer_recompute, layer_tp_fwd_s=tp_fwd, layer_tp_bwd_s=tp_bwd, p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=gemm_bwd_ratio * logits + 2 * loss, offload_fwd_s=off_fwd,
         offload_bwd_s=off_bwd,
-        dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s,
-        offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec))
+        dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=opt_params * _ADAM_TRAFFIC_BYTES / hbm_per_s,
+        offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec),
+        layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd)
 
 
 def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
@@ -458,7 +502,7 @@ def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, floa
 
 def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageCosts, *, precision: str,
                 iteration: float, bubble: float, compute_s: float, recompute_s: float, tp_comm_s: float,
-                pp_comm_s: float, offload_s: float) -> LlmStep:
+                pp_comm_s: float, offload_s: float, cp_comm_s: float = 0.0, ep_comm_s: float = 0.0) -> LlmStep:
     """The :class:`LlmStep` of a predicted iteration: FLOPs, MFU and one rank's memory (both modes, so the
     per-rank schedule of :mod:`mcdla.sim.llm_ranks` reports the same record)."""
     dev = cluster.device
@@ -467,8 +511,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
     flops_per_s = dev.flops_per_s(prec.gemm_peak)
     m = e.micro_batches
     n_layers = c.layers_per_stage
-    params_rank = _stage_params(spec, e)
-    shard = e.dp if e.zero >= 1 else 1
+    groups = _param_groups(spec, e)
     act_stage = n_layers * _activation_bytes(spec, e, prec)
     dp_exposed, optimizer = c.dp_exposed_s, c.optimizer_s
     model_flops = model_flops_per_iteration(spec, e.global_batch)
@@ -479,9 +522,9 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         per_layer = act_stage / n_layers
         activations = per_layer * max(n * min(m, e.pp - s) * in_flight / min(m, e.pp)
                                       for s, n in enumerate(c.stage_layers))
-    weights = (prec.element_bytes + prec.fp8_weight_bytes) * params_rank / (e.dp if e.zero >= 3 else 1)
-    grads = prec.element_bytes * params_rank / (e.dp if e.zero >= 2 else 1)
-    opt = prec.optimizer_bytes * params_rank / shard
+    weights = (prec.element_bytes + prec.fp8_weight_bytes) * _sharded(groups, e.zero >= 3)
+    grads = prec.element_bytes * _sharded(groups, e.zero >= 2)
+    opt = prec.optimizer_bytes * _sharded(groups, e.zero >= 1)
     offloaded = (activations if e.offload_activations else 0.0) + (weights if e.offload_weights else 0.0) + (
         opt if e.offload_optimizer else 0.0)
     device_bytes = activations + weights + grads + opt - offloaded
@@ -506,6 +549,8 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         gradient_bytes=grads,
         optimizer_bytes=opt,
         activation_bytes=activations,
+        cp_comm_s=cp_comm_s,
+        ep_comm_s=ep_comm_s,
     )
 
 

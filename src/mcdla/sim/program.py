@@ -4,6 +4,26 @@ allocates and frees, the transfers it triggers and the collective it launches (`
 The program is plain data computed once per simulation (per distinct device model): forward ``F_0..F_{L-1}``,
 then for each layer from the last down, the recomputation ``R_j..R_{i-1}`` a recompute segment needs, then
 ``B_i``. The engine (:mod:`mcdla.sim.device`) only walks it.
+
+NOTE [state in the program]
+    A plan's ``state`` entries (NOTE [four classes] in :mod:`mcdla.workload.plan`) change the program the way
+    ``mcdla.offload_parameters`` and ``mcdla.offload_optimizer`` run them:
+
+    - the static bytes count only the classes kept on the device (weights ``P``, gradients ``P``, optimizer
+      state ``r * P`` per layer of ``P`` parameter bytes, ``r = optimizer_bytes_per_param_byte``);
+    - offloaded weights, in forward order ``u_0..u_{m-1}`` with prefetch depth ``k``: ``F(u_0)`` fetches its
+      own weights when the stream reaches it and, when it starts, ``u_1..u_k``; every later ``F(u_p)`` fetches
+      ``u_{p+k}`` when it starts; each waits for its own fetch, allocates the bytes of what it fetched and frees
+      its own weights when it ends. Backward does the same in its own order (fetches do not cross from forward
+      to backward, as the runtime releases each layer after its forward). Weight fetches run one at a time
+      over the prefetch route; a recomputation of such a layer fetches on demand and releases after;
+    - offloaded optimizer state: when ``B_i`` ends its gradient (``P``) is copied out over the offload route
+      then updated on the CPU, one layer at a time (the optimizer's one worker thread), for
+      ``P * update_s_per_param_byte`` (a measured rate: the host's update speed is not part of the system
+      model, so it is 0 unless given), and the parameter (``P``) comes back over the prefetch route unless the
+      weights are offloaded too (the update then writes the pool). An offloaded gradient takes ``P`` on the
+      device from ``B_i`` until its copy out lands. The iteration ends when the last update has landed
+      (``OffloadedOptimizer.step`` waits).
 """
 
 from __future__ import annotations
@@ -51,11 +71,20 @@ class Op:
         coll_bytes: size of the collective launched when it ends (0: none); coll_kind: ALL_REDUCE / ALL_GATHER
         (the :class:`~mcdla.sim.collective_models.Collective` kind :mod:`mcdla.sim.collectives` runs it as);
         coll_label: its name; coll_blocks: whether the next op waits for it (model parallel).
+        reach_fetch / start_fetch: weight fetches (indices into ``Program.fetch_bytes``) issued when the stream
+            reaches this op (the on-demand fetch of its own weights) / when it starts (those ``prefetch`` ahead);
+            need_fetch: the weight fetch that must have landed before it starts (-1: none).
+        update_bytes: parameter bytes of the layer whose gradient leaves for a CPU update when it ends (0: none);
+            update_back: whether the updated parameter comes back over the link (its weights stay on the device);
+            update_frees: whether the gradient's device bytes are freed once it has left (offloaded gradients);
+            update_s: the CPU update's duration (s).
+        (NOTE [state in the program].)
     """
 
     __slots__ = ("kind", "layer", "label", "duration_s", "flops", "bytes_moved", "alloc_bytes", "free_bytes", "need_data",
                  "reach_prefetch", "start_prefetch", "end_prefetch", "offload", "coll_bytes", "coll_kind",
-                 "coll_label", "coll_blocks")
+                 "coll_label", "coll_blocks", "reach_fetch", "start_fetch", "need_fetch", "update_bytes",
+                 "update_back", "update_frees", "update_s")
 
     def __init__(self, kind: int, layer: int, label: str, duration_s: float, alloc_bytes: float,
                  free_bytes: float) -> None:
@@ -76,6 +105,13 @@ class Op:
         self.coll_kind = ALL_REDUCE
         self.coll_label = ""
         self.coll_blocks = False
+        self.reach_fetch: tuple[int, ...] = ()
+        self.start_fetch: tuple[int, ...] = ()
+        self.need_fetch = -1
+        self.update_bytes = 0.0
+        self.update_back = False
+        self.update_frees = False
+        self.update_s = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +124,8 @@ class Program:
         layer_names: layer names.
         static_bytes: resident throughout (weights, gradients, optimizer state; per device).
         offloaded: whether each layer's tensor is offloaded (after zero-byte offloads became keeps).
+        fetch_bytes: bytes of each weight fetch (NOTE [state in the program]); fetch_layer: its layer index.
+        pool_state_bytes: bytes of weights and optimizer state the plan keeps in the pool for the whole step.
     """
 
     ops: tuple[Op, ...]
@@ -95,6 +133,9 @@ class Program:
     layer_names: tuple[str, ...]
     static_bytes: float
     offloaded: tuple[bool, ...]
+    fetch_bytes: tuple[float, ...] = ()
+    fetch_layer: tuple[int, ...] = ()
+    pool_state_bytes: float = 0.0
 
 
 def _actions(workload: Workload, plan: Plan) -> tuple[list[Action], list[int]]:
@@ -192,8 +233,74 @@ def _device_saved_bytes(workload: Workload, i: int, share: int) -> float:
     return saved
 
 
+def _state_placements(workload: Workload, plan: Plan) -> tuple[list[bool], list[bool], list[bool]]:
+    """Per layer: whether the plan offloads its weights, its gradients, its optimizer state."""
+    n = len(workload.layers)
+    weights, grads, opt = [False] * n, [False] * n, [False] * n
+    known = set(workload.layer_names)
+    for sd in plan.state:
+        if sd.layer not in known:
+            raise PlanError(f"plan.state: layer {sd.layer!r} is not a layer of {workload.name!r}")
+        i = workload.index_of(sd.layer)
+        weights[i], grads[i], opt[i] = (sd.offloads("weights"), sd.offloads("gradients"),
+                                        sd.offloads("optimizer_state"))
+        if grads[i] and not opt[i]:
+            raise PlanError(f"plan state for {sd.layer!r}.gradients: got 'offload' with optimizer_state 'device'; a "
+                            "gradient leaves the device only for an update on the CPU (offload optimizer_state too)")
+    return weights, grads, opt
+
+
+def _apply_state(workload: Workload, plan: Plan, ops: list[Op], share: int, prefetch: int, update_s_per_byte: float
+                 ) -> tuple[float, tuple[float, ...], tuple[int, ...], float]:
+    """Add the plan's state to ``ops`` (NOTE [state in the program]); returns the static bytes, each weight
+    fetch's bytes and layer, and the bytes of state kept in the pool."""
+    layers = workload.layers
+    param = [l.param_bytes / share for l in layers]
+    r = workload.optimizer_bytes_per_param_byte
+    if not plan.state:
+        return workload.static_bytes / share, (), (), 0.0
+    weights, grads, opt = _state_placements(workload, plan)
+    static = sum(p * ((not w) + (not g) + r * (not o)) for p, w, g, o in zip(param, weights, grads, opt))
+    pool = sum(p * (w + r * o) for p, w, o in zip(param, weights, opt))
+    fetch_bytes: list[float] = []
+    fetch_layer: list[int] = []
+
+    def new_fetch(i: int) -> int:
+        fetch_bytes.append(param[i])
+        fetch_layer.append(i)
+        return len(fetch_bytes) - 1
+
+    for kind in (FORWARD, BACKWARD):
+        stream = [op for op in ops if op.kind == kind and weights[op.layer] and param[op.layer] > 0]
+        ids = [new_fetch(op.layer) for op in stream]
+        for p, op in enumerate(stream):
+            if p == 0 or prefetch == 0:  # on demand: nothing fetched it ahead
+                op.reach_fetch = (ids[p],)
+                op.alloc_bytes += param[op.layer]
+            ahead = range(1, min(prefetch, len(stream) - 1) + 1) if p == 0 else (
+                (p + prefetch,) if 0 < prefetch and p + prefetch < len(stream) else ())
+            op.start_fetch = tuple(ids[q] for q in ahead)
+            op.alloc_bytes += sum(param[stream[q].layer] for q in ahead)
+            op.need_fetch = ids[p]
+            op.free_bytes += param[op.layer]
+    for op in ops:
+        if op.kind == RECOMPUTE and weights[op.layer] and param[op.layer] > 0:
+            op.reach_fetch = (new_fetch(op.layer),)
+            op.need_fetch = op.reach_fetch[0]
+            op.alloc_bytes += param[op.layer]
+            op.free_bytes += param[op.layer]
+        elif op.kind == BACKWARD and opt[op.layer] and param[op.layer] > 0:
+            op.update_bytes = param[op.layer]
+            op.update_s = param[op.layer] * update_s_per_byte
+            op.update_back = not weights[op.layer]
+            if grads[op.layer]:
+                op.alloc_bytes += param[op.layer]
+                op.update_frees = True
+    return static, tuple(fetch_bytes), tuple(fetch_layer), pool
+
+
 def build_program(workload: Workload, plan: Plan, device: Device, *, model_parallel: bool, n_devices: int,
-                  bucket_bytes: float) -> Program:
+                  bucket_bytes: float, state_prefetch: int = 1, update_s_per_param_byte: float = 0.0) -> Program:
     """The program of one device of ``n_devices`` (see ``docs/timing-model.md`` and ``docs/simulator.md``).
 
     Operation times come from the device roofline, or from a layer's measured ``fwd_time_s`` / ``bwd_time_s``
@@ -204,6 +311,8 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
             divided by ``n_devices``; saved tensors per NOTE [model-parallel saved bytes]); otherwise data
             parallel.
         bucket_bytes: gradient bucket size of the data-parallel all-reduce (bytes).
+        state_prefetch: layers of offloaded weights fetched ahead (``offload_parameters``'s ``prefetch``).
+        update_s_per_param_byte: CPU time of an offloaded optimizer's update per parameter byte (s/B; 0: untimed).
     """
     layers = workload.layers
     n = len(layers)
@@ -274,8 +383,10 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
                 op.coll_bytes, op.coll_kind, op.coll_blocks = grad, ALL_REDUCE, True
                 op.coll_label = f"all-reduce input grad {names[i]}"
         ops.append(op)
-    static = workload.static_bytes / share
+    static, fetch_bytes, fetch_layer, pool_state = _apply_state(workload, plan, ops, share, state_prefetch,
+                                                               update_s_per_param_byte)
     if not math.isfinite(static):
         raise WorkloadError(f"workload {workload.name!r}.static_bytes: got {static}; parameters x (2 + "
                             f"optimizer_bytes_per_param_byte) must be finite (each layer's bytes at most 2**60)")
-    return Program(tuple(ops), saved, names, static, tuple(a is Action.OFFLOAD for a in actions))
+    return Program(tuple(ops), saved, names, static, tuple(a is Action.OFFLOAD for a in actions), fetch_bytes,
+                   fetch_layer, pool_state)

@@ -14,8 +14,10 @@ import math
 from mcdla.errors import SimError
 from mcdla.hardware.model import Device, Link, LinkKind, Memory, MemoryKind, System
 from mcdla.hardware.pool_link import PoolLink
-from mcdla.sim.engine import simulate_fabric
+from mcdla.sim.engine import Engine, simulate_fabric
 from mcdla.sim.fabric import POOL_MEMORY, Fabric
+from mcdla.sim.program import build_program
+from mcdla.sim.report import assemble
 from mcdla.sim.result import SimResult
 from mcdla.workload.model import Workload
 from mcdla.workload.plan import Plan
@@ -81,12 +83,16 @@ def one_device_system(device: Device, link: PoolLink, capacity_bytes: float) -> 
 
 
 def evaluate_plan(workload: Workload, plan: Plan, link: PoolLink, *, device: Device | None = None,
-                  budget_bytes: float | None = None) -> SimResult:
+                  budget_bytes: float | None = None, state_prefetch: int = 1,
+                  update_s_per_param_byte: float = 0.0) -> SimResult:
     """Simulate ``plan`` for ``workload`` on one device whose pool is reached through ``link``.
 
     Args:
         device: the device (default :func:`default_device`, the dc-dla V100).
         budget_bytes: device-memory capacity (bytes); None means ``plan.budget_bytes`` (its device budget).
+        state_prefetch: layers of offloaded weights fetched ahead (NOTE [state in the program] in
+            :mod:`mcdla.sim.program`); only plans with ``state`` entries read it, as they do
+            ``update_s_per_param_byte`` (CPU update time of an offloaded optimizer per parameter byte, s/B).
 
     Same semantics as ``simulate(one_device_system(device, link, budget), workload, plan)``, and exact also for
     links whose offload and prefetch bandwidths differ.
@@ -95,4 +101,15 @@ def evaluate_plan(workload: Workload, plan: Plan, link: PoolLink, *, device: Dev
     capacity = _check_capacity("budget_bytes", plan.budget_bytes if budget_bytes is None else budget_bytes)
     if dev.hbm_bytes != capacity:
         dev = dataclasses.replace(dev, hbm_bytes=capacity)
-    return simulate_fabric(Fabric.from_pool_link(dev, link), workload, plan)
+    fabric = Fabric.from_pool_link(dev, link)
+    if not plan.state or (state_prefetch == 1 and update_s_per_param_byte == 0.0):
+        return simulate_fabric(fabric, workload, plan)
+    if isinstance(state_prefetch, bool) or not isinstance(state_prefetch, int) or state_prefetch < 0:
+        raise SimError(f"state_prefetch: got {state_prefetch!r}; must be an int >= 0")
+    if not 0 <= update_s_per_param_byte < math.inf:
+        raise SimError(f"update_s_per_param_byte: got {update_s_per_param_byte!r}; must be a finite number >= 0")
+    program = build_program(workload, plan, dev, model_parallel=False, n_devices=1, bucket_bytes=math.inf,
+                            state_prefetch=state_prefetch, update_s_per_param_byte=update_s_per_param_byte)
+    engine = Engine(fabric, [program], unlimited_virtualization=False, record=False)
+    engine.run()
+    return assemble(engine, workload=workload.name, planner=plan.planner, parallel="data")

@@ -1,9 +1,11 @@
 """The execution record of LLM training: how a model is split and scheduled, apart from the model and the system.
 
 Like Calculon's execution JSON, one record says tensor (TP), pipeline (PP, 1F1B or interleaved with virtual
-stages), data (DP) and context (CP) parallelism, sequence parallelism, ZeRO stage (3 = FSDP), micro-batch and
-global batch, activation recomputation and what is offloaded to a second memory tier. Keeping it separate
-lets one model be judged under many executions and one execution on many systems.
+stages), data (DP), context (CP) and expert (EP) parallelism, sequence parallelism, ZeRO stage (3 = FSDP),
+micro-batch and global batch, activation recomputation and what is offloaded to a second memory tier. Keeping it
+separate lets one model be judged under many executions and one execution on many systems. Expert parallelism splits
+an MoE model's experts over ``ep`` ranks of the ``dp x cp`` group (Megatron-Core), so it adds no GPUs:
+``ep`` divides ``dp * cp`` here and the model's experts in :func:`check_execution`.
 
 :class:`Execution` checks what it can alone (``tp * pp * dp * cp == gpus``, SP needs TP, the global batch
 splits into whole micro-batches per replica); :func:`check_execution` adds the checks that need the model
@@ -28,11 +30,14 @@ from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, field_path
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
 
-__all__ = ["Execution", "check_execution", "chunk_layers", "stage_layers", "execution_from_dict", "load_execution",
-           "execution_to_dict"]
+__all__ = ["CP_COMM_TYPES", "Execution", "check_execution", "chunk_layers", "stage_layers", "execution_from_dict",
+           "load_execution", "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "full")
-_INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "virtual_stages", "micro_batch", "global_batch")
+_INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "ep", "virtual_stages", "micro_batch", "global_batch")
+CP_COMM_TYPES = ("p2p", "all_gather")
+"""How context-parallel attention exchanges K and V (Megatron-Core's ``--cp-comm-type``): a ring of
+point-to-point sends overlapped with the attention of the block before, or one all-gather before it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +47,10 @@ class Execution:
     Attributes:
         gpus: devices in total, ``tp * pp * dp * cp``.
         tp, pp, dp, cp: tensor, pipeline, data and context parallel degrees.
+        ep: expert parallel degree, inside ``dp x cp`` (each rank holds ``experts / ep`` experts).
+        capacity_factor: each expert's token capacity over its mean load (tokens x top_k / experts); the
+            expert GEMMs and the all-to-all move this many times the routed tokens (> 1 pads, < 1 drops).
+        cp_comm: ``p2p`` (ring, overlapped) or ``all_gather`` (not overlapped), :data:`CP_COMM_TYPES`.
         virtual_stages: model chunks per pipeline rank (1 = plain 1F1B; > 1 = interleaved 1F1B).
         sequence_parallel: split norms and dropouts along the sequence inside the TP group (needs ``tp > 1``).
         zero: ZeRO stage over the DP group: 0 none, 1 optimizer state, 2 + gradients, 3 + weights (FSDP).
@@ -83,6 +92,9 @@ class Execution:
     layers_last_stage: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    ep: int = 1
+    capacity_factor: float = 1.0
+    cp_comm: Literal["p2p", "all_gather"] = "p2p"
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -96,6 +108,18 @@ class Execution:
                 raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"execution.zero: got {brief(self.zero)}; must be 0, 1, 2 or 3 (3 = FSDP)")
+        factor = self.capacity_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < float("inf"):
+            raise ConfigError(f"execution.capacity_factor: got {brief(factor)}; must be a finite number > 0")
+        if self.cp_comm not in CP_COMM_TYPES:
+            raise ConfigError(f"execution.cp_comm: got {brief(self.cp_comm)}; "
+                              f"must be one of {', '.join(CP_COMM_TYPES)}")
+        if (self.dp * self.cp) % self.ep:
+            raise ConfigError(f"execution.ep: got {self.ep}; must divide dp*cp = {self.dp}*{self.cp} = "
+                              f"{self.dp * self.cp} (experts are split inside the data x context parallel group)")
+        if self.ep > 1 and self.tp > 1 and not self.sequence_parallel:
+            raise ConfigError(f"execution.sequence_parallel: got false with tp={self.tp} and ep={self.ep}; "
+                              "expert parallelism with tensor parallelism needs sequence parallelism (Megatron-Core)")
         if self.recompute not in _RECOMPUTE:
             raise ConfigError(f"execution.recompute: got {brief(self.recompute)}; must be one of {', '.join(_RECOMPUTE)}")
         if self.attention not in ATTENTIONS:
@@ -213,9 +237,12 @@ def chunk_layers(execution: Execution, spec: TransformerSpec) -> tuple[tuple[int
 def check_execution(execution: Execution, spec: TransformerSpec) -> None:
     """Raise one-line ConfigError unless ``execution`` can run ``spec``: layers split into stages of whole
     chunks (:func:`stage_layers`), heads and kv-heads (and experts' FFN) split over ``tp``, the sequence over
-    ``cp`` (and over ``tp`` with sequence parallelism)."""
+    ``cp`` (and over ``tp`` with sequence parallelism), the experts over ``ep``."""
     e = execution
     stage_layers(e, spec)
+    if e.ep > 1 and (spec.experts == 1 or spec.experts % e.ep):
+        raise ConfigError(f"execution.ep: got {e.ep}; must divide the {spec.experts} experts of {spec.name}"
+                          + (" (a dense model: ep must be 1)" if spec.experts == 1 else ""))
     if spec.heads % e.tp:
         raise ConfigError(f"execution.tp: got {e.tp}; must divide the {spec.heads} attention heads of {spec.name}")
     if int(spec.kv_heads) % e.tp:  # type: ignore[arg-type]
@@ -258,6 +285,9 @@ class _ExecutionFile(BaseModel):
     layers_last_stage: int | None = Field(default=None, ge=1)
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    ep: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    capacity_factor: float = Field(default=1.0, gt=0, le=1000.0)  # 1000 pads past any expert count's need
+    cp_comm: Literal["p2p", "all_gather"] = "p2p"
 
 
 def _one_line(exc: ValidationError, source: str) -> str:

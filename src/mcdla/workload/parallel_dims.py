@@ -10,8 +10,10 @@ Megatron-LM's order, tensor parallel fastest, then context, data and pipeline pa
 ``rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))``. A group of dimension ``x`` holds the ranks
 that differ only in ``x``: ``size(x)`` ranks, ``stride(x)`` apart (the product of the sizes inside ``x``), so a
 tensor-parallel group is consecutive ranks inside one node and a pipeline's stages are ``tp cp dp`` ranks
-apart. Expert parallelism (``ep``) borrows ranks from the data-parallel dimension, as in Megatron-LM: an
-expert-parallel group is ``ep`` consecutive data-parallel ranks (stride ``tp cp``), so ``ep`` divides ``dp``.
+apart. Expert parallelism (``ep``) borrows ranks from the data x context parallel group, as in Megatron-Core
+(whose expert rank order is ``tp-ep-dp-pp`` over ``tp x (cp dp) x pp``): an expert-parallel group is ``ep``
+consecutive ranks of the ``cp dp`` group (stride ``tp``), so ``ep`` divides ``cp dp``; its complement, the
+expert-data-parallel group that reduces the expert gradients, is ``cp dp / ep`` ranks ``tp ep`` apart.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ __all__ = ["DIMENSIONS", "Dimension", "ParallelDims", "RankCoordinates"]
 Dimension = Literal["tp", "cp", "dp", "pp", "ep"]
 DIMENSIONS: tuple[Dimension, ...] = ("tp", "cp", "dp", "pp")
 """The layout's dimensions, innermost (fastest-varying rank) first (NOTE [rank order]); ``ep`` lies inside
-``dp``."""
+``cp x dp``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +45,7 @@ class RankCoordinates:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelDims:
     """Degrees of tensor (``tp``), context (``cp``), data (``dp``), pipeline (``pp``) and expert (``ep``, inside
-    ``dp``) parallelism over ``world_size = tp cp dp pp`` ranks (NOTE [rank order])."""
+    ``cp x dp``) parallelism over ``world_size = tp cp dp pp`` ranks (NOTE [rank order])."""
 
     tp: int = 1
     cp: int = 1
@@ -56,9 +58,9 @@ class ParallelDims:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel_dims.{name}: got {brief(value)}; must be an integer >= 1")
-        if self.dp % self.ep:
-            raise ConfigError(f"parallel_dims.ep: got {self.ep}; must divide dp = {self.dp} (experts are sharded "
-                              "over data-parallel ranks)")
+        if (self.cp * self.dp) % self.ep:
+            raise ConfigError(f"parallel_dims.ep: got {self.ep}; must divide cp*dp = {self.cp}*{self.dp} (experts "
+                              "are sharded over the data x context parallel ranks)")
 
     @classmethod
     def of(cls, execution: object) -> ParallelDims:
@@ -80,7 +82,7 @@ class ParallelDims:
         """Rank distance between neighbours of a ``dim`` group (the product of the sizes inside it)."""
         self._check_dim(dim)
         if dim == "ep":
-            return self.tp * self.cp
+            return self.tp
         inner = 1
         for d in DIMENSIONS:
             if d == dim:
@@ -101,7 +103,7 @@ class ParallelDims:
         tp, rest = rank % self.tp, rank // self.tp
         cp, rest = rest % self.cp, rest // self.cp
         dp, pp = rest % self.dp, rest // self.dp
-        return RankCoordinates(tp=tp, cp=cp, dp=dp, pp=pp, ep=dp % self.ep)
+        return RankCoordinates(tp=tp, cp=cp, dp=dp, pp=pp, ep=(cp + self.cp * dp) % self.ep)
 
     def group(self, dim: Dimension, rank: int) -> tuple[int, ...]:
         """The ranks of ``rank``'s group of ``dim``, ascending."""

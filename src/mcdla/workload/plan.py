@@ -124,8 +124,8 @@ class Plan:
         live in a tier between uses (modules without an entry keep all three on the device). The runtime
         executes weights (``offload_parameters(plan=...)``), optimizer state and gradients
         (``offload_optimizer(plan=...)``; a gradient leaves the device only for an update on the CPU, so it
-        needs the optimizer state offloaded too). Planners and the simulator do not use ``state`` yet: the
-        simulator counts static bytes per workload, not per module.
+        needs the optimizer state offloaded too). ``mcdla.plan.make_plan(..., states=True)`` writes these
+        entries and the simulator predicts them (NOTE [state in the program] in ``mcdla.sim.program``).
 
     NOTE [plan budgets]: two bytes
     fields, one meaning each (``math.inf`` for none):

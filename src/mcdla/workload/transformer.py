@@ -464,6 +464,11 @@ def _spec(**kw: object) -> TransformerSpec:
 
 _MEGATRON = "Megatron-LM GPT: vocab 51200, seq 2048 (Narayanan et al. SC21, sec. 5.1; Korthikanti et al. 2022, Table 3)"
 _LLAMA3 = "Llama 3 Herd of Models (Dubey et al. 2024), Table 3: GQA 8 kv-heads, SwiGLU, vocab 128256, RoPE"
+_MIXTRAL = ("Mixtral of Experts (Jiang et al. 2024), its config.json (examples/hf-mixtral-8x7b.json): 8 experts, "
+            "top-2, GQA 8 kv-heads; training sequence 4096 (NeMo/Megatron-Bridge Mixtral 8x7B pre-training recipe)")
+_DEEPSEEK_V3 = ("DeepSeek-V3 Technical Report (DeepSeek-AI 2024), its config.json (examples/hf-deepseek-v3.json): "
+                "256 routed experts top-8 + 1 shared, 3 dense leading layers, MLA (run as expanded multi-head "
+                "attention, MlaAttention), no MTP module; pre-training sequence 4096 (report, sec. 4.2)")
 PRESETS: dict[str, TransformerSpec] = {
     s.name: s for s in (
         _spec(name="gpt3-175b", layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048,
@@ -496,6 +501,14 @@ PRESETS: dict[str, TransformerSpec] = {
         _spec(name="llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, mlp="swiglu",
               vocab=128256, seq_len=8192, dropout=False, bias=False, position="rope", tied_embeddings=False,
               source=_LLAMA3),
+        _spec(name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, mlp="swiglu",
+              experts=8, top_k=2, vocab=32000, seq_len=4096, dropout=False, bias=False, position="rope",
+              tied_embeddings=False, source=_MIXTRAL),
+        _spec(name="deepseek-v3-671b", layers=61, hidden=7168, heads=128, ffn_hidden=2048, mlp="swiglu",
+              experts=256, top_k=8, shared_experts=1, dense_layers=3, dense_ffn_hidden=18432, vocab=129280,
+              seq_len=4096, dropout=False, bias=False, position="rope", tied_embeddings=False,
+              mla=MlaAttention(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                               q_lora_rank=1536), source=_DEEPSEEK_V3),
     )
 }
 

@@ -1,0 +1,187 @@
+"""The closed loop for weights, gradients and optimizer state: plan, predict, run under the runtime, compare.
+
+``validate_states(model, pool=...)`` profiles the model (layer times, parameter bytes per module), takes a plan
+whose ``state`` entries move weights and optimizer state (the given one, or every module owning parameters:
+weights, gradients and optimizer state offloaded), probes the pool's first tier for the link, predicts the step
+and the peak resident offloaded-weight bytes with the engine (NOTE [predicting state] in
+:mod:`mcdla.profile.predict`) and runs real Adam steps with ``mcdla.offload_parameters`` and
+``mcdla.offload_optimizer`` executing the same plan. The first step is not measured: the parameter offloader
+learns the forward order there and prefetches from the second on. The CPU update's speed is measured in the
+same run: the fastest (least disturbed by other work on the machine) plain Adam ``step()`` of the same model
+(``foreach=False``: per parameter, like the offloaded one), per parameter byte, plus reading and writing the optimizer state in the tier at the probed rates.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mcdla.errors import ConfigError
+from mcdla.hardware import PoolLink
+from mcdla.profile._steps import compute_loss, normalize_inputs, run_forward
+from mcdla.profile.predict import predict_states
+from mcdla.profile.probe import probe_pool
+from mcdla.profile.profiler import profile_run
+from mcdla.profile.resolve import ResolvedModel, resolve_model
+from mcdla.runtime import offload_optimizer, offload_parameters, parse_pool
+from mcdla.units import format_bytes
+from mcdla.workload.model import Workload
+from mcdla.workload.plan import Placement, Plan, StateDecision
+
+__all__ = ["StateValidation", "validate_states", "offload_all_plan", "adam_state_per_param_byte"]
+
+
+def adam_state_per_param_byte(model: torch.nn.Module) -> float:
+    """Bytes of Adam state ``offload_optimizer`` keeps per parameter byte: two moments of the parameter's dtype,
+    or, for float16/bfloat16 parameters, an fp32 master and two fp32 moments (12 bytes per 2-byte parameter)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = sum(p.numel() * p.element_size() for p in params)
+    state = sum(p.numel() * (12 if p.dtype in (torch.float16, torch.bfloat16) else 2 * p.element_size())
+                for p in params)
+    return state / total if total else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateValidation:
+    """Prediction against measurement of a state plan; seconds and bytes, errors ``(predicted - measured) / measured``."""
+
+    model: str
+    pool: str
+    prefetch: int
+    offloaded_weight_layers: int
+    offloaded_optimizer_layers: int
+    predicted_step_s: float
+    serial_step_s: float
+    measured_step_s: float
+    measured_step_samples_s: tuple[float, ...]
+    plain_step_s: float
+    update_s_per_param_byte: float
+    predicted_peak_weight_bytes: float
+    measured_peak_weight_bytes: float
+    link: PoolLink
+
+    @property
+    def step_time_error(self) -> float:
+        return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+    @property
+    def serial_step_error(self) -> float:
+        return (self.serial_step_s - self.measured_step_s) / self.measured_step_s
+
+    def summary(self) -> str:
+        spread = max(self.measured_step_samples_s) / min(self.measured_step_samples_s) - 1
+        return "\n".join([
+            f"{self.model}: pool {self.pool}, prefetch {self.prefetch}, weights of {self.offloaded_weight_layers} and "
+            f"optimizer state of {self.offloaded_optimizer_layers} module(s) offloaded",
+            f"  step time:    predicted {self.predicted_step_s * 1e3:9.2f} ms   measured {self.measured_step_s * 1e3:9.2f} ms"
+            f"   error {self.step_time_error:+.1%}   (samples spread {spread:.1%}; plain Adam step "
+            f"{self.plain_step_s * 1e3:.2f} ms; its update {self.update_s_per_param_byte * 1e9:.2f} s/GB)",
+            f"                (serial bound, no spare core for copies and updates: "
+            f"{self.serial_step_s * 1e3:.2f} ms, error {self.serial_step_error:+.1%})",
+            f"  peak weights: predicted {format_bytes(self.predicted_peak_weight_bytes):>12}   measured "
+            f"{format_bytes(self.measured_peak_weight_bytes):>12}",
+        ])
+
+
+def offload_all_plan(workload: Workload, module_names: set[str]) -> Plan:
+    """A plan offloading weights, gradients and optimizer state of every module of ``workload`` owning parameters."""
+    moved = Placement.OFFLOAD
+    state = tuple(StateDecision(layer=l.name, weights=moved, gradients=moved, optimizer_state=moved)
+                  for l in workload.layers if l.param_bytes > 0 and l.name in module_names)
+    return Plan(workload=workload.name, batch=workload.batch, budget_bytes=float("inf"), decisions=(),
+                layer_names=workload.layer_names, planner="offload-all-state", state=state)
+
+
+def _timed_steps(model: torch.nn.Module, inputs: Any, loss_fn: Any, optimizer: Any, steps: int,
+                 on_start: Callable[[], None] = lambda: None, on_end: Callable[[], None] = lambda: None
+                 ) -> tuple[list[float], list[float]]:
+    """Seconds of each of ``steps`` Adam steps (forward, backward, ``step()``, ``zero_grad()``) and of their
+    ``step()`` calls alone."""
+    times, updates = [], []
+    for _ in range(steps):
+        on_start()
+        t0 = time.perf_counter()
+        compute_loss(run_forward(model, inputs), loss_fn).backward()
+        t1 = time.perf_counter()
+        optimizer.step()
+        updates.append(time.perf_counter() - t1)
+        optimizer.zero_grad()
+        times.append(time.perf_counter() - t0)
+        on_end()
+    return times, updates
+
+
+def validate_states(model: str | ResolvedModel, *, pool: str = "host", plan: Plan | None = None, prefetch: int = 1,
+                    steps: int = 5, warmup: int = 2, lr: float = 1e-3, threads: int | None = None) -> StateValidation:
+    """Profile, predict and run a state plan under Adam (see the module docstring); ``steps`` measured steps
+    after ``warmup`` (at least 1, the order-learning step); ``threads``: torch intra-op threads for the whole
+    loop (None: leave as is; on a shared machine more threads than free cores make every small op wait)."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads: got {threads!r}; must be an integer >= 1")
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _validate_states(model, pool, plan, prefetch, steps, warmup, lr)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, prefetch: int, steps: int,
+                     warmup: int, lr: float) -> StateValidation:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"steps: got {steps!r}; must be an integer >= 1")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+        raise ConfigError(f"warmup: got {warmup!r}; must be an integer >= 1 (the first step learns the order)")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ConfigError(f"prefetch: got {prefetch!r}; must be an integer >= 0")
+    resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
+    inputs = normalize_inputs(resolved.example_inputs)
+    profiled = profile_run(resolved.model, resolved.example_inputs, resolved.loss_fn, warmup_steps=warmup,
+                           measured_steps=steps, name=resolved.name,
+                           optimizer_bytes_per_param_byte=adam_state_per_param_byte(resolved.model))
+    workload = profiled.workload
+    modules = {n for n, _ in resolved.model.named_modules()}
+    chosen = plan if plan is not None else offload_all_plan(workload, modules)
+    pool_obj = parse_pool(pool)
+    try:
+        link = probe_pool(pool_obj).link
+        plain_model = copy.deepcopy(resolved.model)
+        plain = torch.optim.Adam(plain_model.parameters(), lr=lr, foreach=False)
+        plain_times, plain_updates = _timed_steps(plain_model, inputs, resolved.loss_fn, plain, warmup + steps)
+        plain_s = statistics.median(plain_times[warmup:])
+        # the update reads its state from the tier and writes it back: r bytes each way per parameter byte
+        r = workload.optimizer_bytes_per_param_byte
+        update_rate = (min(plain_updates[warmup:]) / max(workload.param_bytes, 1.0)
+                       + r / link.prefetch_bytes_per_s + r / link.offload_bytes_per_s)
+        prediction = predict_states(workload, chosen, link, prefetch=prefetch, update_s_per_param_byte=update_rate)
+        run_model = copy.deepcopy(resolved.model)
+        params = offload_parameters(run_model, pool_obj, prefetch=prefetch, plan=chosen)
+        opt = offload_optimizer(torch.optim.Adam(run_model.parameters(), lr=lr), pool_obj, model=run_model,
+                                parameters=params, plan=chosen)
+        peaks: list[int] = []
+        try:
+            times, _ = _timed_steps(run_model, inputs, resolved.loss_fn, opt, warmup + steps, params.reset_report,
+                                    lambda: peaks.append(params.peak_resident_bytes))
+        finally:
+            opt.close()
+            params.close()
+    finally:
+        pool_obj.close()
+    measured = times[warmup:]
+    return StateValidation(
+        model=resolved.name, pool=pool, prefetch=prefetch,
+        offloaded_weight_layers=sum(sd.offloads("weights") for sd in chosen.state),
+        offloaded_optimizer_layers=sum(sd.offloads("optimizer_state") for sd in chosen.state),
+        predicted_step_s=prediction.step_s, serial_step_s=prediction.serial_step_s, measured_step_s=statistics.median(measured),
+        measured_step_samples_s=tuple(measured), plain_step_s=plain_s, update_s_per_param_byte=update_rate,
+        predicted_peak_weight_bytes=prediction.peak_weight_bytes,
+        measured_peak_weight_bytes=float(max(peaks[warmup:])),
+        link=link,
+    )

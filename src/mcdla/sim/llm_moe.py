@@ -1,0 +1,100 @@
+"""Mixture-of-experts with expert parallelism: the all-to-all, the capacity factor and the expert weights per rank.
+
+An MoE layer routes each token to ``top_k`` of ``experts`` FFNs. With expert parallelism the experts are split
+over ``ep`` ranks of the ``dp x cp`` group (Megatron-Core; the layout of
+:class:`~mcdla.workload.parallel_dims.ParallelDims`), each rank holding ``experts / ep`` of them, and the tokens
+travel to their experts and back by all-to-all on the fabric dimensions the EP group spans.
+NOTE [expert parallelism] (also ``docs/llm.md``):
+
+* Per MoE layer and micro-batch, one rank dispatches and combines ``tokens x top_k x hidden x capacity``
+  elements, ``tokens = b s / (cp tp)`` (sequence parallelism splits the tokens over TP, which Megatron-Core
+  requires with TP and EP together): one all-to-all each way in forward, two in backward, two more with full
+  recomputation (:func:`all_to_all_bytes`). Not overlapped.
+* The capacity factor ``C`` pads (``C > 1``) or drops (``C < 1``) every expert's tokens to ``C`` times its
+  mean load, so a rank's routed expert GEMMs run ``C`` times the routed tokens: the routed FFN FLOPs scale by
+  ``C`` (:func:`capacity_extra_flops`, the part beyond the ``C = 1`` count of
+  :func:`~mcdla.workload.transformer.layer_fwd_flops`). Shared experts and dense layers are not routed.
+* Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
+  (:func:`rank_param_groups`); the expert gradients are reduced, and with ZeRO the expert optimizer state
+  sharded, over the ``dp cp / ep`` ranks that hold the same experts, the rest over all ``dp cp`` replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mcdla.hardware.cluster import Cluster
+from mcdla.sim.collective_models import collective_time
+from mcdla.workload.execution import Execution
+from mcdla.workload.parallel_dims import ParallelDims
+from mcdla.workload.transformer import TransformerSpec
+
+__all__ = ["ParamGroup", "all_to_all_bytes", "capacity_extra_flops", "ep_all_to_all_s", "expert_params_per_layer",
+           "rank_param_groups"]
+
+
+def expert_params_per_layer(spec: TransformerSpec) -> int:
+    """Weights of one MoE layer's routed experts (their matrices and biases; shared experts and the router
+    excluded); 0 for a dense model."""
+    if spec.experts == 1:
+        return 0
+    h, f = spec.hidden, int(spec.ffn_hidden)  # type: ignore[arg-type]
+    biases = spec.experts * ((spec.ffn_matrices - 1) * f + h) if spec.bias else 0
+    return spec.experts * spec.ffn_matrices * h * f + biases
+
+
+def all_to_all_bytes(spec: TransformerSpec, execution: Execution) -> float:
+    """One rank's send buffer of one dispatch (or combine) all-to-all: ``tokens x top_k x hidden x capacity``
+    elements, ``tokens = b s / (cp tp)``."""
+    e = execution
+    tokens = e.micro_batch * spec.seq_len / (e.cp * e.tp)
+    return tokens * spec.top_k * spec.hidden * spec.bytes_per_element * e.capacity_factor
+
+
+def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluster) -> tuple[float, float]:
+    """The all-to-all time of one mean layer's forward and backward (seconds, per micro-batch): two
+    all-to-alls per MoE layer each way, two more in backward with full recomputation, weighted by the share of
+    MoE layers (the mean layer, as the FLOP counts are). Zero without expert parallelism."""
+    e = execution
+    if e.ep == 1 or spec.moe_layers == 0:
+        return 0.0, 0.0
+    layout = ParallelDims.of(e)
+    dims = cluster.group_dims(e.ep, layout.stride("ep"))
+    one = collective_time("all-to-all", all_to_all_bytes(spec, e), dims) * spec.moe_layers / spec.layers
+    return 2 * one, (4 if e.recompute == "full" else 2) * one
+
+
+def capacity_extra_flops(spec: TransformerSpec, execution: Execution) -> float:
+    """Forward FLOPs one mean layer adds for a micro-batch (before the TP x CP split) because each expert runs
+    ``capacity_factor`` times its mean load: ``(C - 1)`` times the routed FFN FLOPs (negative when ``C < 1``
+    drops tokens)."""
+    if spec.moe_layers == 0:
+        return 0.0
+    e = execution
+    routed = (spec.ffn_matrices * 2.0 * e.micro_batch * spec.seq_len * spec.hidden * spec.top_k
+              * int(spec.ffn_hidden) * spec.moe_layers / spec.layers)  # type: ignore[arg-type]
+    return (e.capacity_factor - 1.0) * routed
+
+
+@dataclass(frozen=True, slots=True)
+class ParamGroup:
+    """Parameters one rank holds (per TP rank) that are reduced together, and the ranks of that reduction:
+    ``size`` ranks ``stride`` apart (:meth:`~mcdla.hardware.cluster.Cluster.group_dims`)."""
+
+    params: float
+    size: int
+    stride: int
+
+
+def rank_param_groups(spec: TransformerSpec, execution: Execution, stage_layers: int) -> tuple[ParamGroup, ...]:
+    """The first stage's parameters on one rank (``stage_layers`` layers and the embedding, per TP rank) in
+    their reduction groups: the routed experts' ``1 / ep`` over the ``dp cp / ep`` ranks holding the same
+    experts, the rest over the ``dp cp`` replicas (NOTE [expert parallelism]); one group for a dense model."""
+    e = execution
+    experts = stage_layers * expert_params_per_layer(spec)
+    dense = stage_layers * spec.params_per_layer() - experts + spec.embedding_params()
+    replicas = e.dp * e.cp
+    groups = [ParamGroup(dense / e.tp, replicas, e.tp)]
+    if experts:
+        groups.append(ParamGroup(experts / (e.ep * e.tp), replicas // e.ep, e.tp * e.ep))
+    return tuple(groups)

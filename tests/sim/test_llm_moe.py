@@ -1,0 +1,138 @@
+"""MoE with expert parallelism: all-to-all on the EP group's fabric dimensions, capacity factor, expert weights and
+their reduction per rank (sim/llm_moe.py, NOTE [expert parallelism]), against hand-computed closed forms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mcdla.errors import ConfigError
+from mcdla.sim.llm import llm_step
+from mcdla.workload.execution import Execution
+from mcdla.workload.hf_config import load_hf_config
+from mcdla.workload.transformer import TransformerSpec, preset
+
+PEAK, EFF = 300e12, 0.5
+MOE = TransformerSpec(name="moe", layers=2, hidden=1024, heads=16, vocab=1, seq_len=1024, ffn_hidden=2048,
+                      mlp="swiglu", experts=8, top_k=2, dropout=False, bias=False, position="rope",
+                      tied_embeddings=False)
+# The routed experts' weights: layers x experts x 3 SwiGLU matrices of h x f.
+EXPERT_PARAMS = MOE.layers * MOE.experts * 3 * MOE.hidden * int(MOE.ffn_hidden)
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "mcdla" / "examples"
+
+
+def _a2a_bytes(b: int, tp: int, capacity: float) -> float:
+    """One dispatch's send buffer: b s / tp tokens x top_k x h elements of 2 bytes x capacity."""
+    return b * MOE.seq_len / tp * MOE.top_k * MOE.hidden * 2 * capacity
+
+
+@pytest.mark.parametrize("capacity", [1.0, 1.25])
+def test_all_to_all_across_nodes(capacity, llm_cluster):
+    """EP 4 over 4 nodes: 4 all-to-alls per layer and micro-batch (dispatch and combine, forward and backward),
+    each (p - 1)/p n / B + a."""
+    bw, lat, b, m = 25e9, 5e-6, 2, 3
+    cluster = llm_cluster(gpus_per_node=1, nodes=4, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF,
+                          network_bytes_per_s=bw, network_latency_s=lat)
+    e = Execution(gpus=4, dp=4, ep=4, micro_batch=b, global_batch=4 * b * m, capacity_factor=capacity)
+    one = 3 / 4 * _a2a_bytes(b, 1, capacity) / bw + lat
+    assert llm_step(MOE, e, cluster).ep_comm_s == pytest.approx(m * MOE.layers * 4 * one, rel=1e-9)
+
+
+@pytest.mark.parametrize("ep, nvlink_share, network_share", [(2, 1 / 2, 0.0), (4, 1 / 4, 1 / 2)])
+def test_all_to_all_on_the_ep_groups_dimensions(ep, nvlink_share, network_share, llm_cluster):
+    """Two GPUs per node: EP 2 stays on NVLink (half of n crosses it); EP 4 sends 1/4 of n over NVLink and 1/2
+    over the network, one level after the other."""
+    nv, net, m = 100e9, 25e9, 2
+    cluster = llm_cluster(gpus_per_node=2, nodes=2, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF,
+                          nvlink_bytes_per_s=nv, network_bytes_per_s=net)
+    e = Execution(gpus=4, dp=4, ep=ep, micro_batch=1, global_batch=4 * m)
+    n = _a2a_bytes(1, 1, 1.0)
+    one = nvlink_share * n / nv + network_share * n / net
+    assert llm_step(MOE, e, cluster).ep_comm_s == pytest.approx(m * MOE.layers * 4 * one, rel=1e-9)
+
+
+def test_sequence_parallel_tokens_and_full_recompute(llm_cluster):
+    """With TP 2 and SP a rank dispatches b s / 2 tokens; EP ranks are TP 2 apart, so EP 4 spans the 4 nodes;
+    full recomputation adds the forward's two all-to-alls: 6 per layer."""
+    bw, m = 25e9, 2
+    cluster = llm_cluster(gpus_per_node=2, nodes=4, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF,
+                          network_bytes_per_s=bw)
+    e = Execution(gpus=8, tp=2, dp=4, ep=4, sequence_parallel=True, micro_batch=1, global_batch=4 * m,
+                  recompute="full")
+    one = 3 / 4 * _a2a_bytes(1, 2, 1.0) / bw
+    assert llm_step(MOE, e, cluster).ep_comm_s == pytest.approx(m * MOE.layers * 6 * one, rel=1e-9)
+
+
+def test_capacity_factor_scales_the_routed_expert_flops(llm_cluster):
+    """Capacity C runs C x the routed tokens through the experts: compute grows by 3 (fwd + bwd) x (C - 1) x
+    3 matrices x 2 b s h top_k f per layer, over peak x efficiency."""
+    cluster = llm_cluster(gpus_per_node=1, nodes=4, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
+    kw = dict(gpus=4, dp=4, ep=4, micro_batch=1, global_batch=8)
+    base = llm_step(MOE, Execution(**kw), cluster).compute_s
+    padded = llm_step(MOE, Execution(**kw, capacity_factor=1.5), cluster).compute_s
+    routed = 3 * 2 * 1 * MOE.seq_len * MOE.hidden * MOE.top_k * int(MOE.ffn_hidden)
+    assert padded - base == pytest.approx(2 * MOE.layers * 3 * 0.5 * routed / (PEAK * EFF), rel=1e-9)
+
+
+def test_expert_weights_and_sharded_state_per_rank(llm_cluster):
+    """A rank holds 1/ep of the routed experts and all the rest; with ZeRO-1 the dense state is sharded over
+    dp and the experts' over dp/ep, so each rank keeps 12 bytes x all parameters / dp of optimizer state."""
+    cluster = llm_cluster(gpus_per_node=1, nodes=4, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
+    step = llm_step(MOE, Execution(gpus=4, dp=4, ep=4, zero=1, micro_batch=1, global_batch=4), cluster)
+    total = MOE.params()
+    assert step.weight_bytes == pytest.approx(2 * (total - EXPERT_PARAMS + EXPERT_PARAMS / 4), rel=1e-12)
+    assert step.optimizer_bytes == pytest.approx(12 * total / 4, rel=1e-12)
+
+
+def test_expert_gradients_reduce_over_dp_cp_over_ep(llm_cluster):
+    """dp 4, ep 2 on 4 nodes: the dense gradients all-reduce over 4 ranks, the experts' (half of them per rank)
+    over the 2 ranks holding the same experts: 2 (3/4) 2 (P - E) / B + 2 (1/2) 2 (E/2) / B."""
+    bw = 10e9
+    cluster = llm_cluster(gpus_per_node=1, nodes=4, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF,
+                          network_bytes_per_s=bw)
+    step = llm_step(MOE, Execution(gpus=4, dp=4, ep=2, micro_batch=1, global_batch=4), cluster)
+    dense = MOE.params() - EXPERT_PARAMS
+    expected = 2 * 3 / 4 * 2 * dense / bw + 2 * 1 / 2 * 2 * (EXPERT_PARAMS / 2) / bw
+    assert step.dp_comm_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_per_rank_schedule_agrees_with_the_closed_form(llm_cluster):
+    """The per-rank engine charges the same all-to-alls: mode=ranks gives the fast path's iteration."""
+    cluster = llm_cluster(gpus_per_node=2, nodes=4, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF,
+                          nvlink_bytes_per_s=100e9, network_bytes_per_s=25e9)
+    e = Execution(gpus=8, pp=2, dp=4, ep=4, micro_batch=1, global_batch=8)
+    fast, ranks = llm_step(MOE, e, cluster), llm_step(MOE, e, cluster, mode="ranks")
+    assert fast.ep_comm_s > 0
+    assert ranks.iteration_s == pytest.approx(fast.iteration_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("spec, kwargs, field", [
+    (MOE, dict(gpus=6, dp=6, ep=3, global_batch=6), "ep"),  # 3 does not divide 8 experts
+    (preset("megatron-1.7b"), dict(gpus=2, dp=2, ep=2, global_batch=2), "ep"),  # a dense model
+])
+def test_ep_that_does_not_split_the_experts_is_refused(spec, kwargs, field, llm_cluster):
+    """An EP degree must divide the model's experts: a one-line error naming execution.ep."""
+    with pytest.raises(ConfigError, match=rf"execution\.{field}: got"):
+        llm_step(spec, Execution(**kwargs), llm_cluster(gpus_per_node=1, nodes=8))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(gpus=4, dp=4, ep=3, global_batch=4), "ep"),
+    (dict(gpus=4, tp=2, dp=2, ep=2, global_batch=2), "sequence_parallel"),
+    (dict(gpus=4, dp=4, ep=2, global_batch=4, capacity_factor=0.0), "capacity_factor"),
+    (dict(gpus=4, cp=4, cp_comm="ring"), "cp_comm"),
+])
+def test_bad_ep_fields_are_one_line_errors(kwargs, field):
+    """EP not dividing dp*cp, EP with TP but no SP, a capacity factor <= 0 and an unknown cp_comm are refused."""
+    with pytest.raises(ConfigError, match=rf"execution\.{field}: got"):
+        Execution(**kwargs)
+
+
+@pytest.mark.parametrize("name, example", [("mixtral-8x7b", "hf-mixtral-8x7b"), ("deepseek-v3-671b", "hf-deepseek-v3")])
+def test_moe_presets_match_their_config_json(name, example):
+    """The presets are the shipped config.json read by the HF mapping (a second path): same shape and counts."""
+    spec, read = preset(name), load_hf_config(EXAMPLES / f"{example}.json")
+    assert spec.params() == read.params() and spec.active_params() == read.active_params()
+    assert (spec.experts, spec.top_k, spec.shared_experts, spec.mla) == (read.experts, read.top_k,
+                                                                          read.shared_experts, read.mla)

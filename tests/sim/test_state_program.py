@@ -1,0 +1,146 @@
+"""The simulator's weights, gradients and optimizer state (NOTE [state in the program]): closed forms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcdla.errors import PlanError
+from mcdla.hardware.pool_link import PoolLink
+from mcdla.sim import evaluate_plan
+from mcdla.sim.program import build_program
+from mcdla.sim.single import default_device
+from mcdla.workload.model import Layer, LayerKind, Workload
+from mcdla.workload.plan import Plan, StateDecision
+
+P = 1e9  # parameter bytes per layer
+F_S, B_S = 1.0, 2.0  # measured forward / backward time per layer (s)
+R = 2.0  # optimizer bytes per parameter byte (Adam's two moments)
+
+
+def _workload(n: int) -> Workload:
+    layers = tuple(Layer(name=f"l{i}", kind=LayerKind.FC, fwd_flops=0, bwd_flops=0, fwd_time_s=F_S, bwd_time_s=B_S,
+                         param_bytes=P, saved_bytes=0, output_bytes=0) for i in range(n))
+    return Workload(name="toy", batch=1, layers=layers, optimizer_bytes_per_param_byte=R)
+
+
+def _plan(wl: Workload, **placements: dict[str, str]) -> Plan:
+    state = tuple(StateDecision(layer=name, **where) for name, where in placements.items())
+    return Plan(workload=wl.name, batch=1, budget_bytes=math.inf, decisions=(), layer_names=wl.layer_names,
+                state=state)
+
+
+ALL = {"weights": "offload", "gradients": "offload", "optimizer_state": "offload"}
+
+
+def test_one_layer_offloaded_weights_are_fetched_on_demand_in_forward_and_backward() -> None:
+    """One layer with offloaded weights: each fetch (P / bandwidth) is exposed before F and before B."""
+    wl = _workload(1)
+    bandwidth = 4e9
+    r = evaluate_plan(wl, _plan(wl, l0={"weights": "offload"}), PoolLink.symmetric(bandwidth))
+    fetch = P / bandwidth
+    assert r.iteration_time_s == pytest.approx(fetch + F_S + fetch + B_S)
+    assert r.exposed_virtualization_s == pytest.approx(2 * fetch)
+    assert r.peak_device_bytes == pytest.approx(P * (1 + R) + P)  # gradient + state resident, weights while used
+
+
+def test_two_layers_fast_link_hides_the_prefetch_and_exposes_the_first_fetches() -> None:
+    """Two layers, everything offloaded, fetch shorter than a layer: only the first fetch of each pass and the
+    last gradient's copy out are exposed; the device holds at most two layers' weights plus a gradient."""
+    wl = _workload(2)
+    bandwidth = 2e9
+    fetch = P / bandwidth  # 0.5 s < F_S < B_S
+    r = evaluate_plan(wl, _plan(wl, l0=ALL, l1=ALL), PoolLink.symmetric(bandwidth))
+    # forward: fetch l0 | F0 (fetch l1 under it) | F1; backward: fetch l1 | B1 (fetch l0 under it) | B0 | copy out
+    assert r.iteration_time_s == pytest.approx(fetch + 2 * F_S + fetch + 2 * B_S + fetch)
+    assert r.exposed_virtualization_s == pytest.approx(3 * fetch)
+    assert r.peak_device_bytes == pytest.approx(3 * P)  # B1: its weights, its gradient, l0's prefetched weights
+
+
+def test_two_layers_slow_link_exposes_every_fetch() -> None:
+    """Two layers, everything offloaded, fetch (3 s) longer than any layer: the event times by hand."""
+    wl = _workload(2)
+    bandwidth = P / 3.0
+    r = evaluate_plan(wl, _plan(wl, l0=ALL, l1=ALL), PoolLink.symmetric(bandwidth))
+    # fetch l0 0-3, F0 3-4, fetch l1 3-6, F1 6-7; fetch l1 7-10, B1 10-12, fetch l0 10-13, B0 13-15;
+    # gradient l1 out 12-15, gradient l0 out 15-18 (the offload route is idle until then)
+    assert r.iteration_time_s == pytest.approx(18.0)
+    assert r.compute_s == pytest.approx(2 * F_S + 2 * B_S)
+
+
+def test_prefetch_depth_zero_fetches_every_layer_on_demand() -> None:
+    """Prefetch 0: with weights offloaded, every layer's fetch is exposed (2 layers x 2 passes)."""
+    wl = _workload(2)
+    plan = _plan(wl, l0={"weights": "offload"}, l1={"weights": "offload"})
+    program = build_program(wl, plan, default_device(), model_parallel=False, n_devices=1, bucket_bytes=1e9,
+                            state_prefetch=0)
+    assert [op.start_fetch for op in program.ops] == [(), (), (), ()]
+    assert [len(op.reach_fetch) for op in program.ops] == [1, 1, 1, 1]
+    assert program.static_bytes == pytest.approx(2 * P * (1 + R))
+
+
+def test_prefetch_depth_zero_exposes_every_fetch_in_the_engine() -> None:
+    """Prefetch 0, two layers' weights offloaded: four fetches on the critical path."""
+    wl = _workload(2)
+    bandwidth = 2e9
+    plan = _plan(wl, l0={"weights": "offload"}, l1={"weights": "offload"})
+    r = evaluate_plan(wl, plan, PoolLink.symmetric(bandwidth), state_prefetch=0)
+    assert r.iteration_time_s == pytest.approx(4 * P / bandwidth + 2 * F_S + 2 * B_S)
+
+
+def test_optimizer_offload_copies_gradients_out_and_parameters_back() -> None:
+    """Optimizer state offloaded, weights and gradients kept: each update moves P out and P back after its
+    backward; only the last layer's pair is exposed and the device holds weights + gradients."""
+    wl = _workload(2)
+    bandwidth = 4e9
+    where = {"optimizer_state": "offload"}
+    r = evaluate_plan(wl, _plan(wl, l0=where, l1=where), PoolLink.symmetric(bandwidth))
+    move = P / bandwidth
+    assert r.iteration_time_s == pytest.approx(2 * F_S + 2 * B_S + 2 * move)
+    assert r.peak_device_bytes == pytest.approx(2 * 2 * P)
+
+
+def test_gradients_without_optimizer_state_are_refused() -> None:
+    """A plan offloading a gradient but not its optimizer state raises one-line PlanError naming the field."""
+    wl = _workload(1)
+    with pytest.raises(PlanError, match=r"l0'\.gradients"):
+        evaluate_plan(wl, _plan(wl, l0={"gradients": "offload"}), PoolLink.symmetric(1e9))
+
+
+def test_state_for_an_unknown_layer_is_refused() -> None:
+    """A state entry naming no layer of the workload raises PlanError."""
+    wl = _workload(1)
+    plan = Plan(workload="toy", batch=1, budget_bytes=math.inf, decisions=(), state=(StateDecision(layer="x"),))
+    with pytest.raises(PlanError, match="'x'"):
+        evaluate_plan(wl, plan, PoolLink.symmetric(1e9))
+
+
+def test_cpu_updates_run_one_at_a_time_after_each_gradient_leaves() -> None:
+    """Optimizer state offloaded with a CPU update of 3 s per layer (longer than a backward): the second
+    update waits for the first; by hand: out 4-4.25, update 4.25-7.25, back 7.25-7.5; B0 ends 6, out 6-6.25,
+    update 7.25-10.25, back 10.25-10.5."""
+    wl = _workload(2)
+    where = {"optimizer_state": "offload"}
+    r = evaluate_plan(wl, _plan(wl, l0=where, l1=where), PoolLink.symmetric(4e9), update_s_per_param_byte=3.0 / P)
+    assert r.iteration_time_s == pytest.approx(10.5)
+    assert r.exposed_virtualization_s == pytest.approx(10.5 - 2 * F_S - 2 * B_S)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.booleans(), st.booleans()), min_size=1, max_size=4),
+       st.sampled_from((0.5e9, 2e9, 8e9)), st.integers(0, 2))
+def test_the_step_covers_compute_and_every_byte_on_the_prefetch_route(layers, bandwidth, prefetch) -> None:
+    """Any placement: the step is at least the compute, and at least every byte crossing the prefetch route
+    (two fetches per offloaded weight, one parameter back per update of a device-resident weight) at its rate."""
+    wl = Workload(name="toy", batch=1, optimizer_bytes_per_param_byte=R, layers=tuple(
+        Layer(name=f"l{i}", kind=LayerKind.FC, fwd_flops=0, bwd_flops=0, fwd_time_s=F_S, bwd_time_s=B_S,
+              param_bytes=p * 1e8, saved_bytes=0, output_bytes=0) for i, (p, _, _) in enumerate(layers)))
+    where = {f"l{i}": {"weights": "offload" if w else "device", "optimizer_state": "offload" if o else "device"}
+             for i, (_, w, o) in enumerate(layers)}
+    r = evaluate_plan(wl, _plan(wl, **where), PoolLink.symmetric(bandwidth), state_prefetch=prefetch)
+    h2d = sum(p * 1e8 * (2 * w + (o and not w)) for p, w, o in layers)
+    assert r.iteration_time_s >= len(layers) * (F_S + B_S) * (1 - 1e-12)
+    assert r.iteration_time_s >= h2d / bandwidth * (1 - 1e-12)
