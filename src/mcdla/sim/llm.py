@@ -475,11 +475,11 @@ def rank_traffic(spec: TransformerSpec, execution: Execution) -> RankTraffic:
     """The bytes of :class:`RankTraffic` for ``execution`` (the figures :func:`stage_costs` divides by bandwidths)."""
     e = execution
     act = spec.bytes_per_element * e.micro_batch * spec.seq_len / e.cp * spec.hidden
+    groups = _param_groups(spec, e)
     params_rank = _stage_params(spec, e)
-    shard = e.dp if e.zero >= 1 else 1
     return RankTraffic(
         activation_bytes=act, p2p_bytes=act / e.tp,
-        stage_activation_bytes=spec.layers // e.pp * activation_bytes_per_layer(
+        stage_activation_bytes=max(stage_layers(e, spec)) * activation_bytes_per_layer(
             spec, e.micro_batch, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, recompute=e.recompute),
-        weight_bytes=_WEIGHT_BYTES * params_rank, optimizer_bytes=_OPTIMIZER_BYTES * params_rank / shard,
+        weight_bytes=_WEIGHT_BYTES * params_rank, optimizer_bytes=_OPTIMIZER_BYTES * _sharded(groups, e.zero >= 1),
         gradient_bytes=_GRAD_BYTES * params_rank)
