@@ -42,6 +42,7 @@ NOTE [time model] (also ``docs/llm.md``):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
 from mcdla.errors import ConfigError, brief
@@ -108,6 +109,9 @@ class LlmStep:
     """Activations saved for backward by the micro-batches in flight."""
     cp_comm_s: float = 0.0
     ep_comm_s: float = 0.0
+    contention_s: float = 0.0
+    """Time the shared links add over the same iteration on idle links (the per-link floor's stretch, NOTE [link
+    floor]; counted inside ``offload_s``, not a separate part of the sum)."""
 
     def to_dict(self) -> dict[str, float | bool]:
         """Plain data for JSON."""
@@ -385,7 +389,9 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     iteration = m * stage_last + bubble + c.dp_exposed_s + dp_stretch + c.optimizer_s + c.offload_step_s
     parts = c.iteration_parts(m, e.virtual_stages)
     parts["offload_s"] += m * stretch + dp_stretch
-    return step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble, **parts)
+    step = step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble, **parts)
+    contention = m * stretch + dp_stretch  # what rounds away against the iteration is no contention
+    return dataclasses.replace(step, contention_s=contention if contention > 1e-12 * iteration else 0.0)
 
 
 def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, float]]:
