@@ -153,3 +153,28 @@ def test_best_config_without_offload_fits_hbm_by_independent_count() -> None:
                                                  attention=e.attention)
     resident = 4 * params + 12 * params / e.dp + min(e.micro_batches, e.pp) * acts
     assert resident == pytest.approx(step.device_bytes) and resident <= 80e9
+
+
+def test_contention_column_is_the_time_shared_links_add(monkeypatch) -> None:
+    """contention_s is the iteration minus the same closed form priced on idle links (the floor switched off):
+    positive on dgx-h100, whose PCIe x16 carries both the activation offload and the NIC's reduction, and shown
+    in the modern table's "link contention" column."""
+    import mcdla.sim.llm as llm
+    from mcdla.sim.llm_floor import LinkFloors
+
+    e = Execution(gpus=16, tp=8, dp=2, micro_batch=1, global_batch=64, recompute="none", dp_overlap=True,
+                  offload_activations=True)
+    cluster = load_cluster("dgx-h100").for_gpus(16)
+    shared = llm_step(GPT3.with_seq_len(2048), e, cluster)
+    with monkeypatch.context() as m:
+        m.setattr(llm, "link_floors", lambda *a: LinkFloors(stage_s=0.0, dp_exposed_s=0.0))
+        idle = llm_step(GPT3.with_seq_len(2048), e, cluster)
+    assert shared.contention_s > 0 and idle.contention_s == 0
+    assert shared.contention_s == pytest.approx(shared.iteration_s - idle.iteration_s, rel=1e-12)
+    row = {"model": "m", "gpus": 16, "system": "s", "feasible": True, "iteration_s": shared.iteration_s,
+           "speedup": None, "mfu": shared.mfu, "hbm_used_bytes": 1.0, "hbm_bytes": 2.0, "offload_used_bytes": 0.0,
+           "offload_capacity_bytes": 0.0, "offload_bytes_per_s": 0.0, "contention_s": shared.contention_s,
+           "tp": 8, "pp": 1, "dp": 2, "virtual_stages": 1, "micro_batch": 1, "recompute": "none", "offloaded": "act"}
+    table = modern.modern_table([row])
+    column = next(c for c in table.columns if c.header == "link contention")
+    assert list(column.cells) == [modern.format_seconds(shared.contention_s)]

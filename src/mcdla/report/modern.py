@@ -141,7 +141,7 @@ def _row(scenario: Scenario, variant: Variant, cluster: Cluster, result: SearchR
         "tp": e.tp, "pp": e.pp, "dp": e.dp, "virtual_stages": e.virtual_stages, "micro_batch": e.micro_batch,
         "recompute": e.recompute, "offloaded": _offloaded(e),
         **{k: getattr(step, k) for k in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s",
-                                          "dp_comm_s", "optimizer_s", "offload_s")},
+                                          "dp_comm_s", "optimizer_s", "offload_s", "contention_s")},
     })
     return row
 
@@ -170,7 +170,8 @@ def run_modern(grid: Grid = FULL_GRID, scenarios: Sequence[Scenario] = SCENARIOS
 _COLUMNS = ("model", "gpus", "global_batch", "system", "label", "preset", "feasible", "iteration_s", "speedup", "mfu",
             "hbm_used_bytes", "hbm_bytes", "offload_used_bytes", "offload_capacity_bytes", "offload_bytes_per_s",
             "tp", "pp", "dp", "virtual_stages", "micro_batch", "recompute", "offloaded", "compute_s", "recompute_s",
-            "tp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_s", "optimizer_s", "offload_s", "evaluated", "fitting")
+            "tp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_s", "optimizer_s", "offload_s", "contention_s", "evaluated",
+            "fitting")
 
 
 def write_results(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
@@ -186,22 +187,25 @@ def _config(r: dict[str, Any]) -> str:
 
 
 def modern_table(rows: Sequence[dict[str, Any]]) -> Table:
-    """The rich table: per model, GPUs and system the best iteration, speedup, MFU, memory per tier, config."""
+    """The rich table: per model, GPUs and system the best iteration, speedup, MFU, memory per tier, the time
+    shared links add (``LlmStep.contention_s``: the offload path also carrying collectives, NOTE [link floor]),
+    config."""
     table = Table(title="Modern reproduction: LLM training, best configuration per system", title_justify="left")
     for col in ("model", "GPUs", "system", "iteration", "vs DC-DLA", "MFU", "HBM used", "offload used / cap",
-                "offload BW/GPU", "best configuration"):
+                "offload BW/GPU", "link contention", "best configuration"):
         table.add_column(col, justify="left" if col in ("model", "system", "best configuration") else "right")
     for r in rows:
         cap = format_bytes(r["offload_capacity_bytes"]) if r["offload_capacity_bytes"] else "-"
         bw = f"{r['offload_bytes_per_s'] / 1e9:.0f} GB/s" if r["offload_bytes_per_s"] else "-"
         if not r["feasible"]:
-            table.add_row(r["model"], f"{r['gpus']:,}", r["system"], "does not fit", "-", "-", "-", f"- / {cap}", bw, "-")
+            table.add_row(r["model"], f"{r['gpus']:,}", r["system"], "does not fit", "-", "-", "-", f"- / {cap}", bw, "-",
+                          "-")
             continue
         used = format_bytes(r["offload_used_bytes"]) if r["offload_used_bytes"] else "0"
         table.add_row(r["model"], f"{r['gpus']:,}", r["system"], format_seconds(r["iteration_s"]),
                       f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-", f"{100 * r['mfu']:.1f}%",
                       f"{format_bytes(r['hbm_used_bytes'])} / {format_bytes(r['hbm_bytes'])}", f"{used} / {cap}",
-                      bw, _config(r))
+                      bw, format_seconds(r["contention_s"]) if r["contention_s"] else "0", _config(r))
     return table
 
 

@@ -46,6 +46,7 @@ NOTE [time model] (also ``docs/llm.md``):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, replace
 
 from mcdla.errors import ConfigError, brief
@@ -174,6 +175,9 @@ class LlmStep:
     """Activations saved for backward by the micro-batches in flight."""
     cp_comm_s: float = 0.0
     ep_comm_s: float = 0.0
+    contention_s: float = 0.0
+    """Time the shared links add over the same iteration on idle links (the per-link floor's stretch, NOTE [link
+    floor]; counted inside ``offload_s``, not a separate part of the sum)."""
 
     def to_dict(self) -> dict[str, float | bool]:
         """Plain data for JSON."""
@@ -488,7 +492,9 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     iteration = m * stage_last + bubble + c.dp_exposed_s + dp_stretch + c.optimizer_s + c.offload_step_s
     parts = c.iteration_parts(m, e.virtual_stages)
     parts["offload_s"] += m * stretch + dp_stretch
-    return step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble, **parts)
+    step = step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble, **parts)
+    contention = m * stretch + dp_stretch  # what rounds away against the iteration is no contention
+    return dataclasses.replace(step, contention_s=contention if contention > 1e-12 * iteration else 0.0)
 
 
 def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, float]]:
@@ -581,10 +587,11 @@ def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = D
     prec = precision_of(precision)
     spec = _at_precision(spec, prec)
     act = spec.bytes_per_element * e.micro_batch * spec.seq_len / e.cp * spec.hidden
+    groups = _param_groups(spec, e)
     params_rank = _stage_params(spec, e)
-    shard = e.dp if e.zero >= 1 else 1
     return RankTraffic(
         activation_bytes=act, p2p_bytes=act / e.tp,
-        stage_activation_bytes=spec.layers // e.pp * _activation_bytes(spec, e, prec),
-        weight_bytes=prec.element_bytes * params_rank, optimizer_bytes=prec.optimizer_bytes * params_rank / shard,
+        stage_activation_bytes=max(stage_layers(e, spec)) * _activation_bytes(spec, e, prec),
+        weight_bytes=prec.element_bytes * params_rank,
+        optimizer_bytes=prec.optimizer_bytes * _sharded(groups, e.zero >= 1),
         gradient_bytes=prec.element_bytes * params_rank)

@@ -203,6 +203,10 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     e = execution
     every = replicas == "all" or (replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO)
     c = stage_costs(spec, e, cluster, precision=precision)
+    if e.cp > 1 or e.ep > 1 or c.layer_ep_fwd_s or c.layer_ep_bwd_s or len(set(c.stage_layers)) > 1:
+        raise ConfigError(f"execution: got cp={e.cp}, ep={e.ep}, stage layers {sorted(set(c.stage_layers))}; the "
+                          "engine lowers TP/PP/DP with even pipeline stages only (no context-parallel K/V exchange, "
+                          "expert all-to-all or uneven split yet): use the analytical model for this record")
     traffic = rank_traffic(spec, e, precision)
     cluster = cluster.for_gpus(e.gpus)
     layout = ParallelDims.of(e)
