@@ -58,8 +58,9 @@ from mcdla.sim.llm_moe import ParamGroup, capacity_extra_flops, ep_all_to_all_s,
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
-                                        attention_bwd_flops_ratio, flash_attention_bytes, fp8_cast_bytes_per_layer, hardware_flops_per_iteration,
-                                        layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
+                                        attention_bwd_flops_ratio, flash_attention_bytes, fp8_cast_bytes_per_layer,
+                                        hardware_flops_per_iteration, layer_fwd_flops, logits_fwd_flops,
+                                        model_flops_per_iteration)
 
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
            "LlmStep", "RankTraffic", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
@@ -105,8 +106,8 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
 """NOTE [precision] ``bf16``/``fp16``: mixed precision, everything at that peak (ZeRO's 2 + 2 + 12 bytes per
 parameter: Rajbhandari et al. 2020, sec. 3.1). ``fp8``: Transformer Engine: the linear layers' GEMMs at the fp8
 peak, the attention core (a bf16 FlashAttention kernel), the logits, elementwise kernels and the optimizer in
-bf16/fp32; every GEMM input cast to fp8 (current scaling adds an amax pass, :func:`~mcdla.workload.transformer.fp8_cast_bytes_per_layer`), an fp8
-copy of the weights (1 byte per parameter), the linear layers' inputs saved in fp8 for backward. ``fp32``: 4-byte
+bf16/fp32; every GEMM input cast to fp8 (current scaling adds an amax pass,
+:func:`~mcdla.workload.transformer.fp8_cast_bytes_per_layer`), an fp8 copy of the weights (1 byte per parameter), the linear layers' inputs saved in fp8 for backward. ``fp32``: 4-byte
 activations, weights and gradients, Adam's momentum and variance (no master copy)."""
 
 
