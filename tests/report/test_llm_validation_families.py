@@ -4,7 +4,7 @@ import pytest
 
 from mcdla.report.llm_validation import BRIDGE_FP8_RUNS, FAMILIES, family_runs, summary, validate_llm
 
-# shared/reference/llm-published.md, Megatron-Bridge 25.11: (system, model) -> GPUs, GBS, mbs, TP, PP, VP,
+# Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Megatron-Bridge): (system, model) -> GPUs, GBS, mbs, TP, PP, VP,
 # tokens/s/GPU, as published.
 PUBLISHED = {("dgx-h100", "llama3-8b"): (8, 128, 1, 1, 1, 1, 14451),
              ("dgx-h100", "llama3-70b"): (64, 128, 1, 4, 8, 5, 1602),

@@ -20,7 +20,7 @@ so they are predicted with ``attention="materialized"``.
 
 A second family, ``megatron-bridge-fp8`` (:data:`BRIDGE_FP8_RUNS`): Megatron-Bridge 25.11's published FP8
 (current scaling) runs of Llama 3 on DGX H100, B200, GB200 and GB300 (``performance-summary.md``, copied in
-``shared/reference/llm-published.md``), all eight rows. Measured seconds per iteration = ``GBS x 8192 /
+`Megatron-Bridge 25.11 `performance-summary.md`, NVIDIA-NeMo/Megatron-Bridge on GitHub`), all eight rows. Measured seconds per iteration = ``GBS x 8192 /
 (tokens/s/GPU x GPUs)``. Every unpublished field is stated in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused
 attention), ``precision="fp8"``.
 """
