@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
+_Tensor, _STRIDED = torch.Tensor, torch.strided
+_current_autograd_node = torch._C._current_autograd_node
+
 
 def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> Any:
     """The storage of a saved tensor if the runtime may move it, else None.
@@ -51,9 +54,9 @@ def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> An
     ``min_bytes``, tensors saved during backward (checkpoint recomputation), and anything but plain strided
     CPU/CUDA tensors without conjugate or negative bits.
     """
-    if type(t) is not torch.Tensor or t.layout is not torch.strided or not (t.is_cpu or t.is_cuda):
+    if type(t) is not _Tensor or t.layout is not _STRIDED or not (t.is_cpu or t.is_cuda):
         return None
-    if t.is_quantized or t.is_conj() or t.is_neg() or torch._C._current_autograd_node() is not None:
+    if t.is_quantized or t.is_conj() or t.is_neg() or _current_autograd_node() is not None:
         return None
     if t.requires_grad and t.is_leaf:
         return None  # a parameter (or another leaf that is trained)
@@ -61,7 +64,7 @@ def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> An
     if base is not None and ((base.requires_grad and base.is_leaf) or isinstance(base, torch.nn.Parameter)):
         return None  # a view of one, e.g. weight.t() (a Parameter itself is not a plain Tensor: refused above)
     storage = t.untyped_storage()
-    if storage.nbytes() < min_bytes or storage.data_ptr() in param_ptrs:
+    if storage.nbytes() < min_bytes or (param_ptrs and storage.data_ptr() in param_ptrs):
         return None
     return storage
 
@@ -103,14 +106,15 @@ class _Record:
         "id", "key", "step", "device", "nbytes", "storage_ref", "root_ref", "version", "saved_seq", "layer", "dtype",
         "shape", "start_tier",
         "prefetch_at", "_label",
-        "offload_now", "state", "source", "alias", "restored", "event", "block", "tier_name", "offload_future",
+        "offload_now", "state", "source", "alias", "first_stride", "first_offset", "restored", "event", "block", "tier_name", "offload_future",
         "fetch_future", "handles_live", "pending", "error", "counted_resident", "counted_window",
     )
 
-    def __init__(self, *, rid: int, key: Any, step: _Step, storage: Any, alias: torch.Tensor, nbytes: int,
-                 root: torch.Tensor,
-                 version: int, dtype: torch.dtype, shape: Any, layer: str, start_tier: int,
-                 prefetch_at: str | None, offload_now: bool, saved_seq: int) -> None:
+    def __init__(self, rid: int, key: Any, step: _Step, storage: Any, alias: torch.Tensor, nbytes: int,
+                 root: torch.Tensor, version: int, dtype: torch.dtype, shape: Any, layer: str, start_tier: int,
+                 prefetch_at: str | None, offload_now: bool, saved_seq: int, /) -> None:
+        """Positional arguments: a record is made per new saved storage, and binding 15 keywords costs
+        more than the rest of this constructor (NOTE [hot path] in ``_step``)."""
         self.id = rid
         self.key = key
         self.step = step
@@ -130,6 +134,8 @@ class _Record:
         self.state = _State.RESIDENT
         self.source: Any = storage  # the storage object: held while resident, dropped once offloaded
         self.alias: torch.Tensor | None = alias  # the first save, detached: held and dropped with ``source``
+        self.first_stride: tuple[int, ...] = ()  # the first save's stride and offset, kept when ``alias`` goes
+        self.first_offset = 0
         self.restored: torch.Tensor | None = None  # fetched bytes (1-D uint8 on the device)
         self.event: Any = None  # CUDA event after which ``restored`` is valid
         self.block: Block | None = None
@@ -152,7 +158,11 @@ class _Record:
         return self._label
 
     def drop_source(self) -> Any:
-        """Let go of the held storage object (keeping a weak reference to it); return it."""
+        """Let go of the held storage object (keeping a weak reference to it, and the first save's geometry
+        for the first handle's view of restored bytes); return it."""
+        alias = self.alias
+        if alias is not None:
+            self.first_stride, self.first_offset = alias.stride(), alias.storage_offset()
         storage, self.source, self.alias = self.source, None, None
         if storage is not None and self.storage_ref is None:
             self.storage_ref = weakref.ref(storage)
@@ -193,11 +203,14 @@ class _Handle:
 
     def __init__(self, record: _Record, tensor: torch.Tensor, size: Any, *, first: bool = False) -> None:
         self.record = record
-        self.first = first  # the save that made the record: ``record.alias`` is this tensor
+        self.first = first  # the save that made the record: ``record.alias`` is this tensor, with its geometry
         self.dtype = tensor.dtype
         self.size = size
-        self.stride = tensor.stride()
-        self.offset = tensor.storage_offset()
+        if first:
+            self.stride, self.offset = None, 0
+        else:
+            self.stride = tensor.stride()
+            self.offset = tensor.storage_offset()
         self.unpacked = False
         record.handles_live += 1
         record.pending += 1
@@ -208,12 +221,18 @@ class _Handle:
 
     def view_of(self, storage: Any) -> torch.Tensor:
         """This saved tensor as a view into ``storage`` (the record's storage, original or restored)."""
+        stride, offset = self.stride, self.offset
         if self.first:
-            alias = self.record.alias
-            if alias is not None and storage is self.record.source:
+            rec = self.record
+            alias = rec.alias
+            if alias is None:
+                stride, offset = rec.first_stride, rec.first_offset
+            elif storage is rec.source:
                 return alias
+            else:
+                stride, offset = alias.stride(), alias.storage_offset()
         out = torch.empty(0, dtype=self.dtype, device=self.record.device)
-        return out.set_(storage, self.offset, self.size, self.stride)
+        return out.set_(storage, offset, self.size, stride)
 
     def modified_version(self) -> int | None:
         """The saved tensor's current version if it was modified in place (through any view) since it was saved."""

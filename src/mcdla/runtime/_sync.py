@@ -68,6 +68,7 @@ class _InboxLock:
 
     def __init__(self, on_error: Callable[[Exception], None]) -> None:
         self._lock = threading.Lock()
+        self.acquire = self._lock.acquire  # ``acquire(); try: ... finally: release()``: no Python frame to enter
         self._inbox: deque[Callable[[], None]] = deque()
         self._on_error = on_error
 

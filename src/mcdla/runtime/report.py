@@ -23,6 +23,7 @@ from mcdla.units import format_bytes, format_seconds
 
 __all__ = ["TransferSpan", "WaitSpan", "StepReport"]
 
+_perf_counter = time.perf_counter
 _MAX_TIMELINE_SAMPLES = 200_000  # per step; beyond it samples are dropped and counted
 _MAX_WARNINGS = 100  # per step; beyond it warnings are counted
 
@@ -302,7 +303,7 @@ class _ReportBuilder:
         if resident_bytes > self.peak_resident:
             self.peak_resident = resident_bytes
         if len(self.timeline_bytes) < _MAX_TIMELINE_SAMPLES:
-            self.timeline_s.append(time.perf_counter() - self.t0)
+            self.timeline_s.append(_perf_counter() - self.t0)
             self.timeline_bytes.append(resident_bytes)
         else:
             self.timeline_dropped += 1
