@@ -82,7 +82,6 @@ class _State(Enum):
     FAILED = "failed"  # a transfer failed; ``error`` says how
 
 
-
 def storage_bytes(storage: Any) -> torch.Tensor:
     """A storage's bytes as a 1-D uint8 tensor (no copy), the form the tiers copy from."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
@@ -97,8 +96,9 @@ class _Record:
         weakly) and version, and ``alias``, a detached alias of the first saved tensor, which the first
         handle's unpack returns while the record holds the bytes (building a view with ``set_`` costs five
         times a ``detach``; autograd gives the unpacked tensor a fresh version counter either way, as
-        ``make_variable`` shallow-copies a tensor someone else holds). The weak reference to the storage is
-        made when the record lets go of it (an offload landed), the bytes as a uint8 tensor when an offload
+        ``make_variable`` shallow-copies a tensor someone else holds), and whose stride and offset the first
+        handle uses (kept on the record when the alias goes). The weak reference to the storage is made
+        when the record lets go of it (an offload landed), the bytes as a uint8 tensor when an offload
         starts, and the label when a message or a trace names the tensor.
     """
 
@@ -106,8 +106,9 @@ class _Record:
         "id", "key", "step", "device", "nbytes", "storage_ref", "root_ref", "version", "saved_seq", "layer", "dtype",
         "shape", "start_tier",
         "prefetch_at", "_label",
-        "offload_now", "state", "source", "alias", "first_stride", "first_offset", "restored", "event", "block", "tier_name", "offload_future",
-        "fetch_future", "handles_live", "pending", "error", "counted_resident", "counted_window",
+        "offload_now", "state", "source", "alias", "first_stride", "first_offset", "restored", "event", "block",
+        "tier_name", "offload_future", "fetch_future", "handles_live", "pending", "error", "counted_resident",
+        "counted_window",
     )
 
     def __init__(self, rid: int, key: Any, step: _Step, storage: Any, alias: torch.Tensor, nbytes: int,
