@@ -5,6 +5,7 @@ thread and fails after a timeout instead."""
 from __future__ import annotations
 
 import gc
+import operator
 import shutil
 import threading
 import time
@@ -114,6 +115,27 @@ def test_interrupted_task_releases_the_lock_and_keeps_the_rest():
     assert ran == [1]
     lock.post(lambda: ran.append(2))  # and the lock works as before
     assert ran == [1, 2]
+
+
+def test_call_runs_at_once_when_free_and_after_the_tasks_already_queued():
+    """``call`` runs its task at once on a free lock, queues it behind the holder otherwise, never overtakes
+    tasks left in the inbox (posted during a collection), and hands a failing task to ``on_error``."""
+    errors: list[BaseException] = []
+    lock = _InboxLock(errors.append)
+    ran: list[int] = []
+    lock.call(ran.append, 1)
+    assert ran == [1]
+    with lock:
+        lock.call(ran.append, 2)
+        assert ran == [1]  # the holder runs it at release
+    assert ran == [1, 2]
+    lock._inbox.append(lambda: ran.append(3))  # what a post during a garbage collection leaves behind
+    lock.call(ran.append, 4)
+    assert ran == [1, 2, 3, 4]
+    lock.call(operator.truediv, 1, 0)
+    assert len(errors) == 1 and isinstance(errors[0], ZeroDivisionError)
+    assert lock._lock.acquire(blocking=False)
+    lock._lock.release()
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

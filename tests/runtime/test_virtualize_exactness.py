@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 import mcdla
 from mcdla.runtime import keep_resident, virtualize
 
-from ._models import MLP, MODELS, assert_identical, make_batch, train_steps, twin
+from ._models import MLP, MODELS, assert_identical, make_batch, train_steps, twin, wait_offloaded
 
 TIERS = ["host", "file", "compress", "spill"]
 
@@ -155,3 +155,46 @@ def test_keep_resident_region_is_not_offloaded():
 def test_top_level_lazy_export():
     """``mcdla.virtualize`` is the runtime's virtualize."""
     assert mcdla.virtualize is virtualize
+
+
+class _SaveTwoViews(torch.autograd.Function):
+    """Saves two strided views of one intermediate storage and records what backward gets back."""
+
+    seen: list[tuple[tuple[int, ...], tuple[int, ...], int, torch.Tensor]] = []
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        y = x * 2.0
+        first, second = y.t()[1:], y[:, ::2]  # non-contiguous, with storage offsets 1 and 0
+        ctx.save_for_backward(first, second)
+        return y.sum()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        for t in ctx.saved_tensors:
+            _SaveTwoViews.seen.append((tuple(t.shape), t.stride(), t.storage_offset(), t.clone()))
+        return grad * torch.ones(6, 4)
+
+
+@pytest.mark.parametrize("budget", [None, 1 << 40])
+def test_views_sharing_a_record_come_back_with_their_own_geometry(budget):
+    """Two strided views saved into one record (the first makes it, the second shares it) unpack with the
+    size, stride, offset and values they had when saved, whether the record stayed put or was offloaded
+    and fetched back."""
+    x = torch.arange(24.0).reshape(6, 4).requires_grad_()
+    y = x.detach() * 2.0
+    expected = [(t.shape, t.stride(), t.storage_offset(), t) for t in (y.t()[1:], y[:, ::2])]
+    vm = virtualize("host", budget=budget, min_bytes=0)
+    _SaveTwoViews.seen.clear()
+    with vm:
+        loss = _SaveTwoViews.apply(x) + x.sin().sum()  # sin's save (a leaf: not managed) starts the offload
+        if budget is None:
+            wait_offloaded(vm)
+        loss.backward()
+    assert vm.report.managed_count == 1 and vm.report.saved_count == 3
+    assert (vm.report.offloaded_bytes > 0) == (budget is None)
+    assert len(_SaveTwoViews.seen) == 2
+    for (shape, stride, offset, values), (e_shape, e_stride, e_offset, e_values) in zip(
+            _SaveTwoViews.seen, expected, strict=True):
+        assert (shape, stride, offset) == (tuple(e_shape), e_stride, e_offset)
+        assert torch.equal(values, e_values)

@@ -32,8 +32,6 @@ import threading
 import weakref
 from typing import Any
 
-import torch
-
 __all__: list[str] = []
 
 _PAGE = mmap.PAGESIZE
@@ -74,6 +72,12 @@ def untouched_bytes(storage: Any) -> int:
     return max(0, missing) * _PAGE
 
 
+class _Watch(weakref.ref):
+    """A weak reference to a let-go storage that carries what its death un-counts (no closure per storage)."""
+
+    __slots__ = ("key", "nbytes", "kind")
+
+
 class _Lingering:
     """Storages the runtime let go of that are still alive elsewhere (NOTE [memory honesty]).
 
@@ -85,34 +89,34 @@ class _Lingering:
 
     def __init__(self) -> None:
         self._mu = threading.Lock()
-        self._watched: dict[int, weakref.ref] = {}  # id(storage object) -> weak reference with callback
+        self._watched: dict[int, _Watch] = {}  # id(storage object) -> weak reference with callback
         self.bytes = 0
         self.by_kind = dict.fromkeys(self.KINDS, 0)
+        self._on_gone = self._gone
 
-    def let_go(self, tensor: torch.Tensor | None, nbytes: int, kind: str) -> None:
-        """The runtime is about to drop ``tensor`` (a view of a managed storage): count it while it lives.
+    def let_go(self, storage: Any, nbytes: int, kind: str) -> None:
+        """The runtime is about to drop ``storage`` (a managed storage object): count it while it lives.
 
         Call it before dropping the reference; if nothing else holds the storage, it dies when the caller
         drops it and the count goes back down at once.
         """
-        if tensor is None:
+        if storage is None:
             return
-        storage = tensor.untyped_storage()
         key = id(storage)
-
-        def gone(ref: weakref.ref, key: int = key, n: int = nbytes, kind: str = kind) -> None:
-            with self._mu:
-                if self._watched.get(key) is ref:
-                    del self._watched[key]
-                    self.bytes -= n
-                    self.by_kind[kind] -= n
-
         with self._mu:
             if key in self._watched:  # another record let go of the same storage already
                 return
-            self._watched[key] = weakref.ref(storage, gone)
+            ref = self._watched[key] = _Watch(storage, self._on_gone)
+            ref.key, ref.nbytes, ref.kind = key, nbytes, kind
             self.bytes += nbytes
             self.by_kind[kind] += nbytes
+
+    def _gone(self, ref: _Watch) -> None:
+        with self._mu:
+            if self._watched.get(ref.key) is ref:
+                del self._watched[ref.key]
+                self.bytes -= ref.nbytes
+                self.by_kind[ref.kind] -= ref.nbytes
 
     def still_alive(self, kind: str) -> int:
         with self._mu:

@@ -86,6 +86,11 @@ class _Prefetcher:
         waiting = (r for group in (self._order, self._requested, *self._by_trigger.values()) for r in group)
         return sum(r.nbytes for r in waiting if r.id > rec.id and r.state is _State.OFFLOADED)
 
+    def may_fetch(self) -> bool:
+        """Whether :meth:`next` may find a record (a cheap test the unpack hook makes before a top-up)."""
+        return (self.in_backward and self.in_window < self.window
+                and (bool(self._requested) or (self._cursor is not None and self._cursor >= 0)))
+
     def next(self, fits: Callable[[_Record], bool] | None = None) -> _Record | None:
         """The next record to fetch ahead, if backward runs, the window has room and ``fits`` (if given)
         accepts it; a record that does not fit stays next."""

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
+_Tensor, _STRIDED = torch.Tensor, torch.strided
+_current_autograd_node = torch._C._current_autograd_node
+
 
 def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> Any:
     """The storage of a saved tensor if the runtime may move it, else None.
@@ -51,9 +54,9 @@ def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> An
     ``min_bytes``, tensors saved during backward (checkpoint recomputation), and anything but plain strided
     CPU/CUDA tensors without conjugate or negative bits.
     """
-    if type(t) is not torch.Tensor or t.layout is not torch.strided or t.device.type not in ("cpu", "cuda"):
+    if type(t) is not _Tensor or t.layout is not _STRIDED or not (t.is_cpu or t.is_cuda):
         return None
-    if t.is_quantized or t.is_conj() or t.is_neg() or torch._C._current_autograd_node() is not None:
+    if t.is_quantized or t.is_conj() or t.is_neg() or _current_autograd_node() is not None:
         return None
     if t.requires_grad and t.is_leaf:
         return None  # a parameter (or another leaf that is trained)
@@ -61,15 +64,9 @@ def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> An
     if base is not None and ((base.requires_grad and base.is_leaf) or isinstance(base, torch.nn.Parameter)):
         return None  # a view of one, e.g. weight.t() (a Parameter itself is not a plain Tensor: refused above)
     storage = t.untyped_storage()
-    if storage.nbytes() < min_bytes or storage.data_ptr() in param_ptrs:
+    if storage.nbytes() < min_bytes or (param_ptrs and storage.data_ptr() in param_ptrs):
         return None
     return storage
-
-
-def view_root(t: torch.Tensor) -> torch.Tensor:
-    """The tensor whose version counter ``t`` uses: its autograd base, or itself (NOTE [one version counter])."""
-    base = t._base
-    return t if base is None else base
 
 
 class _State(Enum):
@@ -85,40 +82,61 @@ class _State(Enum):
     FAILED = "failed"  # a transfer failed; ``error`` says how
 
 
+def storage_bytes(storage: Any) -> torch.Tensor:
+    """A storage's bytes as a 1-D uint8 tensor (no copy), the form the tiers copy from."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
 
 class _Record:
-    """One managed storage of one step."""
+    """One managed storage of one step.
+
+    NOTE [cheap records]
+        A record is made at every save of a new storage, so it computes only what every record needs: the
+        storage object (held, which keeps the bytes alive while the record holds them), its view root (held
+        weakly) and version, and ``alias``, a detached alias of the first saved tensor, which the first
+        handle's unpack returns while the record holds the bytes (building a view with ``set_`` costs five
+        times a ``detach``; autograd gives the unpacked tensor a fresh version counter either way, as
+        ``make_variable`` shallow-copies a tensor someone else holds), and whose stride and offset the first
+        handle uses (kept on the record when the alias goes). The weak reference to the storage is made
+        when the record lets go of it (an offload landed), the bytes as a uint8 tensor when an offload
+        starts, and the label when a message or a trace names the tensor.
+    """
 
     __slots__ = (
         "id", "key", "step", "device", "nbytes", "storage_ref", "root_ref", "version", "saved_seq", "layer", "dtype",
         "shape", "start_tier",
         "prefetch_at", "_label",
-        "offload_now", "state", "source", "restored", "event", "block", "tier_name", "offload_future",
-        "fetch_future", "handles_live", "pending", "error", "counted_resident", "counted_window",
+        "offload_now", "state", "source", "alias", "first_stride", "first_offset", "restored", "event", "block",
+        "tier_name", "offload_future", "fetch_future", "handles_live", "pending", "error", "counted_resident",
+        "counted_window",
     )
 
-    def __init__(self, *, rid: int, key: tuple[Any, ...], step: _Step, tensor: torch.Tensor, layer: str,
-                 start_tier: int, prefetch_at: str | None, offload_now: bool, saved_seq: int) -> None:
-        storage = tensor.untyped_storage()
+    def __init__(self, rid: int, key: Any, step: _Step, storage: Any, alias: torch.Tensor, nbytes: int,
+                 root: torch.Tensor, version: int, dtype: torch.dtype, shape: Any, layer: str, start_tier: int,
+                 prefetch_at: str | None, offload_now: bool, saved_seq: int, /) -> None:
+        """Positional arguments: a record is made per new saved storage, and binding 15 keywords costs
+        more than the rest of this constructor (NOTE [hot path] in ``_step``)."""
         self.id = rid
         self.key = key
         self.step = step
-        self.device = tensor.device
-        self.nbytes = storage.nbytes()
-        self.storage_ref = weakref.ref(storage)
-        self.root_ref = weakref.ref(view_root(tensor))
-        self.version = tensor._version
+        self.device = storage.device
+        self.nbytes = nbytes
+        self.storage_ref: weakref.ref | None = None  # set when ``source`` is dropped
+        self.root_ref = weakref.ref(root)
+        self.version = version
         self.saved_seq = saved_seq  # autograd's counter when saved; -1: final when saved (NOTE [bytes final] in _step)
         self.layer = layer
-        self.dtype = tensor.dtype
-        self.shape = tensor.shape
+        self.dtype = dtype
+        self.shape = shape
         self._label: str | None = None
         self.start_tier = start_tier
         self.prefetch_at = prefetch_at
         self.offload_now = offload_now
         self.state = _State.RESIDENT
-        # the storage's bytes as a 1-D uint8 tensor: held while resident, dropped once offloaded
-        self.source: torch.Tensor | None = torch.empty(0, dtype=torch.uint8, device=self.device).set_(storage)
+        self.source: Any = storage  # the storage object: held while resident, dropped once offloaded
+        self.alias: torch.Tensor | None = alias  # the first save, detached: held and dropped with ``source``
+        self.first_stride: tuple[int, ...] = ()  # the first save's stride and offset, kept when ``alias`` goes
+        self.first_offset = 0
         self.restored: torch.Tensor | None = None  # fetched bytes (1-D uint8 on the device)
         self.event: Any = None  # CUDA event after which ``restored`` is valid
         self.block: Block | None = None
@@ -140,46 +158,88 @@ class _Record:
             self._label = f"saved tensor #{self.id} ({where}, {str(self.dtype).removeprefix('torch.')}[{shape}])"
         return self._label
 
-    def same_storage(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` is a view of this record's root, unchanged since it was saved.
+    def drop_source(self) -> Any:
+        """Let go of the held storage object (keeping a weak reference to it, and the first save's geometry
+        for the first handle's view of restored bytes); return it."""
+        alias = self.alias
+        if alias is not None:
+            self.first_stride, self.first_offset = alias.stride(), alias.storage_offset()
+        storage, self.source, self.alias = self.source, None, None
+        if storage is not None and self.storage_ref is None:
+            self.storage_ref = weakref.ref(storage)
+        return storage
+
+    def storage_alive(self) -> bool:
+        """Whether the original storage is still alive (held by the record or by anyone else)."""
+        return self.source is not None or (self.storage_ref is not None and self.storage_ref() is not None)
+
+    def same_storage(self, storage: Any, root: torch.Tensor, version: int) -> bool:
+        """Whether a tensor with ``storage``, view root ``root`` and version ``version`` is a view of this
+        record's root, unchanged since it was saved.
 
         Same storage is not enough: aliases with their own version counters may have rewritten the bytes
         (NOTE [one version counter]).
         """
-        return (self.storage_ref() is tensor.untyped_storage() and self.root_ref() is view_root(tensor)
-                and self.version == tensor._version)
+        held = self.source
+        if held is None:
+            held = self.storage_ref() if self.storage_ref is not None else None
+        return held is storage and self.root_ref() is root and self.version == version
 
-    def bytes_now(self) -> torch.Tensor | None:
-        """The device bytes available without a fetch (source or restored), if any."""
-        return self.source if self.source is not None else self.restored
+    def bytes_now(self) -> Any:
+        """The device storage available without a fetch (the source, or the restored bytes), if any."""
+        if self.source is not None:
+            return self.source
+        restored = self.restored
+        return None if restored is None else restored.untyped_storage()
 
 
 class _Handle:
-    """What autograd stores in place of a managed saved tensor: a view description plus its record."""
+    """What autograd stores in place of a managed saved tensor: a view description plus its record.
 
-    __slots__ = ("record", "dtype", "size", "stride", "offset", "origin", "version", "unpacked")
+    Its root and version are the record's: a handle is made only for a tensor with the record's view root
+    at the record's version (``_Record.same_storage``).
+    """
 
-    def __init__(self, record: _Record, tensor: torch.Tensor) -> None:
+    __slots__ = ("record", "dtype", "size", "stride", "offset", "unpacked", "first")
+
+    def __init__(self, record: _Record, tensor: torch.Tensor, size: Any, *, first: bool = False) -> None:
         self.record = record
+        self.first = first  # the save that made the record: ``record.alias`` is this tensor, with its geometry
         self.dtype = tensor.dtype
-        self.size = tensor.size()
-        self.stride = tensor.stride()
-        self.offset = tensor.storage_offset()
-        self.origin = weakref.ref(view_root(tensor))  # the counter's owner lives as long as any view of it
-        self.version = tensor._version
+        self.size = size
+        if first:
+            self.stride, self.offset = None, 0
+        else:
+            self.stride = tensor.stride()
+            self.offset = tensor.storage_offset()
         self.unpacked = False
         record.handles_live += 1
         record.pending += 1
 
-    def view_of(self, storage_bytes: torch.Tensor) -> torch.Tensor:
-        """This saved tensor as a view into ``storage_bytes`` (the record's restored storage)."""
-        out = torch.empty(0, dtype=self.dtype, device=storage_bytes.device)
-        return out.set_(storage_bytes.untyped_storage(), self.offset, self.size, self.stride)
+    @property
+    def version(self) -> int:
+        return self.record.version
+
+    def view_of(self, storage: Any) -> torch.Tensor:
+        """This saved tensor as a view into ``storage`` (the record's storage, original or restored)."""
+        stride, offset = self.stride, self.offset
+        if self.first:
+            rec = self.record
+            alias = rec.alias
+            if alias is None:
+                stride, offset = rec.first_stride, rec.first_offset
+            elif storage is rec.source:
+                return alias
+            else:
+                stride, offset = alias.stride(), alias.storage_offset()
+        out = torch.empty(0, dtype=self.dtype, device=self.record.device)
+        return out.set_(storage, offset, self.size, stride)
 
     def modified_version(self) -> int | None:
         """The saved tensor's current version if it was modified in place (through any view) since it was saved."""
-        origin = self.origin()
-        if origin is not None and origin._version != self.version:
+        rec = self.record
+        origin = rec.root_ref()
+        if origin is not None and origin._version != rec.version:
             return origin._version
         return None
 

@@ -42,6 +42,17 @@ NOTE [backward twice]
     it they stay until the graph is dropped, which is what PyTorch without hooks keeps too. The runtime
     stops counting them as resident at the last unpack (they are "returned", NOTE [memory honesty]).
 
+NOTE [hot path]
+    Every saved tensor runs the pack hook, the unpack hook and its handle's death, so their common case (a
+    storage the policy keeps, or one already offloaded and fetched ahead) does as little as it can in
+    Python: one section under the step lock in each, no closure, list or dict made per tensor, a record
+    and a handle with ``__slots__`` that compute only what every record needs (NOTE [cheap records] in
+    ``_records``), timeline samples in flat arrays (NOTE [cheap samples] in ``report``), a handle's death
+    run at once through ``_InboxLock.call`` (a posted closure only while the lock is taken or a collection
+    runs), and the unpack checks (abort, failure, second unpack, in-place change) tested together before
+    the call that explains a failure. The general machinery (offloads that became final, waits for a
+    window or a plan's budget, fetches) runs only when its condition holds.
+
 NOTE [forked children]
     A step belongs to the process that entered it. A child made by ``os.fork`` during a step shares its
     records, blocks and handles but not its I/O threads: settling there waited forever for transfers no
@@ -67,11 +78,11 @@ from typing import Any
 import torch
 
 from mcdla.errors import McdlaError, OffloadError, RuntimeTierError
-from mcdla.runtime._liveness import _Lingering, untouched_bytes
+from mcdla.runtime._liveness import _MIN_CHECKED_BYTES, _Lingering, untouched_bytes
 from mcdla.runtime._modules import _Attribution
 from mcdla.runtime._policy import _Config, _Policy, fits, freeing_offload, plan_cap_bytes
 from mcdla.runtime._prefetch import _Prefetcher
-from mcdla.runtime._records import _Handle, _Record, _State, managed_storage, view_root
+from mcdla.runtime._records import _Handle, _Record, _State, managed_storage, storage_bytes
 from mcdla.runtime._sync import _InboxLock
 from mcdla.runtime._transfer import _Mover, profiled
 from mcdla.runtime.pool import Pool
@@ -97,6 +108,9 @@ def _made_earlier(t: torch.Tensor, seq: int) -> bool:
     return seq > 0 and fn is not None and fn._sequence_nr() < seq - 1
 
 _LIVE = frozenset({_State.RESIDENT, _State.OFFLOADING, _State.OFFLOADED, _State.FETCHING, _State.READY})
+_ON_DEVICE = frozenset({_State.RESIDENT, _State.READY, _State.CONSUMED})  # unpacked without a fetch
+_NONE: tuple[_Record, ...] = ()  # no records: what the hooks' common case returns, without a new list
+_NO_MODULE = ("", None)  # (layer, decision) without ``model=``
 
 
 def _one_line(exc: BaseException) -> str:
@@ -142,7 +156,8 @@ class _Step:
         self._param_ptrs = attribution.param_storage_ptrs()
         self.final_report: StepReport | None = None
         self.lingering = _Lingering()  # NOTE [memory honesty] in ``_liveness``
-        self._node_saved = (-1, 0, 0)  # (autograd sequence number, storages, bytes) of the newest saving node
+        self._node_seq, self._node_count, self._node_bytes = -1, 0, 0  # the newest saving node's storages
+        self._attributed = attribution.active
 
     # -- failures and accounting (under the lock) ------------------------------------------------------
     def _fail(self, exc: BaseException) -> None:
@@ -163,12 +178,13 @@ class _Step:
             self._resident += rec.nbytes if resident else -rec.nbytes
 
     def _sample(self) -> None:
-        alive = self._resident + self.lingering.bytes  # NOTE [memory honesty] in ``_liveness``
-        if alive > self.report.peak_alive:
-            self.report.peak_alive = alive
-        if self._resident != self._sampled:
-            self._sampled = self._resident
-            self.report.sample(self._resident)
+        resident, report = self._resident, self.report
+        alive = resident + self.lingering.bytes  # NOTE [memory honesty] in ``_liveness``
+        if alive > report.peak_alive:
+            report.peak_alive = alive
+        if resident != self._sampled:
+            self._sampled = resident
+            report.sample(resident)
 
 
     @property
@@ -181,14 +197,18 @@ class _Step:
         """Bytes of managed saved storages alive now, whoever holds them (NOTE [memory honesty])."""
         return self._resident + self.lingering.bytes
 
-    def _note_saved(self, seq: int, t: torch.Tensor, nbytes: int) -> None:
+    def _note_saved(self, seq: int, storage: Any, nbytes: int) -> None:
         """Account a new managed storage for ``StepReport.not_freed`` (under the lock)."""
-        node, count, total = self._node_saved
-        node, count, total = (seq, count + 1, total + nbytes) if node == seq else (seq, 1, nbytes)
-        self._node_saved = (node, count, total)
-        if count > self.report.node_saved_max_count:
-            self.report.node_saved_max_count, self.report.node_saved_max_bytes = count, total
-        self.report.untouched_bytes += untouched_bytes(t.untyped_storage())
+        if self._node_seq == seq:
+            self._node_count += 1
+            self._node_bytes += nbytes
+        else:
+            self._node_seq, self._node_count, self._node_bytes = seq, 1, nbytes
+        report = self.report
+        if self._node_count > report.node_saved_max_count:
+            report.node_saved_max_count, report.node_saved_max_bytes = self._node_count, self._node_bytes
+        if nbytes >= _MIN_CHECKED_BYTES:  # smaller ones are not checked (``untouched_bytes``)
+            report.untouched_bytes += untouched_bytes(storage)
 
     @property
     def live_records(self) -> int:
@@ -207,7 +227,8 @@ class _Step:
         """The pack hook: a handle for a managed storage, else the tensor itself (detached).
 
         A new storage that would bring the resident bytes over a plan's budget first waits, outside the
-        lock, for offloads in flight (NOTE [plan budget] in ``_policy``).
+        lock, for offloads in flight (NOTE [plan budget] in ``_policy``). The common case (no offload
+        becomes final, no wait) takes the lock once (NOTE [hot path]).
         """
         if self._failure is not None:
             self._raise_failure()
@@ -216,37 +237,81 @@ class _Step:
         storage = managed_storage(t, self.cfg.min_bytes, self._param_ptrs)
         report = self.report
         seq = _get_sequence_nr()
-        with self._lock:
+        if storage is None:
+            with self._lock:
+                report.saved_count += 1
+                report.saved_bytes += t.numel() * t.element_size()
+                final = self._take_final(seq) if self._deferred else _NONE
+            for r in final:
+                self._start_offload(r)
+            return t.detach()
+        layer, decided = self.attr.current() if self._attributed else _NO_MODULE
+        root = t._base
+        if root is None:
+            root = t
+        key = id(root)  # NOTE [one version counter] in ``_records``: a record belongs to one view root
+        got = None
+        lock = self._lock
+        lock.acquire()  # ``with lock:`` without the frames of ``__enter__`` and ``__exit__`` (NOTE [hot path])
+        try:
             report.saved_count += 1
             report.saved_bytes += t.numel() * t.element_size()
-            final = self._take_final(seq)
-            if storage is not None and self.prefetch.in_backward:
+            final = self._take_final(seq) if self._deferred else _NONE
+            if self.prefetch.in_backward:
                 self.prefetch.new_forward_phase()
-        for r in final:
-            self._start_offload(r)
-        if storage is None:
-            return t.detach()
-        layer, decided = self.attr.current()
-        key = (t.device, storage.data_ptr(), id(view_root(t)))
-        while True:
-            with self._lock:
-                if self._failure is not None:  # e.g. the offload just waited for failed
-                    self._raise_failure()
-                rec = self._by_storage.get(key)
-                if rec is not None and rec.state in _LIVE and rec.same_storage(t):
-                    handle, evict = _Handle(rec, t), []
+            if not final:
+                got = self._admit_or_block(t, storage, key, root, layer, decided, seq)
+        finally:
+            lock.release()
+        if got is None or got[0] is None:  # earlier offloads to start, or a wait for room under a plan
+            for r in final:
+                self._start_offload(r)
+            while True:
+                with self._lock:
+                    got = self._admit_or_block(t, storage, key, root, layer, decided, seq)
+                if got[0] is not None:
                     break
-                nbytes = storage.nbytes()
-                blocker = None if fits(self._resident, nbytes, self._cap) else freeing_offload(self._offloading)
-                if blocker is None:
-                    handle, evict = self._admit(t, key, layer, decided, seq, final=_made_earlier(t, seq))
-                    self._deferred.extend(r for r in evict if r.saved_seq >= seq)
-                    evict = [r for r in evict if r.saved_seq < seq]
-                    break
-            self._wait_offload(blocker[1], "budget", blocker[0])
+                blocker = got[1]
+                self._wait_offload(blocker[1], "budget", blocker[0])
+        handle, evict = got
         for r in evict:
             self._start_offload(r)
         return handle
+
+    def _admit_or_block(self, t: torch.Tensor, storage: Any, key: int, root: torch.Tensor, layer: str,
+                        decided: Any, seq: int) -> tuple[Any, Any]:
+        """(handle, offloads to start now) for ``t``, sharing a live record of the same root when its bytes
+        are unchanged; else (None, the offload to wait for) when a new record would exceed a plan's budget
+        (under the lock)."""
+        if self._failure is not None:  # e.g. the offload just waited for failed
+            self._raise_failure()
+        version = t._version
+        size = t.size()
+        rec = self._by_storage.get(key)
+        if rec is not None and rec.state in _LIVE and rec.same_storage(storage, root, version):
+            return _Handle(rec, t, size), _NONE
+        nbytes = storage.nbytes()
+        if self._cap is not None and not fits(self._resident, nbytes, self._cap):
+            blocker = freeing_offload(self._offloading)
+            if blocker is not None:
+                return None, blocker
+        place = self.policy.place(decided)
+        rec = _Record(next(self._ids), key, self, storage, t.detach(), nbytes, root, version, t.dtype, size, layer,
+                      place.start_tier, place.prefetch_at, place.offload_now, -1 if _made_earlier(t, seq) else seq)
+        self._records[rec.id] = self._by_storage[key] = rec
+        rec.counted_resident = True
+        self._resident += nbytes
+        report = self.report
+        report.managed_count += 1
+        report.managed_bytes += nbytes
+        self._note_saved(seq, storage, nbytes)
+        evict = self.policy.admit(rec)
+        handle = _Handle(rec, t, size, first=True)
+        self._sample()
+        if evict:
+            self._deferred.extend(r for r in evict if r.saved_seq >= seq)
+            evict = [r for r in evict if r.saved_seq < seq]
+        return handle, evict
 
     def _take_final(self, seq: int | None, *, returned: bool = False) -> list[_Record]:
         """Deferred offloads whose bytes are final by autograd's counter ``seq`` (None: all of them);
@@ -277,23 +342,6 @@ class _Step:
             final = self._take_final(None)
         for r in final:
             self._start_offload(r)
-
-    def _admit(self, t: torch.Tensor, key: tuple[Any, ...], layer: str, decided: Any,
-               seq: int, *, final: bool = False) -> tuple[_Handle, list[_Record]]:
-        """A record for ``t``'s new storage (under the lock); returns its handle and what to offload now.
-        ``final``: its bytes are final already (NOTE [bytes final]), so an offload may start at once."""
-        place = self.policy.place(decided)
-        rec = _Record(rid=next(self._ids), key=key, step=self, tensor=t, layer=layer, start_tier=place.start_tier,
-                      prefetch_at=place.prefetch_at, offload_now=place.offload_now, saved_seq=-1 if final else seq)
-        self._records[rec.id] = self._by_storage[key] = rec
-        self._set_resident(rec, True)
-        self.report.managed_count += 1
-        self.report.managed_bytes += rec.nbytes
-        self._note_saved(seq, t, rec.nbytes)
-        evict = self.policy.admit(rec)
-        handle = _Handle(rec, t)
-        self._sample()
-        return handle, evict
 
     def _wait_offload(self, fut: Future, reason: str, rec: _Record) -> None:
         """Hold the compute side (outside the lock) until the offload ``fut`` of ``rec`` completes; apply it."""
@@ -327,7 +375,7 @@ class _Step:
         index, reserved = self.pool.reserve(rec.nbytes, start=rec.start_tier, label=rec.label)
         rec.state = _State.OFFLOADING
         try:
-            fut = self.mover.offload(rec, rec.source, index=index, reserved_bytes=reserved)  # type: ignore[arg-type]
+            fut = self.mover.offload(rec, storage_bytes(rec.source), index=index, reserved_bytes=reserved)
         except BaseException:
             rec.state = _State.RESIDENT
             self.pool.tiers[index].unreserve(reserved)
@@ -374,7 +422,8 @@ class _Step:
             rec.tier_name = block.tier.name
             if rec.state is _State.OFFLOADING and not (self.prefetch.in_backward and rec.pending > 0):
                 self.lingering.let_go(rec.source, rec.nbytes, "offloaded")
-                rec.block, rec.source, rec.state = block, None, _State.OFFLOADED
+                rec.drop_source()
+                rec.block, rec.state = block, _State.OFFLOADED
                 self._set_resident(rec, False)
             else:  # the bytes were needed (or dropped) before the copy finished: the copy is not needed
                 if rec.state is _State.OFFLOADING:
@@ -394,16 +443,28 @@ class _Step:
                                "saved tensors (run backward in the parent)")
         if self._deferred:  # backward began inside the context: forward's last saves are final
             self._start_deferred()
-        with self._lock:
-            self._check_unpack(h)
-            self.prefetch.begin_backward()
+        prefetch = self.prefetch
+        lock = self._lock
+        lock.acquire()  # as in ``pack``
+        try:
+            root = rec.root_ref()
+            if (self._aborted or self._failure is not None or h.unpacked
+                    or (root is not None and root._version != rec.version)):
+                self._check_unpack(h)  # raises, except for a second unpack whose bytes are still held
+            if not prefetch.in_backward:
+                prefetch.begin_backward()
             state = rec.state
             if state is _State.OFFLOADING:  # the copy is still running: use the bytes still held
                 rec.state = state = _State.READY
-            if state in (_State.RESIDENT, _State.READY, _State.CONSUMED):  # NOTE [backward twice]
-                view = self._view(h, rec.bytes_now())
-                self._consume(h)
-                self._top_up()
+            if state in _ON_DEVICE:  # NOTE [backward twice]
+                view = rec.alias if h.first and rec.alias is not None else self._view(h, rec.bytes_now())
+                if not h.unpacked:  # ``_consume``, inline: the common case of NOTE [hot path]
+                    h.unpacked = True
+                    rec.pending -= 1
+                    if rec.pending == 0:
+                        self._drop_bytes(rec)
+                if prefetch.may_fetch():
+                    self._top_up()
                 return view
             if state is _State.OFFLOADED:
                 fut = self._issue_fetch(rec, ahead=False)
@@ -412,6 +473,8 @@ class _Step:
             else:
                 raise rec.error or OffloadError(f"{rec.label}: unpacked after the runtime released it")
             self._top_up()
+        finally:
+            lock.release()
         t0 = time.perf_counter()
         with profiled("mcdla::wait fetch"):
             wait_all([fut])
@@ -422,7 +485,7 @@ class _Step:
             if rec.state is _State.FAILED:
                 self._failure_raised = True
                 raise rec.error  # type: ignore[misc]
-            view = self._view(h, rec.restored)
+            view = self._view(h, rec.bytes_now())
             self._consume(h)
             self._top_up()
             return view
@@ -439,26 +502,29 @@ class _Step:
                 f"{rec.label}: unpacked again (it came from {where}) after the runtime let go of its bytes; "
                 "save the tensors of a graph that is backpropagated twice under keep_resident()"
             )
-        version = h.modified_version()
-        if version is not None:
+        root = rec.root_ref()
+        if root is not None and root._version != rec.version and (version := h.modified_version()) is not None:
             raise OffloadError(
                 f"{rec.label}: modified in place after it was saved (version {h.version} -> {version}); "
                 "the gradient would be wrong"
             )
 
-    def _view(self, h: _Handle, data: torch.Tensor | None) -> torch.Tensor:
+    def _view(self, h: _Handle, storage: Any) -> torch.Tensor:
+        """``h``'s tensor as a view of ``storage`` (``rec.bytes_now()``: the source, else the restored bytes)."""
         rec = h.record
-        assert data is not None, rec.label
-        if rec.event is not None and data is rec.restored:  # CUDA: bytes copied on the H2D side stream
+        assert storage is not None, rec.label
+        if rec.event is not None and rec.source is None:  # CUDA: bytes copied on the H2D side stream
+            data = rec.restored
+            assert data is not None, rec.label
             stream = torch.cuda.current_stream(data.device)
             stream.wait_event(rec.event)
             data.record_stream(stream)
-        return h.view_of(data)
+        return h.view_of(storage)
 
     def _issue_fetch(self, rec: _Record, *, ahead: bool) -> Future:
         block, rec.block = rec.block, None
         assert block is not None, rec.label
-        if rec.storage_ref() is not None:  # the offload freed nothing (NOTE [memory honesty] in ``_liveness``)
+        if rec.storage_alive():  # the offload freed nothing (NOTE [memory honesty] in ``_liveness``)
             self.report.unfreed_count += 1
             self.report.unfreed_bytes += rec.nbytes
         rec.state = _State.FETCHING
@@ -514,10 +580,10 @@ class _Step:
         if h.unpacked:
             return
         h.unpacked = True
-        h.record.pending -= 1
-        if h.record.pending == 0:
-            self._drop_bytes(h.record)
-        self._sample()
+        rec = h.record
+        rec.pending -= 1
+        if rec.pending == 0:
+            self._drop_bytes(rec)
 
     def _drop_bytes(self, rec: _Record) -> None:
         """Every live handle was unpacked: autograd holds what it needs; the runtime stops counting the bytes
@@ -526,13 +592,15 @@ class _Step:
             rec.state = _State.CONSUMED
             self.lingering.let_go(rec.bytes_now(), rec.nbytes, "returned")  # autograd holds it until used
             self._set_resident(rec, False)
-            self.prefetch.give_back(rec)
+            if rec.counted_window:
+                self.prefetch.give_back(rec)
             self.policy.forget(rec)
+            self._sample()
 
     def _handle_dead(self, rec: _Record, unpacked: bool) -> None:
         if self.foreign:
             return
-        self._lock.post(lambda: self._on_handle_dead(rec, unpacked))
+        self._lock.call(self._on_handle_dead, rec, unpacked)
 
     def _on_handle_dead(self, rec: _Record, unpacked: bool) -> None:
         rec.handles_live -= 1
@@ -544,21 +612,31 @@ class _Step:
             self._drop_bytes(rec)
 
     def _release(self, rec: _Record) -> None:
-        if rec.state is _State.RELEASED:
+        """Every handle of ``rec`` died: drop what it holds and forget it. Resident bytes only go down here
+        and the lingering ones do not go up, so the timeline is sampled only when they changed."""
+        state = rec.state
+        if state is _State.RELEASED:
             return
         rec.state = _State.RELEASED
-        self._set_resident(rec, False)
-        self.prefetch.give_back(rec)
-        self.policy.forget(rec)
+        changed = rec.counted_resident
+        if changed:
+            rec.counted_resident = False
+            self._resident -= rec.nbytes
+        if rec.counted_window:
+            self.prefetch.give_back(rec)
+        if state is not _State.CONSUMED:  # a consumed record was forgotten when its last handle was unpacked
+            self.policy.forget(rec)
         block, rec.block = rec.block, None
-        rec.source = rec.restored = rec.event = None
+        rec.source = rec.alias = rec.restored = rec.event = None
         self._records.pop(rec.id, None)
         if self._by_storage.get(rec.key) is rec:
             del self._by_storage[rec.key]
         if block is not None:
             self.report.warn(block.tier.free(block))
-        self._sample()
-        self._maybe_finish()
+        if changed:
+            self._sample()
+        if self._exited:
+            self._maybe_finish()
 
     # -- end of step -----------------------------------------------------------------------------------
     def _maybe_finish(self) -> None:
@@ -627,7 +705,7 @@ class _Step:
     def _abort_record(self, rec: _Record, exc: BaseException) -> None:
         """Free what ``rec`` holds and fail it (under the lock); never raises for its block."""
         block, rec.block = rec.block, None
-        rec.source = rec.restored = rec.event = None
+        rec.source = rec.alias = rec.restored = rec.event = None
         rec.state = _State.FAILED
         rec.error = OffloadError(f"{rec.label}: its step was aborted ({_one_line(exc)})")
         self._set_resident(rec, False)

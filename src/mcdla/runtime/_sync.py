@@ -31,6 +31,7 @@ NOTE [interrupted tasks]
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 from collections import deque
@@ -67,6 +68,7 @@ class _InboxLock:
 
     def __init__(self, on_error: Callable[[Exception], None]) -> None:
         self._lock = threading.Lock()
+        self.acquire = self._lock.acquire  # ``acquire(); try: ... finally: release()``: no Python frame to enter
         self._inbox: deque[Callable[[], None]] = deque()
         self._on_error = on_error
 
@@ -77,24 +79,27 @@ class _InboxLock:
                  tb: TracebackType | None) -> None:
         self.release()
 
+    def _run(self, task: Callable[..., None], *args: Any) -> None:
+        """Run one task under the lock; a failure goes to ``on_error`` (NOTE [interrupted tasks])."""
+        try:
+            task(*args)
+        except Exception as err:  # noqa: BLE001 - recorded as the step's failure and raised later
+            self._on_error(err)
+        except BaseException as err:  # NOTE [interrupted tasks]
+            self._on_error(RuntimeTierError(
+                f"runtime: a bookkeeping task was interrupted ({type(err).__name__}); "
+                "the step's state is incomplete"))
+            if threading.current_thread() is threading.main_thread():
+                raise
+            # an I/O worker (a transfer's completion callback) keeps draining: raising would
+            # end the executor's thread and strand the tasks queued behind this one
+
     def release(self) -> None:
         """Run the posted tasks, then release; repeat if a task was posted in between."""
         while True:
             try:
                 while self._inbox:
-                    task = self._inbox.popleft()
-                    try:
-                        task()
-                    except Exception as err:  # noqa: BLE001 - recorded as the step's failure and raised later
-                        self._on_error(err)
-                    except BaseException as err:  # NOTE [interrupted tasks]
-                        self._on_error(RuntimeTierError(
-                            f"runtime: a bookkeeping task was interrupted ({type(err).__name__}); "
-                            "the step's state is incomplete"))
-                        if threading.current_thread() is threading.main_thread():
-                            raise
-                        # an I/O worker (a transfer's completion callback) keeps draining: raising would
-                        # end the executor's thread and strand the tasks queued behind this one
+                    self._run(self._inbox.popleft())
             finally:
                 self._lock.release()
             if not self._inbox or not self._lock.acquire(blocking=False):
@@ -104,6 +109,18 @@ class _InboxLock:
         self._inbox.append(task)
         if not collecting_here() and self._lock.acquire(blocking=False):  # NOTE [posts during garbage collection]
             self.release()
+
+    def call(self, task: Callable[..., None], *args: Any) -> None:
+        """``post(lambda: task(*args))`` without building the closure when the lock is free (the common case:
+        a handle dying on the thread that runs backward); tasks already queued keep their turn."""
+        # NOTE [posts during garbage collection]
+        if not self._inbox and not collecting_here() and self._lock.acquire(blocking=False):
+            try:
+                self._run(task, *args)
+            finally:
+                self.release()
+            return
+        self.post(functools.partial(task, *args))
 
     def drain(self) -> None:
         """Run tasks left in the inbox (posted during a garbage collection) if the lock is free; never waits."""

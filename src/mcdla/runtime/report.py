@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from array import array
 import time
 from collections import defaultdict
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from mcdla.units import format_bytes, format_seconds
 
 __all__ = ["TransferSpan", "WaitSpan", "StepReport"]
 
+_perf_counter = time.perf_counter
 _MAX_TIMELINE_SAMPLES = 200_000  # per step; beyond it samples are dropped and counted
 _MAX_WARNINGS = 100  # per step; beyond it warnings are counted
 
@@ -240,6 +242,13 @@ class StepReport:
         return p
 
 
+def _paired(times_s: array, values: array) -> tuple[tuple[float, int], ...]:
+    """The timeline as (seconds, bytes) pairs, from copies of both arrays (NOTE [cheap samples])."""
+    times, vals = times_s[:], values[:]
+    n = min(len(times), len(vals))
+    return tuple(zip(times[:n], vals[:n], strict=True))
+
+
 class _ReportBuilder:
     """Mutable, thread-safe accumulator behind a :class:`StepReport`."""
 
@@ -267,7 +276,9 @@ class _ReportBuilder:
         self.node_saved_max_count = 0
         self.node_saved_max_bytes = 0
         self.untouched_bytes = 0
-        self.timeline: list[tuple[float, int]] = []
+        # NOTE [cheap samples]: two flat arrays (no object per sample for the collector to track)
+        self.timeline_s = array("d")
+        self.timeline_bytes = array("q")
         self.timeline_dropped = 0
         self.transfers: list[TransferSpan] = []
         self.waits: list[WaitSpan] = []
@@ -280,14 +291,22 @@ class _ReportBuilder:
         return time.perf_counter() - self.t0
 
     def sample(self, resident_bytes: int) -> None:
-        """Record the resident managed bytes now."""
-        with self._lock:
-            if resident_bytes > self.peak_resident:
-                self.peak_resident = resident_bytes
-            if len(self.timeline) < _MAX_TIMELINE_SAMPLES:
-                self.timeline.append((self.now_s(), resident_bytes))
-            else:
-                self.timeline_dropped += 1
+        """Record the resident managed bytes now (the caller holds its step's lock).
+
+        NOTE [cheap samples]
+            The step samples at every change of its resident bytes, twice per saved tensor, from its hooks.
+            Only the step's lock-holder writes the timeline, so it takes no lock of its own, and the samples
+            go into two flat arrays (time, bytes) that the garbage collector never traverses; a snapshot
+            copies both (a C-level copy under the GIL, so a reader on another thread sees a consistent
+            prefix) and pairs them.
+        """
+        if resident_bytes > self.peak_resident:
+            self.peak_resident = resident_bytes
+        if len(self.timeline_bytes) < _MAX_TIMELINE_SAMPLES:
+            self.timeline_s.append(_perf_counter() - self.t0)
+            self.timeline_bytes.append(resident_bytes)
+        else:
+            self.timeline_dropped += 1
 
     def warn(self, line: str | None) -> None:
         """Record a warning (see ``StepReport.warnings``); None is nothing to record."""
@@ -343,7 +362,7 @@ class _ReportBuilder:
                 peak_resident_saved_bytes=self.peak_resident, peak_alive_saved_bytes=self.peak_alive,
                 unfreed_count=self.unfreed_count, unfreed_bytes=self.unfreed_bytes,
                 node_saved_max_count=self.node_saved_max_count, node_saved_max_bytes=self.node_saved_max_bytes,
-                untouched_bytes=self.untouched_bytes, timeline=tuple(self.timeline),
+                untouched_bytes=self.untouched_bytes, timeline=_paired(self.timeline_s, self.timeline_bytes),
                 timeline_dropped=self.timeline_dropped, transfers=tuple(self.transfers),
                 waits=tuple(self.waits),
                 warnings=tuple(self.warnings) + ((f"{self.warnings_dropped} more warnings",)
