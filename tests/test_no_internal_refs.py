@@ -23,21 +23,6 @@ INTERNAL_REF = re.compile(
 """What a reference outside the repository looks like. Names of the team's notes that the repository does
 not have (``docs/`` has ``hardware.md`` and ``planners.md`` of its own, so those are not listed)."""
 
-LEFT_TO_THE_RUNTIME_OWNER = frozenset({
-    "src/mcdla/runtime/_liveness.py",
-    "src/mcdla/runtime/_records.py",
-    "src/mcdla/runtime/_step.py",
-    "src/mcdla/runtime/_sync.py",
-    "src/mcdla/runtime/_transfer.py",
-    "src/mcdla/runtime/pool.py",
-    "src/mcdla/runtime/tiers_file.py",
-    "tests/runtime/test_aliasing_exactness.py",
-    "tests/runtime/test_hangs_leaks.py",
-    "tests/runtime/test_memory_honesty.py",
-    "tests/runtime/test_tiers_file.py",
-    "tests/runtime/test_torch_databases.py",
-})
-"""Runtime files that still cite issue numbers; they are being edited elsewhere and are cleaned there."""
 
 
 def _scanned() -> list[Path]:
@@ -65,18 +50,13 @@ def test_pattern_finds_each_kind_of_internal_reference() -> None:
 
 
 def test_no_issue_numbers_or_outside_files_in_code_tests_and_docs() -> None:
-    """No scanned file cites an issue number or a file outside the repository (runtime files excepted)."""
+    """No scanned file cites an issue number or a file outside the repository."""
     found = {}
     for path in _scanned():
         name = path.relative_to(REPO).as_posix()
         hits = _hits(path.read_text(errors="replace"))
-        if hits and name not in LEFT_TO_THE_RUNTIME_OWNER:
+        if hits:
             found[name] = hits
     assert found == {}
 
 
-def test_runtime_exceptions_are_still_needed() -> None:
-    """Each runtime file excepted above still has a reference (drop it from the set once it is clean)."""
-    clean = [name for name in sorted(LEFT_TO_THE_RUNTIME_OWNER)
-             if (REPO / name).exists() and not _hits((REPO / name).read_text(errors="replace"))]
-    assert clean == []

@@ -1,4 +1,4 @@
-"""Regression tests for issue #9's silent wrong gradients, on every tier.
+"""Regression tests for silent wrong gradients through aliased saves (NOTE [one version counter], NOTE [bytes final]), on every tier.
 
 Two root causes (NOTE [one version counter] in ``_records``, NOTE [bytes final] in ``_step``):
   - storages aliased by tensors with separate version counters (``unsafe_chunk`` in the CPU GRU and LSTM

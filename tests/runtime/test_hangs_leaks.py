@@ -1,4 +1,4 @@
-"""Hangs and leaks (issue #9): destructors during garbage collection, interrupts inside posted tasks, bad trace
+"""Hangs and leaks: destructors during garbage collection, interrupts inside posted tasks, bad trace
 paths, and transfer tails that nobody waited for. Every test that could hang runs the risky part on a daemon
 thread and fails after a timeout instead."""
 

@@ -1,4 +1,4 @@
-"""The report counts what is really alive, not only what the runtime holds (issue #9, item 3).
+"""The report counts what is really alive, not only what the runtime holds (NOTE [memory honesty]).
 
 The independent count: the test wraps the virtualizer's pack and unpack hooks and keeps a weak reference to
 the storage of every tensor autograd hands to pack and gets back from unpack. A storage's weak reference

@@ -264,7 +264,7 @@ def test_small_blocks_keep_the_page_cache(tmp_path, monkeypatch):
     assert flags and not any(f & getattr(os, "O_DIRECT", 0) for f in flags)
 
 
-# -- issue #9: transient ENOSPC, planted files, directory mode, crash cleanup ---------------------------------
+# -- transient ENOSPC, planted files, directory mode, crash cleanup -----------------------------------------
 def _enospc_once(tier):
     real, calls = tier._write_chunks, []
 

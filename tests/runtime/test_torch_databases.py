@@ -1,4 +1,4 @@
-"""PyTorch's own test databases as the oracle (issue #9, item 2).
+"""PyTorch's own test databases as the oracle.
 
 Every differentiable op of ``common_methods_invocations.op_db`` (its function variant and, where it has one,
 its in-place variant) and every module of ``common_modules.module_db`` runs forward and backward in

@@ -2,7 +2,7 @@
 
 NOTE [memory honesty]
     The runtime counts as resident the storages it holds (``_Step._resident``). Letting go of a storage frees
-    memory only if nothing else holds it, and two cases are common (issue #9, item 3):
+    memory only if nothing else holds it, and two cases are common:
       - offloaded but still referenced: the model's input ``x`` (saved by the first Linear) and its output
         (saved by a final Tanh/Sigmoid) are held by the caller; offloading them frees nothing, and fetching
         them in backward makes a second copy;

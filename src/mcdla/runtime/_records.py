@@ -15,7 +15,7 @@ NOTE [one version counter]
     on each chunk), ``.data``, ``set_``. Keying sharing on (storage, version) made a later save of chunk 1
     reuse the record (and the bytes copied out) of chunk 0 whenever the two counters happened to read the
     same number, after chunk 1 had been rewritten in place: the wrong bytes came back and the gradients
-    were garbage, silently (issue #9: ``nn.GRU``, ``nn.GRUCell``, ``nn.LSTMCell``). So a record belongs to
+    were garbage, silently (``nn.GRU``, ``nn.GRUCell``, ``nn.LSTMCell``). So a record belongs to
     one *view root* (``t._base`` or ``t`` itself, which carries the counter): a save shares a record only
     when it has the same storage, the same root object (held by a weak reference, so a freed and reused
     address or object id never matches) and the root's counter has not moved. Aliases with other roots get

@@ -18,7 +18,7 @@ NOTE [windows]
 NOTE [bytes final]
     A pack hook may run before the bytes it is handed are final. Autograd saves an op's inputs before its
     kernel runs, and an op may write an input it saved without bumping any version counter:
-    ``rrelu_with_noise`` saves its ``noise`` buffer, then the kernel fills it (issue #9: ``F.rrelu`` in
+    ``rrelu_with_noise`` saves its ``noise`` buffer, then the kernel fills it (``F.rrelu`` in
     training returned gradients of uninitialised memory; even ``torch.autograd.graph.save_on_cpu``, which
     copies in the hook, gets it wrong). So no copy of a storage starts while the op that saved it can still
     be running. Autograd numbers the nodes it creates (``_get_sequence_nr``, per thread, 50 ns), and every

@@ -13,7 +13,7 @@ NOTE [posts during garbage collection]
     may hold any lock at that moment: the report builder's, a tier's, the virtualizer's, an executor's
     shutdown lock. A posted task takes those locks (a dying handle releases its record: it samples the
     report, frees a block, may finish the step), so running it inside the collection deadlocked the thread
-    on a lock it already held (issue #9). ``post`` therefore only enqueues while this thread is collecting
+    on a lock it already held. ``post`` therefore only enqueues while this thread is collecting
     (``gc.callbacks`` marks the collecting thread); the task runs at the lock's next release: the next hook,
     transfer completion or settle of that step, or ``drain``, which the virtualizer calls before it reports
     on its steps (``live_steps``, ``report``, ``synchronize``, the next ``__enter__``). A reference-count

@@ -18,9 +18,8 @@ NOTE [fetch tails]
     A CUDA fetch from the host or a device tier returns a finished future at once: the bytes are usable as
     soon as the compute stream waits for the copy's event, so backward never blocks on the host side. The
     block can only be freed once the copy has completed, which a worker thread waits for: the fetch's
-    tail. The tail was an untracked future (issue #9): an error in it was lost, ``synchronize()`` did not
-    wait for it, and the step could finish with the block still held. It is now watched by the step like a
-    transfer (``_Step._watch``, under the step's lock, which ``_issue_fetch`` holds): the step finishes, and
+    tail. Untracked, an error in the tail would be lost, ``synchronize()`` would not wait for it, and the
+    step could finish with the block still held. So it is watched by the step like a transfer (``_Step._watch``, under the step's lock, which ``_issue_fetch`` holds): the step finishes, and
     ``settle`` returns, only after every tail has run, and a failing tail is the step's failure. A tail
     gives the same result as its fetch, so whichever completion the step applies first restores the
     record. It frees the block even when the wait failed: a CUDA error there leaves nothing to copy, and a

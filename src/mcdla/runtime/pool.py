@@ -19,9 +19,9 @@ names a tier by that name or by its kind (``"host"``, ``"file"``, ``"compress"``
 NOTE [full marks expire]
     A tier whose medium reports full while writing (ENOSPC, EDQUOT, out of device memory) is marked full:
     its capacity drops to what it holds, so the pool spills to the next tier at once instead of failing
-    one write per tensor. The mark used to be permanent, so one transient ENOSPC (a checkpoint being
-    written next to the scratch files, say) made the tier full for the life of the pool (issue #9). Now
-    the configured capacity comes back once the mark is ``full_retry_s`` (1 s) old and the tier says there
+    one write per tensor. A permanent mark would let one transient ENOSPC (a checkpoint being written next
+    to the scratch files, say) make the tier full for the life of the pool, so the configured capacity
+    comes back once the mark is ``full_retry_s`` (1 s) old and the tier says there
     is room again (``_room_returned``: always for tiers that cannot tell, free disk space for the file
     tier); until then its own frees still make room below the lowered capacity. A medium that stays full
     costs at most one failed write per ``full_retry_s``, and none where the tier can see it is still full.

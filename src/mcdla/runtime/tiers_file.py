@@ -27,12 +27,12 @@ NOTE [block digests]
 NOTE [untrusted directory]
     A directory the tier creates is made 0700 (an existing one is left as it is). Blocks are opened with
     O_NOFOLLOW and, for reading, O_NONBLOCK, and must be regular files: a FIFO planted under a block's name
-    used to block backward forever in ``open`` (issue #9), a symbolic link could point anywhere. Either is
+    would block backward forever in ``open``, a symbolic link could point anywhere. Either is
     an OffloadError naming the tensor and the file. O_NONBLOCK changes nothing for a regular file.
 
 NOTE [crash cleanup]
-    Block files of a process that dies without freeing them used to stay forever, and each new tier took
-    90% of what was left (issue #9). The name carries the owner: a host tag (hash of the host name and the
+    Block files of a process that dies without freeing them would stay forever, and each new tier would take
+    90% of what was left. So the name carries the owner: a host tag (hash of the host name and the
     pid namespace, so a directory shared by hosts or containers never judges another's pids) and the pid.
     A new FileTier sweeps the blocks of its own host tag whose pid is dead (``os.kill(pid, 0)`` raises
     ProcessLookupError), and those with its own pid but a tier token this process never made (an earlier
