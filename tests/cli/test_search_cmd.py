@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 import sys
+import tomllib
 
 import pytest
 
 import mcdla
 from mcdla.hardware.cluster import load_cluster
 from mcdla.plan.llm_search import search
+from mcdla.report.export_config import megatron_file
+from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
 
 SMALL = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", "8", "--global-batch", "16",
@@ -319,3 +323,19 @@ def test_global_batches_rank_by_tokens_per_gpu_with_train_time(run_cli):
                               "--tp", "2", "--zero", "0")
     assert code == 0 and "best at global batch 8" in stdout and "best at global batch 16" in stdout
     assert "train 1T" in stdout and "tok/s/GPU" in stdout
+
+
+def test_search_exports_its_best_row(run_cli, tmp_path):
+    """--export-megatron/--export-torchtitan write the row --json reports as best."""
+    megatron, titan = tmp_path / "args.txt", tmp_path / "job.toml"
+    code, stdout, stderr = run_cli("search", "--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", "8",
+                                   "--global-batch", "16", "--max-virtual-stages", "2", "--quiet", "--workers", "1",
+                                   "--tp", "2", "--json", "--export-megatron", str(megatron),
+                                   "--export-torchtitan", str(titan))
+    assert code == 0, stderr
+    best = Execution(**json.loads(stdout)["best"]["execution"])
+    assert megatron.read_text() == megatron_file(best, preset("megatron-1.7b"), "bf16")
+    words = shlex.split(megatron.read_text(), comments=True)
+    assert words[words.index("--tensor-model-parallel-size") + 1] == "2" and best.tp == 2
+    assert words[words.index("--micro-batch-size") + 1] == str(best.micro_batch)
+    assert tomllib.loads(titan.read_text())["parallelism"]["tensor_parallel_degree"] == 2
