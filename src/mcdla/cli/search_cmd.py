@@ -180,7 +180,8 @@ def search_cmd(
     seq: Annotated[Optional[int], typer.Option(help="Sequence length (default: the model's).")] = None,
     cp: Annotated[str, typer.Option(help="Context-parallel degrees to try, comma-separated.")] = "1",
     ep: Annotated[str, typer.Option(help="Expert-parallel degrees to try (MoE models), comma-separated.")] = "1",
-    tp: Annotated[Optional[str], typer.Option(help="Tensor-parallel degrees to try, e.g. 8 or 4,8 (default: all).")] = None,
+    tp: Annotated[Optional[str], typer.Option(
+        help="Tensor-parallel degrees to try, e.g. 8 or 4,8 (default: all).")] = None,
     pp: Annotated[Optional[str], typer.Option(help="Pipeline depths to try, e.g. 1,2,4 (default: all).")] = None,
     micro_batch: Annotated[Optional[str], typer.Option(help="Micro-batch sizes to try, e.g. 1 (default: all).")] = None,
     zero: Annotated[Optional[str], typer.Option(help="ZeRO stages to try, of 0,1,2,3 (default: all).")] = None,

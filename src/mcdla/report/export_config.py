@@ -56,7 +56,7 @@ __all__ = ["megatron_args", "megatron_file", "torchtitan_toml"]
 def _offload_notes(e: Execution) -> list[str]:
     kinds = [k for k, on in (("activations", e.offload_activations), ("weights", e.offload_weights),
                              ("optimizer state", e.offload_optimizer)) if on]
-    return [f"offloads {', '.join(kinds)} to the second memory tier: no argument for it"] if kinds else []
+    return [f"offloads {', '.join(kinds)} to the second memory tier"] if kinds else []
 
 
 def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[list[str], list[str]]:
