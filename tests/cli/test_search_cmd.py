@@ -44,7 +44,7 @@ def test_json_and_csv_match_the_python_search(run_cli, tmp_path):
 def test_table_and_process_pool(run_cli):
     code, stdout, stderr = run_cli("search", *SMALL, "--workers", "2", "--top", "3")
     assert code == 0, stderr
-    assert "best 3 of" in stdout and "rejected" in stdout and "(process)" in stdout
+    assert "fastest 3 of" in stdout and "rejected" in stdout and "(process)" in stdout
 
 
 def test_memory_limit_is_respected(run_cli):

@@ -137,7 +137,7 @@ def _ranked_table(rows: list[Any], fitting: int, seq_len: int, train_tokens: flo
     from mcdla.cli.llm_cmd import _count, _duration
     from mcdla.units import format_bytes
 
-    table = Table(title=f"best {len(rows)} of {fitting} that fit, by tokens/s per GPU")
+    table = Table(title=f"fastest {len(rows)} of {fitting} that fit (by tokens/s per GPU)")
     columns = ["#", "batch", "time s", "tok/s/GPU", "MFU", *(["train " + _count(train_tokens)] if train_tokens else []),
                "device mem", "tp", "pp", "v", "dp", "cp", "ep", "mb", "SP", "ZeRO", "recompute", "offload"]
     for column in columns:
