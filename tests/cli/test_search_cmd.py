@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 import sys
+import tomllib
 
 import pytest
 
 import mcdla
 from mcdla.hardware.cluster import load_cluster
 from mcdla.plan.llm_search import search
+from mcdla.report.export_config import megatron_file
+from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
 
 SMALL = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", "8", "--global-batch", "16",
@@ -56,7 +60,13 @@ def test_memory_limit_is_respected(run_cli):
     (("--model", "nope"), "transformer: got 'nope'; must be one of"),
     (("--gpus", str((8 << 20) + 8)), f"--gpus: got {(8 << 20) + 8}; must be an integer in 1..{8 << 20}"),
     (("--gpus", "0"), "--gpus: got 0; must be >= 1"),
-    (("--global-batch", "0"), "--global-batch: got 0; must be >= 1"),
+    (("--global-batch", "0"), "--global-batch: got '0'; must be a comma-separated list of integers >= 1"),
+    (("--tp", "8,x"), "--tp: got '8,x'; must be a comma-separated list of integers >= 1"),
+    (("--pp", "0"), "--pp: got '0'; must be a comma-separated list of integers >= 1"),
+    (("--micro-batch", "-1"), "--micro-batch: got '-1'; must be a comma-separated list of integers >= 1"),
+    (("--zero", "4"), "--zero: got '4'; must be a comma-separated list of 0, 1, 2, 3"),
+    (("--recompute", "none,most"), "--recompute: got 'none,most'; must be a comma-separated list of none, "),
+    (("--train-tokens", "lots"), "--train-tokens: got 'lots'"),
     (("--cp", "1,x"), "--cp: got '1,x'; must be a comma-separated list of integers >= 1"),
     (("--memory-limit", "12"), "--memory-limit: got '12'; a bare number is ambiguous"),
     (("--memory-limit", "1TiB"), "--memory-limit: got '1TiB'; must be at most the memory of"),
@@ -268,3 +278,64 @@ def test_ray_with_more_workers_than_cpus_returns_the_serial_answer(run_cli):
     data = json.loads(stdout)
     assert code == 0, stderr
     assert data["best"] == serial["best"] and data["top"] == serial["top"]
+
+
+def test_constraints_narrow_the_python_search(run_cli):
+    """--tp/--pp/--micro-batch/--zero/--recompute give the Python search narrowed to the same values."""
+    code, stdout, stderr = run_cli("search", *SMALL, "--workers", "1", "--json", "--top", "1000", "--tp", "2,4",
+                                   "--pp", "1,2", "--micro-batch", "1", "--zero", "1", "--recompute", "none,selective")
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    expected = _small_search(tp=[2, 4], pp=[1, 2], micro_batch=[1], zero=[1], recompute=["none", "selective"])
+    assert data["valid"] == expected.enumeration.valid and data["fitting"] == expected.fitting
+    assert [r["index"] for r in data["top"]] == [r.index for r in expected.ranked]
+    for r in data["top"]:
+        e = r["execution"]
+        assert e["tp"] in (2, 4) and e["pp"] in (1, 2) and e["micro_batch"] == 1 and e["zero"] == 1
+        assert e["recompute"] in ("none", "selective")
+
+
+def test_global_batches_rank_by_tokens_per_gpu_with_train_time(run_cli):
+    """Each --global-batch value is its own search; rows carry their batch, tokens/s per GPU (batch x seq /
+    iteration / GPUs), MFU and the time to train --train-tokens; the best is the highest rate over all batches."""
+    code, stdout, stderr = run_cli("search", *SMALL, "--workers", "1", "--json", "--top", "1000",
+                                   "--global-batch", "8,16", "--train-tokens", "1T", "--tp", "2", "--zero", "0")
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    spec = preset("megatron-1.7b")
+    rates = {}
+    for batch in (8, 16):
+        expected = search(spec, load_cluster("dgx-a100").for_gpus(8), gpus=8, global_batch=batch,
+                          max_virtual_stages=2, tp=[2], zero=[0])
+        per = next(p for p in data["per_batch"] if p["global_batch"] == batch)
+        assert per["best"]["index"] == expected.best.index and per["fitting"] == expected.fitting
+        rates[batch] = batch * spec.seq_len / expected.best.step.iteration_s / 8
+        assert per["best"]["tokens_per_s_per_gpu"] == pytest.approx(rates[batch], rel=1e-12)
+        assert per["best"]["mfu"] == expected.best.step.mfu
+    assert data["best"]["global_batch"] == max(rates, key=rates.get)
+    assert data["best"]["tokens_per_s_per_gpu"] == pytest.approx(max(rates.values()), rel=1e-12)
+    assert {r["global_batch"] for r in data["top"]} == {8, 16}
+    got = [r["tokens_per_s_per_gpu"] for r in data["top"]]
+    assert got == sorted(got, reverse=True)
+    for r in data["top"]:
+        assert r["time_to_train_s"] == pytest.approx(1e12 / (r["tokens_per_s_per_gpu"] * 8), rel=1e-12)
+    code, stdout, _ = run_cli("search", *SMALL, "--workers", "1", "--global-batch", "8,16", "--train-tokens", "1T",
+                              "--tp", "2", "--zero", "0")
+    assert code == 0 and "best at global batch 8" in stdout and "best at global batch 16" in stdout
+    assert "train 1T" in stdout and "tok/s/GPU" in stdout
+
+
+def test_search_exports_its_best_row(run_cli, tmp_path):
+    """--export-megatron/--export-torchtitan write the row --json reports as best."""
+    megatron, titan = tmp_path / "args.txt", tmp_path / "job.toml"
+    code, stdout, stderr = run_cli("search", "--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", "8",
+                                   "--global-batch", "16", "--max-virtual-stages", "2", "--quiet", "--workers", "1",
+                                   "--tp", "2", "--json", "--export-megatron", str(megatron),
+                                   "--export-torchtitan", str(titan))
+    assert code == 0, stderr
+    best = Execution(**json.loads(stdout)["best"]["execution"])
+    assert megatron.read_text() == megatron_file(best, preset("megatron-1.7b"), "bf16")
+    words = shlex.split(megatron.read_text(), comments=True)
+    assert words[words.index("--tensor-model-parallel-size") + 1] == "2" and best.tp == 2
+    assert words[words.index("--micro-batch-size") + 1] == str(best.micro_batch)
+    assert tomllib.loads(titan.read_text())["parallelism"]["tensor_parallel_degree"] == 2

@@ -201,3 +201,17 @@ def test_enumeration_covers_expert_parallelism(llm_cluster):
     assert got == expected
     for e in en.executions:
         llm_step(MOE, e, c)
+
+
+def test_narrowed_space_is_the_brute_force_subset_and_counted_exactly(llm_cluster):
+    """``pp``/``tp``/``micro_batch``/``zero``/``recompute`` keep exactly the brute-force tuples with those values,
+    and ``count_candidates`` (closed form) equals the enumeration's candidates."""
+    c = cluster(llm_cluster, offload=0.0)
+    space = dict(pp=(1, 2), tp=(2, 4), micro_batch=(1,), zero=(0, 1), recompute=("none", "selective"))
+    en = enumerate_executions(SPEC, c, gpus=GPUS, global_batch=BATCH, **space)
+    expected = {k for k in brute(offload=False) if k[2] in (1, 2) and k[0] in (2, 4) and k[7] == 1
+                and k[6] in (0, 1) and k[8] in ("none", "selective")}
+    assert expected and {key(e) for e in en.executions} == expected
+    assert count_candidates(SPEC, c, gpus=GPUS, global_batch=BATCH, **space) == en.candidates
+    with pytest.raises(ConfigError, match=r"^search\.pp: got 0; must be an integer >= 1$"):
+        count_candidates(SPEC, c, gpus=GPUS, global_batch=BATCH, pp=(0,))

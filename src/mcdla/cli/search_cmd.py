@@ -36,6 +36,16 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
+def _choice_list(text: str | None, option: str, allowed: tuple[str, ...]) -> list[str] | None:
+    """A comma list of names from ``allowed`` (None: no constraint), else one line naming ``option``."""
+    if text is None:
+        return None
+    values = [part.strip() for part in text.split(",")]
+    if not values or any(v not in allowed for v in values):
+        fail(f"{option}: got {brief(text)}; must be a comma-separated list of {', '.join(allowed)}")
+    return values
+
+
 def _offload_tag(e: Any) -> str:
     tags = [name for name, on in (("act", e.offload_activations), ("wts", e.offload_weights),
                                   ("opt", e.offload_optimizer)) if on]
@@ -52,7 +62,7 @@ class _EvaluatedCounter:
     done: int = 0
 
     def enumerated(self, enumeration: Any) -> None:
-        self.total = enumeration.valid
+        self.total, self.done = enumeration.valid, 0
         self.on_progress(0, self.total, "evaluating")
 
     def advance(self, evaluated: int) -> None:
@@ -70,9 +80,19 @@ def _rejected_table(rejected: Mapping[str, int]) -> Table:
     return table
 
 
-def _row_dict(row: Any) -> dict[str, Any]:
-    return {"index": row.index, "execution": dataclasses.asdict(row.execution), "prediction": row.step.to_dict(),
-            "fits": row.fits}
+def _tokens_per_s_per_gpu(row: Any, seq_len: int) -> float:
+    e = row.execution
+    return e.global_batch * seq_len / row.step.iteration_s / e.gpus
+
+
+def _row_dict(row: Any, seq_len: int, train_tokens: float | None) -> dict[str, Any]:
+    """One ranked row as data: its batch, the execution, the prediction, tokens/s per GPU, MFU and the time to
+    train ``train_tokens`` tokens (None without)."""
+    rate = _tokens_per_s_per_gpu(row, seq_len)
+    return {"index": row.index, "global_batch": row.execution.global_batch,
+            "execution": dataclasses.asdict(row.execution), "prediction": row.step.to_dict(), "fits": row.fits,
+            "tokens_per_s_per_gpu": rate, "mfu": row.step.mfu,
+            "time_to_train_s": None if train_tokens is None else train_tokens / (rate * row.execution.gpus)}
 
 
 def _csv_header() -> list[str]:
@@ -112,16 +132,67 @@ def _writing(path: Path) -> Any:
         fail(f"--out: got {brief(str(path), 200)}; cannot write it ({exc.strerror or type(exc).__name__})")
 
 
+def _ranked_table(rows: list[Any], fitting: int, seq_len: int, train_tokens: float | None) -> Table:
+    """The ranked rows (most tokens/s per GPU first) with their batch, rate, MFU and time to train."""
+    from mcdla.cli.llm_cmd import _count, _duration
+    from mcdla.units import format_bytes
+
+    table = Table(title=f"fastest {len(rows)} of {fitting} that fit (by tokens/s per GPU)")
+    columns = ["#", "batch", "time s", "tok/s/GPU", "MFU", *(["train " + _count(train_tokens)] if train_tokens else []),
+               "device mem", "tp", "pp", "v", "dp", "cp", "ep", "mb", "SP", "ZeRO", "recompute", "offload"]
+    for column in columns:
+        table.add_column(column, justify="right" if column not in ("recompute", "offload", "SP") else "left")
+    for i, r in enumerate(rows, 1):
+        e, s = r.execution, r.step
+        rate = _tokens_per_s_per_gpu(r, seq_len)
+        train = [_duration(train_tokens / (rate * e.gpus))] if train_tokens else []
+        table.add_row(str(i), str(e.global_batch), f"{s.iteration_s:.3f}", f"{rate:,.0f}", f"{100 * s.mfu:.1f}%",
+                      *train, format_bytes(s.device_bytes), str(e.tp), str(e.pp), str(e.virtual_stages), str(e.dp),
+                      str(e.cp), str(e.ep), str(e.micro_batch), "on" if e.sequence_parallel else "-", str(e.zero),
+                      e.recompute, _offload_tag(e))
+    return table
+
+
+def _export(execution: Any, spec: Any, precision: str, megatron: Path | None, torchtitan: Path | None) -> None:
+    """Write the winner as Megatron-LM arguments and a torchtitan TOML (mcdla.report.export_config)."""
+    from mcdla.report.export_config import megatron_file, torchtitan_toml
+
+    for path, option, text in ((megatron, "--export-megatron", megatron_file),
+                               (torchtitan, "--export-torchtitan", torchtitan_toml)):
+        if path is None:
+            continue
+        try:
+            with atomic_output(path) as f:
+                f.write(text(execution, spec, precision))
+        except OSError as exc:
+            fail(f"{option}: got {brief(str(path), 200)}; cannot write it ({exc.strerror or type(exc).__name__})")
+
+
 @app.command("search")
 def search_cmd(
     model: Annotated[str, typer.Option(
         help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
     system: Annotated[str, typer.Option(help="Generated system preset (dgx-a100, dgx-h100, gb200-nvl72, ...) or file.")],
     gpus: Annotated[int, typer.Option(help="GPUs in total (any count; the last node may be partly used).")],
-    global_batch: Annotated[int, typer.Option(help="Samples per iteration over all data-parallel replicas.")],
+    global_batch: Annotated[str, typer.Option(
+        help="Samples per iteration over all data-parallel replicas; a comma list searches each "
+             "(e.g. 512,1024,1536) and ranks all by tokens/s per GPU.")],
     seq: Annotated[Optional[int], typer.Option(help="Sequence length (default: the model's).")] = None,
     cp: Annotated[str, typer.Option(help="Context-parallel degrees to try, comma-separated.")] = "1",
     ep: Annotated[str, typer.Option(help="Expert-parallel degrees to try (MoE models), comma-separated.")] = "1",
+    tp: Annotated[Optional[str], typer.Option(
+        help="Tensor-parallel degrees to try, e.g. 8 or 4,8 (default: all).")] = None,
+    pp: Annotated[Optional[str], typer.Option(help="Pipeline depths to try, e.g. 1,2,4 (default: all).")] = None,
+    micro_batch: Annotated[Optional[str], typer.Option(help="Micro-batch sizes to try, e.g. 1 (default: all).")] = None,
+    zero: Annotated[Optional[str], typer.Option(help="ZeRO stages to try, of 0,1,2,3 (default: all).")] = None,
+    recompute: Annotated[Optional[str], typer.Option(
+        help="Recompute choices to try, of none,selective,full (default: all).")] = None,
+    train_tokens: Annotated[Optional[str], typer.Option(
+        help="Report the time to train this many tokens per row (e.g. 1T, 300G, 2e12).")] = None,
+    export_megatron: Annotated[Optional[Path], typer.Option(
+        help="Write the best configuration as Megatron-LM command-line arguments to this file.")] = None,
+    export_torchtitan: Annotated[Optional[Path], typer.Option(
+        help="Write the best configuration as a torchtitan TOML to this file.")] = None,
     max_virtual_stages: Annotated[Optional[int], typer.Option(
         help="Largest interleaving (virtual stages per pipeline rank) to try (default: any divisor of the layers).")] = None,
     offload: Annotated[bool, typer.Option("--offload/--no-offload", help="Try offloading activations, weights "
@@ -146,13 +217,29 @@ def search_cmd(
 ) -> None:
     """Search all valid parallel configurations of a model on a system; print the fastest that fit in memory."""
     from mcdla.hardware.cluster import load_cluster
-    from mcdla.plan.llm_search import DEFAULT_MAX_CONFIGURATIONS, RAY_INSTALL_HINT, count_candidates, search
+    from mcdla.plan.llm_search import (DEFAULT_MAX_CONFIGURATIONS, RAY_INSTALL_HINT, RECOMPUTE_CHOICES,
+                                       count_candidates, search)
     from mcdla.profile.progress import progress_bar
     from mcdla.report.meta import meta_comment_lines, results_meta
-    from mcdla.units import format_bytes
+    from mcdla.units import format_bytes, parse_count
     from mcdla.workload.model_file import resolve_model
 
-    for name, value in (("--gpus", gpus), ("--global-batch", global_batch), ("--top", top), ("--seq", seq),
+    batches = _int_list(global_batch, "--global-batch")
+    if any(b > 2**31 - 1 for b in batches):
+        fail(f"--global-batch: got {brief(global_batch)}; each must be >= 1 and <= {2**31 - 1}")
+    batches = list(dict.fromkeys(batches))
+    tokens = None if train_tokens is None else parse_count(train_tokens, "--train-tokens")
+    if tokens is not None and not 0 < tokens < float("inf"):
+        fail(f"--train-tokens: got {brief(train_tokens)}; must be > 0 and finite")
+    narrowing: dict[str, Any] = {}
+    for option, text, key in (("--tp", tp, "tp"), ("--pp", pp, "pp"), ("--micro-batch", micro_batch, "micro_batch")):
+        if text is not None:
+            narrowing[key] = _int_list(text, option)
+    if zero is not None:
+        narrowing["zero"] = [int(z) for z in _choice_list(zero, "--zero", ("0", "1", "2", "3")) or ()]
+    if recompute is not None:
+        narrowing["recompute"] = _choice_list(recompute, "--recompute", RECOMPUTE_CHOICES)
+    for name, value in (("--gpus", gpus), ("--top", top), ("--seq", seq),
                         ("--workers", workers), ("--chunk-size", chunk_size),
                         ("--max-virtual-stages", max_virtual_stages), ("--max-configurations", max_configurations),
                         ("--engine-top", engine_top)):
@@ -165,6 +252,8 @@ def search_cmd(
     cp_values = _int_list(cp, "--cp")
     ep_values = _int_list(ep, "--ep")
     check_output(out, "--out")
+    check_output(export_megatron, "--export-megatron")
+    check_output(export_torchtitan, "--export-torchtitan")
     backend = "ray" if use_ray or ray_address else ("serial" if workers == 1 else "process")
     if backend == "ray":
         import importlib.util
@@ -182,12 +271,15 @@ def search_cmd(
     capacity = sys_.offload.pool_bytes if sys_.offload is not None else None
 
     use_offload = offload and sys_.offload is not None
-    count = count_candidates(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values, ep=ep_values,
-                             max_virtual_stages=max_virtual_stages, offload=use_offload)
-    if count > max_configurations:
-        fail(f"--max-configurations: got {max_configurations}, but {spec.name} on {gpus} GPUs with a global batch "
-             f"of {global_batch} has {count} candidate configurations; raise it to at least {count}, or narrow the "
-             "space (--cp, --ep, --max-virtual-stages, a global batch with fewer divisors)")
+    space: dict[str, Any] = dict(cp=cp_values, ep=ep_values, max_virtual_stages=max_virtual_stages,
+                                 offload=use_offload, **narrowing)
+    for batch in batches:
+        count = count_candidates(spec, sys_, gpus=gpus, global_batch=batch, **space)
+        if count > max_configurations:
+            fail(f"--max-configurations: got {max_configurations}, but {spec.name} on {gpus} GPUs with a global "
+                 f"batch of {batch} has {count} candidate configurations; raise it to at least {count}, or narrow "
+                 "the space (--tp, --pp, --micro-batch, --zero, --recompute, --cp, --ep, --max-virtual-stages, a "
+                 "global batch with fewer divisors)")
 
     meta = results_meta()
     started = time.perf_counter()
@@ -201,60 +293,78 @@ def search_cmd(
             on_row = lambda row: writer.writerow(_csv_row(row))  # noqa: E731
         counter = _EvaluatedCounter(stack.enter_context(progress_bar("evaluating", enabled=False if quiet else None)))
         stack.enter_context(_as_option("search.ray_address", "--ray-address"))
-        result = search(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values, ep=ep_values,
-                        max_virtual_stages=max_virtual_stages, offload=use_offload,
-                        dp_overlap=dp_overlap, memory_limit_bytes=limit,
-                        backend=backend, workers=workers if workers is not None else os.cpu_count() or 1,
-                        chunk_size=chunk_size, ray_address=ray_address, precision=precision,
-                        max_configurations=max_configurations,
-                        top=top, keep_rows=False, on_row=on_row,
-                        on_enumerated=counter.enumerated, progress=counter.advance)
+        results = []
+        for batch in batches:
+            results.append(search(spec, sys_, gpus=gpus, global_batch=batch, dp_overlap=dp_overlap,
+                                  memory_limit_bytes=limit, backend=backend,
+                                  workers=workers if workers is not None else os.cpu_count() or 1,
+                                  chunk_size=chunk_size, ray_address=ray_address, precision=precision,
+                                  max_configurations=max_configurations, top=top, keep_rows=False, on_row=on_row,
+                                  on_enumerated=counter.enumerated, progress=counter.advance, **space))
     seconds = time.perf_counter() - started
-    en = result.enumeration
+    # within one batch the fastest iteration has the most tokens/s per GPU; across batches that rate ranks
+    ranked = sorted((r for res in results for r in res.ranked), key=lambda r: -_tokens_per_s_per_gpu(r, spec.seq_len))
+    best = ranked[0] if ranked else None
+    rejected: dict[str, int] = {}
+    for res in results:
+        for reason, n in res.enumeration.rejected.items():
+            rejected[reason] = rejected.get(reason, 0) + n
+    candidates = sum(res.enumeration.candidates for res in results)
+    valid = sum(res.enumeration.valid for res in results)
+    fitting = sum(res.fitting for res in results)
     summary = {
         "meta": meta,
-        "model": spec.name, "seq_len": spec.seq_len, "system": sys_.name, "gpus": gpus, "global_batch": global_batch,
-        "memory_limit_bytes": limit, "offload_capacity_bytes": capacity, "backend": backend,
-        "candidates": en.candidates, "valid": en.valid, "rejected": en.rejected,
-        "fitting": result.fitting, "seconds": seconds,
-        "best": _row_dict(result.best) if result.best is not None else None,
-        "top": [_row_dict(r) for r in result.ranked[:top]],
+        "model": spec.name, "seq_len": spec.seq_len, "system": sys_.name, "gpus": gpus, "global_batches": batches,
+        "memory_limit_bytes": limit, "offload_capacity_bytes": capacity, "backend": backend, "precision": precision,
+        "candidates": candidates, "valid": valid, "rejected": rejected, "fitting": fitting, "seconds": seconds,
+        "train_tokens": tokens, "ranked_by": "tokens_per_s_per_gpu",
+        "best": _row_dict(best, spec.seq_len, tokens) if best is not None else None,
+        "per_batch": [{"global_batch": b, "candidates": res.enumeration.candidates, "valid": res.enumeration.valid,
+                       "fitting": res.fitting,
+                       "best": _row_dict(res.best, spec.seq_len, tokens) if res.best is not None else None}
+                      for b, res in zip(batches, results, strict=True)],
+        "top": [_row_dict(r, spec.seq_len, tokens) for r in ranked[:top]],
         "results_csv": str(out) if out is not None else None,
     }
-    code = 0 if result.best is not None else 1
+    code = 0 if best is not None else 1
+    if best is not None:
+        _export(best.execution, spec, precision, export_megatron, export_torchtitan)
     reranked = None
-    if engine_top is not None and result.ranked:
+    if engine_top is not None and ranked:
         from mcdla.plan.llm_rerank import rerank
 
-        reranked = rerank(spec, sys_, result.ranked, engine_top)
-        summary["engine_top"] = [{**_row_dict(r.row), "analytical_rank": r.analytical_rank,
+        reranked = rerank(spec, sys_, ranked, engine_top)
+        summary["engine_top"] = [{**_row_dict(r.row, spec.seq_len, tokens), "analytical_rank": r.analytical_rank,
                                   "engine": r.engine.to_dict()} for r in reranked]
     check_finite(summary, "search")
     if as_json:
         print_json(summary)
         raise typer.Exit(code)
-    console.print(f"[b]{spec.name}[/b] (seq {spec.seq_len}, global batch {global_batch}) on [b]{sys_.name}[/b], "
+    batch_text = ", ".join(str(b) for b in batches)
+    console.print(f"[b]{spec.name}[/b] (seq {spec.seq_len}, global batch {batch_text}) on [b]{sys_.name}[/b], "
                   f"{gpus} GPUs, memory limit {format_bytes(limit)} per GPU")
-    console.print(f"  {en.candidates} candidates: {en.valid} valid, {en.n_rejected} rejected; "
-                  f"{result.fitting} fit in memory; {seconds:.1f} s ({backend})")
-    if en.rejected:
-        console.print(_rejected_table(en.rejected))
-    if result.best is None:
-        why = "no valid configuration" if not en.valid else "no configuration fits in memory"
-        least = result.least_device_bytes
-        extra = f" (least device memory: {format_bytes(least)})" if least is not None else ""
+    console.print(f"  {candidates} candidates: {valid} valid, {candidates - valid} rejected; "
+                  f"{fitting} fit in memory; {seconds:.1f} s ({backend})")
+    if rejected:
+        console.print(_rejected_table(rejected))
+    if best is None:
+        why = "no valid configuration" if not valid else "no configuration fits in memory"
+        least_all = [res.least_device_bytes for res in results if res.least_device_bytes is not None]
+        extra = f" (least device memory: {format_bytes(min(least_all))})" if least_all else ""
         console.print(f"[red]{why}[/red]{extra}")
         raise typer.Exit(code)
-    table = Table(title=f"fastest {min(top, result.fitting)} of {result.fitting} that fit")
-    for column in ("#", "time s", "MFU", "device mem", "tp", "pp", "v", "dp", "cp", "ep", "mb", "SP", "ZeRO",
-                   "recompute", "offload"):
-        table.add_column(column, justify="right" if column not in ("recompute", "offload", "SP") else "left")
-    for i, r in enumerate(result.ranked[:top], 1):
-        e, s = r.execution, r.step
-        table.add_row(str(i), f"{s.iteration_s:.3f}", f"{100 * s.mfu:.1f}%", format_bytes(s.device_bytes), str(e.tp),
-                      str(e.pp), str(e.virtual_stages), str(e.dp), str(e.cp), str(e.ep), str(e.micro_batch),
-                      "on" if e.sequence_parallel else "-", str(e.zero), e.recompute, _offload_tag(e))
-    console.print(table)
+    console.print(_ranked_table(ranked[:top], fitting, spec.seq_len, tokens))
+    if len(batches) > 1:
+        for b, res in zip(batches, results, strict=True):
+            if res.best is not None:
+                rate = _tokens_per_s_per_gpu(res.best, spec.seq_len)
+                console.print(f"  best at global batch {b}: {res.best.step.iteration_s:.3f} s, "
+                              f"{rate:,.0f} tokens/s per GPU, MFU {100 * res.best.step.mfu:.1f}%")
+            else:
+                console.print(f"  global batch {b}: no configuration fits")
+    for path in (export_megatron, export_torchtitan):
+        if path is not None:
+            console.print(f"  best configuration written to {path}")
     if reranked is not None:
         again = Table(title=f"the {len(reranked)} fastest re-ranked on the contention-aware engine")
         for column in ("#", "search #", "engine s", "analytical s", "contention s", "by link class", "tp", "pp",
@@ -268,4 +378,4 @@ def search_cmd(
                           str(e.micro_batch), e.recompute, _offload_tag(e))
         console.print(again)
     if out is not None:
-        console.print(f"  all {en.valid} configurations: {out}")
+        console.print(f"  all {valid} configurations: {out}")

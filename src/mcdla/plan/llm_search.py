@@ -12,7 +12,7 @@ Two steps, usable apart (``mcdla search`` and ``mcdla reproduce --modern`` share
   micro-batch sizes dividing the per-replica batch; recompute none/selective/full; SP on/off when TP > 1;
   ZeRO 0-3; offload of activations/weights/optimizer on/off when the cluster has a second tier. Each choice
   can be narrowed (``tp``, ``micro_batch``, ``virtual_stages``, ``sequence_parallel``, ``zero``, ``offloads``,
-  ``max_pp``), which is how ``reproduce --modern`` searches its grid.
+  ``max_pp``, ``pp``), which is how ``reproduce --modern`` searches its grid.
 * :func:`evaluate_executions` runs :func:`llm_step` (the fast path) on each in chunks, in this process
   (``backend="serial"``), a local process pool (``"process"``) or a Ray cluster (``"ray"``); the results are
   identical whatever the backend (each configuration is a pure function of its inputs, reassembled in
@@ -149,6 +149,7 @@ class _Space:
     tp_only: tuple[int, ...] | None
     mb_only: tuple[int, ...] | None
     max_pp: int | None
+    pp_only: tuple[int, ...] | None
     v_choices: tuple[int, ...]
     v_one: bool  # whether an unpipelined structure may run (virtual_stages 1 allowed)
     sp_tp: tuple[bool, ...]
@@ -165,7 +166,7 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
            tp: Sequence[int] | None = None, micro_batch: Sequence[int] | None = None,
            virtual_stages: Sequence[int] | None = None, sequence_parallel: Sequence[bool] = (False, True),
            offloads: Sequence[tuple[bool, bool, bool]] | None = None, max_pp: int | None = None,
-           ep: Sequence[int] = (1,)) -> _Space:
+           ep: Sequence[int] = (1,), pp: Sequence[int] | None = None) -> _Space:
     """Check the search arguments (the options of :func:`enumerate_executions`) into a :class:`_Space`."""
     _positive("gpus", gpus)
     _positive("global_batch", global_batch)
@@ -177,6 +178,7 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
         _positive("max_virtual_stages", max_virtual_stages)
     if max_pp is not None:
         _positive("max_pp", max_pp)
+    pp_only = _choices("pp", pp)
     tp_only, mb_only, v_only = (_choices("tp", tp), _choices("micro_batch", micro_batch),
                                 _choices("virtual_stages", virtual_stages))
     for r in recompute:
@@ -198,7 +200,7 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
                       and (v_only is None or v in v_only))
     return _Space(gpus=gpus, global_batch=global_batch, cp=tuple(sorted(set(cp))), ep=tuple(sorted(set(ep))),
                   tp_only=tp_only, mb_only=mb_only,
-                  max_pp=max_pp, v_choices=v_choices, v_one=v_only is None or 1 in v_only,
+                  max_pp=max_pp, pp_only=pp_only, v_choices=v_choices, v_one=v_only is None or 1 in v_only,
                   sp_tp=tuple(dict.fromkeys(sequence_parallel)), zero=tuple(zero), recompute=tuple(recompute),
                   offload_sets=tried if use_offload else _OFFLOAD_OFF, no_tier=no_tier, dp_overlap=dp_overlap)
 
@@ -211,7 +213,8 @@ def _structures(cluster: Cluster, sp: _Space) -> Iterator[tuple[int, int, int, i
             if (gpus // t) % c:
                 continue  # tp * cp must divide the GPU count: not a factorisation, not a candidate
             rest = gpus // (t * c)
-            for pp in (d for d in divisors(rest) if sp.max_pp is None or d <= sp.max_pp):
+            for pp in (d for d in divisors(rest) if (sp.max_pp is None or d <= sp.max_pp)
+                       and (sp.pp_only is None or d in sp.pp_only)):
                 dp = rest // pp
                 mbs = divisors(sp.global_batch // dp) if sp.global_batch % dp == 0 else [1]
                 if sp.mb_only is not None:
@@ -271,8 +274,8 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
     tries the offload switches when the cluster has a second tier, ``False`` never, ``True`` always (and they
     are rejected without a tier); ``dp_overlap``. The narrowing options keep only the listed values (None: all): ``tp`` degrees,
     ``micro_batch`` sizes, ``virtual_stages``, ``sequence_parallel`` settings tried when TP > 1 (TP 1 runs
-    without), ``offloads`` as (activations, weights, optimizer) switches in the order to try, and ``max_pp``
-    the deepest pipeline.
+    without), ``offloads`` as (activations, weights, optimizer) switches in the order to try, ``pp`` depths,
+    and ``max_pp`` the deepest pipeline.
     """
     rejected: Counter[str] = Counter()
     valid = tuple(iter_executions(spec, cluster, gpus=gpus, global_batch=global_batch, rejected=rejected, **space))
