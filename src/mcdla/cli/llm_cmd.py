@@ -107,8 +107,8 @@ def _render(data: dict[str, Any]) -> None:
     times.add_column("part")
     times.add_column("time", justify="right")
     times.add_column("share", justify="right")
-    for key in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_s", "optimizer_s",
-                "offload_s"):
+    for key in ("compute_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_s", "fsdp_comm_s",
+                "optimizer_s", "offload_s"):
         shown = format_seconds(data[key]) if data[key] else "-"
         times.add_row(key.removesuffix("_s").replace("_", " "), shown, f"{100 * data[key] / data['iteration_s']:.1f}%")
     times.add_row("[b]iteration[/b]", f"[b]{format_seconds(data['iteration_s'])}[/b]", "100%")

@@ -67,7 +67,8 @@ class LlmStep:
 
     The parts add up to ``iteration_s``: ``compute_s`` (forward and backward of the slowest stage over all
     micro-batches, logits included), ``recompute_s``, ``tp_comm_s``, ``pp_comm_s``, ``bubble_s``,
-    ``dp_comm_s`` (exposed), ``optimizer_s``, ``offload_s`` (exposed). ``fits``: the rank's device bytes
+    ``dp_comm_s`` (exposed), ``fsdp_comm_s`` (ZeRO-3's exposed per-layer gathers and reduce-scatters),
+    ``optimizer_s``, ``offload_s`` (exposed). ``fits``: the rank's device bytes
     within the GPU's HBM AND what it offloads within its share of the pool (0 bytes without one), the one
     definition of fitting every command uses.
     """
@@ -79,6 +80,7 @@ class LlmStep:
     pp_comm_s: float
     bubble_s: float
     dp_comm_s: float
+    fsdp_comm_s: float
     optimizer_s: float
     offload_s: float
     model_flops: float
@@ -133,11 +135,64 @@ def _tp_allreduce_s(cluster: Cluster, layout: ParallelDims, sequence_parallel: b
     return collective_time("all-reduce", nbytes, dims)
 
 
-def _dp_reduce_s(cluster: Cluster, layout: ParallelDims, zero: int, nbytes: float) -> float:
-    """The data-parallel gradient reduction (ZeRO-1/2: the same traffic; ZeRO-3: one more all-gather)."""
-    dims = cluster.group_dims(layout.dp, layout.stride("dp"))
-    extra = collective_time("all-gather", nbytes, dims) if zero >= 3 else 0.0
-    return collective_time("all-reduce", nbytes, dims) + extra
+def _dp_reduce_s(cluster: Cluster, layout: ParallelDims, nbytes: float) -> float:
+    """The data-parallel gradient all-reduce of ZeRO 0-2 (ZeRO-1/2's reduce-scatter + all-gather: the same
+    traffic)."""
+    return collective_time("all-reduce", nbytes, cluster.group_dims(layout.dp, layout.stride("dp")))
+
+
+def _zero3_step_s(cluster: Cluster, layout: ParallelDims, e: Execution, other_bytes: float,
+                  shard_grad_bytes: float) -> float:
+    """What ZeRO-3 reduces once per iteration: the parameters outside the layers (embedding; ``other_bytes``)
+    reduce-scattered and gathered back over the shard group, and under HSDP the all-reduce of each rank's
+    gradient shard (``shard_grad_bytes``) across the replicas."""
+    (shard, stride), (replicas, rstride) = _shard_groups(layout, e)
+    dims = cluster.group_dims(shard, stride)
+    step = collective_time("reduce-scatter", other_bytes, dims) + collective_time("all-gather", other_bytes, dims)
+    return step + collective_time("all-reduce", shard_grad_bytes, cluster.group_dims(replicas, rstride))
+
+
+def _shard_groups(layout: ParallelDims, e: Execution) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(size, stride) of the ZeRO shard group and of the replica group across shards (HSDP; size 1 without):
+    the shard group is ``shard_ranks`` consecutive members of the DP group."""
+    stride, shard = layout.stride("dp"), e.shard_ranks
+    return (shard, stride), (e.dp // shard, stride * shard)
+
+
+def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, layers: int, *, prefetch: int,
+                   backward: bool) -> float:
+    """Communication a chunk of ``layers`` identical layers exposes under FSDP/ZeRO-3 (NOTE [ZeRO-3 as run]):
+    the chunk's length minus its compute, from the order FSDP's hooks issue the collectives on the group's
+    links, one at a time in issue order, while the layers compute one after the other.
+
+    Each layer waits for its weights' all-gather (``gather_s``) and then computes (``compute_s``); in backward
+    its gradients' reduce-scatter (``reduce_s``) is issued when its compute ends. With ``prefetch = d >= 1``
+    the gathers of the first ``d`` layers are issued at once and that of layer ``i + d`` when layer ``i``
+    starts (FSDP's forward/backward prefetch); with 0 a layer's gather is issued when the previous layer ends.
+    Closed forms at the ends (tests/sim/test_llm_zero.py): forward with prefetch ``g + (k - 1) max(0, g - c)``,
+    without ``k g``; backward ``g + r`` when the compute hides the rest, ``k (g + r) - k c`` when the links
+    never idle.
+    """
+    link_free = compute_free = rs_end = 0.0
+    gather_end: dict[int, float] = {}
+
+    def on_link(duration: float, issued: float) -> float:
+        nonlocal link_free
+        link_free = max(link_free, issued) + duration
+        return link_free
+
+    for j in range(min(prefetch, layers)):
+        gather_end[j] = on_link(gather_s, 0.0)
+    for i in range(layers):
+        if not prefetch:
+            gather_end[i] = on_link(gather_s, compute_free)
+        start = max(compute_free, gather_end[i])
+        if prefetch and i + prefetch < layers:
+            gather_end[i + prefetch] = on_link(gather_s, start)
+        compute_free = start + compute_s
+        if backward:
+            rs_end = on_link(reduce_s, compute_free)
+    return max(compute_free, rs_end) - layers * compute_s
 
 
 def _p2p_s(cluster: Cluster, layout: ParallelDims, nbytes: float) -> float:
@@ -188,6 +243,8 @@ class StageCosts:
     last_bwd_s: float  # their backward (2 x)
     offload_fwd_s: float  # exposed offload traffic per micro-batch and stage, forward
     offload_bwd_s: float  # and backward
+    fsdp_fwd_s: float = 0.0  # exposed ZeRO-3 weight gathers per micro-batch and stage, forward
+    fsdp_bwd_s: float = 0.0  # and backward (gathers + gradient reduce-scatters)
     dp_full_s: float  # the data-parallel gradient reduction, whole
     dp_hidden_s: float  # how much of it the last backward hides (``dp_overlap``), else 0
     optimizer_s: float  # the Adam step
@@ -204,7 +261,7 @@ class StageCosts:
         n = self.layers_per_stage
         return (n * (self.layer_fwd_s + self.layer_bwd_s) + n * self.layer_recompute_s
                 + n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s) + 2 * virtual_stages * self.p2p_s
-                + self.offload_fwd_s + self.offload_bwd_s)
+                + self.offload_fwd_s + self.offload_bwd_s + self.fsdp_fwd_s + self.fsdp_bwd_s)
 
     def iteration_parts(self, micro_batches: int, virtual_stages: int) -> dict[str, float]:
         """The steady-state parts of an iteration, the last stage's over ``micro_batches`` micro-batches
@@ -215,6 +272,7 @@ class StageCosts:
                     recompute_s=m * (n * self.layer_recompute_s),
                     tp_comm_s=m * (n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s)),
                     pp_comm_s=m * (2 * virtual_stages * self.p2p_s),
+                    fsdp_comm_s=m * (self.fsdp_fwd_s + self.fsdp_bwd_s),
                     offload_s=m * (self.offload_fwd_s + self.offload_bwd_s) + self.offload_step_s)
 
 
@@ -264,11 +322,25 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * 2 * layer_fwd)
 
-    dp_bytes = _GRAD_BYTES * params_rank
-    dp_full = _dp_reduce_s(cluster, layout, e.zero, dp_bytes)
+    shard = e.shard_ranks
+    fsdp_fwd = fsdp_bwd = 0.0
+    if e.zero >= 3:
+        layer_params = spec.params_per_layer() / e.tp
+        (size, stride), _ = _shard_groups(layout, e)
+        dims = cluster.group_dims(size, stride)
+        gather = collective_time("all-gather", _WEIGHT_BYTES * layer_params, dims)
+        reduce = collective_time("reduce-scatter", _GRAD_BYTES * layer_params, dims)
+        chunk = n_layers // e.virtual_stages
+        fsdp_fwd = e.virtual_stages * fsdp_exposed_s(gather, reduce, layer_fwd, chunk, prefetch=e.fsdp_prefetch,
+                                                     backward=False)
+        fsdp_bwd = e.virtual_stages * fsdp_exposed_s(gather, reduce, 2 * layer_fwd + layer_recompute, chunk,
+                                                     prefetch=e.fsdp_prefetch, backward=True)
+        dp_full = _zero3_step_s(cluster, layout, e, _GRAD_BYTES * (params_rank - n_layers * layer_params),
+                                _GRAD_BYTES * params_rank / shard)
+    else:
+        dp_full = _dp_reduce_s(cluster, layout, _GRAD_BYTES * params_rank)
     hidden_by = n_layers * (2 * layer_fwd + layer_recompute) if e.dp_overlap else 0.0
 
-    shard = e.dp if e.zero >= 1 else 1
     offload_step = 0.0
     if e.offload_optimizer:
         offload_step = 2 * _OPTIMIZER_BYTES * params_rank / shard / offload_bytes_per_s
@@ -277,7 +349,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         layer_recompute_s=layer_recompute, layer_tp_fwd_s=2 * tp_one,
         layer_tp_bwd_s=2 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0), p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=2 * (logits + loss), offload_fwd_s=off_fwd, offload_bwd_s=off_bwd,
-        dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s,
+        fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd, dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s,
         offload_step_s=offload_step)
 
 
@@ -317,7 +389,7 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
 
 def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageCosts, *, precision: str,
                 iteration: float, bubble: float, compute_s: float, recompute_s: float, tp_comm_s: float,
-                pp_comm_s: float, offload_s: float) -> LlmStep:
+                pp_comm_s: float, fsdp_comm_s: float, offload_s: float) -> LlmStep:
     """The :class:`LlmStep` of a predicted iteration: FLOPs, MFU and one rank's memory (both modes, so the
     per-rank schedule of :mod:`mcdla.sim.llm_ranks` reports the same record)."""
     dev = cluster.device
@@ -326,7 +398,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
     m = e.micro_batches
     n_layers = c.layers_per_stage
     params_rank = _stage_params(spec, e)
-    shard = e.dp if e.zero >= 1 else 1
+    shard = e.shard_ranks
     act_stage = n_layers * activation_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
                                                       recompute=e.recompute)
     dp_exposed, optimizer = c.dp_exposed_s, c.optimizer_s
@@ -334,8 +406,12 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
 
     in_flight = min(m, e.pp) * (1 + (e.pp - 1) / (e.pp * e.virtual_stages)) if e.virtual_stages > 1 else min(m, e.pp)
     activations = act_stage * in_flight
-    weights = _WEIGHT_BYTES * params_rank / (e.dp if e.zero >= 3 else 1)
-    grads = _GRAD_BYTES * params_rank / (e.dp if e.zero >= 2 else 1)
+    weights = _WEIGHT_BYTES * params_rank / (shard if e.zero >= 3 else 1)
+    grads = _GRAD_BYTES * params_rank / (shard if e.zero >= 2 else 1)
+    if e.zero >= 3:  # the layer computing and the ones prefetched, whole, with their gradients
+        gathered = min(e.fsdp_prefetch + 1, n_layers) * spec.params_per_layer() / e.tp
+        weights += _WEIGHT_BYTES * gathered
+        grads += _GRAD_BYTES * gathered
     opt = _OPTIMIZER_BYTES * params_rank / shard
     offloaded = (activations if e.offload_activations else 0.0) + (weights if e.offload_weights else 0.0) + (
         opt if e.offload_optimizer else 0.0)
@@ -348,6 +424,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         pp_comm_s=pp_comm_s,
         bubble_s=bubble,
         dp_comm_s=dp_exposed,
+        fsdp_comm_s=fsdp_comm_s,
         optimizer_s=optimizer,
         offload_s=offload_s,
         model_flops=model_flops,

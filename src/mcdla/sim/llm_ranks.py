@@ -164,9 +164,9 @@ def _chunk_durations(c: StageCosts, e: Execution, layers: Sequence[int], factor:
         for ch in range(v):
             last = s == p - 1 and ch == v - 1
             f_row.append(k * (n * c.layer_fwd_s + (c.last_fwd_s if last else 0.0)) + n * c.layer_tp_fwd_s
-                         + c.p2p_s + c.offload_fwd_s / v)
+                         + c.p2p_s + (c.offload_fwd_s + c.fsdp_fwd_s) / v)
             b_row.append(k * (n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last else 0.0))
-                         + n * c.layer_tp_bwd_s + c.p2p_s + c.offload_bwd_s / v)
+                         + n * c.layer_tp_bwd_s + c.p2p_s + (c.offload_bwd_s + c.fsdp_bwd_s) / v)
         fwd.append(f_row)
         bwd.append(b_row)
     return fwd, bwd
