@@ -26,8 +26,18 @@ NOTE [time model] (also ``docs/llm.md``):
   rank instead (``sim/llm_ranks.py``).
 * Data parallelism: one all-reduce of the rank's gradients on the DP group's dimensions (hierarchical over
   NVLink and the network when a node holds several members; ZeRO-1/2: reduce-scatter + all-gather, the same
-  traffic; ZeRO-3: one more all-gather of weights) after the last backward, or overlapped with the last
-  micro-batch's backward (``dp_overlap``); then the Adam step streams the rank's optimizer state through HBM.
+  traffic) after the last backward, or overlapped with the last micro-batch's backward (``dp_overlap``); then
+  the Adam step streams the rank's optimizer state through HBM.
+* NOTE [ZeRO-3 as run]: FSDP/ZeRO-3 gathers each layer's 16-bit weights (all-gather over the shard group) in
+  every micro-batch's forward and again in its backward, and reduce-scatters the layer's gradients in that
+  backward; a full recompute runs inside the layer's backward and uses the backward's gather (FSDP's
+  pre-backward unshard, DeepSpeed's fetch of the sub-module, both before the recomputed forward). The gathers
+  are prefetched ``fsdp_prefetch`` layers ahead and the collectives run one at a time in issue order on the
+  group's links while the layers compute (:func:`fsdp_exposed_s`); what the compute does not hide is
+  ``fsdp_comm_s``. Once per iteration the non-layer parameters are reduce-scattered and gathered, and under
+  HSDP (``hsdp_shard``) each gradient shard is all-reduced across the replicas (``dp_comm_s``). Memory: the
+  model state over the shard group plus ``fsdp_prefetch + 1`` whole layers' weights and gradients.
+* CPU optimizer and NVMe tier (ZeRO-Offload, ZeRO-Infinity): :mod:`mcdla.sim.llm_offload`.
 * Offload: activations go out during forward and come back during backward, weights are fetched for every
   forward and backward of a micro-batch, optimizer state crosses the link twice per step, at the offload
   bandwidth each GPU gets while every GPU of its node offloads; what the compute does not hide is exposed.
@@ -40,6 +50,8 @@ from dataclasses import asdict, dataclass
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
+from mcdla.sim.llm_offload import (ADAM_TRAFFIC_BYTES, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, cpu_optimizer_step,
+                                   tier_bytes_per_s, tier_rejection)
 from mcdla.workload.execution import Execution, check_execution
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
@@ -51,12 +63,9 @@ __all__ = ["DEFAULT_PRECISION", "LlmStep", "StageCosts", "cluster_rejection", "e
 DEFAULT_PRECISION = "bf16"
 """The number format of the GEMMs (a run choice, not hardware): the key of the device's ``peak_flops_per_s``."""
 
-# Adam with mixed precision, per parameter: fp16/bf16 weight and gradient, fp32 master weight, momentum and
-# variance (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 bytes).
-_WEIGHT_BYTES, _GRAD_BYTES, _OPTIMIZER_BYTES = 2, 2, 12
-# The Adam step reads the gradient (2) and reads and writes master weight, momentum, variance (3 x 8) and
-# writes the fp16 weight (2): 28 bytes of HBM traffic per parameter.
-_ADAM_TRAFFIC_BYTES = 28
+# Bytes per parameter of mixed-precision Adam and of its step (defined with the CPU optimizer that shares them).
+_WEIGHT_BYTES, _GRAD_BYTES, _OPTIMIZER_BYTES, _ADAM_TRAFFIC_BYTES = (WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES,
+                                                                     ADAM_TRAFFIC_BYTES)
 # Vocabulary-parallel cross entropy works in fp32 over the b x s x V/tp logits: about four passes each way.
 _LOSS_PASSES, _LOSS_ELEMENT_BYTES = 4, 4
 
@@ -70,7 +79,8 @@ class LlmStep:
     ``dp_comm_s`` (exposed), ``fsdp_comm_s`` (ZeRO-3's exposed per-layer gathers and reduce-scatters),
     ``optimizer_s``, ``offload_s`` (exposed). ``fits``: the rank's device bytes
     within the GPU's HBM AND what it offloads within its share of the pool (0 bytes without one), the one
-    definition of fitting every command uses.
+    definition of fitting every command uses; with the ``nvme`` tier the offloaded weights and optimizer
+    state must fit the GPU's share of the node's drives instead of the pool.
     """
 
     iteration_s: float
@@ -219,7 +229,7 @@ def cluster_rejection(execution: Execution, cluster: Cluster) -> str | None:
         return "execution.offload_*: offload asked but the cluster has no second tier (no pool memory)"
     if e.gpus > cluster.n_devices:
         return f"execution.gpus: got {e.gpus}; must be at most the {cluster.n_devices} GPUs of {cluster.name}"
-    return None
+    return tier_rejection(e, cluster)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -318,7 +328,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * (2 * layer_fwd + layer_recompute))
     if e.offload_weights:
-        move = _WEIGHT_BYTES * params_rank / offload_bytes_per_s
+        move = _WEIGHT_BYTES * params_rank / tier_bytes_per_s(cluster, e.offload_tier)[1]
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * 2 * layer_fwd)
 
@@ -342,15 +352,22 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     hidden_by = n_layers * (2 * layer_fwd + layer_recompute) if e.dp_overlap else 0.0
 
     offload_step = 0.0
-    if e.offload_optimizer:
-        offload_step = 2 * _OPTIMIZER_BYTES * params_rank / shard / offload_bytes_per_s
+    optimizer = params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s
+    if e.cpu_optimizer:
+        cpu = cpu_optimizer_step(e, cluster, params_rank / shard,
+                                 last_backward_s=n_layers * (2 * layer_fwd + layer_recompute),
+                                 iteration_compute_s=e.micro_batches * n_layers * (3 * layer_fwd + layer_recompute))
+        optimizer, offload_step = cpu.optimizer_s, cpu.transfer_s
+    elif e.offload_optimizer:
+        out, back = tier_bytes_per_s(cluster, e.offload_tier)
+        offload_step = _OPTIMIZER_BYTES * params_rank / shard * (1 / out + 1 / back)
     return StageCosts(
         layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=2 * layer_fwd,
         layer_recompute_s=layer_recompute, layer_tp_fwd_s=2 * tp_one,
         layer_tp_bwd_s=2 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0), p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=2 * (logits + loss), offload_fwd_s=off_fwd, offload_bwd_s=off_bwd,
-        fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd, dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=params_rank / shard * _ADAM_TRAFFIC_BYTES / hbm_per_s,
-        offload_step_s=offload_step)
+        fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd, dp_full_s=dp_full, dp_hidden_s=hidden_by,
+        optimizer_s=optimizer, offload_step_s=offload_step)
 
 
 def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, mode: str = "fast",
@@ -413,9 +430,14 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         weights += _WEIGHT_BYTES * gathered
         grads += _GRAD_BYTES * gathered
     opt = _OPTIMIZER_BYTES * params_rank / shard
-    offloaded = (activations if e.offload_activations else 0.0) + (weights if e.offload_weights else 0.0) + (
-        opt if e.offload_optimizer else 0.0)
+    on_tier = (weights if e.offload_weights else 0.0) + (opt if e.offload_optimizer else 0.0)
+    offloaded = (activations if e.offload_activations else 0.0) + on_tier
     device_bytes = activations + weights + grads + opt - offloaded
+    pool_bytes = 0.0 if cluster.offload is None else cluster.offload.pool_bytes
+    in_pool = offloaded - (on_tier if e.offload_tier == "nvme" else 0.0)
+    nvme = cluster.nvme
+    nvme_fits = e.offload_tier != "nvme" or (nvme is not None
+                                            and on_tier <= nvme.capacity_bytes / cluster.gpus_per_node)
     return LlmStep(
         iteration_s=iteration,
         compute_s=compute_s,
@@ -432,8 +454,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         mfu=model_flops / (e.gpus * flops_per_s * iteration),
         device_bytes=device_bytes,
         offloaded_bytes=offloaded,
-        fits=device_bytes <= dev.hbm_bytes and offloaded <= (0.0 if cluster.offload is None
-                                                             else cluster.offload.pool_bytes),
+        fits=device_bytes <= dev.hbm_bytes and in_pool <= pool_bytes and nvme_fits,
         weight_bytes=weights,
         gradient_bytes=grads,
         optimizer_bytes=opt,

@@ -23,7 +23,8 @@ compute time factor) or a non-uniform layer split (``layers_per_stage``). NOTE [
   when the slowest replica is done and exposes what the last backward does not hide (the fast path's
   ``dp_exposed_s``); then each rank's optimizer step (nominal, not slowed) and optimizer offload.
 * ``slowdown`` multiplies a rank's compute (layer forward, backward, recomputation, logits and loss), not its
-  collectives, transfers or offload exposure (the latter stays the nominal figure).
+  collectives, transfers or offload and ZeRO-3 exposure (those stay the nominal figures, spread evenly over
+  a stage's chunks).
 
 The replicas' pipelines are independent until the DP reduction, so the engine schedules each of the ``dp``
 pipelines over ``p`` stages: ``O(dp p m v)`` ops. Symmetric replicas give identical schedules; the fast path
