@@ -35,7 +35,7 @@ from typing import Any
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim import LlmStep, cluster_rejection, llm_step
-from mcdla.workload.execution import Execution, check_execution
+from mcdla.workload.execution import OFFLOAD_TIERS, Execution, check_execution
 from mcdla.workload.transformer import TransformerSpec
 
 __all__ = ["BACKENDS", "EXECUTION_FIELDS", "OFFLOAD_CHOICES", "RAY_INSTALL_HINT", "RECOMPUTE_CHOICES", "STEP_FIELDS",
@@ -108,6 +108,18 @@ def _choices(name: str, values: Sequence[int] | None) -> tuple[int, ...] | None:
     return tuple(_positive(name, v) for v in values)
 
 
+def _tier_variants(weights: bool, optimizer: bool, tiers: Sequence[str],
+                   cpu_optimizer: Sequence[bool]) -> list[dict[str, Any]]:
+    """The (tier, CPU optimizer) settings one offload choice is tried with, as Execution fields beyond the
+    defaults (an empty dict: host tier, Adam on the GPU)."""
+    out: list[dict[str, Any]] = []
+    for tier in dict.fromkeys(tiers if weights or optimizer else ("host",)):
+        for cpu in dict.fromkeys(cpu_optimizer if optimizer else (False,)):
+            out.append({k: v for k, v in (("offload_tier", tier), ("cpu_optimizer", cpu))
+                        if v != {"offload_tier": "host", "cpu_optimizer": False}[k]})
+    return out
+
+
 def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int,
                          cp: Sequence[int] = (1,), max_virtual_stages: int | None = None,
                          recompute: Sequence[str] = RECOMPUTE_CHOICES, zero: Sequence[int] = (0, 1, 2, 3),
@@ -115,7 +127,8 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
                          micro_batch: Sequence[int] | None = None, virtual_stages: Sequence[int] | None = None,
                          sequence_parallel: Sequence[bool] = (False, True),
                          offloads: Sequence[tuple[bool, bool, bool]] | None = None,
-                         max_pp: int | None = None) -> Enumeration:
+                         max_pp: int | None = None, tiers: Sequence[str] = ("host",),
+                         cpu_optimizer: Sequence[bool] = (False,)) -> Enumeration:
     """Every candidate execution of ``spec`` on ``gpus`` GPUs of ``cluster`` (module docstring), validated.
 
     ``offload=None`` tries the offload switches when the cluster has a second tier, ``False`` never, ``True``
@@ -123,7 +136,9 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
     divisor of the layer count). The narrowing options keep only the listed values (None: all):
     ``tp`` degrees, ``micro_batch`` sizes, ``virtual_stages``, ``sequence_parallel`` settings tried when TP > 1
     (TP 1 runs without), ``offloads`` as (activations, weights, optimizer) switches in the order to try, and
-    ``max_pp`` the deepest pipeline.
+    ``max_pp`` the deepest pipeline. ``tiers`` (``host``, ``nvme``) are tried for every candidate that
+    offloads weights or optimizer state, and ``cpu_optimizer`` settings (ZeRO-Offload's Adam on the CPU) for
+    every one that offloads optimizer state; the defaults keep the host tier and the GPU's Adam.
     """
     _positive("gpus", gpus)
     _positive("global_batch", global_batch)
@@ -147,6 +162,12 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
     for switches in offloads or ():
         if len(switches) != 3 or not all(isinstance(x, bool) for x in switches):
             raise ConfigError(f"search.offloads: got {brief(switches)}; must be (activations, weights, optimizer) booleans")
+    for tier in tiers:
+        if tier not in OFFLOAD_TIERS:
+            raise ConfigError(f"search.tiers: got {brief(tier)}; must be one of {', '.join(OFFLOAD_TIERS)}")
+    for cpu in cpu_optimizer:
+        if not isinstance(cpu, bool):
+            raise ConfigError(f"search.cpu_optimizer: got {brief(cpu)}; must be true or false")
     no_tier = cluster.offload is None
     use_offload = not no_tier if offload is None else offload
     tried = tuple(offloads) if offloads is not None else OFFLOAD_CHOICES
@@ -190,12 +211,17 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
                                     continue
                                 for r in recompute:
                                     for act, wts, opt in offload_sets:
-                                        e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
-                                                      offload_weights=wts, offload_optimizer=opt)
-                                        if no_tier and (act or wts or opt):
-                                            rejected[_reason(str(execution_rejection(spec, e, cluster)))] += 1
-                                        else:
-                                            valid.append(e)
+                                        variants = _tier_variants(wts, opt, tiers, cpu_optimizer)
+                                        candidates += len(variants) - 1
+                                        for variant in variants:
+                                            e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
+                                                          offload_weights=wts, offload_optimizer=opt, **variant)
+                                            why = (execution_rejection(spec, e, cluster)
+                                                   if (no_tier and (act or wts or opt)) or variant else None)
+                                            if why is not None:
+                                                rejected[_reason(why)] += 1
+                                            else:
+                                                valid.append(e)
     return Enumeration(executions=tuple(valid), candidates=candidates, rejected=dict(rejected.most_common()))
 
 
