@@ -184,3 +184,16 @@ def test_train_tokens_bad_value_is_one_line(run_cli, tmp_path):
     record = _record(tmp_path, OFFLOADING)
     code, out, err = run_cli("llm-predict", "--model", "llama3-70b", "--execution", record, "--train-tokens", "300B")
     assert code == 2 and not out and "--train-tokens: got '300B'" in err and err.count("\n") == 1
+
+
+def test_validate_llm_reports_the_held_out_zero3_family(run_cli):
+    """The DeepSpeed ZeRO-3 rows of SC21 Table 2 come as their own family with their own summary; the
+    1,536-GPU row's 44 TFLOP/s is the 66.7 s the issue quotes."""
+    code, out, _ = run_cli("validate-llm", "--json")
+    family = json.loads(out)["held_out"]["DeepSpeed ZeRO-3, SC21 Table 2 (held out)"]
+    assert code == 0 and len(family["rows"]) == 3
+    assert family["rows"][-1]["measured_s"] == pytest.approx(66.7, rel=1e-3)
+    errors = [row["predicted_s"] / row["measured_s"] - 1 for row in family["rows"]]
+    assert family["mean_abs_error"] == pytest.approx(sum(map(abs, errors)) / 3, rel=1e-12)
+    for row in family["rows"]:
+        assert row["breakdown"]["fsdp_comm_s"] > 0

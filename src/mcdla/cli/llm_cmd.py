@@ -39,18 +39,27 @@ def validate_llm_cmd(
         help="Hardware preset or generator file the runs are predicted on.")] = "dgx-a100",
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows and the summary as JSON.")] = False,
 ) -> None:
-    """Predict Korthikanti et al. 2022 Table 5 and SC21 Table 1 (1.7B-18.4B) and print the error."""
-    from mcdla.report.llm_validation import format_table, summary, validate_llm
+    """Predict Korthikanti et al. 2022 Table 5 and SC21 Table 1 (1.7B-18.4B) and print the error; then each
+    held-out family (DeepSpeed ZeRO-3, SC21 Table 2) with its own."""
+    from mcdla.report.llm_validation import HELD_OUT_FAMILIES, format_table, summary, validate_llm
 
-    rows = validate_llm(_cluster(system))
+    cluster = _cluster(system)
+    rows = validate_llm(cluster)
+    held_out = {name: validate_llm(cluster, runs) for name, runs in HELD_OUT_FAMILIES.items()}
+
+    def as_data(family: list[Any]) -> list[dict[str, Any]]:
+        return [{"run": r.run.name, "model": r.run.model, "source": r.run.source, "measured_s": r.run.measured_s,
+                 "predicted_s": r.predicted.iteration_s, "error": r.error, "breakdown": r.predicted.to_dict()}
+                for r in family]
+
     if as_json:
-        data = {"rows": [{"run": r.run.name, "model": r.run.model, "source": r.run.source,
-                          "measured_s": r.run.measured_s, "predicted_s": r.predicted.iteration_s, "error": r.error,
-                          "breakdown": r.predicted.to_dict()} for r in rows],
-                **summary(rows)}
+        data = {"rows": as_data(rows), **summary(rows),
+                "held_out": {name: {"rows": as_data(f), **summary(f)} for name, f in held_out.items()}}
         print(json.dumps(data, indent=2, allow_nan=False))
         return
     console.print(format_table(rows))
+    for name, family in held_out.items():
+        console.print(format_table(family, title=name))
 
 
 def _duration(seconds: float) -> str:
