@@ -183,26 +183,42 @@ def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, layers: i
     without ``k g``; backward ``g + r`` when the compute hides the rest, ``k (g + r) - k c`` when the links
     never idle.
     """
-    link_free = compute_free = rs_end = 0.0
-    gather_end: dict[int, float] = {}
-
-    def on_link(duration: float, issued: float) -> float:
-        nonlocal link_free
-        link_free = max(link_free, issued) + duration
-        return link_free
-
-    for j in range(min(prefetch, layers)):
-        gather_end[j] = on_link(gather_s, 0.0)
-    for i in range(layers):
-        if not prefetch:
-            gather_end[i] = on_link(gather_s, compute_free)
-        start = max(compute_free, gather_end[i])
+    link = compute = rs_end = 0.0  # when the link and the compute are next free; the last reduce-scatter's end
+    ahead: list[float] = []  # ends of the gathers already issued for the next layers, in layer order
+    for _ in range(min(prefetch, layers)):
+        link += gather_s
+        ahead.append(link)
+    regular = layers - prefetch - 1  # the last layer that still issues a prefetch: the pattern holds up to it
+    seen: tuple[tuple[float, ...], float] | None = None
+    i = 0
+    while i < layers:
+        if prefetch:
+            gathered = ahead.pop(0)
+        else:
+            link = max(link, compute) + gather_s
+            gathered = link
+        start = max(compute, gathered)
         if prefetch and i + prefetch < layers:
-            gather_end[i + prefetch] = on_link(gather_s, start)
-        compute_free = start + compute_s
+            link = max(link, start) + gather_s
+            ahead.append(link)
+        compute = start + compute_s
         if backward:
-            rs_end = on_link(reduce_s, compute_free)
-    return max(compute_free, rs_end) - layers * compute_s
+            link = max(link, compute) + reduce_s
+            rs_end = link
+        i += 1
+        if i < regular:
+            # The rules are invariant under a shift in time: two layers in a row leaving the same state relative
+            # to the compute means every further regular layer adds the same step; jump to the last of them.
+            state = (link - compute, *(a - compute for a in ahead))
+            if seen is not None and all(abs(x - y) <= 1e-12 * compute for x, y in zip(state, seen[0], strict=True)):
+                shift = (compute - seen[1]) * (regular - i)
+                link, compute, rs_end = link + shift, compute + shift, rs_end + shift if backward else 0.0
+                ahead = [a + shift for a in ahead]
+                i = regular
+                seen = None
+            else:
+                seen = (state, compute)
+    return max(compute, rs_end) - layers * compute_s
 
 
 def _p2p_s(cluster: Cluster, layout: ParallelDims, nbytes: float) -> float:
