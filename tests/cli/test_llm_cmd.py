@@ -197,3 +197,14 @@ def test_validate_llm_reports_the_held_out_zero3_family(run_cli):
     assert family["mean_abs_error"] == pytest.approx(sum(map(abs, errors)) / 3, rel=1e-12)
     for row in family["rows"]:
         assert row["breakdown"]["fsdp_comm_s"] > 0
+
+
+def test_llm_predict_names_the_nvme_tier(run_cli, tmp_path):
+    """An execution on the NVMe tier reports the drives as its second tier, and the CPU step as optimizer time."""
+    path = tmp_path / "e.yaml"
+    path.write_text("gpus: 8\ndp: 8\nzero: 2\nglobal_batch: 8\noffload_optimizer: true\ncpu_optimizer: true\n"
+                    "offload_tier: nvme\n")
+    code, out, _ = run_cli("llm-predict", "--model", "llama3-8b", "--execution", str(path), "--system", "dgx-h100",
+                           "--json")
+    data = json.loads(out)
+    assert code == 0 and "NVMe" in data["offload_tier"] and data["optimizer_s"] > 0

@@ -195,7 +195,8 @@ def llm_predict_cmd(
     data = _prediction(step, record, spec, system=cluster.name, gpus_per_node=cluster.gpus_per_node,
                        hbm_bytes=cluster.device.hbm_bytes,
                        peak_flops_per_s=cluster.device.flops_per_s(DEFAULT_PRECISION),
-                       offload_tier=cluster.offload.source if cluster.offload is not None else None,
+                       offload_tier=(cluster.nvme.source if record.offload_tier == "nvme" and cluster.nvme is not None
+                                     else cluster.offload.source if cluster.offload is not None else None),
                        train_tokens=tokens)
     if as_json:
         print_json(data)
@@ -206,5 +207,9 @@ def llm_predict_cmd(
             fail(f"does not fit: {format_bytes(step.device_bytes)} per GPU > {format_bytes(cluster.device.hbm_bytes)} "
                  "of device memory", code=1)
         share = cluster.offload.pool_bytes if cluster.offload is not None else 0.0
+        if record.offload_tier == "nvme" and cluster.nvme is not None:
+            fail(f"does not fit: {format_bytes(step.offloaded_bytes)} offloaded per GPU > the host pool's "
+                 f"{format_bytes(share)} plus the NVMe drives' {format_bytes(cluster.nvme.capacity_bytes / cluster.gpus_per_node)} "
+                 "share per GPU", code=1)
         fail(f"does not fit: {format_bytes(step.offloaded_bytes)} offloaded per GPU > {format_bytes(share)} "
              "of the offload tier's share per GPU", code=1)
