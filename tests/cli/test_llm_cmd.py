@@ -203,7 +203,7 @@ def test_llm_predict_names_the_nvme_tier(run_cli, tmp_path):
     """An execution on the NVMe tier reports the drives as its second tier, and the CPU step as optimizer time."""
     path = tmp_path / "e.yaml"
     path.write_text("gpus: 8\ndp: 8\nzero: 2\nglobal_batch: 8\noffload_optimizer: true\ncpu_optimizer: true\n"
-                    "offload_tier: nvme\n")
+                    "offload_tier: nvme\nrecompute: full\n")
     code, out, _ = run_cli("llm-predict", "--model", "llama3-8b", "--execution", str(path), "--system", "dgx-h100",
                            "--json")
     data = json.loads(out)
