@@ -157,3 +157,18 @@ def test_exposed_time_equals_the_layer_by_layer_timeline():
         k, d, bwd = rng.randint(1, 96), rng.randint(0, 4), rng.random() < 0.5
         assert fsdp_exposed_s(g, r, c, k, prefetch=d, backward=bwd) == pytest.approx(
             _timeline(g, r, c, k, d, bwd), rel=1e-9, abs=1e-12)
+
+
+def test_zero3_with_offloaded_weights_fetches_and_stores_the_shard(llm_cluster):
+    """ZeRO-3 + weight offload (ZeRO-Infinity's parameter offload): each rank fetches its 2 P / dp bytes in
+    forward and again in backward (no compute to hide them) and stores that shard in the tier; the gathered
+    layers stay in HBM."""
+    dp, link, m = 4, 5e9, 2
+    cluster = _net_cluster(llm_cluster, gpus_per_node=dp, nodes=1, offload_bytes_per_s=link)
+    base = dict(gpus=dp, dp=dp, zero=3, micro_batch=1, global_batch=dp * m)
+    resident = llm_step(SMALL, Execution(**base), cluster)
+    step = llm_step(SMALL, Execution(**base, offload_weights=True), cluster)
+    shard = 2 * SMALL.params() / dp
+    assert step.offload_s == pytest.approx(m * 2 * shard / link, rel=1e-12)
+    assert step.offloaded_bytes == pytest.approx(shard, rel=1e-12)
+    assert resident.device_bytes - step.device_bytes == pytest.approx(shard, rel=1e-12)

@@ -343,8 +343,9 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         move = act_stage / offload_bytes_per_s
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * (2 * layer_fwd + layer_recompute))
-    if e.offload_weights:
-        move = _WEIGHT_BYTES * params_rank / tier_bytes_per_s(cluster, e.offload_tier)[1]
+    if e.offload_weights:  # under ZeRO-3 each rank fetches its shard, the all-gathers bring the rest
+        stored = params_rank / (e.shard_ranks if e.zero >= 3 else 1)
+        move = _WEIGHT_BYTES * stored / tier_bytes_per_s(cluster, e.offload_tier)[1]
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * 2 * layer_fwd)
 
@@ -439,14 +440,15 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
 
     in_flight = min(m, e.pp) * (1 + (e.pp - 1) / (e.pp * e.virtual_stages)) if e.virtual_stages > 1 else min(m, e.pp)
     activations = act_stage * in_flight
-    weights = _WEIGHT_BYTES * params_rank / (shard if e.zero >= 3 else 1)
+    weights = stored_weights = _WEIGHT_BYTES * params_rank / (shard if e.zero >= 3 else 1)
     grads = _GRAD_BYTES * params_rank / (shard if e.zero >= 2 else 1)
     if e.zero >= 3:  # the layer computing and the ones prefetched, whole, with their gradients
         gathered = min(e.fsdp_prefetch + 1, n_layers) * spec.params_per_layer() / e.tp
         weights += _WEIGHT_BYTES * gathered
         grads += _GRAD_BYTES * gathered
     opt = _OPTIMIZER_BYTES * params_rank / shard
-    on_tier = (weights if e.offload_weights else 0.0) + (opt if e.offload_optimizer else 0.0)
+    # offloaded weights: the stored copy (the shard); the gathered layers are in HBM while they compute
+    on_tier = (stored_weights if e.offload_weights else 0.0) + (opt if e.offload_optimizer else 0.0)
     offloaded = (activations if e.offload_activations else 0.0) + on_tier
     device_bytes = activations + weights + grads + opt - offloaded
     pool_bytes = 0.0 if cluster.offload is None else cluster.offload.pool_bytes
