@@ -57,7 +57,7 @@ from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
 
-__all__ = ["DEFAULT_PRECISION", "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
+__all__ = ["DEFAULT_PRECISION", "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer", "fsdp_exposed_s",
            "llm_step", "stage_costs", "step_record"]
 
 DEFAULT_PRECISION = "bf16"
