@@ -218,3 +218,194 @@ def test_hostile_files_fail_fast_with_one_line(tmp_path, kind, what) -> None:
         _LOADERS[what](path)
     message = str(info.value)
     assert "\n" not in message and len(message) <= MAX_MESSAGE
+
+
+# -- the LLM surfaces: execution records, generated systems, llm-predict, search, export-chakra, Chakra import ----
+# Each case must end in a clean error (one bounded line, exit 2), an infeasible answer (exit 1) or a finite
+# success (strict JSON), within a time and a memory bound. The quick profile runs in the default suite (about
+# 10 s in all); the long one, with ten times the examples (about 3 min), in the slow suite.
+
+_EXECUTION = {"gpus": 16, "tp": 8, "pp": 2, "dp": 1, "micro_batch": 1, "global_batch": 16, "recompute": "selective"}
+_GENERATOR = {
+    "format": "mcdla-system/1", "name": "fuzz",
+    "node": {"gpus": 8, "source": "t",
+             "gpu": {"peak_flops_per_s": {"bf16": "989TFLOP/s", "fp16": "989TFLOP/s"}, "hbm": "80GB",
+                     "hbm_bandwidth": "3.35TB/s", "source": "t"},
+             "scale_up": {"bandwidth": "450GB/s", "latency": "1us", "algorithm": "in-network", "source": "t"},
+             "sockets": {"count": 2, "source": "t",
+                         "memory": {"kind": "host", "capacity": "1TB", "dram_bandwidth": "307.2GB/s", "source": "t"},
+                         "gpu_link": {"kind": "pcie", "bandwidth": "51.2GB/s", "latency": "1us", "source": "t"}}},
+    "scale_out": {"nodes": 2, "bandwidth": "50GB/s", "latency": "5us", "source": "t"},
+}
+#: Seconds and resident bytes one case may take (the bound a user's typo must fail within).
+_CASE_SECONDS = 30.0
+_CASE_RSS_BYTES = 3 * 2**30
+#: Largest node the fuzzed generator files keep: Cluster.pool_link routes every GPU of a node (4,096 GPUs take
+#: ~30 s); its closed form for symmetric nodes is a separate item of the same issue.
+_MAX_FUZZ_NODE_GPUS = 512
+
+_QUICK = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+_LONG = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+_PROFILES = [pytest.param(_QUICK, id="quick"), pytest.param(_LONG, id="long", marks=pytest.mark.slow)]
+
+
+def _rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+def _cli(*argv: str) -> None:
+    """``mcdla argv``: exit 0 with strict, finite JSON on stdout, 1, or 2 with one bounded stderr line; within
+    the time and memory bound."""
+    import contextlib
+    import io
+    import time
+
+    out, err = io.StringIO(), io.StringIO()
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as info:
+        main(list(argv))
+    seconds = time.perf_counter() - started
+    code, stderr = info.value.code, err.getvalue()
+    assert seconds < _CASE_SECONDS, (argv, seconds)
+    assert _rss_bytes() < _CASE_RSS_BYTES, (argv, _rss_bytes())
+    assert code in (0, 1, 2), (argv, code, stderr[-2000:])
+    if code == 0:
+        json.loads(out.getvalue(), parse_constant=lambda name: pytest.fail(f"{name} in {argv} output"))
+    if code == 2:
+        assert stderr.startswith("mcdla: error: ") and stderr.count("\n") == 1 and len(stderr) <= MAX_MESSAGE, stderr
+
+
+def _small_node(doc: Any) -> bool:
+    """Whether a (mutated) generator file's node is small enough for the fuzz's time bound, or not a node."""
+    node = doc.get("node") if isinstance(doc, dict) else None
+    gpus = node.get("gpus") if isinstance(node, dict) else None
+    return not isinstance(gpus, int) or isinstance(gpus, bool) or gpus <= _MAX_FUZZ_NODE_GPUS
+
+
+@st.composite
+def _generator_bytes(draw) -> tuple[str, bytes]:
+    from hypothesis import assume
+
+    suffix, content = draw(_file_bytes(_GENERATOR))
+    try:
+        doc = yaml.safe_load(content)
+    except yaml.YAMLError:
+        doc = None
+    assume(_small_node(doc))
+    return suffix, content
+
+
+def _run(profile: settings, strategy: Any, check: Any) -> None:
+    """Run ``check`` on ``strategy``'s cases under ``profile``."""
+    profile(given(strategy)(check))()
+
+
+@pytest.mark.parametrize("profile", _PROFILES)
+def test_fuzzed_execution_records_load_or_fail_cleanly(profile) -> None:
+    """A mutated execution record loads or raises one bounded-length ConfigError line."""
+    from mcdla.workload.execution import load_execution
+
+    _run(profile, _file_bytes(_EXECUTION), lambda case: _clean(load_execution, *case))
+
+
+@pytest.mark.parametrize("profile", _PROFILES)
+def test_fuzzed_generator_files_load_or_fail_cleanly(profile) -> None:
+    """A mutated generated-system file (node x scale_out) loads or raises one bounded-length HardwareError line."""
+    from mcdla.hardware.cluster import load_cluster
+
+    _run(profile, _generator_bytes(), lambda case: _clean(lambda p: load_cluster(str(p)).for_gpus(16), *case))
+
+
+@pytest.mark.parametrize("profile", _PROFILES)
+def test_fuzzed_llm_predict(profile) -> None:
+    """``llm-predict --json`` on a mutated record and system, fast path or per-rank engine: clean or finite."""
+
+    def check(execution, system, ranks):
+        with tempfile.TemporaryDirectory() as tmp:
+            epath, spath = Path(tmp) / f"e{execution[0]}", Path(tmp) / f"s{system[0]}"
+            epath.write_bytes(execution[1])
+            spath.write_bytes(system[1])
+            _cli("llm-predict", "--model", "llama3-8b", "--execution", str(epath), "--system", str(spath), "--json",
+                 *ranks)
+
+    valid_execution = st.just((".json", json.dumps(_EXECUTION).encode()))
+    valid_system = st.just((".yaml", yaml.safe_dump(_GENERATOR).encode()))
+    strategy = st.tuples(valid_execution | _file_bytes(_EXECUTION), valid_system | _generator_bytes(),
+                         st.sampled_from([(), ("--ranks",), ("--slowdown", "3:2.5"), ("--slowdown", "0:1e308")]))
+    _run(profile, strategy, lambda case: check(*case))
+
+
+_counts = st.one_of(st.integers(min_value=-2, max_value=70), st.sampled_from([2**31 - 1, 2**31, 10**20, 2095133040]))
+
+
+@pytest.mark.parametrize("profile", _PROFILES)
+def test_fuzzed_search(profile) -> None:
+    """``search --json`` with hostile sizes (GPUs, batch, top, CP, interleaving, limits): clean or finite, in time."""
+
+    def check(gpus, batch, top, cp, max_v, limit, capacity):
+        argv = ["search", "--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", str(gpus), "--global-batch",
+                str(batch), "--top", str(top), "--cp", cp, "--workers", "1", "--quiet", "--json",
+                "--max-configurations", str(capacity)]
+        if max_v is not None:
+            argv += ["--max-virtual-stages", str(max_v)]
+        if limit is not None:
+            argv += ["--memory-limit", limit]
+        _cli(*argv)
+
+    plausible = st.sampled_from([8, 16, 32, 64])
+    strategy = st.tuples(st.sampled_from([8, 8, 16, 4, 1, 12, 0, 2**31 - 1]), plausible | _counts,
+                         st.just(5) | _counts, st.sampled_from(["1", "1", "1,2", "0", "1,x", "3"]),
+                         st.one_of(st.none(), st.just(2), _counts),
+                         st.sampled_from([None, None, "1B", "12GiB", "80GB", "1e400GiB", "inf", "-1GiB"]),
+                         st.sampled_from([20000, 20000, 5000, 1]))
+    _run(profile, strategy, lambda case: check(*case))
+
+
+@pytest.mark.parametrize("profile", _PROFILES)
+def test_fuzzed_export_chakra(profile) -> None:
+    """``export-chakra --json`` with hostile batches, policies and parallelism: clean, infeasible or finite."""
+
+    def check(batch, parallel, policy, system):
+        with tempfile.TemporaryDirectory() as tmp:
+            _cli("export-chakra", "--system", system, "--workload", "alexnet", "--batch", str(batch), "--parallel",
+                 parallel, "--policy", policy, "--prefix", str(Path(tmp) / "t"), "--json")
+
+    strategy = st.tuples(_counts, st.sampled_from(["data", "model", "pipeline"]),
+                         st.sampled_from(["all", "none", "conv", "nope"]), st.sampled_from(["mc-dla", "dc-dla", "x"]))
+    _run(profile, strategy, lambda case: check(*case))
+
+
+def _exported_trace() -> bytes:
+    from mcdla.hardware import load_system
+    from mcdla.plan import policy_plan
+    from mcdla.report.chakra import simulate_to_chakra
+    from mcdla.workload import zoo
+
+    w = zoo.build("alexnet", batch=64)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, paths = simulate_to_chakra(Path(tmp) / "t", load_system("dc-dla"), w, policy_plan(w, "all"))
+        return paths[0].read_bytes()
+
+
+@pytest.mark.parametrize("profile", _PROFILES)
+def test_fuzzed_chakra_traces_import_or_fail_cleanly(profile) -> None:
+    """A Chakra trace with bytes replaced, cut or gzipped imports as a workload or raises one bounded line."""
+    import gzip
+
+    from mcdla.workload.chakra import load_chakra_workload
+
+    base = _exported_trace()
+
+    @st.composite
+    def damaged(draw) -> tuple[str, bytes]:
+        data = bytearray(base)
+        for _ in range(draw(st.integers(min_value=0, max_value=6))):
+            i = draw(st.integers(min_value=0, max_value=len(data) - 1))
+            data[i] = draw(st.integers(min_value=0, max_value=255))
+        cut = draw(st.one_of(st.none(), st.integers(min_value=0, max_value=len(data))))
+        raw = bytes(data[:cut] if cut is not None else data)
+        return (".et.gz", gzip.compress(raw)) if draw(st.booleans()) else (".et", raw)
+
+    _run(profile, damaged(), lambda case: _clean(load_chakra_workload, *case))

@@ -10,21 +10,29 @@ Every file mcdla reads from a user (workloads, systems, plans) goes through :fun
 * refuses nesting deeper than :data:`MAX_DEPTH` (no ``RecursionError``).
 
 Each problem is raised as the caller's error class with one line naming the file and what is allowed.
+
+Every file mcdla writes for a user as the result of a long computation (``search --out``, ``export-chakra``)
+goes through :func:`atomic_output`: it is written under a temporary name in the same directory and renamed
+over the target only when complete, so a full disk or an interrupt leaves no partial result behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
 from mcdla.errors import McdlaError
 
-__all__ = ["MAX_FILE_BYTES", "MAX_DEPTH", "MAX_NODES", "read_text", "parse_json", "parse_yaml", "read_document"]
+__all__ = ["MAX_FILE_BYTES", "MAX_DEPTH", "MAX_NODES", "atomic_output", "read_text", "parse_json", "parse_yaml",
+           "read_document"]
 
 MAX_FILE_BYTES = 64 * 2**20
 MAX_DEPTH = 64
@@ -171,3 +179,26 @@ def read_document(path: str | Path, *, what: str, error: type[McdlaError], json_
     if is_json:
         return parse_json(text, source=source, error=error)
     return parse_yaml(text, source=source, error=error)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """A file object (``mode`` ``"w"`` or ``"wb"``) whose content replaces ``path`` only if the block completes.
+
+    The data goes to a temporary file next to ``path`` (same filesystem, so the final :func:`os.replace` is
+    atomic), flushed and fsynced before the rename; on any exception (ENOSPC, an interrupt) the temporary file
+    is removed and ``path`` is left as it was. OS errors propagate to the caller, which names its option.
+    """
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:64]}.", suffix=".partial", dir=target.parent or ".")
+    try:
+        os.fchmod(fd, stat.S_IMODE(target.stat().st_mode) if target.is_file() else 0o644)  # not mkstemp's 0600
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,6 +1,7 @@
 """``mcdla validate-llm`` and ``mcdla llm-predict``."""
 
 import json
+import math
 
 import pytest
 
@@ -208,3 +209,57 @@ def test_llm_predict_names_the_nvme_tier(run_cli, tmp_path):
                            "--json")
     data = json.loads(out)
     assert code == 0 and "NVMe" in data["offload_tier"] and data["optimizer_s"] > 0
+def _record_fields(tmp_path, **fields):
+    path = tmp_path / "e.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in fields.items()))
+    return path
+
+
+def test_llm_predict_refuses_a_slowdown_past_its_bound_and_prints_strict_json_at_it(run_cli, tmp_path):
+    """--slowdown 0:1e308 is one line naming the bound; the largest accepted factor gives strict, finite JSON
+    whose iteration is longer than the straggler's own compute alone would make it."""
+    from mcdla.cli.llm_cmd import MAX_SLOWDOWN
+
+    path = _record_fields(tmp_path, gpus=128, tp=8, pp=8, dp=2, micro_batch=1, global_batch=32, recompute="selective")
+    args = ("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--json")
+    for flags in (("--slowdown", "0:1e308", "--json"), ("--slowdown", "0:1e308"), ("--slowdown", "0:nan")):
+        code, out, err = run_cli(*args[:-1], *flags)
+        assert code == 2 and not out and err.count("\n") == 1
+        assert "--slowdown" in err and f"{MAX_SLOWDOWN:.0f}" in err
+    code, out, _ = run_cli(*args, "--slowdown", f"0:{MAX_SLOWDOWN:.0f}")
+    data = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    fast = json.loads(run_cli(*args)[1])
+    assert code == 0 and data["iteration_s"] > MAX_SLOWDOWN / 2 * fast["compute_s"] / 32
+
+
+def test_llm_predict_ranks_refuses_past_the_engines_size(run_cli, tmp_path):
+    """--ranks on dp = 10^8 replicas is one line naming the size dp*pp*micro_batches*virtual_stages, not hours."""
+    from mcdla.sim.llm_ranks import MAX_SCHEDULED_OPS
+
+    dp = 10**8
+    path = _record_fields(tmp_path, gpus=8 * dp, tp=8, pp=1, dp=dp, micro_batch=1, global_batch=dp)
+    code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path), "--ranks")
+    assert code == 2 and not out and err.count("\n") == 1
+    assert f"= {dp * 1 * 1 * 1}" in err and str(MAX_SCHEDULED_OPS) in err
+
+
+def test_check_finite_names_the_non_finite_field(capsys):
+    """The final guard refuses a result holding inf or NaN with one line naming its field, and passes a finite one."""
+    from mcdla.cli._app import check_finite
+
+    check_finite({"a": 1.0, "b": [2.0, {"c": 3.0}]}, "what")
+    for bad, field in (({"a": 1.0, "b": [2.0, {"c": math.inf}]}, "what.b.1.c"), ({"x": math.nan}, "what.x")):
+        with pytest.raises(SystemExit) as info:
+            check_finite(bad, "what")
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1 and f"{field}: got " in err
+
+
+def test_an_execution_record_with_a_330_digit_degree_is_one_short_line(run_cli, tmp_path):
+    """pp = 10**330 (found by the fuzz test) is refused naming execution.pp and the largest count, in a line of
+    bounded length, not echoed digit by digit in the gpus product."""
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps({"gpus": 16, "tp": 8, "pp": 10**330, "micro_batch": 1, "global_batch": 16}))
+    code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path))
+    assert code == 2 and not out and err.count("\n") == 1 and len(err) < 300
+    assert "execution.pp" in err and str(2**31 - 1) in err

@@ -81,3 +81,190 @@ def test_ray_missing_says_how_to_install(run_cli, monkeypatch):
     code, _, stderr = run_cli("search", *SMALL, "--ray")
     assert code == 2 and stderr.count("\n") == 1
     assert "--ray: the ray package is not installed; install it with pip install 'mcdla[ray]'" in stderr
+
+
+def _small_search(**kwargs):
+    return search(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8, global_batch=16,
+                  max_virtual_stages=2, **kwargs)
+
+
+def test_workers_past_the_cpu_count_start_no_more_processes_than_cpus(run_cli, monkeypatch):
+    """--workers 2147483647 starts at most os.cpu_count() processes (never one per chunk, never an
+    OverflowError) and gives the in-process answer."""
+    import concurrent.futures
+    import os
+
+    sizes = []
+
+    class Recording(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, max_workers=None, **kwargs):
+            sizes.append(max_workers)
+            super().__init__(max_workers=max_workers, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Recording)
+    code, stdout, stderr = run_cli("search", *SMALL, "--workers", "2147483647", "--json", "--chunk-size", "2048")
+    serial = json.loads(run_cli("search", *SMALL, "--workers", "1", "--json")[1])
+    data = json.loads(stdout)
+    chunks = -(-data["valid"] // 2048)
+    assert code == 0, stderr
+    assert sizes == [min(os.cpu_count() or 1, chunks)]
+    assert data["best"] == serial["best"] and data["top"] == serial["top"]
+
+
+def test_max_configurations_refuses_past_the_candidate_count(run_cli):
+    """The candidates counted in closed form equal the enumeration's; one fewer allowed is one line naming
+    --max-configurations and the count, before any candidate is evaluated; exactly that many runs."""
+    from mcdla.plan.llm_search import count_candidates, enumerate_executions
+
+    cluster = load_cluster("dgx-a100").for_gpus(8)
+    spec = preset("megatron-1.7b")
+    n = enumerate_executions(spec, cluster, gpus=8, global_batch=16, max_virtual_stages=2).candidates
+    assert count_candidates(spec, cluster, gpus=8, global_batch=16, max_virtual_stages=2) == n
+    code, stdout, stderr = run_cli("search", *SMALL, "--max-configurations", str(n - 1))
+    assert code == 2 and not stdout and stderr.count("\n") == 1
+    assert "--max-configurations: got" in stderr and f"has {n} candidate configurations" in stderr
+    code, stdout, _ = run_cli("search", *SMALL, "--max-configurations", str(n), "--workers", "1", "--json")
+    assert code == 0 and json.loads(stdout)["candidates"] == n
+
+
+def test_a_highly_composite_batch_is_refused_in_seconds(run_cli):
+    """--global-batch 2095133040 (tens of millions of candidates) is refused by the default limit at once."""
+    import time
+
+    from mcdla.plan.llm_search import DEFAULT_MAX_CONFIGURATIONS
+
+    t0 = time.perf_counter()
+    code, stdout, stderr = run_cli("search", "--model", "gpt3-175b", "--system", "dgx-h100", "--gpus", "64",
+                                   "--global-batch", "2095133040", "--quiet")
+    assert code == 2 and not stdout and f"got {DEFAULT_MAX_CONFIGURATIONS}" in stderr
+    assert time.perf_counter() - t0 < 10
+
+
+def test_top_is_bounded(run_cli):
+    """--top past MAX_TOP is one line naming the limit; --top MAX_TOP is accepted."""
+    from mcdla.cli.search_cmd import MAX_TOP
+
+    code, stdout, stderr = run_cli("search", *SMALL, "--top", str(MAX_TOP + 1))
+    assert code == 2 and not stdout and f"--top: got {MAX_TOP + 1}; must be at most {MAX_TOP}" in stderr
+    code, stdout, _ = run_cli("search", *SMALL, "--top", str(MAX_TOP), "--workers", "1", "--json")
+    assert code == 0 and len(json.loads(stdout)["top"]) == min(MAX_TOP, json.loads(stdout)["fitting"])
+
+
+def test_streamed_top_k_equals_the_full_ranking():
+    """A search that keeps only the top k rows (a bounded heap) ranks them as sorting every row does, counts
+    the same fitting rows and the same least device memory, and streams every row to on_row in order."""
+    full = _small_search()
+    seen = []
+    streamed = _small_search(top=7, keep_rows=False, on_row=seen.append)
+    assert streamed.rows == () and streamed.ranked == full.ranked[:7] and streamed.fitting == len(full.ranked)
+    assert streamed.least_device_bytes == min(r.step.device_bytes for r in full.rows)
+    assert tuple(seen) == full.rows
+
+
+def test_a_non_finite_time_is_refused_not_ranked():
+    """A cluster (built in Python, past the file bounds) whose figures give inf times is refused with one line
+    naming iteration_s, not ranked fastest."""
+    from mcdla.errors import ConfigError
+    from mcdla.hardware.model import Device
+    from mcdla.sim.llm import GemmEfficiency, GpuCluster
+    from mcdla.workload.transformer import TransformerSpec
+
+    spec = TransformerSpec(name="tiny", layers=6, hidden=96, heads=6, vocab=128, seq_len=12)
+    dev = Device(name="g", peak_flops_per_s={"fp16": 1e12}, hbm_bytes=2e6, hbm_bytes_per_s=1e11)
+    cluster = GpuCluster(device=dev, gpus_per_node=4, nvlink_bytes_per_s=5e-324, network_bytes_per_s=1e9,
+                         offload_bytes_per_s=0, gemm_efficiency=GemmEfficiency(peak_fraction=0.5, half_width=10.0))
+    with pytest.raises(ConfigError, match=r"search: got iteration_s = inf for tp=") as info:
+        search(spec, cluster, gpus=8, global_batch=8)
+    assert "\n" not in str(info.value)
+
+
+def test_out_is_not_left_partial_when_the_disk_fills(run_cli, tmp_path, monkeypatch):
+    """An OS error while --out is written (ENOSPC at the final sync) is one line naming --out and leaves neither
+    the target nor a temporary file behind; an existing file is left as it was."""
+    import errno
+    import os
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp_path / "results.csv"
+    out.write_text("previous\n")
+    monkeypatch.setattr(os, "fsync", full)
+    code, stdout, stderr = run_cli("search", *SMALL, "--workers", "1", "--out", str(out))
+    assert code == 2 and stderr.count("\n") == 1 and "--out: got" in stderr and "No space left" in stderr
+    assert out.read_text() == "previous\n" and sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+
+
+def test_an_unreachable_ray_address_fails_in_seconds(run_cli):
+    """--ray-address to a closed port is one line within seconds (Ray alone retries for minutes)."""
+    import time
+
+    pytest.importorskip("ray")
+    from mcdla.plan.llm_search import RAY_CONNECT_TIMEOUT_S
+
+    t0 = time.perf_counter()
+    code, stdout, stderr = run_cli("search", *SMALL, "--ray-address", "127.0.0.1:1")
+    assert code == 2 and not stdout and stderr.count("\n") == 1 and "--ray-address: got '127.0.0.1:1'" in stderr
+    assert time.perf_counter() - t0 < RAY_CONNECT_TIMEOUT_S + 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["in ray.init", "evaluating"])
+def test_sigterm_during_a_ray_search_leaves_no_ray_process_and_a_clean_stdout(tmp_path, when):
+    """SIGTERM while a local Ray search starts Ray (its raylet's agents up, ray.init not returned) or evaluates:
+    the process exits, every process it had started is gone within 5 s (not orphaned ray::DashboardAgent and
+    ray::RuntimeEnvAgent), and stdout holds no Ray line (they go to stderr)."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    pytest.importorskip("ray")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    argv = [sys.executable, "-m", "mcdla", "search", "--model", "gpt3-175b", "--system", "dgx-h100", "--gpus", "1024",
+            "--global-batch", "1536", "--ray", "--workers", "2", "--json", "--quiet"]
+    stdout, stderr = tmp_path / "out", tmp_path / "err"
+
+    def ray_started(proc) -> bool:
+        if when == "evaluating":
+            return b"Started a local Ray instance" in stderr.read_bytes()
+        names = []
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                names.append(child.name())
+        return any("Agent" in n for n in names)  # the raylet's agents are up, ray.init has not returned
+
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
+        deadline = time.monotonic() + 120
+        while not ray_started(proc):
+            assert proc.poll() is None and time.monotonic() < deadline, stderr.read_text()[-2000:]
+            time.sleep(0.05)
+        if when == "evaluating":
+            time.sleep(1.5)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    _, alive = psutil.wait_procs(started, timeout=5)
+    running = []
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE:  # exited, only not yet reaped by its new parent
+                running.append(p.name())
+            p.kill()
+    assert not running, running
+    assert "raylet" not in stdout.read_text()
+
+
+@pytest.mark.slow
+def test_ray_with_more_workers_than_cpus_returns_the_serial_answer(run_cli):
+    """--ray --workers 2147483647 starts a local Ray of at most the CPU count and gives the in-process answer
+    (an uncapped num_cpus never returned)."""
+    pytest.importorskip("ray")
+    code, stdout, stderr = run_cli("search", *SMALL, "--ray", "--workers", "2147483647", "--json")
+    serial = json.loads(run_cli("search", *SMALL, "--workers", "1", "--json")[1])
+    data = json.loads(stdout)
+    assert code == 0, stderr
+    assert data["best"] == serial["best"] and data["top"] == serial["top"]

@@ -15,7 +15,7 @@ from mcdla.hardware import (LinkKind, MemoryKind, Topology, load_cluster, load_s
                             system_from_dict)
 
 MODERN = ("dgx-a100", "dgx-h100", "dgx-h100-ndr", "h200", "gh200", "dgx-gh200", "gb200-nvl72", "gb200-nvl72-memnode",
-          "dgx-h100-cxl", "dc-dla-2026")
+          "dgx-h100-cxl", "dc-dla-2026", "b200", "gb300-nvl72")
 _QUANTITY = re.compile(r"^[+-]?\d+(\.\d+)?([eE][+-]?\d+)?\s*[A-Za-z/]*$")
 
 

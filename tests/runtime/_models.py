@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -201,3 +202,13 @@ def wait_offloaded(vm: Any, timeout_s: float = 5.0) -> None:
     while vm.resident_saved_bytes > 0 and time.monotonic() < deadline:
         time.sleep(0.005)
     assert vm.resident_saved_bytes == 0
+
+
+def assert_released(vm: Any, threads: int) -> None:
+    """``vm``'s steps left the live set holding no records, pool capacity or I/O threads beyond ``threads``."""
+    deadline = time.monotonic() + 5.0
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() <= threads
+    assert vm.live_steps == 0 and vm.tracker_entries == 0
+    assert vm.pool.used_bytes == 0 and vm.pool.block_count == 0

@@ -117,6 +117,22 @@ def test_compress_shrinks_compressible_data(tmp_path):
     assert _load(tier, block) == bytes(1 << 20)
 
 
+@pytest.mark.parametrize("inner", ["host", "file"])
+def test_compress_stores_random_floats_raw(tmp_path, inner):
+    """Random float32 (incompressible) is stored raw, byte for byte its size; ReLU outputs still compress."""
+    inner_tier = (HostTier(capacity_bytes=1 << 30, buffers=HostBufferPool(pinned=False)) if inner == "host"
+                  else FileTier(tmp_path))
+    tier = CompressTier(inner_tier)
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal(1 << 18, dtype=np.float32).tobytes()  # 1 MiB
+    relu = np.maximum(rng.standard_normal(1 << 18, dtype=np.float32), 0).tobytes()
+    raw, packed = _store(tier, noise), _store(tier, relu)
+    assert tier.stored_bytes_of(raw) == len(noise)
+    assert tier.stored_bytes_of(packed) < 0.8 * len(relu)
+    assert tier.inner.used_bytes == sum(tier.inner.reservation_bytes(tier.stored_bytes_of(b)) for b in (raw, packed))
+    assert _load(tier, raw) == noise and _load(tier, packed) == relu
+
+
 def test_disk_full_raises_tier_full_and_leaves_no_file(tmp_path):
     """ENOSPC while writing raises TierFullError (the pool spills on it) and removes the partial file."""
     tier = FileTier(tmp_path)
@@ -132,14 +148,15 @@ def test_disk_full_raises_tier_full_and_leaves_no_file(tmp_path):
 
 
 def test_io_error_raises_runtime_tier_error(tmp_path):
-    """Other OS errors raise RuntimeTierError naming the tensor, the tier and the errno."""
+    """OS errors that neither fill nor close the medium raise RuntimeTierError naming the tensor, the tier and
+    the errno (no spill)."""
     tier = FileTier(tmp_path)
 
     def broken(fd, data):
-        raise OSError(errno.EIO, "Input/output error")
+        raise OSError(errno.EFBIG, "File too large")
 
     tier._write_chunks = broken
-    with pytest.raises(RuntimeTierError, match=r"file:.*saved tensor #7.*Errno 5") as err:
+    with pytest.raises(RuntimeTierError, match=rf"file:.*saved tensor #7.*Errno {errno.EFBIG}\]") as err:
         _store(tier, b"z" * 1000)
     assert not isinstance(err.value, TierFullError)
 

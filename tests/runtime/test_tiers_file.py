@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcdla.errors import OffloadError
+from mcdla.errors import ConfigError, OffloadError
 from mcdla.runtime import FileTier, HostBufferPool, HostTier, Pool, TierFullError, tiers_file, virtualize
 from mcdla.runtime import _file_io as fio
 from mcdla.runtime.tiers_file import default_io_threads, sweep_dead_blocks
@@ -416,3 +416,81 @@ def test_sweep_keeps_foreign_and_own_live_blocks(tmp_path):
     stale_same_pid.write_bytes(b"x")
     assert sweep_dead_blocks(tmp_path) == 1  # the earlier process with this pid
     assert other_host.exists() and mine.payload.exists() and not stale_same_pid.exists()
+
+
+def _crc_preserving_edit(data: bytes) -> bytes:
+    """``data`` with its first 4 bytes changed and bytes 8-11 set so that its CRC-32 is unchanged.
+
+    CRC-32 is affine over GF(2): crc(d ^ e) = crc(d) ^ crc(e) ^ crc(0...0) for messages of one length, so it
+    suffices that e's part at bytes 8-11 cancels the CRC change of e's part at bytes 0-3 (a 32x32 system).
+    """
+    n = len(data)
+    zero = zlib.crc32(bytes(n))
+
+    def effect(e: bytes) -> int:
+        return zlib.crc32(e) ^ zero
+
+    def unit(bit: int) -> bytes:
+        e = bytearray(n)
+        e[8 + bit // 8] = 1 << (bit % 8)
+        return bytes(e)
+
+    head = bytearray(n)
+    head[:4] = b"\xde\xad\xbe\xef"
+    target = effect(bytes(head))
+    rows = [(effect(unit(b)), 1 << b) for b in range(32)]  # (effect, which unit bits make it)
+    basis: dict[int, tuple[int, int]] = {}  # pivot bit -> (effect, combination)
+    for eff, comb in rows:
+        for pivot, (beff, bcomb) in basis.items():
+            if eff >> pivot & 1:
+                eff, comb = eff ^ beff, comb ^ bcomb
+        if eff:
+            pivot = eff.bit_length() - 1
+            for other, (oeff, ocomb) in list(basis.items()):
+                if oeff >> pivot & 1:
+                    basis[other] = (oeff ^ eff, ocomb ^ comb)
+            basis[pivot] = (eff, comb)
+    comb = 0
+    for pivot, (beff, bcomb) in basis.items():
+        if target >> pivot & 1:
+            comb ^= bcomb
+    edit = bytearray(head)
+    edit[8:12] = comb.to_bytes(4, "little")
+    out = bytes(a ^ b for a, b in zip(data, edit))
+    assert out != data and zlib.crc32(out) == zlib.crc32(data)
+    return out
+
+
+@pytest.mark.parametrize("digest", ["crc32", "blake2b"])
+def test_crc_preserving_edit(tmp_path, digest):
+    """An edit that keeps the CRC-32 passes the CRC tier (its documented limit) and fails the keyed digest."""
+    tier = FileTier(tmp_path, digest=digest)
+    data = os.urandom(4096)
+    block = _store(tier, data)
+    path = block.payload
+    path.write_bytes(_crc_preserving_edit(path.read_bytes()))
+    if digest == "crc32":
+        assert _load(tier, block) != data
+    else:
+        with pytest.raises(OffloadError, match=r"corrupted \(keyed BLAKE2b [0-9a-f]{32}, written [0-9a-f]{32}\)"):
+            _load(tier, block)
+
+
+def test_unknown_digest_is_a_config_error(tmp_path):
+    """FileTier(digest=...) outside the choices is one ConfigError line naming the field and the choices."""
+    with pytest.raises(ConfigError, match=r"\.digest: got 'md5'; must be one of crc32, blake2b"):
+        FileTier(tmp_path, digest="md5")
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_keyed_digest_round_trip_and_damage(tmp_path, direct):
+    """With digest="blake2b" multi-chunk blocks (direct or buffered) read back exactly; one flipped bit fails."""
+    tier = FileTier(tmp_path, digest="blake2b", chunk_bytes=4096, direct=direct)
+    data = os.urandom(10 * 4096 + 123)
+    block = _store(tier, data)
+    assert _load(tier, block) == data
+    raw = bytearray(block.payload.read_bytes())
+    raw[5000] ^= 0x10
+    block.payload.write_bytes(raw)
+    with pytest.raises(OffloadError, match="corrupted"):
+        _load(tier, block)

@@ -15,6 +15,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -141,3 +142,33 @@ def test_nothing_grows_over_50_steps(tmp_path):
         assert _threads_settle(threads) <= threads
     assert max(cached[5:]) == cached[5]
     assert offloaded[0] > 0 and len(set(offloaded)) == 1
+
+
+def test_frozen_parameters_stay_without_model():
+    """Without model=, frozen nn.Parameters (LoRA-style base weights) and their views are never managed."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
+    for p in base.parameters():
+        p.requires_grad_(False)
+    adapter = nn.Linear(256, 256)
+    x = torch.randn(16, 256)
+    weights = {p.untyped_storage().data_ptr() for p in base.parameters()}
+    saved: dict[int, int] = {}  # storage data_ptr -> bytes, of every non-parameter storage autograd saves
+
+    def note(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in weights:
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    def step():
+        xs = x * 1.0  # held by the graph only, so its offload frees it
+        h = base[0](xs) + adapter(xs)
+        return base[2](base[1](h)).square().mean()
+
+    with torch.autograd.graph.saved_tensors_hooks(note, lambda t: t):
+        step()
+    with virtualize("host", min_bytes=1) as vm:
+        step().backward()
+    assert vm.report.managed_bytes == sum(saved.values())
+    assert vm.report.unfreed_bytes == 0

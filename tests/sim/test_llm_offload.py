@@ -12,13 +12,15 @@ from mcdla.workload.transformer import TransformerSpec, layer_fwd_flops
 SMALL = TransformerSpec(name="s", layers=8, hidden=1024, heads=16, vocab=1, seq_len=1024)
 DRAM, LINK, READ, WRITE = 100e9, 10e9, 8e9, 4e9  # socket DRAM, GPU link, per-drive NVMe read and write
 GPUS = 4  # per node, all on one socket: each GPU gets DRAM / 4; two drives: each GPU gets 2 x READ / 4
+HBM = 1e15  # the most a file may give: the layers' elementwise kernels take ~1e-7 s, which the last backward
+NEAR = 1e-3  # hides of a transfer: at most ~2e-4 of the figures below, hence this tolerance where it matters
 
 
-def _cluster(peak=1e30, nvme=True, dram=DRAM, pool=1e12, drive=1e12):
+def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12):
     node = {"gpus": GPUS, "source": "test",
-            "gpu": {"peak_flops_per_s": {"bf16": peak}, "hbm": 80e9, "hbm_bandwidth": "inf", "source": "test"},
+            "gpu": {"peak_flops_per_s": {"bf16": peak}, "hbm": 80e9, "hbm_bandwidth": HBM, "source": "test"},
             "gemm_efficiency": {"peak_fraction": 1.0, "half_width": 0.0, "source": "test"},
-            "scale_up": {"bandwidth": 1e30, "source": "test"},
+            "scale_up": {"bandwidth": 1e15, "source": "test"},
             "sockets": {"count": 1, "source": "test",
                         "memory": {"kind": "host", "capacity": pool, "dram_bandwidth": dram, "source": "test"},
                         "gpu_link": {"kind": "pcie", "bandwidth": LINK, "source": "test"}}}
@@ -26,7 +28,7 @@ def _cluster(peak=1e30, nvme=True, dram=DRAM, pool=1e12, drive=1e12):
         node["nvme"] = {"drives": 2, "capacity": drive, "read_bandwidth": READ, "write_bandwidth": WRITE,
                         "source": "test"}
     return cluster_from_dict({"format": "mcdla-system/1", "name": "t", "node": node,
-                              "scale_out": {"nodes": 1, "bandwidth": 1e30, "source": "test"}}, "test")
+                              "scale_out": {"nodes": 1, "bandwidth": 1e15, "source": "test"}}, "test")
 
 
 def _execution(**kw):
@@ -41,7 +43,7 @@ def test_cpu_adam_streams_28_bytes_per_parameter_at_the_gpus_share_of_host_dram(
     over the link, all exposed."""
     step = llm_step(SMALL, _execution(cpu_optimizer=True), _cluster())
     assert step.optimizer_s == pytest.approx(28 * P / (DRAM / GPUS), rel=1e-12)
-    assert step.offload_s == pytest.approx(2 * P / LINK + 2 * P / LINK, rel=1e-12)
+    assert step.offload_s == pytest.approx(2 * P / LINK + 2 * P / LINK, rel=NEAR)
 
 
 def test_gpu_optimizer_offload_moves_the_state_both_ways():
@@ -66,10 +68,10 @@ def test_delayed_update_hides_the_step_behind_the_next_iteration(peak):
     grads_out = max(0.0, 2 * P / LINK - SMALL.layers * 2 * layer)
     plain = llm_step(SMALL, _execution(cpu_optimizer=True), _cluster(peak))
     dpu = llm_step(SMALL, _execution(cpu_optimizer=True, delayed_param_update=True), _cluster(peak))
-    assert plain.optimizer_s + plain.offload_s == pytest.approx(cpu + back + grads_out, rel=1e-9)
-    assert dpu.optimizer_s + dpu.offload_s == pytest.approx(max(0.0, cpu + back - window) + grads_out, rel=1e-9)
+    assert plain.optimizer_s + plain.offload_s == pytest.approx(cpu + back + grads_out, rel=NEAR)
+    assert dpu.optimizer_s + dpu.offload_s == pytest.approx(max(0.0, cpu + back - window) + grads_out, rel=NEAR)
     assert plain.iteration_s - dpu.iteration_s == pytest.approx(cpu + back - max(0.0, cpu + back - window),
-                                                                rel=1e-9)
+                                                                rel=NEAR)
 
 
 def test_nvme_tier_streams_the_optimizer_state_through_the_drives():
@@ -95,7 +97,7 @@ def test_nvme_state_counts_against_the_drives_not_the_pool():
     in the host pool."""
     e = _execution(cpu_optimizer=True, offload_tier="nvme")
     state = 12 * P
-    assert llm_step(SMALL, e, _cluster(pool=1.0)).fits
+    assert llm_step(SMALL, e, _cluster(pool=GPUS * 1024.0)).fits  # 1 KiB per GPU: the least a file may give
     assert llm_step(SMALL, e, _cluster(drive=state * GPUS / 2 * 1.01)).fits
     assert not llm_step(SMALL, e, _cluster(drive=state * GPUS / 2 * 0.99)).fits
     host = _execution(cpu_optimizer=True)  # the socket's pool is shared by its 4 GPUs

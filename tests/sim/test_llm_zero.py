@@ -8,7 +8,9 @@ from mcdla.workload.execution import Execution, execution_from_dict
 from mcdla.workload.transformer import TransformerSpec
 
 SMALL = TransformerSpec(name="s", layers=8, hidden=1024, heads=16, vocab=1, seq_len=1024)
-FAST = 1e30  # FLOP/s: compute takes no time, so every collective is exposed
+FAST = 1e18  # FLOP/s, the most a file may give: compute next to nothing, so every collective is exposed
+FASTEST = 1e15  # B/s, the most a file may give: HBM and links that barely cost
+NEAR = 1e-3  # the layers' elementwise kernels at FASTEST (~1e-7 s) overlap ~1e-4 of a reduce-scatter
 
 
 @pytest.mark.parametrize("gather, compute", [(2.0, 1.0), (1.0, 2.0), (1.0, 1.0)])
@@ -41,7 +43,10 @@ def test_backward_three_layers_by_hand():
 
 
 def _net_cluster(make, **kw):
-    return make(peak_flops_per_s=FAST, gemm_peak_fraction=1.0, **kw)
+    """A cluster whose compute, HBM and unnamed links (next to) never bind."""
+    figures = dict(peak_flops_per_s=FAST, gemm_peak_fraction=1.0, hbm_bytes_per_s=FASTEST,
+                   nvlink_bytes_per_s=FASTEST, network_bytes_per_s=FASTEST)
+    return make(**{**figures, **kw})
 
 
 @pytest.mark.parametrize("pp, m", [(1, 1), (1, 3), (2, 4)])
@@ -53,14 +58,15 @@ def test_zero3_gathers_each_layer_per_micro_batch(pp, m, llm_cluster):
     e = Execution(gpus=dp * pp, dp=dp, pp=pp, zero=3, fsdp_prefetch=0, micro_batch=1, global_batch=dp * m)
     one = (dp - 1) / dp * 2 * SMALL.params_per_layer() / bw
     step = llm_step(SMALL, e, cluster)
-    assert step.fsdp_comm_s == pytest.approx(m * SMALL.layers // pp * 3 * one, rel=1e-12)
+    assert step.fsdp_comm_s == pytest.approx(m * SMALL.layers // pp * 3 * one, rel=NEAR)
 
 
 def test_zero3_with_prefetch_exposes_what_compute_does_not_hide(llm_cluster):
     """Compute slower than the links: only the first gather (forward) and the first gather plus the last
     reduce-scatter (backward) are exposed per micro-batch."""
     dp, bw, m = 4, 1e12, 2
-    cluster = llm_cluster(gpus_per_node=1, nodes=dp, network_bytes_per_s=bw, peak_flops_per_s=1e12)
+    cluster = llm_cluster(gpus_per_node=1, nodes=dp, network_bytes_per_s=bw, peak_flops_per_s=1e12,
+                          hbm_bytes_per_s=FASTEST)
     e = Execution(gpus=dp, dp=dp, zero=3, micro_batch=1, global_batch=dp * m)
     one = (dp - 1) / dp * 2 * SMALL.params_per_layer() / bw
     step = llm_step(SMALL, e, cluster)
@@ -79,7 +85,7 @@ def test_hsdp_shards_in_the_node_and_all_reduces_the_shard_across(llm_cluster):
     layer, emb, total = SMALL.params_per_layer(), SMALL.embedding_params(), SMALL.params()
     assert total == SMALL.layers * layer + emb  # the parts below cover the model
     gather = 1 / 2 * 2 * layer / nv
-    assert step.fsdp_comm_s == pytest.approx(m * SMALL.layers * 3 * gather, rel=1e-12)
+    assert step.fsdp_comm_s == pytest.approx(m * SMALL.layers * 3 * gather, rel=NEAR)
     across = 2 * 3 / 4 * (2 * total / 2) / net
     inside = 2 * (1 / 2 * 2 * emb / nv)
     assert step.dp_comm_s == pytest.approx(across + inside, rel=1e-12)
@@ -92,7 +98,7 @@ def test_hsdp_shards_in_the_node_and_all_reduces_the_shard_across(llm_cluster):
 def test_zero3_parts_add_up_and_ranks_mode_agrees(llm_cluster):
     """The exposed gathers are a part of the iteration in both modes."""
     cluster = llm_cluster(gpus_per_node=2, nodes=4, nvlink_bytes_per_s=50e9, network_bytes_per_s=5e9,
-                          hbm_bytes_per_s=2e12)
+                          hbm_bytes_per_s=2e12, offload_bytes_per_s=0.0)
     e = Execution(gpus=8, dp=4, pp=2, zero=3, micro_batch=1, global_batch=16)
     fast = llm_step(SMALL, e, cluster)
     ranks = llm_step(SMALL, e, cluster, mode="ranks")
@@ -169,6 +175,6 @@ def test_zero3_with_offloaded_weights_fetches_and_stores_the_shard(llm_cluster):
     resident = llm_step(SMALL, Execution(**base), cluster)
     step = llm_step(SMALL, Execution(**base, offload_weights=True), cluster)
     shard = 2 * SMALL.params() / dp
-    assert step.offload_s == pytest.approx(m * 2 * shard / link, rel=1e-12)
+    assert step.offload_s == pytest.approx(m * 2 * shard / link, rel=NEAR)
     assert step.offloaded_bytes == pytest.approx(shard, rel=1e-12)
     assert resident.device_bytes - step.device_bytes == pytest.approx(shard, rel=1e-12)

@@ -219,3 +219,65 @@ def test_an_mcdla_trace_missing_a_backward_is_refused(tmp_path) -> None:
     bad = tmp_path / "bad.et"
     bad.write_bytes(frame(meta, *kept))
     assert "one F and one B compute node per layer" in _error(bad)
+
+
+# -- bounds (NOTE [trace bounds]) -------------------------------------------------------------------------------
+def test_a_gzip_bomb_is_refused_by_its_ratio_before_it_inflates(tmp_path) -> None:
+    """30 MiB of zeros gzipped (~30 KB) stops at MAX_GZIP_RATIO x the gzipped size, with both sizes named."""
+    from mcdla.workload.chakra import MAX_GZIP_RATIO
+
+    packed = gzip.compress(bytes(30 * 2**20), compresslevel=9)
+    path = tmp_path / "zeros.et.gz"
+    path.write_bytes(packed)
+    text = _error(path)
+    assert f"inflates past {MAX_GZIP_RATIO * len(packed)} bytes" in text and f"its {len(packed)} gzipped" in text
+
+
+def test_a_trace_with_more_nodes_than_the_bound_is_refused(tmp_path, monkeypatch) -> None:
+    """Parsing stops at the first node past MAX_TRACE_NODES (here lowered to 5), naming the bound; 5 nodes pass."""
+    import mcdla.workload.chakra as chakra
+
+    monkeypatch.setattr(chakra, "MAX_TRACE_NODES", 5)
+    meta = pb.GlobalMetadata(version="0.0.4")
+    ok = tmp_path / "five.et"
+    ok.write_bytes(frame(meta, *(comp(i, f"k{i}", 10) for i in range(5))))
+    assert len(load_chakra_workload(ok).layers) == 5
+    many = tmp_path / "six.et"
+    many.write_bytes(frame(meta, *(comp(i, f"k{i}", 10) for i in range(6))))
+    assert "message 6 at byte" in (text := _error(many)) and "more than 5 nodes" in text
+
+
+def _mcdla_trace(tmp_path, edit):
+    """alexnet's exported rank-0 trace with ``edit(first forward node)`` applied."""
+    system = load_system("dc-dla")
+    w = zoo.build("alexnet", batch=64)
+    _, paths = simulate_to_chakra(tmp_path / "t", system, w, policy_plan(w, "none"))
+    meta, nodes = read_trace(paths[0])
+    first = next(n for n in nodes if n.name == f"F {w.layer_names[1]}")
+    edit(first)
+    bad = tmp_path / "bad.et"
+    bad.write_bytes(frame(meta, *nodes))
+    return bad
+
+
+def _set_attr(node, name, **value):
+    kept = [a for a in node.attr if a.name != name]
+    del node.attr[:]
+    node.attr.extend(kept)
+    node.attr.append(pb.AttributeProto(name=name, **value))
+
+
+def test_a_scalar_mcdla_inputs_is_one_line(tmp_path) -> None:
+    """mcdla.inputs given as a scalar (int or string) instead of a string_list is a WorkloadError naming it."""
+    for value in (dict(int64_val=3), dict(string_val="conv1")):
+        path = _mcdla_trace(tmp_path, lambda n, v=value: _set_attr(n, "mcdla.inputs", **v))
+        assert "mcdla.inputs: got" in (text := _error(path)) and "must be a list of layer names" in text
+
+
+def test_param_bytes_past_the_bound_is_one_line_not_an_assertion(tmp_path) -> None:
+    """mcdla.param_bytes = 1e308 (finite, but inf once multiplied by the optimizer factor) is refused with the
+    bound, and simulating the trace is then never reached."""
+    from mcdla.workload.io import MAX_LAYER_BYTES
+
+    path = _mcdla_trace(tmp_path, lambda n: _set_attr(n, "mcdla.param_bytes", double_val=1e308))
+    assert "mcdla.param_bytes: got 1e+308" in (text := _error(path)) and f"{MAX_LAYER_BYTES:g}" in text

@@ -19,7 +19,7 @@ from rich.text import Text
 from mcdla.errors import brief
 from mcdla.units import format_bytes, parse_bytes
 
-__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_output", "check_torch_device",
+__all__ = ["app", "console", "fail", "check_batch", "check_budget", "check_finite", "check_output", "check_torch_device",
            "key_value_table", "print_json", "strict_json", "write_output"]
 
 app = typer.Typer(
@@ -101,9 +101,20 @@ def check_output(path: Path | None, option: str) -> None:
     if path is None:
         return
     shown = brief(str(path), 200)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        name_max = os.pathconf(parent if parent.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    if longest > name_max:
+        fail(f"{option}: got {shown}; a path component has {longest} bytes, must be at most {name_max}")
+    try:
+        path.is_dir()
+    except OSError as exc:
+        fail(f"{option}: got {shown}; not a usable path ({exc.strerror or type(exc).__name__})")
     if path.is_dir():
         fail(f"{option}: got {shown}; it is a directory, must be a file path")
-    parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         fail(f"{option}: got {shown}; directory {brief(str(parent), 200)} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
@@ -147,6 +158,33 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def _first_non_finite(value: Any, path: str) -> str | None:
+    """The dotted path of the first non-finite float in ``value`` (a dict/list tree), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _first_non_finite(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def check_finite(data: Any, what: str) -> None:
+    """Fail (one line naming the field) unless every float in the result ``data`` is finite.
+
+    The last guard before a result is printed: an input at the edge of its bounds must not turn into an
+    ``inf`` or ``NaN`` time that a table shows or a ranking calls fastest.
+    """
+    where = _first_non_finite(data, "")
+    if where is not None:
+        value = data
+        for key in where.split("."):
+            value = value[int(key) if isinstance(value, (list, tuple)) else key]
+        fail(f"{what}.{where}: got {value}; the inputs give no finite result (check the system's bandwidths, "
+             "peaks and the execution's factors)")
 
 
 def strict_json(data: Any, indent: int | None = 2) -> str:

@@ -5,8 +5,10 @@ Reading a trace back is ``mcdla simulate --workload trace.0.et`` (workload files
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -16,6 +18,36 @@ from mcdla.cli.sim_cmd import Policy as _Policy
 from mcdla.cli.sim_cmd import check_planner, plan_for
 from mcdla.errors import brief
 from mcdla.units import format_seconds
+
+
+def _write_traces(ranks: Iterable[Any], paths: list[Path], prefix: Path) -> None:
+    """Write each rank's trace as it is built (one rank in memory at a time), with a progress bar on a
+    terminal. Each file appears only when complete; on an OS error (a full disk) or an interrupt the traces
+    this run wrote are removed too, so no partial set is left, and the error is one line naming --prefix."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from mcdla.workload.chakra import write_trace
+
+    err = Console(stderr=True, highlight=False)
+    progress = Progress(TextColumn("writing traces"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=err, disable=not err.is_terminal or len(paths) < 64, transient=True)
+    written: list[Path] = []
+    try:
+        with progress:
+            task = progress.add_task("export", total=len(paths))
+            for rank, path in zip(ranks, paths):
+                write_trace(path, rank.metadata, rank.nodes)
+                written.append(path)
+                progress.advance(task)
+    except BaseException as exc:
+        for path in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if isinstance(exc, OSError):
+            fail(f"--prefix: got {brief(str(prefix), 200)}; cannot write ({exc.strerror or type(exc).__name__}); "
+                 f"no trace left")
+        raise
 
 
 @app.command("export-chakra")
@@ -33,10 +65,9 @@ def export_chakra_cmd(
     """Simulate one training iteration and write it as Chakra ET files (one per rank) for Chakra's tools and
     ASTRA-sim. An infeasible iteration writes nothing and exits with status 1."""
     from mcdla.hardware import load_system
-    from mcdla.report.chakra import chakra_ranks, trace_paths
+    from mcdla.report.chakra import iter_chakra_ranks, trace_paths
     from mcdla.sim import simulate
     from mcdla.workload import load_workload
-    from mcdla.workload.chakra import write_trace
 
     check_planner(planner)
     if budget is not None and planner is None:
@@ -52,13 +83,8 @@ def export_chakra_cmd(
     result = simulate(sys_, wl, plan, parallel=parallel.value, record_timeline=True)
     if not result.feasible:
         fail(f"infeasible: {result.infeasible_reason}; no trace written", code=1)
-    ranks = chakra_ranks(sys_, wl, plan, result, parallel=parallel.value)
-    paths = trace_paths(prefix, len(ranks))
-    try:
-        for rank, path in zip(ranks, paths):
-            write_trace(path, rank.metadata, rank.nodes)
-    except OSError as exc:
-        fail(f"--prefix: got {brief(str(prefix), 200)}; cannot write ({exc.strerror or type(exc).__name__})")
+    paths = trace_paths(prefix, len(sys_.devices))
+    _write_traces(iter_chakra_ranks(sys_, wl, plan, result, parallel=parallel.value), paths, prefix)
     if as_json:
         print_json({"files": [str(p) for p in paths], "iteration_time_s": result.iteration_time_s,
                     "system": sys_.name, "workload": wl.name, "parallel": parallel.value, "plan": plan.planner})

@@ -4,13 +4,12 @@ under one execution record on a hardware preset, by default the validated ``dgx-
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mcdla.cli._app import app, console, fail, print_json
+from mcdla.cli._app import app, check_finite, console, fail, print_json
 from mcdla.errors import HardwareError, brief
 from mcdla.units import format_bytes, format_seconds, parse_count
 
@@ -20,7 +19,10 @@ if TYPE_CHECKING:
     from mcdla.workload.execution import Execution
     from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["llm_predict_cmd", "validate_llm_cmd"]
+__all__ = ["MAX_SLOWDOWN", "llm_predict_cmd", "validate_llm_cmd"]
+
+#: Largest --slowdown factor: a rank a million times slower than its peers is a dead rank, not a straggler.
+MAX_SLOWDOWN = 1e6
 
 
 def _cluster(system: str) -> Cluster:
@@ -55,7 +57,7 @@ def validate_llm_cmd(
     if as_json:
         data = {"rows": as_data(rows), **summary(rows),
                 "held_out": {name: {"rows": as_data(f), **summary(f)} for name, f in held_out.items()}}
-        print(json.dumps(data, indent=2, allow_nan=False))
+        print_json(data)
         return
     console.print(format_table(rows))
     for name, family in held_out.items():
@@ -151,7 +153,8 @@ def _render(data: dict[str, Any]) -> None:
 
 @app.command("llm-predict")
 def llm_predict_cmd(
-    model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
+    model: Annotated[str, typer.Option(
+        help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
     execution: Annotated[Path, typer.Option(help="Execution record (.json/.yaml): tp, pp, dp, batches, ...")],
     system: Annotated[str, typer.Option(help="Hardware preset or generator file (e.g. dgx-h100, gb200-nvl72), "
                                         "sized for the execution's GPUs; default: the validated DGX A100.")] = "dgx-a100",
@@ -169,7 +172,7 @@ def llm_predict_cmd(
     from mcdla.sim import llm_step
     from mcdla.sim.llm import DEFAULT_PRECISION
     from mcdla.workload.execution import load_execution
-    from mcdla.workload.transformer import preset
+    from mcdla.workload.model_file import resolve_model
 
     if not execution.is_file():
         fail(f"--execution: got {str(execution)[:200]!r}; no such file")
@@ -185,9 +188,11 @@ def llm_predict_cmd(
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
         if not sep:
             fail(f"--slowdown: got {item[:60]!r}; must be RANK:FACTOR, e.g. 3:2.0")
+        if not 0 < slow[int(rank)] <= MAX_SLOWDOWN:
+            fail(f"--slowdown: got {item[:60]!r}; FACTOR must be > 0 and <= {MAX_SLOWDOWN:.0f}")
     options = {"slowdown": slow} if slow else {}
     record = load_execution(execution)
-    spec = preset(model)
+    spec = resolve_model(model)
     base = _cluster(system)
     base.nodes_for(record.gpus, field="execution.gpus")
     cluster = base.for_gpus(record.gpus)
@@ -198,6 +203,7 @@ def llm_predict_cmd(
                        offload_tier=(cluster.nvme.source if record.offload_tier == "nvme" and cluster.nvme is not None
                                      else cluster.offload.source if cluster.offload is not None else None),
                        train_tokens=tokens)
+    check_finite(data, "llm-predict")
     if as_json:
         print_json(data)
     else:

@@ -3,20 +3,24 @@ system, predicted by the fast LLM time model, best by iteration time under the m
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
-import io
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import IO, Annotated, Any, Optional
 
 import typer
 
-from mcdla.cli._app import app, check_budget, check_output, console, fail, print_json, write_output
+from mcdla._io_safety import atomic_output
+from mcdla.cli._app import app, check_budget, check_finite, check_output, console, fail, print_json
 from mcdla.errors import brief
 
-__all__ = ["search_cmd"]
+__all__ = ["MAX_TOP", "search_cmd"]
+
+MAX_TOP = 1000
+"""Most rows --top shows (the table renders ~1,000 rows in a few seconds; --out holds every row)."""
 
 
 def _int_list(text: str, option: str) -> list[int]:
@@ -40,21 +44,47 @@ def _row_dict(row: Any) -> dict[str, Any]:
             "fits": row.fits}
 
 
-def _csv_text(rows: Any) -> str:
+def _csv_header() -> list[str]:
     from mcdla.plan.llm_search import EXECUTION_FIELDS, STEP_FIELDS
 
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["index", *EXECUTION_FIELDS, *(f"pred_{n}" for n in STEP_FIELDS), "fits_limits"])
-    for r in rows:
-        writer.writerow([r.index, *(getattr(r.execution, n) for n in EXECUTION_FIELDS),
-                         *(getattr(r.step, n) for n in STEP_FIELDS), r.fits])
-    return buffer.getvalue()
+    return ["index", *EXECUTION_FIELDS, *(f"pred_{n}" for n in STEP_FIELDS), "fits_limits"]
+
+
+def _csv_row(r: Any) -> list[Any]:
+    from mcdla.plan.llm_search import EXECUTION_FIELDS, STEP_FIELDS
+
+    return [r.index, *(getattr(r.execution, n) for n in EXECUTION_FIELDS), *(getattr(r.step, n) for n in STEP_FIELDS),
+            r.fits]
+
+
+@contextlib.contextmanager
+def _as_option(field: str, option: str) -> Any:
+    """A ConfigError about the search argument ``field`` becomes one line naming the CLI ``option``."""
+    from mcdla.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        text = str(exc)
+        if not text.startswith(f"{field}:"):
+            raise
+        fail(option + text.removeprefix(field))
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Any:
+    """``atomic_output(path)``, an OS error (a full disk) becoming one line naming --out."""
+    try:
+        with atomic_output(path) as f:
+            yield f
+    except OSError as exc:
+        fail(f"--out: got {brief(str(path), 200)}; cannot write it ({exc.strerror or type(exc).__name__})")
 
 
 @app.command("search")
 def search_cmd(
-    model: Annotated[str, typer.Option(help="Transformer preset, e.g. gpt3-175b or llama3-70b.")],
+    model: Annotated[str, typer.Option(
+        help="Transformer preset (e.g. llama3-70b), model file (.yaml/.json) or Hugging Face config.json.")],
     system: Annotated[str, typer.Option(help="Generated system preset (dgx-a100, dgx-h100, gb200-nvl72, ...) or file.")],
     gpus: Annotated[int, typer.Option(help="GPUs in total (any count; the last node may be partly used).")],
     global_batch: Annotated[int, typer.Option(help="Samples per iteration over all data-parallel replicas.")],
@@ -67,7 +97,10 @@ def search_cmd(
     dp_overlap: Annotated[bool, typer.Option("--dp-overlap", help="Overlap the gradient reduction with backward.")] = False,
     memory_limit: Annotated[Optional[str], typer.Option(
         help="Device memory a rank may use, with a unit (e.g. 70GiB; default: the GPU's HBM).")] = None,
-    top: Annotated[int, typer.Option(help="Rows of the table (and of --json's top list).")] = 10,
+    top: Annotated[int, typer.Option(help=f"Rows of the table (and of --json's top list), at most {MAX_TOP}.")] = 10,
+    max_configurations: Annotated[Optional[int], typer.Option(
+        help="Most candidate configurations to take on (counted before any is built); more is refused "
+             "(default: the search's DEFAULT_MAX_CONFIGURATIONS, 2,000,000).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes (default: the CPU count); 1 = in-process.")] = None,
     use_ray: Annotated[bool, typer.Option("--ray", help="Evaluate on a Ray cluster (a local one unless --ray-address).")] = False,
     ray_address: Annotated[Optional[str], typer.Option(help="Address of a running Ray cluster (implies --ray).")] = None,
@@ -82,16 +115,20 @@ def search_cmd(
     from rich.table import Table
 
     from mcdla.hardware.cluster import load_cluster
-    from mcdla.plan.llm_search import RAY_INSTALL_HINT, search
+    from mcdla.plan.llm_search import DEFAULT_MAX_CONFIGURATIONS, RAY_INSTALL_HINT, count_candidates, search
     from mcdla.report.meta import meta_comment_lines, results_meta
     from mcdla.units import format_bytes
-    from mcdla.workload.transformer import preset
+    from mcdla.workload.model_file import resolve_model
 
     for name, value in (("--gpus", gpus), ("--global-batch", global_batch), ("--top", top), ("--seq", seq),
                         ("--workers", workers), ("--chunk-size", chunk_size),
-                        ("--max-virtual-stages", max_virtual_stages)):
+                        ("--max-virtual-stages", max_virtual_stages), ("--max-configurations", max_configurations)):
         if value is not None and not 1 <= value <= 2**31 - 1:
             fail(f"{name}: got {brief(value)}; must be >= 1 and <= {2**31 - 1}")
+    if top > MAX_TOP:
+        fail(f"--top: got {top}; must be at most {MAX_TOP} (--out writes every configuration)")
+    if max_configurations is None:
+        max_configurations = DEFAULT_MAX_CONFIGURATIONS
     cp_values = _int_list(cp, "--cp")
     check_output(out, "--out")
     backend = "ray" if use_ray or ray_address else ("serial" if workers == 1 else "process")
@@ -100,9 +137,7 @@ def search_cmd(
 
         if importlib.util.find_spec("ray") is None:
             fail(f"--ray: the ray package is not installed; install it with {RAY_INSTALL_HINT}")
-    spec = preset(model)
-    if seq is not None:
-        spec = dataclasses.replace(spec, seq_len=seq)
+    spec = resolve_model(model, seq_len=seq)
     cluster = load_cluster(system)
     cluster.nodes_for(gpus, field="--gpus")
     sys_ = cluster.for_gpus(gpus)
@@ -112,48 +147,65 @@ def search_cmd(
     limit = check_budget(memory_limit, "--memory-limit", device.hbm_bytes, f"{sys_.name}'s GPU")
     capacity = sys_.offload.pool_bytes if sys_.offload is not None else None
 
+    use_offload = offload and sys_.offload is not None
+    count = count_candidates(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values,
+                             max_virtual_stages=max_virtual_stages, offload=use_offload)
+    if count > max_configurations:
+        fail(f"--max-configurations: got {max_configurations}, but {spec.name} on {gpus} GPUs with a global batch "
+             f"of {global_batch} has {count} candidate configurations; raise it to at least {count}, or narrow the "
+             "space (--cp, --max-virtual-stages, a global batch with fewer divisors)")
+
+    meta = results_meta()
     err = Console(stderr=True, highlight=False)
     progress = Progress(TextColumn("evaluating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=err, disable=quiet or not err.is_terminal, transient=True)
     task = progress.add_task("search", total=None)
     started = time.perf_counter()
-    with progress:
+    with contextlib.ExitStack() as stack:
+        on_row = None
+        if out is not None:
+            csv_file: IO[str] = stack.enter_context(_writing(out))
+            writer = csv.writer(csv_file, lineterminator="\n")
+            csv_file.write(meta_comment_lines(meta))
+            writer.writerow(_csv_header())
+            on_row = lambda row: writer.writerow(_csv_row(row))  # noqa: E731
+        stack.enter_context(progress)
+        stack.enter_context(_as_option("search.ray_address", "--ray-address"))
         result = search(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values,
-                        max_virtual_stages=max_virtual_stages, offload=offload and sys_.offload is not None,
+                        max_virtual_stages=max_virtual_stages, offload=use_offload,
                         dp_overlap=dp_overlap, memory_limit_bytes=limit,
                         backend=backend, workers=workers if workers is not None else os.cpu_count() or 1,
-                        chunk_size=chunk_size, ray_address=ray_address,
-                        on_enumerated=lambda en: progress.update(task, total=len(en.executions)),
+                        chunk_size=chunk_size, ray_address=ray_address, max_configurations=max_configurations,
+                        top=top, keep_rows=False, on_row=on_row,
+                        on_enumerated=lambda en: progress.update(task, total=en.valid),
                         progress=lambda n: progress.advance(task, n))
     seconds = time.perf_counter() - started
     en = result.enumeration
-    meta = results_meta()
-    if out is not None:
-        write_output(out, meta_comment_lines(meta) + _csv_text(result.rows), "--out")
     summary = {
         "meta": meta,
         "model": spec.name, "seq_len": spec.seq_len, "system": sys_.name, "gpus": gpus, "global_batch": global_batch,
         "memory_limit_bytes": limit, "offload_capacity_bytes": capacity, "backend": backend,
-        "candidates": en.candidates, "valid": len(en.executions), "rejected": en.rejected,
+        "candidates": en.candidates, "valid": en.valid, "rejected": en.rejected,
         "fitting": result.fitting, "seconds": seconds,
         "best": _row_dict(result.best) if result.best is not None else None,
         "top": [_row_dict(r) for r in result.ranked[:top]],
         "results_csv": str(out) if out is not None else None,
     }
     code = 0 if result.best is not None else 1
+    check_finite(summary, "search")
     if as_json:
         print_json(summary)
         raise typer.Exit(code)
     console.print(f"[b]{spec.name}[/b] (seq {spec.seq_len}, global batch {global_batch}) on [b]{sys_.name}[/b], "
                   f"{gpus} GPUs, memory limit {format_bytes(limit)} per GPU")
-    console.print(f"  {en.candidates} candidates: {len(en.executions)} valid, {en.n_rejected} rejected; "
+    console.print(f"  {en.candidates} candidates: {en.valid} valid, {en.n_rejected} rejected; "
                   f"{result.fitting} fit in memory; {seconds:.1f} s ({backend})")
     for reason, count in en.rejected.items():
         console.print(f"    rejected {count:>9}  {reason}", markup=False)
     if result.best is None:
-        why = "no valid configuration" if not en.executions else "no configuration fits in memory"
-        smallest = min(result.rows, key=lambda r: r.step.device_bytes, default=None)
-        extra = f" (least device memory: {format_bytes(smallest.step.device_bytes)})" if smallest is not None else ""
+        why = "no valid configuration" if not en.valid else "no configuration fits in memory"
+        least = result.least_device_bytes
+        extra = f" (least device memory: {format_bytes(least)})" if least is not None else ""
         console.print(f"[red]{why}[/red]{extra}")
         raise typer.Exit(code)
     table = Table(title=f"fastest {min(top, result.fitting)} of {result.fitting} that fit")
@@ -167,4 +219,4 @@ def search_cmd(
                       "on" if e.sequence_parallel else "-", str(e.zero), e.recompute, _offload_tag(e))
     console.print(table)
     if out is not None:
-        console.print(f"  all {len(result.rows)} configurations: {out}")
+        console.print(f"  all {en.valid} configurations: {out}")

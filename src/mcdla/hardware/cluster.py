@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief
 from mcdla.hardware.gemm import DEFAULT_HALF_WIDTH, GemmEfficiency
+from mcdla.hardware.io import BANDWIDTH_BOUNDS_BYTES_PER_S, CAPACITY_BOUNDS_BYTES, LATENCY_BOUNDS_S, within_bounds
 from mcdla.hardware.model import Device, LinkKind, System
 from mcdla.hardware.pool_link import PoolLink
 from mcdla.hardware.traffic import TrafficPath, node_paths, offload_link
@@ -167,12 +168,13 @@ class _FabricSpec(_Spec):
     @field_validator("bandwidth")
     @classmethod
     def _bw(cls, v: _Quantity) -> float:
-        return parse_bytes_per_s(v, "bandwidth")
+        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
+                             allow_inf=False)
 
     @field_validator("latency")
     @classmethod
     def _lat(cls, v: _Quantity) -> float:
-        return parse_seconds(v, "latency")
+        return within_bounds(parse_seconds(v, "latency"), "latency", LATENCY_BOUNDS_S, "s", allow_inf=False)
 
 
 class _ScaleUpSpec(_FabricSpec):
@@ -228,12 +230,13 @@ class _NvmeSpec(_Spec):
     @field_validator("capacity")
     @classmethod
     def _cap(cls, v: _Quantity) -> float:
-        return parse_bytes(v, "capacity")
+        return within_bounds(parse_bytes(v, "capacity"), "capacity", CAPACITY_BOUNDS_BYTES, "B", allow_inf=False)
 
     @field_validator("read_bandwidth", "write_bandwidth")
     @classmethod
     def _bw(cls, v: _Quantity) -> float:
-        return parse_bytes_per_s(v, "bandwidth")
+        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
+                             allow_inf=False)
 
 
 class _NodeSpec(_Spec):

@@ -21,10 +21,39 @@ from mcdla.hardware.model import Device, Link, LinkKind, Memory, MemoryKind, Swi
 from mcdla.hardware.topology import Topology
 from mcdla.units import parse_bytes, parse_bytes_per_s, parse_flops_per_s, parse_seconds
 
-__all__ = ["preset_names", "load_system", "system_from_dict", "system_to_dict", "save_system"]
+__all__ = ["BANDWIDTH_BOUNDS_BYTES_PER_S", "CAPACITY_BOUNDS_BYTES", "LATENCY_BOUNDS_S", "PEAK_BOUNDS_FLOPS_PER_S",
+           "preset_names", "load_system", "system_from_dict", "system_to_dict", "save_system", "within_bounds"]
 
 _PRESET_PACKAGE = "mcdla.hardware.presets"
 _Quantity = str | float | int
+
+# NOTE [physical bounds]
+# A file's figures must lie in a physical range, so that no accepted system turns a time into inf or NaN
+# (1e-300 B/s makes any transfer overflow) and no typo passes as hardware. The ranges hold every device and
+# link of the last decades with orders of magnitude to spare: 1 kB/s (a slow serial line) to 1 PB/s (100x a
+# B200's 8 TB/s HBM); 0 to 1 s of one-way latency (a transatlantic hop is 0.04 s); 1 KiB to 1 EiB of memory;
+# 1 MFLOP/s to 1 EFLOP/s per device (1,000x a B200). ``inf`` stays allowed where the file format gives it a
+# meaning: an unlimited link or DRAM bandwidth (an on-die memory controller; a probed host memory whose limit is
+# its link) and an unlimited capacity (the oracle).
+#: Finite bandwidths a file may give, bytes/s (NOTE [physical bounds]).
+BANDWIDTH_BOUNDS_BYTES_PER_S = (1e3, 1e15)
+#: Latencies a file may give, seconds.
+LATENCY_BOUNDS_S = (0.0, 1.0)
+#: Finite memory capacities a file may give, bytes.
+CAPACITY_BOUNDS_BYTES = (1024.0, float(2**60))
+#: Peak compute rates a file may give, FLOP/s.
+PEAK_BOUNDS_FLOPS_PER_S = (1e6, 1e18)
+
+
+def within_bounds(value: float, field: str, bounds: tuple[float, float], unit: str, *, allow_inf: bool) -> float:
+    """``value`` if it lies in ``bounds`` (or is inf and ``allow_inf``); else a one-line HardwareError naming
+    ``field``, the value and the range (NOTE [physical bounds])."""
+    low, high = bounds
+    if low <= value <= high or (allow_inf and value == float("inf")):
+        return value
+    also = " (or inf)" if allow_inf else ""
+    raise HardwareError(f"{field}: got {value:g}{unit}; must be between {low:g}{unit} and {high:g}{unit}{also}, "
+                        "a physical figure")
 
 
 class _Spec(BaseModel):
@@ -43,17 +72,19 @@ class _DeviceSpec(_Spec):
     @field_validator("peak_flops_per_s")
     @classmethod
     def _flops(cls, v: dict[str, _Quantity]) -> dict[str, float]:
-        return {k: parse_flops_per_s(x, f"peak_flops_per_s.{k}") for k, x in v.items()}
+        return {k: within_bounds(parse_flops_per_s(x, f"peak_flops_per_s.{k}"), f"peak_flops_per_s.{k}",
+                                 PEAK_BOUNDS_FLOPS_PER_S, "FLOP/s", allow_inf=False) for k, x in v.items()}
 
     @field_validator("hbm")
     @classmethod
     def _hbm(cls, v: _Quantity) -> float:
-        return parse_bytes(v, "hbm")
+        return within_bounds(parse_bytes(v, "hbm"), "hbm", CAPACITY_BOUNDS_BYTES, "B", allow_inf=True)
 
     @field_validator("hbm_bandwidth")
     @classmethod
     def _hbm_bw(cls, v: _Quantity) -> float:
-        return parse_bytes_per_s(v, "hbm_bandwidth")
+        return within_bounds(parse_bytes_per_s(v, "hbm_bandwidth"), "hbm_bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S,
+                             "B/s", allow_inf=False)
 
 
 class _MemorySpec(_Spec):
@@ -66,12 +97,13 @@ class _MemorySpec(_Spec):
     @field_validator("capacity")
     @classmethod
     def _cap(cls, v: _Quantity) -> float:
-        return parse_bytes(v, "capacity")
+        return within_bounds(parse_bytes(v, "capacity"), "capacity", CAPACITY_BOUNDS_BYTES, "B", allow_inf=True)
 
     @field_validator("dram_bandwidth")
     @classmethod
     def _bw(cls, v: _Quantity) -> float:
-        return parse_bytes_per_s(v, "dram_bandwidth")
+        return within_bounds(parse_bytes_per_s(v, "dram_bandwidth"), "dram_bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S,
+                             "B/s", allow_inf=True)
 
 
 class _SwitchSpec(_Spec):
@@ -90,12 +122,13 @@ class _LinkSpec(_Spec):
     @field_validator("bandwidth")
     @classmethod
     def _bw(cls, v: _Quantity) -> float:
-        return parse_bytes_per_s(v, "bandwidth")
+        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
+                             allow_inf=True)
 
     @field_validator("latency")
     @classmethod
     def _lat(cls, v: _Quantity) -> float:
-        return parse_seconds(v, "latency")
+        return within_bounds(parse_seconds(v, "latency"), "latency", LATENCY_BOUNDS_S, "s", allow_inf=False)
 
 
 class _SystemSpec(_Spec):

@@ -20,15 +20,34 @@ Two steps, usable apart (``mcdla search`` and ``mcdla reproduce --modern`` share
 
 :func:`search` does both and ranks: best = least iteration time among the configurations that fit, ties
 broken by enumeration order.
+
+NOTE [bounded search]
+A highly composite global batch multiplies the candidates (2095133040 gives 36 M on 64 GPUs), so the search is
+bounded in time and memory on any input. :func:`count_candidates` counts the candidates in closed form (one
+product per TP x CP x PP structure) and :func:`search` refuses more than ``max_configurations`` of them
+before enumerating any. Then the enumeration is streamed (:func:`iter_executions`): a validation pass counts
+the valid ones and the rejections (the progress bar's total), a second pass feeds chunks to the workers with
+at most two chunks per worker in flight, and only the ``top`` fastest rows that fit are kept (a bounded heap)
+unless the caller asks for every row. The pool is never larger than the CPU count or the chunk count, and an
+iteration time that is not finite is refused with the configuration that gave it, so that nothing ranks
+``inf`` as fastest.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import heapq
+import itertools
 import math
 import os
 import re
+import signal
+import socket
+import sys
+import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -38,9 +57,16 @@ from mcdla.sim import LlmStep, cluster_rejection, llm_step
 from mcdla.workload.execution import OFFLOAD_TIERS, Execution, check_execution
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["BACKENDS", "EXECUTION_FIELDS", "OFFLOAD_CHOICES", "RAY_INSTALL_HINT", "RECOMPUTE_CHOICES", "STEP_FIELDS",
-           "Enumeration", "SearchRow", "SearchResult", "divisors", "enumerate_executions", "evaluate_executions",
-           "execution_rejection", "rank_rows", "search"]
+__all__ = ["BACKENDS", "DEFAULT_MAX_CONFIGURATIONS", "EXECUTION_FIELDS", "OFFLOAD_CHOICES", "RAY_CONNECT_TIMEOUT_S",
+           "RAY_INSTALL_HINT", "RECOMPUTE_CHOICES", "STEP_FIELDS", "Enumeration", "SearchRow", "SearchResult",
+           "count_candidates", "divisors", "enumerate_executions", "evaluate_executions", "execution_rejection",
+           "iter_executions", "rank_rows", "search"]
+
+DEFAULT_MAX_CONFIGURATIONS = 2_000_000
+"""Most candidates :func:`search` takes on by default (NOTE [bounded search]): GPT-3 175B on 1,024 GPUs with
+a global batch of 1536 has 843,360 (91,584 valid, evaluated in ~13 s on one core)."""
+RAY_CONNECT_TIMEOUT_S = 5.0
+"""Seconds to reach a Ray cluster's address before giving up (Ray itself retries for minutes)."""
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 BACKENDS = ("serial", "process", "ray")
@@ -82,14 +108,17 @@ class Enumeration:
     """The valid executions (in enumeration order) and what was rejected.
 
     Attributes:
-        executions: the candidates that pass validation.
+        executions: the candidates that pass validation (empty after a streamed :func:`search`, which keeps
+            only their count).
         candidates: candidates considered (valid + rejected).
         rejected: reason (the validation message without its values) -> number of candidates.
+        valid: number of valid candidates.
     """
 
     executions: tuple[Execution, ...]
     candidates: int
     rejected: dict[str, int]
+    valid: int
 
     @property
     def n_rejected(self) -> int:
@@ -108,38 +137,51 @@ def _choices(name: str, values: Sequence[int] | None) -> tuple[int, ...] | None:
     return tuple(_positive(name, v) for v in values)
 
 
-def _tier_variants(weights: bool, optimizer: bool, tiers: Sequence[str],
-                   cpu_optimizer: Sequence[bool]) -> list[dict[str, Any]]:
-    """The (tier, CPU optimizer) settings one offload choice is tried with, as Execution fields beyond the
-    defaults (an empty dict: host tier, Adam on the GPU)."""
-    out: list[dict[str, Any]] = []
-    for tier in dict.fromkeys(tiers if weights or optimizer else ("host",)):
-        for cpu in dict.fromkeys(cpu_optimizer if optimizer else (False,)):
-            out.append({k: v for k, v in (("offload_tier", tier), ("cpu_optimizer", cpu))
-                        if v != {"offload_tier": "host", "cpu_optimizer": False}[k]})
-    return out
+@dataclass(frozen=True, slots=True)
+class _Space:
+    """The checked search space: the structure choices and the per-structure choices."""
+
+    gpus: int
+    global_batch: int
+    cp: tuple[int, ...]
+    tp_only: tuple[int, ...] | None
+    mb_only: tuple[int, ...] | None
+    max_pp: int | None
+    v_choices: tuple[int, ...]
+    v_one: bool  # whether an unpipelined structure may run (virtual_stages 1 allowed)
+    sp_tp: tuple[bool, ...]
+    zero: tuple[int, ...]
+    recompute: tuple[str, ...]
+    offload_sets: tuple[tuple[bool, bool, bool], ...]
+    no_tier: bool
+    dp_overlap: bool
+    tiers: tuple[str, ...] = ("host",)
+    cpu_optimizer: tuple[bool, ...] = (False,)
+
+    def variants(self, weights: bool, optimizer: bool) -> list[dict[str, Any]]:
+        """The (tier, CPU optimizer) settings one offload choice is tried with, as Execution fields beyond the
+        defaults (an empty dict: host tier, Adam on the GPU)."""
+        out: list[dict[str, Any]] = []
+        for tier in dict.fromkeys(self.tiers if weights or optimizer else ("host",)):
+            for cpu in dict.fromkeys(self.cpu_optimizer if optimizer else (False,)):
+                out.append({k: v for k, v in (("offload_tier", tier), ("cpu_optimizer", cpu))
+                            if v != {"offload_tier": "host", "cpu_optimizer": False}[k]})
+        return out
+
+    @property
+    def tail(self) -> int:
+        """Candidates per structure: recompute choices x offload choices with their tier variants."""
+        return len(self.recompute) * sum(len(self.variants(w, o)) for _, w, o in self.offload_sets)
 
 
-def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int,
-                         cp: Sequence[int] = (1,), max_virtual_stages: int | None = None,
-                         recompute: Sequence[str] = RECOMPUTE_CHOICES, zero: Sequence[int] = (0, 1, 2, 3),
-                         offload: bool | None = None, dp_overlap: bool = False, tp: Sequence[int] | None = None,
-                         micro_batch: Sequence[int] | None = None, virtual_stages: Sequence[int] | None = None,
-                         sequence_parallel: Sequence[bool] = (False, True),
-                         offloads: Sequence[tuple[bool, bool, bool]] | None = None,
-                         max_pp: int | None = None, tiers: Sequence[str] = ("host",),
-                         cpu_optimizer: Sequence[bool] = (False,)) -> Enumeration:
-    """Every candidate execution of ``spec`` on ``gpus`` GPUs of ``cluster`` (module docstring), validated.
-
-    ``offload=None`` tries the offload switches when the cluster has a second tier, ``False`` never, ``True``
-    always (and they are rejected without a tier). ``max_virtual_stages`` bounds the interleaving (None: any
-    divisor of the layer count). The narrowing options keep only the listed values (None: all):
-    ``tp`` degrees, ``micro_batch`` sizes, ``virtual_stages``, ``sequence_parallel`` settings tried when TP > 1
-    (TP 1 runs without), ``offloads`` as (activations, weights, optimizer) switches in the order to try, and
-    ``max_pp`` the deepest pipeline. ``tiers`` (``host``, ``nvme``) are tried for every candidate that
-    offloads weights or optimizer state, and ``cpu_optimizer`` settings (ZeRO-Offload's Adam on the CPU) for
-    every one that offloads optimizer state; the defaults keep the host tier and the GPU's Adam.
-    """
+def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int, cp: Sequence[int] = (1,),
+           max_virtual_stages: int | None = None, recompute: Sequence[str] = RECOMPUTE_CHOICES,
+           zero: Sequence[int] = (0, 1, 2, 3), offload: bool | None = None, dp_overlap: bool = False,
+           tp: Sequence[int] | None = None, micro_batch: Sequence[int] | None = None,
+           virtual_stages: Sequence[int] | None = None, sequence_parallel: Sequence[bool] = (False, True),
+           offloads: Sequence[tuple[bool, bool, bool]] | None = None, max_pp: int | None = None,
+           tiers: Sequence[str] = ("host",), cpu_optimizer: Sequence[bool] = (False,)) -> _Space:
+    """Check the search arguments (the options of :func:`enumerate_executions`) into a :class:`_Space`."""
     _positive("gpus", gpus)
     _positive("global_batch", global_batch)
     for value in cp:
@@ -171,58 +213,96 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
     no_tier = cluster.offload is None
     use_offload = not no_tier if offload is None else offload
     tried = tuple(offloads) if offloads is not None else OFFLOAD_CHOICES
-    offload_sets = tried if use_offload else _OFFLOAD_OFF
-    # recompute and offload never decide validity on their own (offload only with no tier, checked per
-    # candidate below when asked for), so a structure rejected counts once per (recompute, offload) choice
-    tail = len(recompute) * len(offload_sets)
-    v_choices = [v for v in divisors(spec.layers) if (max_virtual_stages is None or v <= max_virtual_stages)
-                 and (v_only is None or v in v_only)]
-    sp_tp = tuple(dict.fromkeys(sequence_parallel))
+    v_choices = tuple(v for v in divisors(spec.layers) if (max_virtual_stages is None or v <= max_virtual_stages)
+                      and (v_only is None or v in v_only))
+    return _Space(gpus=gpus, global_batch=global_batch, cp=tuple(sorted(set(cp))), tp_only=tp_only, mb_only=mb_only,
+                  max_pp=max_pp, v_choices=v_choices, v_one=v_only is None or 1 in v_only,
+                  sp_tp=tuple(dict.fromkeys(sequence_parallel)), zero=tuple(zero), recompute=tuple(recompute),
+                  offload_sets=tried if use_offload else _OFFLOAD_OFF, no_tier=no_tier, dp_overlap=dp_overlap,
+                  tiers=tuple(tiers), cpu_optimizer=tuple(cpu_optimizer))
 
-    valid: list[Execution] = []
-    rejected: Counter[str] = Counter()
-    candidates = 0
-    for t in (d for d in divisors(gpus) if d <= cluster.gpus_per_node and (tp_only is None or d in tp_only)):
-        for c in sorted(set(cp)):
+
+def _structures(cluster: Cluster, sp: _Space) -> Iterator[tuple[int, int, int, int, tuple[int, ...], list[int]]]:
+    """Every ``(tp, cp, pp, dp, virtual-stage choices, micro-batch choices)`` of the enumeration, in order."""
+    gpus = sp.gpus
+    for t in (d for d in divisors(gpus) if d <= cluster.gpus_per_node and (sp.tp_only is None or d in sp.tp_only)):
+        for c in sp.cp:
             if (gpus // t) % c:
                 continue  # tp * cp must divide the GPU count: not a factorisation, not a candidate
             rest = gpus // (t * c)
-            for pp in (d for d in divisors(rest) if max_pp is None or d <= max_pp):
+            for pp in (d for d in divisors(rest) if sp.max_pp is None or d <= sp.max_pp):
                 dp = rest // pp
-                mbs = divisors(global_batch // dp) if global_batch % dp == 0 else [1]
-                if mb_only is not None:
-                    mbs = [mb for mb in mbs if mb in mb_only] or [min(mb_only)]
-                for v in (v_choices if pp > 1 else [1] if v_only is None or 1 in v_only else []):
-                    for sp in (sp_tp if t > 1 else (False,)):
-                        for z in zero:
-                            for mb in mbs:
-                                base = dict(gpus=gpus, tp=t, pp=pp, dp=dp, cp=c, virtual_stages=v,
-                                            sequence_parallel=sp, zero=z, micro_batch=mb, global_batch=global_batch,
-                                            dp_overlap=dp_overlap)
-                                candidates += tail
-                                try:
-                                    probe = Execution(**base)  # type: ignore[arg-type]
-                                except ConfigError as exc:
-                                    rejected[_reason(str(exc))] += tail
-                                    continue
-                                why = execution_rejection(spec, probe, cluster)
-                                if why is not None:
-                                    rejected[_reason(why)] += tail
-                                    continue
-                                for r in recompute:
-                                    for act, wts, opt in offload_sets:
-                                        variants = _tier_variants(wts, opt, tiers, cpu_optimizer)
-                                        candidates += len(variants) - 1
-                                        for variant in variants:
-                                            e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
-                                                          offload_weights=wts, offload_optimizer=opt, **variant)
-                                            why = (execution_rejection(spec, e, cluster)
-                                                   if (no_tier and (act or wts or opt)) or variant else None)
-                                            if why is not None:
-                                                rejected[_reason(why)] += 1
-                                            else:
-                                                valid.append(e)
-    return Enumeration(executions=tuple(valid), candidates=candidates, rejected=dict(rejected.most_common()))
+                mbs = divisors(sp.global_batch // dp) if sp.global_batch % dp == 0 else [1]
+                if sp.mb_only is not None:
+                    mbs = [mb for mb in mbs if mb in sp.mb_only] or [min(sp.mb_only)]
+                yield t, c, pp, dp, (sp.v_choices if pp > 1 else (1,) if sp.v_one else ()), mbs
+
+
+def count_candidates(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int, **space: Any) -> int:
+    """How many candidates :func:`enumerate_executions` considers (same options), in closed form per structure
+    (no candidate is built): the bound :func:`search` checks first (NOTE [bounded search])."""
+    sp = _space(spec, cluster, gpus=gpus, global_batch=global_batch, **space)
+    tail = sp.tail
+    return sum(len(vs) * (len(sp.sp_tp) if t > 1 else 1) * len(sp.zero) * len(mbs) * tail
+               for t, _, _, _, vs, mbs in _structures(cluster, sp))
+
+
+def iter_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int,
+                    rejected: Counter[str] | None = None, **space: Any) -> Iterator[Execution]:
+    """The valid candidates of :func:`enumerate_executions` (same options), one at a time, in the same order;
+    each rejected candidate is counted in ``rejected`` (by reason) as the iteration passes it."""
+    sp = _space(spec, cluster, gpus=gpus, global_batch=global_batch, **space)
+    rejected = Counter() if rejected is None else rejected
+    # recompute and offload never decide validity on their own (offload only with no tier, checked per
+    # candidate below when asked for), so a structure rejected counts once per (recompute, offload) choice
+    tail = sp.tail
+    for t, c, pp, dp, vs, mbs in _structures(cluster, sp):
+        for v in vs:
+            for seq_par in (sp.sp_tp if t > 1 else (False,)):
+                for z in sp.zero:
+                    for mb in mbs:
+                        base = dict(gpus=gpus, tp=t, pp=pp, dp=dp, cp=c, virtual_stages=v, sequence_parallel=seq_par,
+                                    zero=z, micro_batch=mb, global_batch=global_batch, dp_overlap=sp.dp_overlap)
+                        try:
+                            probe = Execution(**base)  # type: ignore[arg-type]
+                        except ConfigError as exc:
+                            rejected[_reason(str(exc))] += tail
+                            continue
+                        why = execution_rejection(spec, probe, cluster)
+                        if why is not None:
+                            rejected[_reason(why)] += tail
+                            continue
+                        for r in sp.recompute:
+                            for act, wts, opt in sp.offload_sets:
+                                for variant in sp.variants(wts, opt):
+                                    e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
+                                                  offload_weights=wts, offload_optimizer=opt, **variant)
+                                    why = (execution_rejection(spec, e, cluster)
+                                           if (sp.no_tier and (act or wts or opt)) or variant else None)
+                                    if why is not None:
+                                        rejected[_reason(why)] += 1
+                                    else:
+                                        yield e
+
+
+def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int,
+                         **space: Any) -> Enumeration:
+    """Every candidate execution of ``spec`` on ``gpus`` GPUs of ``cluster`` (module docstring), validated.
+
+    Options (``space``): ``cp`` degrees (default (1,)); ``max_virtual_stages`` bounds the interleaving (None: any
+    divisor of the layer count); ``recompute`` and ``zero`` choices; ``offload=None`` tries the offload switches
+    when the cluster has a second tier, ``False`` never, ``True`` always (and they are rejected without a tier);
+    ``dp_overlap``. The narrowing options keep only the listed values (None: all): ``tp`` degrees,
+    ``micro_batch`` sizes, ``virtual_stages``, ``sequence_parallel`` settings tried when TP > 1 (TP 1 runs
+    without), ``offloads`` as (activations, weights, optimizer) switches in the order to try, and ``max_pp``
+    the deepest pipeline. ``tiers`` (``host``, ``nvme``) are tried for every candidate that offloads weights or
+    optimizer state, and ``cpu_optimizer`` settings (ZeRO-Offload's Adam on the CPU) for every one that
+    offloads optimizer state; the defaults keep the host tier and the GPU's Adam.
+    """
+    rejected: Counter[str] = Counter()
+    valid = tuple(iter_executions(spec, cluster, gpus=gpus, global_batch=global_batch, rejected=rejected, **space))
+    return Enumeration(executions=valid, candidates=len(valid) + sum(rejected.values()),
+                       rejected=dict(rejected.most_common()), valid=len(valid))
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,11 +324,17 @@ class _Context:
 
 
 def _evaluate_chunk(context: _Context, chunk: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """``llm_step`` of each execution (given as its field values) -> (step field values..., fits)."""
+    """``llm_step`` of each execution (given as its field values) -> (step field values..., fits).
+
+    An iteration time that is not finite is refused (NOTE [bounded search]), naming the configuration.
+    """
     out = []
     for values in chunk:
         e = Execution(**dict(zip(EXECUTION_FIELDS, values)))
         step = llm_step(context.spec, e, context.cluster)
+        if not math.isfinite(step.iteration_s):
+            raise ConfigError(f"search: got iteration_s = {step.iteration_s} for tp={e.tp} pp={e.pp} dp={e.dp} "
+                              f"cp={e.cp} micro_batch={e.micro_batch}; the system's figures give no finite time")
         fits = step.fits and step.device_bytes <= context.memory_limit_bytes
         out.append(tuple(getattr(step, name) for name in STEP_FIELDS) + (fits,))
     return out
@@ -267,64 +353,167 @@ def _evaluate_in_worker(chunk: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...
     return _evaluate_chunk(_WORKER_CONTEXT, chunk)
 
 
-def _process_map(context: _Context, chunks: list[list[tuple[Any, ...]]], workers: int,
-                 done: Callable[[int, list[tuple[Any, ...]]], None]) -> None:
+_Chunk = list[tuple[Any, ...]]
+
+
+def _windowed(chunks: Iterator[_Chunk], window: int, submit: Callable[[_Chunk], Any],
+              wait_one: Callable[[list[Any]], list[Any]], result: Callable[[Any], _Chunk]) -> Iterator[_Chunk]:
+    """Results of ``chunks`` in order, with at most ``window`` submitted and not yet yielded."""
+    pending: dict[Any, int] = {}
+    finished: dict[int, _Chunk] = {}
+    submitted = yielded = 0
+    exhausted = False
+    while True:
+        while not exhausted and submitted - yielded < window:
+            chunk = next(chunks, None)
+            if chunk is None:
+                exhausted = True
+                break
+            pending[submit(chunk)] = submitted
+            submitted += 1
+        while yielded in finished:
+            yield finished.pop(yielded)
+            yielded += 1
+        if not pending:
+            if exhausted and yielded == submitted:
+                return
+            continue
+        for handle in wait_one(list(pending)):
+            finished[pending.pop(handle)] = result(handle)
+
+
+def _process_map(context: _Context, chunks: Iterator[_Chunk], workers: int) -> Iterator[_Chunk]:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     # spawn, not fork: the caller may run threads (a progress bar), which fork would copy mid-lock
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_init_worker, initargs=(context,)) as pool:
-        pending = {pool.submit(_evaluate_in_worker, chunk): i for i, chunk in enumerate(chunks)}
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                done(pending.pop(future), future.result())
+        yield from _windowed(chunks, 2 * workers, lambda chunk: pool.submit(_evaluate_in_worker, chunk),
+                             lambda handles: list(wait(handles, return_when=FIRST_COMPLETED)[0]),
+                             lambda future: future.result())
 
 
 RAY_INSTALL_HINT = "pip install 'mcdla[ray]' (or pip install ray)"
 
 
-def _ray_map(context: _Context, chunks: list[list[tuple[Any, ...]]], workers: int, address: str | None,
-             done: Callable[[int, list[tuple[Any, ...]]], None]) -> None:
+def _check_reachable(address: str) -> None:
+    """Fail in :data:`RAY_CONNECT_TIMEOUT_S` unless ``address`` (``host:port`` or ``ray://host:port``) accepts a
+    TCP connection; ``auto`` and other forms are left to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S):
+            pass
+    except (OSError, OverflowError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise ConfigError(f"search.ray_address: got {brief(address)}; cannot reach it within "
+                          f"{RAY_CONNECT_TIMEOUT_S:g} s ({reason})") from None
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt while Ray runs (main thread only), so that the ``finally`` that shuts
+    Ray down runs on SIGTERM as on Ctrl-C instead of leaving its agents behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _stdout_fd_to_stderr() -> Iterator[None]:
+    """File descriptor 1 pointing at stderr for the block (what child processes inherit), restored after."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _ray_map(context: _Context, chunks: Iterator[_Chunk], workers: int, address: str | None) -> Iterator[_Chunk]:
     try:
         import ray
     except ImportError:
         raise ConfigError(f"search.backend: got 'ray' but the ray package is not installed; install it with "
                           f"{RAY_INSTALL_HINT}") from None
     started = not ray.is_initialized()
-    if started:
+    if started and address:
+        _check_reachable(address)
+    # Ray's own lines (a dead worker, a lost connection) go to stderr: stdout carries the results only, for this
+    # process (redirect_stdout) and for the raylet, GCS and agents it starts (_stdout_fd_to_stderr).
+    with _terminate_as_interrupt(), contextlib.redirect_stdout(sys.stderr):
         try:
-            if address:
-                ray.init(address=address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            first = " ".join(str(exc).split())[:200]
-            raise ConfigError(f"search.ray_address: got {brief(address)}; cannot start or reach Ray ({first})") from None
-    try:
-        remote = ray.remote(_evaluate_chunk)
-        context_ref = ray.put(context)
-        pending = {remote.remote(context_ref, chunk): i for i, chunk in enumerate(chunks)}
-        while pending:
-            finished, _ = ray.wait(list(pending), num_returns=1)
-            for ref in finished:
-                done(pending.pop(ref), ray.get(ref))
-    finally:
-        if started:
-            ray.shutdown()
+            if started:
+                try:
+                    with _stdout_fd_to_stderr():  # the processes Ray starts inherit stderr as their stdout
+                        if address:
+                            ray.init(address=address, log_to_driver=False)
+                        else:
+                            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+                except (ConnectionError, RuntimeError, ValueError) as exc:
+                    first = " ".join(str(exc).split())[:200]
+                    raise ConfigError(f"search.ray_address: got {brief(address)}; cannot start or reach Ray "
+                                      f"({first})") from None
+            remote = ray.remote(_evaluate_chunk)
+            context_ref = ray.put(context)
+            yield from _windowed(chunks, 2 * workers, lambda chunk: remote.remote(context_ref, chunk),
+                                 lambda refs: ray.wait(refs, num_returns=1)[0], ray.get)
+        finally:
+            if started:
+                _shut_down_ray(ray)
 
 
-def evaluate_executions(spec: TransformerSpec, cluster: Cluster, executions: Sequence[Execution], *,
-                        memory_limit_bytes: float | None = None, backend: str = "serial",
-                        workers: int | None = None, chunk_size: int | None = None,
-                        ray_address: str | None = None,
-                        progress: Callable[[int], None] | None = None) -> list[SearchRow]:
-    """``llm_step`` (fast path) of every execution, in the given order (module docstring).
+def _shut_down_ray(ray: Any) -> None:
+    """``ray.shutdown()``, then stop whatever Ray process this one started that outlives it.
 
-    ``workers`` (default ``os.cpu_count()``) sizes the process pool or the local Ray instance; ``progress``
-    is called with the number of configurations each finished chunk held.
+    Interrupted inside ``ray.init`` (Ctrl-C, SIGTERM), Ray's shutdown does not reach the agents its raylet
+    has started (``ray::RuntimeEnvAgent``, ``ray::DashboardAgent``), which then linger for minutes, orphaned.
+    They are children of this process until the raylet goes, so they are listed first and terminated after.
     """
+    import psutil
+
+    def ray_process(p: psutil.Process) -> bool:
+        with contextlib.suppress(psutil.Error):
+            return p.name().startswith(("ray::", "raylet", "gcs_server")) or "ray" in " ".join(p.cmdline()[:3])
+        return False
+
+    ours = [p for p in psutil.Process().children(recursive=True) if ray_process(p)]
+    ray.shutdown()
+    for p in ours:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(ours, timeout=3)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def _pool_size(workers: int, chunks: int | None) -> int:
+    """Workers actually started: at most the CPU count and (when known) the number of chunks."""
+    return max(1, min(workers, os.cpu_count() or 1, chunks if chunks is not None else workers))
+
+
+def _evaluate_stream(spec: TransformerSpec, cluster: Cluster, executions: Iterable[Execution], *,
+                     expected: int, memory_limit_bytes: float | None, backend: str, workers: int | None, chunk_size: int | None,
+                     ray_address: str | None) -> Iterator[list[SearchRow]]:
+    """Evaluate ``executions`` (about ``expected`` of them, to size the chunks) chunk by chunk, in order."""
     if backend not in BACKENDS:
         raise ConfigError(f"search.backend: got {brief(backend)}; must be one of {', '.join(BACKENDS)}")
     workers = os.cpu_count() or 1 if workers is None else _positive("workers", workers)
@@ -332,55 +521,80 @@ def evaluate_executions(spec: TransformerSpec, cluster: Cluster, executions: Seq
     if not limit > 0:
         raise ConfigError(f"search.memory_limit_bytes: got {brief(limit)}; must be > 0")
     context = _Context(spec=spec, cluster=cluster, memory_limit_bytes=limit)
-    n = len(executions)
-    size = chunk_size if chunk_size is not None else max(32, min(2048, math.ceil(n / (workers * 8)) if n else 1))
+    size = chunk_size if chunk_size is not None else max(
+        32, min(2048, math.ceil(expected / (min(workers, os.cpu_count() or 1) * 8)) if expected else 1))
     _positive("chunk_size", size)
-    rows_in = [tuple(getattr(e, name) for name in EXECUTION_FIELDS) for e in executions]
-    chunks = [rows_in[i:i + size] for i in range(0, n, size)]
-    results: list[list[tuple[Any, ...]] | None] = [None] * len(chunks)
+    pool = _pool_size(workers, math.ceil(expected / size) if expected else 1)
+    source = iter(executions)
+    batches = iter(lambda: list(itertools.islice(source, size)), [])
+    held: dict[int, list[Execution]] = {}  # chunk number -> its executions, until its results come back
 
-    def done(i: int, out: list[tuple[Any, ...]]) -> None:
-        results[i] = out
-        if progress is not None:
-            progress(len(out))
+    def as_values(numbered: Iterator[tuple[int, list[Execution]]]) -> Iterator[_Chunk]:
+        for i, batch in numbered:
+            held[i] = batch
+            yield [tuple(getattr(e, name) for name in EXECUTION_FIELDS) for e in batch]
 
-    if backend == "serial" or not chunks:
-        for i, chunk in enumerate(chunks):
-            done(i, _evaluate_chunk(context, chunk))
+    values = as_values(enumerate(batches))
+    if backend == "serial":
+        results: Iterator[_Chunk] = (_evaluate_chunk(context, chunk) for chunk in values)
     elif backend == "process":
-        _process_map(context, chunks, workers, done)
+        results = _process_map(context, values, pool)
     else:
-        _ray_map(context, chunks, workers, ray_address, done)
-    rows = []
+        results = _ray_map(context, values, pool, ray_address)
     index = 0
-    for out in results:
-        assert out is not None
-        for values in out:
-            step = LlmStep(**dict(zip(STEP_FIELDS, values[:-1])))
-            rows.append(SearchRow(index=index, execution=executions[index], step=step, fits=bool(values[-1])))
-            index += 1
+    try:
+        for i, out in enumerate(results):
+            rows = []
+            for e, step_values in zip(held.pop(i), out):
+                step = LlmStep(**dict(zip(STEP_FIELDS, step_values[:-1])))
+                rows.append(SearchRow(index=index, execution=e, step=step, fits=bool(step_values[-1])))
+                index += 1
+            yield rows
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()  # now, not when a traceback lets go of it: stops the pool or shuts Ray down
+
+
+def evaluate_executions(spec: TransformerSpec, cluster: Cluster, executions: Sequence[Execution], *,
+                        memory_limit_bytes: float | None = None, backend: str = "serial",
+                        workers: int | None = None, chunk_size: int | None = None, ray_address: str | None = None,
+                        progress: Callable[[int], None] | None = None) -> list[SearchRow]:
+    """``llm_step`` (fast path) of every execution, in the given order (module docstring).
+
+    ``workers`` (default ``os.cpu_count()``) sizes the process pool or the local Ray instance, capped at the
+    CPU count and the number of chunks; ``progress`` is called with the number of configurations each
+    finished chunk held.
+    """
+    rows: list[SearchRow] = []
+    for chunk in _evaluate_stream(spec, cluster, executions, expected=len(executions),
+                                  memory_limit_bytes=memory_limit_bytes, backend=backend, workers=workers, chunk_size=chunk_size, ray_address=ray_address):
+        rows += chunk
+        if progress is not None:
+            progress(len(chunk))
     return rows
 
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
-    """A search: the enumeration, every evaluated row (enumeration order) and the ranking.
+    """A search: the enumeration, the evaluated rows and the ranking.
 
-    ``ranked`` holds the rows that fit, fastest first (ties by enumeration order); ``best`` is its first or
-    None when nothing fits.
+    ``ranked`` holds the rows that fit, fastest first (ties by enumeration order): all of them, or the ``top``
+    fastest when the search was given ``top``; ``best`` is its first or None when nothing fits. ``rows`` is
+    every evaluated row in enumeration order when the search kept them (``keep_rows``), else empty.
+    ``fitting`` counts the rows that fit and ``least_device_bytes`` is the least device memory of any row (None
+    without rows).
     """
 
     enumeration: Enumeration
     rows: tuple[SearchRow, ...]
     ranked: tuple[SearchRow, ...]
+    fitting: int
+    least_device_bytes: float | None
 
     @property
     def best(self) -> SearchRow | None:
         return self.ranked[0] if self.ranked else None
-
-    @property
-    def fitting(self) -> int:
-        return len(self.ranked)
 
 
 def rank_rows(rows: Iterable[SearchRow]) -> tuple[SearchRow, ...]:
@@ -388,18 +602,80 @@ def rank_rows(rows: Iterable[SearchRow]) -> tuple[SearchRow, ...]:
     return tuple(sorted((r for r in rows if r.fits), key=lambda r: (r.step.iteration_s, r.index)))
 
 
+class _TopRows:
+    """The ``top`` fastest fitting rows seen so far (all when ``top`` is None), in a heap of bounded size."""
+
+    def __init__(self, top: int | None) -> None:
+        self.top = top
+        self.heap: list[tuple[float, int, SearchRow]] = []  # (-iteration_s, -index, row): the slowest on top
+        self.fitting = 0
+
+    def add(self, row: SearchRow) -> None:
+        if not row.fits:
+            return
+        self.fitting += 1
+        item = (-row.step.iteration_s, -row.index, row)
+        if self.top is None or len(self.heap) < self.top:
+            heapq.heappush(self.heap, item)
+        elif item > self.heap[0]:
+            heapq.heapreplace(self.heap, item)
+
+    def ranked(self) -> tuple[SearchRow, ...]:
+        return rank_rows(row for _, _, row in self.heap)
+
+
 def search(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int,
            memory_limit_bytes: float | None = None, backend: str = "serial", workers: int | None = None,
            chunk_size: int | None = None, ray_address: str | None = None,
            progress: Callable[[int], None] | None = None,
-           on_enumerated: Callable[[Enumeration], None] | None = None, **space: Any) -> SearchResult:
-    """Enumerate (``space``: the options of :func:`enumerate_executions`), evaluate and rank (module
-    docstring); ``on_enumerated`` sees the enumeration before the evaluation starts (to size a progress bar)."""
-    enumeration = enumerate_executions(spec, cluster, gpus=gpus, global_batch=global_batch, **space)
+           on_enumerated: Callable[[Enumeration], None] | None = None,
+           max_configurations: int = DEFAULT_MAX_CONFIGURATIONS, top: int | None = None, keep_rows: bool = True,
+           on_row: Callable[[SearchRow], None] | None = None, **space: Any) -> SearchResult:
+    """Enumerate (``space``: the options of :func:`enumerate_executions`), evaluate and rank, bounded (module
+    docstring, NOTE [bounded search]).
+
+    More than ``max_configurations`` candidates (:func:`count_candidates`) is a ConfigError before any work.
+    ``on_enumerated`` sees the enumeration's counts (``executions`` empty) before the evaluation starts (to
+    size a progress bar), and the result's enumeration holds the executions only with ``keep_rows``;
+    ``on_row`` sees every evaluated row in enumeration order (to stream them to a file); ``top`` keeps only the
+    fastest ``top`` rows that fit; ``keep_rows=False`` keeps no other row.
+    """
+    space = dict(gpus=gpus, global_batch=global_batch, **space)
+    _positive("max_configurations", max_configurations)
+    if top is not None:
+        _positive("top", top)
+    candidates = count_candidates(spec, cluster, **space)  # type: ignore[arg-type]
+    if candidates > max_configurations:
+        raise ConfigError(f"search: got {candidates} candidate configurations of {spec.name} on {gpus} GPUs with a "
+                          f"global batch of {global_batch}; must be at most max_configurations = "
+                          f"{max_configurations} (narrow the space or raise the limit)")
+    rejected: Counter[str] = Counter()
+    valid = sum(1 for _ in iter_executions(spec, cluster, rejected=rejected, **space))
+    enumeration = Enumeration(executions=(), candidates=candidates, rejected=dict(rejected.most_common()),
+                              valid=valid)
     if on_enumerated is not None:
         on_enumerated(enumeration)
-    rows = evaluate_executions(spec, cluster, enumeration.executions, memory_limit_bytes=memory_limit_bytes,
-                               backend=backend, workers=workers, chunk_size=chunk_size, ray_address=ray_address,
-                               progress=progress)
-    return SearchResult(enumeration=enumeration, rows=tuple(rows), ranked=rank_rows(rows))
-
+    kept: list[SearchRow] = []
+    best = _TopRows(top)
+    least: float | None = None
+    stream = iter_executions(spec, cluster, **space)
+    chunks = _evaluate_stream(spec, cluster, stream, expected=valid, memory_limit_bytes=memory_limit_bytes,
+                              backend=backend, workers=workers,
+                              chunk_size=chunk_size, ray_address=ray_address)
+    try:
+        for chunk in chunks:
+            for row in chunk:
+                best.add(row)
+                least = row.step.device_bytes if least is None else min(least, row.step.device_bytes)
+                if on_row is not None:
+                    on_row(row)
+            if keep_rows:
+                kept += chunk
+            if progress is not None:
+                progress(len(chunk))
+    finally:
+        chunks.close()
+    if keep_rows:
+        enumeration = dataclasses.replace(enumeration, executions=tuple(r.execution for r in kept))
+    return SearchResult(enumeration=enumeration, rows=tuple(kept), ranked=best.ranked(), fitting=best.fitting,
+                        least_device_bytes=least)

@@ -14,6 +14,11 @@ the best wins (``rotor``'s on a tie). So ``pofo`` is never worse than ``rotor`` 
   result is ``rotor``'s plan;
 - with ample bandwidth (no latency) offloads cost nothing, and when the budget holds every checkpoint's
   forward and backward working set the DP offloads instead of recomputing: the makespan is the compute floor.
+
+Two checks skip the DPs where their answer is known (each DP takes seconds on a few hundred layers, and the
+search for the smallest feasible budget runs ``pofo`` a dozen times): a budget below the static bytes (the
+parameters and optimizer state every plan keeps) is infeasible at once, and when ``rotor``'s plan already
+reaches the compute floor (``Chain.lower_bound_s``, a bound no plan beats) it is the answer.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ __all__ = ["LAMBDAS", "plan_pofo"]
 
 #: Weights of the estimated exposed transfer time tried by the DP.
 LAMBDAS = (1.0, 0.5)
+#: Relative slack within which a makespan counts as the compute floor (summation order only).
+_FLOOR_RTOL = 1e-12
 
 
 def plan_pofo(problem: Problem, *, unit_bytes: float | None = None) -> Plan | None:
@@ -42,9 +49,13 @@ def plan_pofo(problem: Problem, *, unit_bytes: float | None = None) -> Plan | No
         hidden_b = chain.bwd_s[trigger] if trigger < n else 0.0
         return max(0.0, times.offload_s[c] - chain.fwd_s[c]) + max(0.0, times.prefetch_s[c] - hidden_b)
 
+    if problem.budget_bytes < chain.static_bytes:
+        return None
     candidates: list[Plan] = []
     rotor = plan_rotor(problem, unit_bytes=unit)
     if rotor is not None:
+        if problem.score(rotor) <= chain.lower_bound_s * (1 + _FLOOR_RTOL):
+            return rotor
         candidates.append(rotor)
     for lam in LAMBDAS:
         result = solve_checkpoints(chain, problem.budget_bytes, unit_bytes=unit,

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from mcdla.workload.model import Workload
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.plan import Plan
 
-__all__ = ["ChakraRank", "chakra_ranks", "simulate_to_chakra", "trace_paths"]
+__all__ = ["ChakraRank", "chakra_ranks", "iter_chakra_ranks", "simulate_to_chakra", "trace_paths"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +232,14 @@ def chakra_ranks(system: System, workload: Workload, plan: Plan, result: SimResu
                  bucket_bytes: float = 25 * 2**20) -> list[ChakraRank]:
     """The traces of ``result``, a feasible iteration simulated with ``record_timeline=True`` from these same
     arguments (SimError otherwise)."""
+    return list(iter_chakra_ranks(system, workload, plan, result, parallel=parallel, bucket_bytes=bucket_bytes))
+
+
+def iter_chakra_ranks(system: System, workload: Workload, plan: Plan, result: SimResult, *, parallel: str = "data",
+                      bucket_bytes: float = 25 * 2**20) -> Iterator[ChakraRank]:
+    """:func:`chakra_ranks` one rank at a time, so that a writer holds one rank's nodes, not every rank's
+    (1,024 ranks of a large workload are gigabytes); the spans are grouped by rank once (linear, not ranks x
+    spans)."""
     if not result.recorded:
         raise SimError("Chakra export: the result has no timeline; simulate with record_timeline=True")
     if not result.feasible:
@@ -244,7 +252,10 @@ def chakra_ranks(system: System, workload: Workload, plan: Plan, result: SimResu
     # rank r is device r: every device one tensor-parallel (model) or data-parallel rank of one group
     layout = ParallelDims(tp=n) if parallel == "model" else ParallelDims(dp=n)
     cache: dict[tuple[Any, ...], Program] = {}
-    ranks = []
+    by_rank: dict[int, list[tuple]] = {}
+    for span in result.spans:
+        by_rank.setdefault(span[0], []).append(span)
+    shared = by_rank.get(-1, [])  # collectives, recorded once for every rank
     for rank in range(layout.world_size):
         device, where = system.devices[rank], layout.coordinates(rank)
         key = (tuple(sorted(device.peak_flops_per_s.items())), device.hbm_bytes_per_s, device.compute_efficiency,
@@ -252,7 +263,7 @@ def chakra_ranks(system: System, workload: Workload, plan: Plan, result: SimResu
         if key not in cache:
             cache[key] = build_program(workload, plan, device, model_parallel=parallel == "model", n_devices=n,
                                        bucket_bytes=bucket_bytes)
-        nodes = _rank_nodes(rank, cache[key], workload, result.spans, share)
+        nodes = _rank_nodes(rank, cache[key], workload, [*by_rank.get(rank, ()), *shared], share)
         meta = pb.GlobalMetadata(version=SCHEMA_VERSION)
         meta.attr.extend([
             _attr("schema", string_val=f"1.0.2-chakra.{SCHEMA_VERSION}"),
@@ -267,8 +278,7 @@ def chakra_ranks(system: System, workload: Workload, plan: Plan, result: SimResu
             _attr("mcdla.time_share", int64_val=share), _attr("mcdla.bucket_bytes", double_val=bucket_bytes),
             _attr("mcdla.iteration_time_s", double_val=result.iteration_time_s),
         ])
-        ranks.append(ChakraRank(rank, meta, tuple(nodes)))
-    return ranks
+        yield ChakraRank(rank, meta, tuple(nodes))
 
 
 def simulate_to_chakra(prefix: str | Path, system: System, workload: Workload, plan: Plan, *,
@@ -280,8 +290,8 @@ def simulate_to_chakra(prefix: str | Path, system: System, workload: Workload, p
         raise SimError(f"bucket_bytes: got {bucket_bytes!r}; must be finite and > 0")
     result = simulate(system, workload, plan, parallel=parallel, bucket_bytes=bucket_bytes,  # type: ignore[arg-type]
                       record_timeline=True)
-    ranks = chakra_ranks(system, workload, plan, result, parallel=parallel, bucket_bytes=bucket_bytes)
-    paths = trace_paths(prefix, len(ranks))
+    paths = trace_paths(prefix, len(system.devices))
+    ranks = iter_chakra_ranks(system, workload, plan, result, parallel=parallel, bucket_bytes=bucket_bytes)
     for r, path in zip(ranks, paths):
         write_trace(path, r.metadata, r.nodes)
     return result, paths

@@ -6,18 +6,20 @@ Package-internal (the module is private; its names are what :mod:`mcdla.runtime.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import mmap
 import os
 import threading
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ALIGN", "BOUNCE_DEPTH", "HUGE_PAGE", "O_DIRECT", "SUB", "Closer", "Inline", "Worker", "bounce_buffers",
-           "bytes_array", "chunk_plan", "is_direct", "pwrite_all", "round_up", "start"]
+__all__ = ["ALIGN", "BOUNCE_DEPTH", "DIGESTS", "HUGE_PAGE", "O_DIRECT", "SUB", "Closer", "Crc32", "Inline",
+           "KeyedBlake2b", "Worker", "bounce_buffers", "bytes_array", "chunk_plan", "is_direct", "pwrite_all", "round_up", "start"]
 
 O_DIRECT = getattr(os, "O_DIRECT", 0)  # 0 where the platform has none (macOS): buffered I/O only
 ALIGN = 4096  # O_DIRECT alignment of buffers, offsets and lengths (covers 512 B and 4 KiB sectors)
@@ -177,3 +179,44 @@ class Closer:
                     os.close(fd)
                 except OSError:  # the name is gone already; nothing anyone could do about it
                     pass
+
+
+class Crc32:
+    """CRC-32 (zlib) of the bytes fed in order: catches accidental damage (NOTE [block digests] in ``tiers_file``)."""
+
+    name = "CRC-32"
+
+    def __init__(self) -> None:
+        self._crc = 0
+
+    def update(self, data: Any) -> None:
+        self._crc = zlib.crc32(data, self._crc)
+
+    def value(self) -> int:
+        return self._crc
+
+    @staticmethod
+    def show(value: Any) -> str:
+        return f"{value:#010x}"
+
+
+class KeyedBlake2b:
+    """BLAKE2b-128 keyed with ``key`` (a MAC): catches deliberate edits that keep a CRC (NOTE [block digests])."""
+
+    name = "keyed BLAKE2b"
+
+    def __init__(self, key: bytes) -> None:
+        self._h = hashlib.blake2b(key=key, digest_size=16)
+
+    def update(self, data: Any) -> None:
+        self._h.update(data)
+
+    def value(self) -> bytes:
+        return self._h.digest()
+
+    @staticmethod
+    def show(value: Any) -> str:
+        return value.hex()
+
+
+DIGESTS = ("crc32", "blake2b")  # FileTier(digest=...) choices

@@ -45,9 +45,11 @@ __all__: list[str] = []
 def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> Any:
     """The storage of a saved tensor if the runtime may move it, else None.
 
-    Not moved: parameters and views of them (leaves that require grad), storages of the model's parameters
-    and buffers (``param_ptrs``), storages under ``min_bytes``, tensors saved during backward (checkpoint
-    recomputation), and anything but plain strided CPU/CUDA tensors without conjugate or negative bits.
+    Not moved: parameters and views of them (leaves that require grad, and any ``nn.Parameter``: a frozen
+    one, such as a LoRA base weight, lives as long as the model, so moving it frees nothing and fetches it
+    every step), storages of the model's parameters and buffers (``param_ptrs``), storages under
+    ``min_bytes``, tensors saved during backward (checkpoint recomputation), and anything but plain strided
+    CPU/CUDA tensors without conjugate or negative bits.
     """
     if type(t) is not torch.Tensor or t.layout is not torch.strided or t.device.type not in ("cpu", "cuda"):
         return None
@@ -56,8 +58,8 @@ def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> An
     if t.requires_grad and t.is_leaf:
         return None  # a parameter (or another leaf that is trained)
     base = t._base
-    if base is not None and base.requires_grad and base.is_leaf:
-        return None  # a view of one, e.g. weight.t()
+    if base is not None and ((base.requires_grad and base.is_leaf) or isinstance(base, torch.nn.Parameter)):
+        return None  # a view of one, e.g. weight.t() (a Parameter itself is not a plain Tensor: refused above)
     storage = t.untyped_storage()
     if storage.nbytes() < min_bytes or storage.data_ptr() in param_ptrs:
         return None
@@ -78,7 +80,7 @@ class _State(Enum):
     OFFLOADED = "offloaded"  # only in a tier
     FETCHING = "fetching"  # being copied back
     READY = "ready"  # back on the device (or the source was reused), waiting for its unpacks
-    CONSUMED = "consumed"  # every handle unpacked; the runtime holds nothing
+    CONSUMED = "consumed"  # every handle unpacked; bytes kept for another unpack (NOTE [backward twice] in _step)
     RELEASED = "released"  # every handle gone; the record left the tracker
     FAILED = "failed"  # a transfer failed; ``error`` says how
 

@@ -32,12 +32,31 @@ NOTE [bytes final]
     numbered below the counter has returned (without them a storage also waited across every op that saves
     nothing). On CUDA the same rule orders the copy after the kernel that writes the bytes, since the
     copy's event is recorded when it starts.
+
+NOTE [backward twice]
+    ``backward(retain_graph=True)`` and double backward (gradient penalties: WGAN-GP, R1) unpack a saved
+    tensor more than once. After the last unpack of a storage the record keeps its bytes (the source, or
+    what was fetched) referenced until its handles die, as autograd keeps a saved tensor until its node
+    releases it; no bytes move again. Without ``retain_graph`` a node releases its saved tensors right
+    after running, so the handles die, and the bytes go, when the node's unpacked views would anyway; with
+    it they stay until the graph is dropped, which is what PyTorch without hooks keeps too. The runtime
+    stops counting them as resident at the last unpack (they are "returned", NOTE [memory honesty]).
+
+NOTE [forked children]
+    A step belongs to the process that entered it. A child made by ``os.fork`` during a step shares its
+    records, blocks and handles but not its I/O threads: settling there waited forever for transfers no
+    thread of the child runs, and aborting or releasing there freed the parent's blocks. So in any other
+    process the step does nothing on exit, abort, settle or a handle's death, a save is left unmanaged,
+    and an unpack raises OffloadError naming the owner process; the parent's step runs on untouched. The
+    virtualizer's ``os.register_at_fork`` hook marks its live steps ``foreign`` in the child (an attribute,
+    not an ``os.getpid()`` system call on every hook).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -54,7 +73,7 @@ from mcdla.runtime._policy import _Config, _Policy, fits, freeing_offload, plan_
 from mcdla.runtime._prefetch import _Prefetcher
 from mcdla.runtime._records import _Handle, _Record, _State, managed_storage, view_root
 from mcdla.runtime._sync import _InboxLock
-from mcdla.runtime._transfer import _Mover
+from mcdla.runtime._transfer import _Mover, profiled
 from mcdla.runtime.pool import Pool
 from mcdla.runtime.report import StepReport, _ReportBuilder
 from mcdla.runtime.tiers_host import HostBufferPool
@@ -94,6 +113,8 @@ class _Step:
     def __init__(self, *, index: int, pool: Pool, config: _Config, attribution: _Attribution,
                  host_buffers: HostBufferPool, on_finish: Callable[[_Step], None]) -> None:
         self.index = index
+        self.pid = os.getpid()  # NOTE [forked children]
+        self.foreign = False  # set in a forked child, by the virtualizer's fork hook (NOTE [forked children])
         self.pool = pool
         self.cfg = config
         self.attr = attribution
@@ -149,6 +170,7 @@ class _Step:
             self._sampled = self._resident
             self.report.sample(self._resident)
 
+
     @property
     def resident_saved_bytes(self) -> int:
         """Bytes of managed saved storages held on the device now."""
@@ -189,6 +211,8 @@ class _Step:
         """
         if self._failure is not None:
             self._raise_failure()
+        if self.foreign:
+            return t.detach()
         storage = managed_storage(t, self.cfg.min_bytes, self._param_ptrs)
         report = self.report
         seq = _get_sequence_nr()
@@ -274,7 +298,8 @@ class _Step:
     def _wait_offload(self, fut: Future, reason: str, rec: _Record) -> None:
         """Hold the compute side (outside the lock) until the offload ``fut`` of ``rec`` completes; apply it."""
         t0 = time.perf_counter()
-        wait_all([fut])
+        with profiled(f"mcdla::wait {reason}"):  # NOTE [profiler ranges] in ``_transfer``
+            wait_all([fut])
         t1 = time.perf_counter()
         self.report.wait("pack", reason, tensor=rec.label, layer=rec.layer, nbytes=rec.nbytes,  # type: ignore[arg-type]
                          start=t0, end=t1)
@@ -325,6 +350,8 @@ class _Step:
 
     def settle(self) -> None:
         """Wait (outside the lock) for every transfer in flight and apply it; a finished backward finishes."""
+        if self.foreign:
+            return
         with self._lock:
             futures = list(self._inflight)
         wait_all(futures)
@@ -352,7 +379,7 @@ class _Step:
             else:  # the bytes were needed (or dropped) before the copy finished: the copy is not needed
                 if rec.state is _State.OFFLOADING:
                     rec.state = _State.RESIDENT
-                block.tier.free(block)
+                self.report.warn(block.tier.free(block))  # NOTE [freeing never fails] in ``pool``
         if self._cap is not None and self.prefetch.in_backward:
             self._top_up()  # room freed: a fetch held back by the plan's budget may start
         self._sample()
@@ -362,6 +389,9 @@ class _Step:
     def unpack(self, h: _Handle) -> torch.Tensor:
         """The unpack hook: the saved tensor back on its device, bit for bit."""
         rec = h.record
+        if self.foreign:
+            raise OffloadError(f"{rec.label}: saved by process {self.pid}; a forked child cannot use the parent's "
+                               "saved tensors (run backward in the parent)")
         if self._deferred:  # backward began inside the context: forward's last saves are final
             self._start_deferred()
         with self._lock:
@@ -370,7 +400,7 @@ class _Step:
             state = rec.state
             if state is _State.OFFLOADING:  # the copy is still running: use the bytes still held
                 rec.state = state = _State.READY
-            if state in (_State.RESIDENT, _State.READY):
+            if state in (_State.RESIDENT, _State.READY, _State.CONSUMED):  # NOTE [backward twice]
                 view = self._view(h, rec.bytes_now())
                 self._consume(h)
                 self._top_up()
@@ -383,7 +413,8 @@ class _Step:
                 raise rec.error or OffloadError(f"{rec.label}: unpacked after the runtime released it")
             self._top_up()
         t0 = time.perf_counter()
-        wait_all([fut])
+        with profiled("mcdla::wait fetch"):
+            wait_all([fut])
         self.report.wait("unpack", "fetch", tensor=rec.label, layer=rec.layer, nbytes=rec.nbytes, start=t0,
                          end=time.perf_counter())
         with self._lock:
@@ -402,11 +433,11 @@ class _Step:
             raise OffloadError(f"{rec.label}: its step was aborted ({self.report.error}); the graph cannot be used")
         if self._failure is not None:
             self._raise_failure()
-        if h.unpacked:
+        if h.unpacked and rec.bytes_now() is None:  # NOTE [backward twice]: not expected to happen
             where = f"tier {rec.tier_name!r}" if rec.tier_name else "the device"
             raise OffloadError(
-                f"{rec.label}: fetched twice (from {where}); backward through one graph twice (retain_graph=True) "
-                "is not supported for managed tensors; save them under keep_resident()"
+                f"{rec.label}: unpacked again (it came from {where}) after the runtime let go of its bytes; "
+                "save the tensors of a graph that is backpropagated twice under keep_resident()"
             )
         version = h.modified_version()
         if version is not None:
@@ -489,16 +520,18 @@ class _Step:
         self._sample()
 
     def _drop_bytes(self, rec: _Record) -> None:
-        """Every live handle was unpacked: autograd holds what it needs; the runtime lets go."""
+        """Every live handle was unpacked: autograd holds what it needs; the runtime stops counting the bytes
+        as its own but keeps them referenced until the handles die (NOTE [backward twice])."""
         if rec.state in (_State.RESIDENT, _State.READY):
             rec.state = _State.CONSUMED
             self.lingering.let_go(rec.bytes_now(), rec.nbytes, "returned")  # autograd holds it until used
-            rec.source = rec.restored = rec.event = None
             self._set_resident(rec, False)
             self.prefetch.give_back(rec)
             self.policy.forget(rec)
 
     def _handle_dead(self, rec: _Record, unpacked: bool) -> None:
+        if self.foreign:
+            return
         self._lock.post(lambda: self._on_handle_dead(rec, unpacked))
 
     def _on_handle_dead(self, rec: _Record, unpacked: bool) -> None:
@@ -523,7 +556,7 @@ class _Step:
         if self._by_storage.get(rec.key) is rec:
             del self._by_storage[rec.key]
         if block is not None:
-            block.tier.free(block)
+            self.report.warn(block.tier.free(block))
         self._sample()
         self._maybe_finish()
 
@@ -546,6 +579,8 @@ class _Step:
 
     def exit(self) -> None:
         """The context exited normally; finish if backward is over, and raise a failure not yet seen."""
+        if self.foreign:
+            return
         if self._failure is None:
             self._start_deferred()
         with self._lock:
@@ -562,28 +597,40 @@ class _Step:
 
     def abort(self, exc: BaseException) -> None:
         """Drop everything this step holds: await transfers, free blocks, join threads, trim host buffers."""
+        if self.foreign:
+            return
         with self._lock:
             if self._finished:
                 return
             self._aborted = self._exited = True
             self.report.aborted, self.report.error = True, _one_line(exc)
-            for rec in self._records.values():
-                block, rec.block = rec.block, None
-                if block is not None:
-                    block.tier.free(block)
-                rec.source = rec.restored = rec.event = None
-                rec.state = _State.FAILED
-                rec.error = OffloadError(f"{rec.label}: its step was aborted ({_one_line(exc)})")
-                self._set_resident(rec, False)
-                self.prefetch.give_back(rec)
-            self._records.clear()
-            self._by_storage.clear()
-            self._deferred.clear()
-            self.policy.clear()
-            self.prefetch.clear()
-        self.settle()  # completions of transfers still running free their blocks
-        self.mover.shutdown(wait=True)
-        self.host_buffers.trim()
-        with self._lock:
-            if not self._finished:
-                self._finish()
+            try:
+                for rec in self._records.values():
+                    self._abort_record(rec, exc)
+            finally:
+                self._records.clear()
+                self._by_storage.clear()
+                self._deferred.clear()
+                self.policy.clear()
+                self.prefetch.clear()
+        try:
+            self.settle()  # completions of transfers still running free their blocks
+        finally:  # NOTE [freeing never fails] in ``pool``: threads, buffers and the finish happen regardless
+            try:
+                self.mover.shutdown(wait=True)
+                self.host_buffers.trim()
+            finally:
+                with self._lock:
+                    if not self._finished:
+                        self._finish()
+
+    def _abort_record(self, rec: _Record, exc: BaseException) -> None:
+        """Free what ``rec`` holds and fail it (under the lock); never raises for its block."""
+        block, rec.block = rec.block, None
+        rec.source = rec.restored = rec.event = None
+        rec.state = _State.FAILED
+        rec.error = OffloadError(f"{rec.label}: its step was aborted ({_one_line(exc)})")
+        self._set_resident(rec, False)
+        self.prefetch.give_back(rec)
+        if block is not None:
+            self.report.warn(block.tier.free(block))  # NOTE [freeing never fails] in ``pool``

@@ -29,6 +29,7 @@ NOTE [fetch tails]
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,6 +44,17 @@ from mcdla.runtime.tiers_device import DeviceTier
 from mcdla.runtime.tiers_host import HostBufferPool, HostTier
 
 __all__: list[str] = []
+
+
+def profiled(name: str) -> Any:
+    """A ``torch.profiler`` range named ``name`` while the calling thread is profiled, else a free no-op.
+
+    NOTE [profiler ranges]: copies and waits show up in a PyTorch profiler trace as ``mcdla::offload``,
+    ``mcdla::fetch`` and ``mcdla::wait ...``. The profiler records only the thread that started it, so the
+    ranges cover the host tier's copies, the issue of CUDA copies and the compute side's waits; the work
+    of the file and compress tiers' I/O threads is in the runtime's own trace (``trace=``) instead.
+    """
+    return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
 
 
 def _run_inline(fn: Callable[[], Any]) -> Future:
@@ -114,13 +126,19 @@ class _Mover:
         def job() -> Block:
             data = held.pop()
             t0 = self.report.now_s()
-            block = self.pool.write(memoryview(data.numpy()), index=index, reserved_bytes=reserved_bytes, label=rec.label)
+            with profiled("mcdla::offload"):
+                block = self.pool.write(memoryview(data.numpy()), index=index, reserved_bytes=reserved_bytes,
+                                        label=rec.label, on_warning=self.report.warn)
             self._span("offload", rec, block.tier.name, t0, stored=block.tier.stored_bytes_of(block))
             return block
 
         return self._submit(tier, job, cuda=False)
 
     def _offload_cuda(self, rec: _Record, src: torch.Tensor, tier: Tier, index: int, reserved: int) -> Future:
+        with profiled("mcdla::offload"):
+            return self._issue_offload_cuda(rec, src, tier, index, reserved)
+
+    def _issue_offload_cuda(self, rec: _Record, src: torch.Tensor, tier: Tier, index: int, reserved: int) -> Future:
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(src.device))
         t0 = self.report.now_s()
@@ -155,7 +173,8 @@ class _Mover:
             else:
                 try:
                     view = memoryview(staging[:n].numpy())
-                    block = self.pool.write(view, index=index, reserved_bytes=reserved, label=rec.label)
+                    block = self.pool.write(view, index=index, reserved_bytes=reserved, label=rec.label,
+                                            on_warning=self.report.warn)
                 finally:
                     self.host_buffers.release(staging)
             self._span("offload", rec, block.tier.name, t0, stored=block.tier.stored_bytes_of(block))
@@ -176,16 +195,21 @@ class _Mover:
         def job() -> tuple[torch.Tensor, None]:
             t0 = self.report.now_s()
             try:
-                dst = torch.empty(block.nbytes, dtype=torch.uint8)
-                tier.read_into(block, memoryview(dst.numpy()))
+                with profiled("mcdla::fetch"):
+                    dst = torch.empty(block.nbytes, dtype=torch.uint8)
+                    tier.read_into(block, memoryview(dst.numpy()))
             finally:
-                tier.free(block)
+                self.report.warn(tier.free(block))  # NOTE [freeing never fails] in ``pool``
             self._span("fetch", rec, tier.name, t0)
             return dst, None
 
         return self._submit(tier, job, cuda=False)
 
     def _fetch_cuda(self, rec: _Record, block: Block, tier: Tier) -> Future:
+        with profiled("mcdla::fetch"):
+            return self._issue_fetch_cuda(rec, block, tier)
+
+    def _issue_fetch_cuda(self, rec: _Record, block: Block, tier: Tier) -> Future:
         device = rec.device
         h2d = self._stream(device, "h2d")
         t0 = self.report.now_s()
@@ -210,7 +234,7 @@ class _Mover:
                 self.host_buffers.release(staging)
                 raise
             finally:
-                tier.free(block)
+                self.report.warn(tier.free(block))  # NOTE [freeing never fails] in ``pool``
             with torch.cuda.device(device), torch.cuda.stream(h2d):
                 dst = torch.empty(block.nbytes, dtype=torch.uint8, device=device)
                 dst.copy_(staging[: block.nbytes], non_blocking=True)
@@ -231,7 +255,7 @@ class _Mover:
             try:
                 done.synchronize()
             finally:
-                tier.free(block)
+                self.report.warn(tier.free(block))  # NOTE [freeing never fails] in ``pool``
             self._span("fetch", rec, tier.name, t0)
             return dst, event
 

@@ -3,7 +3,7 @@
 A tier stores byte strings (blocks) and gives them back once: ``write`` returns a :class:`Block`,
 ``read_into`` copies it out and ``free`` releases it. A :class:`Pool` is a chain of tiers with capacities;
 a tensor goes to the first tier with room and spills to the next when a tier is full (capacity reached, or
-the disk reports ENOSPC while writing).
+the disk reports ENOSPC while writing) or refuses the block (NOTE [unwritable tiers]).
 
 NOTE [pool spec grammar]
     pool  := tier ("," tier)*
@@ -26,6 +26,21 @@ NOTE [full marks expire]
     tier); until then its own frees still make room below the lowered capacity. A medium that stays full
     costs at most one failed write per ``full_retry_s``, and none where the tier can see it is still full.
 
+NOTE [unwritable tiers]
+    A medium can refuse new blocks without being full: the filesystem remounted read-only (EROFS), the
+    directory's permissions changed (EACCES, EPERM), the disk failing (EIO). Such a refusal at create or
+    write raises TierUnwritableError, a TierFullError, so the tier is marked full (NOTE [full marks expire])
+    and the block goes to the next tier, and the step's report carries a warning naming the tier and the
+    error; with no tier left the step fails as for a full pool. Only the write path spills: a read that
+    fails is the tensor's failure (its bytes are in that tier and nowhere else).
+
+NOTE [freeing never fails]
+    Freeing runs when bytes are no longer needed: a fetch has read them, a handle died, a step is aborted.
+    If removing them fails (a read-only remount, EACCES, EBUSY, EIO), nothing the step computes is wrong,
+    so ``Tier.free`` releases the capacity, returns a one-line description instead of raising, and the
+    runtime puts it in the report's ``warnings``; a fetch whose read succeeded is never failed by its free,
+    and an abort frees every block, settles, stops the I/O threads and finishes whatever a free does.
+
 NOTE [bytes that move]
     ``write`` may be handed bytes that change while it runs. A record offloads its whole storage, but only
     the bytes under its saved views are final (NOTE [bytes final] in ``_step``); the rest may belong to an
@@ -44,18 +59,26 @@ import abc
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mcdla.errors import ConfigError, OffloadError, RuntimeTierError
 from mcdla.units import format_bytes, parse_bytes
 
-__all__ = ["Block", "Tier", "TierFullError", "Pool", "parse_pool", "as_pool"]
+__all__ = ["Block", "Tier", "TierFullError", "TierUnwritableError", "Pool", "parse_pool", "as_pool"]
 
 
 class TierFullError(RuntimeTierError):
     """A tier has no room for a block (capacity reached or the disk reported ENOSPC); the pool spills."""
+
+
+class TierUnwritableError(TierFullError):
+    """A tier's medium refused a new block (read-only, no permission, I/O error); the pool spills as when full.
+
+    A subclass of TierFullError so that a spill treats both alike; the report warns about this one
+    (NOTE [unwritable tiers]).
+    """
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -208,15 +231,24 @@ class Tier(abc.ABC):
             raise OffloadError(f"{block.label}: read buffer of {len(out)} B for a {block.nbytes} B block in tier {self.name!r}")
         self._read_into(block, out)
 
-    def free(self, block: Block) -> None:
-        """Release ``block`` and its capacity; a second call does nothing."""
+    def free(self, block: Block) -> str | None:
+        """Release ``block`` and its capacity; a second call does nothing.
+
+        Never raises for the medium (NOTE [freeing never fails]): if the bytes cannot be removed (a read-only
+        remount, EACCES, EBUSY, EIO), the capacity is released anyway and a one-line description of the
+        failure is returned for the caller's report; None when the block went cleanly.
+        """
         with self._lock:
             if block.freed:
-                return
+                return None
             block.freed = True
             self._block_count -= 1
             self._used_bytes -= block.reserved_bytes
-        self._discard(block)
+        try:
+            self._discard(block)
+        except Exception as exc:  # noqa: BLE001 - NOTE [freeing never fails]
+            return f"{block.label}: tier {self.name!r} could not remove its block ({type(exc).__name__}: {exc})"
+        return None
 
     def close(self) -> None:
         """Refuse new blocks; subclasses release what they cache."""
@@ -283,16 +315,22 @@ class Pool:
         free = ", ".join(f"{t.name} {format_bytes(t.free_bytes)}" for t in self.tiers[start:])
         raise TierFullError(f"pool {self.spec!r} is full: no room for {label} ({format_bytes(nbytes)}); free: {free}")
 
-    def write(self, data: memoryview, *, index: int, reserved_bytes: int, label: str) -> Block:
-        """Write into tier ``index`` under its reservation, spilling down the chain when a tier is full."""
+    def write(self, data: memoryview, *, index: int, reserved_bytes: int, label: str,
+              on_warning: Callable[[str], None] | None = None) -> Block:
+        """Write into tier ``index`` under its reservation, spilling down the chain when a tier is full or
+        refuses the block (NOTE [unwritable tiers]); ``on_warning`` gets one line per refusal."""
         while True:
             tier = self.tiers[index]
             try:
                 return tier.write(data, reserved_bytes=reserved_bytes, label=label)
-            except TierFullError:
+            except TierFullError as exc:
                 tier.unreserve(reserved_bytes)
                 tier.mark_full()
-                if index + 1 >= len(self.tiers):
+                last = index + 1 >= len(self.tiers)
+                if on_warning is not None and isinstance(exc, TierUnwritableError):
+                    then = "no tier left" if last else "spilling to the next tier"
+                    on_warning(f"{str(exc).splitlines()[0]}; {then}")
+                if last:
                     raise
                 index, reserved_bytes = self.reserve(len(data), start=index + 1, label=label)
             except BaseException:

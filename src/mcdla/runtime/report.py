@@ -23,6 +23,7 @@ from mcdla.units import format_bytes, format_seconds
 __all__ = ["TransferSpan", "WaitSpan", "StepReport"]
 
 _MAX_TIMELINE_SAMPLES = 200_000  # per step; beyond it samples are dropped and counted
+_MAX_WARNINGS = 100  # per step; beyond it warnings are counted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +116,9 @@ class StepReport:
             completion, fetch and release.
         transfers: every offload and fetch, with its timing.
         waits: every wait of the compute side (pack and unpack), with its timing and reason.
+        warnings: one line per thing that went wrong without harming the step's data: a block that could
+            not be removed (NOTE [freeing never fails] in ``pool``), a tier that refused a block and was
+            spilled past (NOTE [unwritable tiers]); at most ``_MAX_WARNINGS``, then one line with the count.
     """
 
     step: int
@@ -145,6 +149,7 @@ class StepReport:
     timeline_dropped: int = 0
     transfers: tuple[TransferSpan, ...] = ()
     waits: tuple[WaitSpan, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def offloaded_bytes(self) -> int:
@@ -194,6 +199,7 @@ class StepReport:
                 f"fetched {format_bytes(self.fetched_bytes_by_tier.get(tier, 0))}"
             )
         lines += [f"  not freed: {line}" for line in self.not_freed]
+        lines += [f"  warning: {line}" for line in self.warnings]
         if self.error:
             lines.append(f"  error: {self.error}")
         return "\n".join(lines)
@@ -267,6 +273,8 @@ class _ReportBuilder:
         self.waits: list[WaitSpan] = []
         self.aborted = False
         self.error = ""
+        self.warnings: list[str] = []
+        self.warnings_dropped = 0
 
     def now_s(self) -> float:
         return time.perf_counter() - self.t0
@@ -280,6 +288,16 @@ class _ReportBuilder:
                 self.timeline.append((self.now_s(), resident_bytes))
             else:
                 self.timeline_dropped += 1
+
+    def warn(self, line: str | None) -> None:
+        """Record a warning (see ``StepReport.warnings``); None is nothing to record."""
+        if line is None:
+            return
+        with self._lock:
+            if len(self.warnings) < _MAX_WARNINGS:
+                self.warnings.append(line)
+            else:
+                self.warnings_dropped += 1
 
     def note_fetch(self, *, ahead: bool, window_used: int) -> None:
         with self._lock:
@@ -328,4 +346,6 @@ class _ReportBuilder:
                 untouched_bytes=self.untouched_bytes, timeline=tuple(self.timeline),
                 timeline_dropped=self.timeline_dropped, transfers=tuple(self.transfers),
                 waits=tuple(self.waits),
+                warnings=tuple(self.warnings) + ((f"{self.warnings_dropped} more warnings",)
+                                                 if self.warnings_dropped else ()),
             )

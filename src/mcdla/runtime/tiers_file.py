@@ -5,12 +5,24 @@ machine the offload and prefetch overlap with compute exactly as device copies d
 
 NOTE [file blocks]
     A block is one file ``mcdla-<host tag>-<pid>-<tier token>-<n>.blk`` in the tier's directory (NOTE [crash
-    cleanup] says why the owner is in the name). Its CRC-32 (zlib) is
-    computed while writing and checked after reading; a wrong size or checksum raises OffloadError naming
+    cleanup] says why the owner is in the name). Its CRC-32 (zlib; or a keyed BLAKE2b, NOTE [block digests])
+    is computed while writing and checked after reading; a wrong size or checksum raises OffloadError naming
     the tensor and the file, never returns the bytes. Files are not fsynced: they are scratch data that
-    lives for one step. ENOSPC/EDQUOT raise TierFullError so the pool spills to the next tier; other OS
-    errors raise RuntimeTierError. A failed write removes its partial file; a freed block's file is removed.
+    lives for one step. ENOSPC/EDQUOT raise TierFullError so the pool spills to the next tier, and so do
+    EROFS/EACCES/EPERM/EIO when creating or writing a block (TierUnwritableError, NOTE [unwritable tiers] in
+    ``pool``); other OS errors raise RuntimeTierError. A failed write removes its partial file; a freed
+    block's file is removed.
     A full mark expires once ``shutil.disk_usage`` shows room again (NOTE [full marks expire] in ``pool``).
+
+NOTE [block digests]
+    ``digest="crc32"`` (the default) detects accidental damage: a flipped bit, a torn or stale write, a
+    truncated or swapped file, anything not made to fool it. It does not defend against someone who can
+    write the directory: a CRC is linear, so an edit can be chosen that keeps it, and the tensor comes back
+    wrong, silently. ``digest="blake2b"`` stores a BLAKE2b-128 keyed with 32 random bytes drawn for the tier
+    when it is built (``secrets``; held in memory only, never in a file), a MAC: without the key no edit
+    that keeps it can be computed, so any change of the bytes is an OffloadError. It costs more CPU per byte
+    than CRC-32 (``benchmarks.bench_runtime_digest`` measures both on the same bytes). Neither is
+    encryption: whoever can read the directory can read the tensors.
 
 NOTE [untrusted directory]
     A directory the tier creates is made 0700 (an existing one is left as it is). Blocks are opened with
@@ -32,6 +44,17 @@ NOTE [crash cleanup]
     sends itself the signal again, so the exit status is unchanged. A SIGTERM handler of the program's own
     is left alone (it may keep the process running; if it exits, the exit cleanup runs). SIGKILL leaves the
     files for the next sweep.
+
+NOTE [forked children]
+    A child made by ``os.fork`` (``multiprocessing`` with fork, a DataLoader worker) inherits the parent's
+    tiers, finalizers and SIGTERM handler, and its exit or SIGTERM would remove the parent's block files
+    under a running step. Every cleanup path is tied to its process: the finalizer carries the pid that
+    made the prefix and does nothing elsewhere, the SIGTERM handler removes only prefixes naming its own
+    pid, and ``_discard`` removes only files named with the tier's current prefix. An
+    ``os.register_at_fork`` hook gives each tier in the child a prefix of its own (a fresh token and the
+    child's pid, so its block names never collide with the parent's), a fresh lock (a parent thread may
+    have held the old one at the fork) and no I/O helper threads. The step itself is guarded the same way
+    (NOTE [forked children] in ``_step``).
 
 NOTE [direct I/O]
     A block larger than ``chunk_bytes`` (8 MiB) bypasses the page cache (``O_DIRECT``) by default; smaller
@@ -86,18 +109,20 @@ import weakref
 import zlib
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from mcdla.errors import ConfigError, OffloadError, RuntimeTierError
 from mcdla.runtime import _file_io as fio
-from mcdla.runtime.pool import Block, Tier, TierFullError
+from mcdla.runtime.pool import Block, Tier, TierFullError, TierUnwritableError
 
 __all__ = ["FileTier", "default_io_threads", "sweep_dead_blocks"]
 
 _DEFAULT_CHUNK_BYTES = 8 << 20  # per pwrite/preadv call; also the size of each bounce buffer
 _DEFAULT_DISK_FRACTION = 0.9  # default capacity: this fraction of the free space at construction
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_UNWRITABLE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})  # NOTE [unwritable tiers]
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _BLOCK_NAME = re.compile(r"mcdla-([0-9a-f]{8})-(\d{1,10})-([0-9a-f]{8})-\d+\.blk")
@@ -115,6 +140,7 @@ def _host_tag() -> str:
 _HOST_TAG = _host_tag()
 _OWN_TOKENS: set[str] = set()  # tier tokens made by this process (a fork's child has another pid)
 _LIVE_PREFIXES: dict[str, Path] = {}  # prefix -> directory of every FileTier alive in this process
+_LIVE_TIERS: weakref.WeakSet[FileTier] = weakref.WeakSet()  # every FileTier alive, renamed in a forked child
 _sigterm_installed = False
 
 
@@ -135,10 +161,29 @@ def _remove_blocks(directory: Path, prefix: str) -> int:
     return removed
 
 
-def _forget(prefix: str, directory: Path) -> None:
-    """Finalizer of a FileTier (collected, or the interpreter exits): its block files go (NOTE [crash cleanup])."""
+def _forget(prefix: str, directory: Path, owner_pid: int) -> None:
+    """Finalizer of a FileTier (collected, or the interpreter exits): its block files go (NOTE [crash cleanup]).
+
+    Only in the process that made them: a forked child inherits the finalizer, and its exit must leave the
+    parent's blocks alone (NOTE [forked children]).
+    """
+    if os.getpid() != owner_pid:
+        return
     _LIVE_PREFIXES.pop(prefix, None)
     _remove_blocks(directory, prefix)
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork`` hook: the child drops the parent's prefixes and renames its tiers
+    (NOTE [forked children])."""
+    _OWN_TOKENS.clear()
+    _LIVE_PREFIXES.clear()
+    for tier in list(_LIVE_TIERS):
+        tier._adopt_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _owner_gone(pid: int, token: str) -> bool:
@@ -186,8 +231,10 @@ def sweep_dead_blocks(directory: str | os.PathLike[str]) -> int:
 
 def _on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM with the default action: remove this process's block files, then die of SIGTERM as before."""
+    pid = os.getpid()
     for prefix, directory in list(_LIVE_PREFIXES.items()):
-        _remove_blocks(directory, prefix)
+        if prefix.split("-")[2] == str(pid):  # never a parent's blocks (NOTE [forked children])
+            _remove_blocks(directory, prefix)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 
@@ -232,6 +279,8 @@ class FileTier(Tier):
             larger than this use direct I/O.
         direct: let blocks larger than ``chunk_bytes`` bypass the page cache with O_DIRECT where the
             filesystem allows it (NOTE [direct I/O]).
+        digest: ``"crc32"`` (zlib CRC-32: accidental damage) or ``"blake2b"`` (BLAKE2b-128 keyed with a
+            random key of this tier, never written anywhere: also deliberate edits; NOTE [block digests]).
     """
 
     kind = "file"
@@ -244,9 +293,12 @@ class FileTier(Tier):
         io_threads: int | None = None,
         chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
         direct: bool = True,
+        digest: Literal["crc32", "blake2b"] = "crc32",
     ) -> None:
         path = Path(directory).expanduser().resolve()
         name = f"file:{path}"
+        if digest not in fio.DIGESTS:
+            raise ConfigError(f"tier {name!r}.digest: got {digest!r}; must be one of {', '.join(fio.DIGESTS)}")
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)  # NOTE [untrusted directory]
         except OSError as exc:
@@ -262,18 +314,35 @@ class FileTier(Tier):
         self.directory = path
         self.chunk_bytes = int(chunk_bytes)
         self.direct = bool(direct and fio.O_DIRECT)
+        self.digest = digest
+        self._key = secrets.token_bytes(32) if digest == "blake2b" else b""  # NOTE [block digests]
+        self._claim_prefix()
+        self.swept_blocks = sweep_dead_blocks(path)  # NOTE [crash cleanup]
+        _install_sigterm_cleanup()
+        self._bounce: list[tuple[np.ndarray, ...]] = []  # idle sets of bounce buffers (NOTE [direct I/O])
+        self._start_threads_state()
+        _LIVE_TIERS.add(self)
+
+    def _claim_prefix(self) -> None:
+        """Name this process's block files with a fresh token and register their cleanup (NOTE [crash cleanup])."""
         token = secrets.token_hex(4)
         _OWN_TOKENS.add(token)
         self._prefix = f"mcdla-{_HOST_TAG}-{os.getpid()}-{token}-"
-        self.swept_blocks = sweep_dead_blocks(path)  # NOTE [crash cleanup]
-        _LIVE_PREFIXES[self._prefix] = path
-        weakref.finalize(self, _forget, self._prefix, path)
-        _install_sigterm_cleanup()
         self._counter = itertools.count()
-        self._bounce: list[tuple[np.ndarray, ...]] = []  # idle sets of bounce buffers (NOTE [direct I/O])
+        _LIVE_PREFIXES[self._prefix] = self.directory
+        weakref.finalize(self, _forget, self._prefix, self.directory, os.getpid())
+
+    def _start_threads_state(self) -> None:
         self._per_thread = threading.local()  # .worker: the calling thread's Worker
         self._workers: weakref.WeakSet[fio.Worker] = weakref.WeakSet()  # all of them, for close()
-        self._closer = fio.Closer(f"mcdla-io-free {path.name}")
+        self._closer = fio.Closer(f"mcdla-io-free {self.directory.name}")
+
+    def _adopt_in_child(self) -> None:
+        """In a forked child: blocks of its own from now on, no locks or threads of the parent
+        (NOTE [forked children])."""
+        self._lock = threading.Lock()  # a parent's thread may have held it at the fork
+        self._claim_prefix()
+        self._start_threads_state()
 
     def block_paths(self) -> list[Path]:
         """Block files of this tier now on disk."""
@@ -339,7 +408,7 @@ class FileTier(Tier):
                         f"{block.label}: block file {path.name} of tier {self.name!r} is truncated or resized: "
                         f"{size} B on disk, {block.nbytes} B written"
                     )
-                crc = self._read_chunks(fd, out, block)
+                digest = self._read_chunks(fd, out, block)
             except OSError as exc:
                 if direct and exc.errno == errno.EINVAL:
                     self.direct = False  # as in _write: read it again through the page cache
@@ -348,14 +417,17 @@ class FileTier(Tier):
             finally:
                 os.close(fd)
             break
-        if crc != block.checksum:
+        if digest != block.checksum:
+            kind = self._digest()
             raise OffloadError(
                 f"{block.label}: block file {path.name} of tier {self.name!r} is corrupted "
-                f"(CRC-32 {crc:#010x}, written {block.checksum:#010x})"
+                f"({kind.name} {kind.show(digest)}, written {kind.show(block.checksum)})"
             )
 
     def _discard(self, block: Block) -> None:
         path: Path = block.payload
+        if not path.name.startswith(self._prefix):  # a parent's block seen from a forked child: not ours to remove
+            return
         fd = -1
         if block.nbytes > self.chunk_bytes:  # NOTE [freeing blocks]: the last close frees the disk blocks
             try:
@@ -376,34 +448,34 @@ class FileTier(Tier):
 
     # -- chunk loops (seams for fault-injection tests) -------------------------------------------------
     def _write_chunks(self, fd: int, data: memoryview) -> int:
-        """Write ``data`` to ``fd``; return its CRC-32."""
+        """Write ``data`` to ``fd``; return its digest (NOTE [block digests])."""
         view = data.cast("B") if data.format != "B" else data
         n = len(view)
         if not fio.is_direct(fd):  # NOTE [bytes that move] in pool: checksum and write a private copy
             src, snap = fio.bytes_array(view), self._snapshot_buffer(min(n, self.chunk_bytes))
-            crc = 0
+            crc = self._digest()
             for start in range(0, n, self.chunk_bytes):
                 m = min(self.chunk_bytes, n - start)
                 for i in range(0, m, fio.SUB):  # the CRC reads what the copy just wrote, still in cache
                     j = min(m, i + fio.SUB)
                     np.copyto(snap[i:j], src[start + i : start + j])
-                    crc = zlib.crc32(snap[i:j], crc)
+                    crc.update(snap[i:j])
                 chunk = memoryview(snap[:m])
                 while chunk:
                     chunk = chunk[os.write(fd, chunk) :]
-            return crc
+            return crc.value()
         src = fio.bytes_array(view)
         step = fio.round_up(self.chunk_bytes)
         plan = fio.chunk_plan(n, step)
         bufs = self._acquire_bounce(step)
-        crc = [0]
+        crc = self._digest()
 
         def fill(k: int) -> None:  # chunk k into its bounce buffer, zero-padded, and into the CRC (in order)
             (start, m), buf = plan[k], bufs[k % len(bufs)]
             for i in range(0, m, fio.SUB):  # the CRC reads what the copy just wrote, still in cache
                 j = min(m, i + fio.SUB)
                 np.copyto(buf[i:j], src[start + i : start + j])
-                crc[0] = zlib.crc32(buf[i:j], crc[0])
+                crc.update(buf[i:j])
             buf[m : fio.round_up(m)] = 0
 
         try:
@@ -418,32 +490,32 @@ class FileTier(Tier):
             self._release_bounce(bufs)
         if n % fio.ALIGN:
             os.ftruncate(fd, n)  # drop the last chunk's padding
-        return crc[0]
+        return crc.value()
 
     def _read_chunks(self, fd: int, out: memoryview, block: Block) -> int:
-        """Read ``len(out)`` bytes of ``fd`` into ``out``; return their CRC-32."""
+        """Read ``len(out)`` bytes of ``fd`` into ``out``; return their digest (NOTE [block digests])."""
         view = out.cast("B") if out.format != "B" else out
         n = len(view)
         if not fio.is_direct(fd):
-            crc, pos = 0, 0
+            crc, pos = self._digest(), 0
             while pos < n:
                 got = os.readv(fd, [view[pos : min(n, pos + self.chunk_bytes)]])
                 if not got:
                     raise self._truncated(block, pos, n)
-                crc = zlib.crc32(view[pos : pos + got], crc)
+                crc.update(view[pos : pos + got])
                 pos += got
-            return crc
+            return crc.value()
         dst = fio.bytes_array(view)
         step = fio.round_up(self.chunk_bytes)
         plan = fio.chunk_plan(n, step)
         bufs = self._acquire_bounce(step)
-        crc = [0]
+        crc = self._digest()
 
         def empty(k: int) -> None:  # chunk k into the CRC (in order) and out of its bounce buffer
             (start, m), buf = plan[k], bufs[k % len(bufs)]
             for i in range(0, m, fio.SUB):  # the copy reads what the CRC just read, still in cache
                 j = min(m, i + fio.SUB)
-                crc[0] = zlib.crc32(buf[i:j], crc[0])
+                crc.update(buf[i:j])
                 np.copyto(dst[start + i : start + j], buf[i:j])
 
         try:
@@ -460,9 +532,13 @@ class FileTier(Tier):
                     e.result()
         finally:
             self._release_bounce(bufs)
-        return crc[0]
+        return crc.value()
 
     # -- helpers ---------------------------------------------------------------------------------------
+    def _digest(self) -> fio.Crc32 | fio.KeyedBlake2b:
+        """A fresh digest of the tier's kind (NOTE [block digests])."""
+        return fio.KeyedBlake2b(self._key) if self._key else fio.Crc32()
+
     def _direct_for(self, nbytes: int) -> bool:
         """Whether a block of ``nbytes`` goes around the page cache: only blocks of several chunks do."""
         return self.direct and nbytes > self.chunk_bytes
@@ -529,4 +605,6 @@ class FileTier(Tier):
         what = f"tier {self.name!r}: {doing} {path.name} for {label} failed: [Errno {exc.errno}] {exc.strerror}"
         if exc.errno in _FULL_ERRNOS:
             return TierFullError(what + " (disk full)")
+        if doing in ("creating", "writing") and exc.errno in _UNWRITABLE_ERRNOS:
+            return TierUnwritableError(what)
         return RuntimeTierError(what)

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -121,7 +122,17 @@ class Virtualizer(saved_tensors_hooks):
         self._count = 0
         self._closed = False
         self._trace_error: ConfigError | None = None  # NOTE [trace files]
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_forget_in_child(weakref.ref(self)))
         super().__init__(self._pack, _unpack)
+
+    def _forget_parent_steps(self) -> None:
+        """In a forked child: the parent's steps are not this process's to finish or close (NOTE [forked children]
+        in ``_step``); a fresh lock, since a parent thread may have held the old one at the fork."""
+        for step in self._live | ({self._step} if self._step is not None else set()):
+            step.foreign = True
+        self._lock = threading.Lock()
+        self._live = set()
 
     def __repr__(self) -> str:
         return f"Virtualizer(pool={self.pool.spec!r}, budget={self._config.budget_bytes}, steps={self._count})"
@@ -277,6 +288,17 @@ class Virtualizer(saved_tensors_hooks):
             self.pool.close()
         self._closed = True
         self._raise_trace_error()
+
+
+def _forget_in_child(ref: weakref.ref[Virtualizer]) -> Callable[[], None]:
+    """An ``os.register_at_fork`` hook that holds the virtualizer weakly (hooks cannot be unregistered)."""
+
+    def hook() -> None:
+        vm = ref()
+        if vm is not None:
+            vm._forget_parent_steps()
+
+    return hook
 
 
 def _check_trace(trace: Any) -> str:

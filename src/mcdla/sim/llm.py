@@ -23,7 +23,8 @@ NOTE [time model] (also ``docs/llm.md``):
   Megatron's scatter/gather) over the dimension neighbouring stages are apart on; the last stage adds the vocabulary projection and
   the loss. Iteration = ``m * T_last + (p - 1) / v * T_middle``, the exact length of the (interleaved) 1F1B
   schedule of these stages (the bubble ``(p - 1) / (m v)`` when balanced); ``mode="ranks"`` schedules every
-  rank instead (``sim/llm_ranks.py``).
+  rank instead (``sim/llm_ranks.py``), as does an uneven split (``layers_first_stage``/``layers_last_stage``,
+  or the embedding and the loss counted as layers), where the slowest stage sets the pace.
 * Data parallelism: one all-reduce of the rank's gradients on the DP group's dimensions (hierarchical over
   NVLink and the network when a node holds several members; ZeRO-1/2: reduce-scatter + all-gather, the same
   traffic) after the last backward, or overlapped with the last micro-batch's backward (``dp_overlap``); then
@@ -52,13 +53,13 @@ from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_offload import (ADAM_TRAFFIC_BYTES, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, cpu_optimizer_step,
                                    tier_bytes_per_s, tier_rejection)
-from mcdla.workload.execution import Execution, check_execution
+from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
                                         layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration)
 
-__all__ = ["DEFAULT_PRECISION", "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer", "fsdp_exposed_s",
-           "llm_step", "stage_costs", "step_record"]
+__all__ = ["DEFAULT_PRECISION", "LlmStep", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
+           "fsdp_exposed_s", "llm_step", "pacing_stage_parts", "stage_costs", "step_record"]
 
 DEFAULT_PRECISION = "bf16"
 """The number format of the GEMMs (a run choice, not hardware): the key of the device's ``peak_flops_per_s``."""
@@ -121,19 +122,20 @@ def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: 
     scores, their dropout reads, writes and stores a mask). Counted from the kernels Megatron-LM runs (fused
     bias-GELU, fused scale-mask-softmax, fused bias-dropout-add); no fitting."""
     e = spec.bytes_per_element
-    b, s, h, f = micro_batch, spec.seq_len / cp, spec.hidden, float(spec.ffn_hidden)  # type: ignore[arg-type]
+    b, s, h = micro_batch, spec.seq_len / cp, spec.hidden
     mask = 1.0 if spec.dropout else 0.0
     sbh = s * b * h
     norms = 2 * 2 * e * sbh
     residual = 2 * (3 * e + mask) * sbh
-    activation = spec.top_k * spec.ffn_matrices * e * s * b * f  # GELU: read f, write f; SwiGLU: read 2f
+    activation = spec.ffn_matrices * e * s * b * spec.ffn_width_per_token  # GELU: read f, write f; SwiGLU: read 2f
     scores = spec.heads * s * spec.seq_len * b * (2 * e + mask * (2 * e + 1))
     return {"block": (norms + residual) / (tp if sp else 1) + activation / tp, "scores": scores / tp}
 
 
 def _stage_params(spec: TransformerSpec, e: Execution) -> float:
-    """Parameters on the rank of the first stage (its layers and the embedding), per TP rank."""
-    per_stage = spec.layers // e.pp * spec.params_per_layer() + spec.embedding_params()
+    """Parameters on the rank of the first stage (the most layers any stage has, and the embedding), per TP
+    rank."""
+    per_stage = max(stage_layers(e, spec)) * spec.params_per_layer() + spec.embedding_params()
     return per_stage / e.tp
 
 
@@ -256,6 +258,8 @@ class StageCosts:
 
     ``compute`` parts scale with a rank's speed (a straggler); ``tp``, ``p2p`` and ``offload`` parts are
     link time. Layer figures are per layer; ``last_*`` is the last stage's vocabulary projection and loss.
+    ``stage_layers``: the layers of each stage (:func:`~mcdla.workload.execution.stage_layers`);
+    ``layers_per_stage`` the most of them.
     """
 
     layers_per_stage: int
@@ -275,31 +279,43 @@ class StageCosts:
     dp_hidden_s: float  # how much of it the last backward hides (``dp_overlap``), else 0
     optimizer_s: float  # the Adam step
     offload_step_s: float  # optimizer state to and from the second tier
+    stage_layers: tuple[int, ...] = ()  # layers of each pipeline stage, first to last
+    chunk_layers: tuple[tuple[int, ...], ...] = ()  # layers of each stage's virtual chunks
 
     @property
     def dp_exposed_s(self) -> float:
         """The reduction's part that is not hidden behind the last backward."""
         return max(0.0, self.dp_full_s - self.dp_hidden_s)
 
-    def middle_stage_s(self, virtual_stages: int) -> float:
-        """A middle stage's time per micro-batch over its ``virtual_stages`` chunks: compute, recompute, TP, the
-        ``2 v`` pipeline transfers, exposed offload (the last stage adds ``last_fwd_s + last_bwd_s``)."""
-        n = self.layers_per_stage
+    def stage_s(self, layers: int, virtual_stages: int, *, last: bool = False) -> float:
+        """One micro-batch on a stage of ``layers`` layers over its ``virtual_stages`` chunks: compute,
+        recompute, TP, the ``2 v`` pipeline transfers, exposed offload; the last stage adds the logits and loss."""
+        n = layers
         return (n * (self.layer_fwd_s + self.layer_bwd_s) + n * self.layer_recompute_s
                 + n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s) + 2 * virtual_stages * self.p2p_s
-                + self.offload_fwd_s + self.offload_bwd_s + self.fsdp_fwd_s + self.fsdp_bwd_s)
+                + self.offload_fwd_s + self.offload_bwd_s + self.fsdp_fwd_s + self.fsdp_bwd_s
+                + (self.last_fwd_s + self.last_bwd_s if last else 0.0))
 
-    def iteration_parts(self, micro_batches: int, virtual_stages: int) -> dict[str, float]:
-        """The steady-state parts of an iteration, the last stage's over ``micro_batches`` micro-batches
-        (seconds; ``LlmStep`` field names): compute (logits and loss included), recompute, TP, PP, and offload
-        with the optimizer state's round trip. Both the closed form and the per-rank schedule report these."""
-        n, m = self.layers_per_stage, micro_batches
-        return dict(compute_s=m * (n * (self.layer_fwd_s + self.layer_bwd_s) + self.last_fwd_s + self.last_bwd_s),
+    def middle_stage_s(self, virtual_stages: int) -> float:
+        """A middle stage's time per micro-batch (:meth:`stage_s` of ``layers_per_stage`` layers)."""
+        return self.stage_s(self.layers_per_stage, virtual_stages)
+
+    def stage_parts(self, layers: int, micro_batches: int, virtual_stages: int, *, last: bool = True) -> dict[str, float]:
+        """A stage's busy time over ``micro_batches`` micro-batches by part (seconds; ``LlmStep`` field names):
+        compute (with the logits and loss on the last stage), recompute, TP, PP, and offload with the optimizer
+        state's round trip. Both the closed form and the per-rank schedule report these for the pacing stage."""
+        n, m = layers, micro_batches
+        last_extra = self.last_fwd_s + self.last_bwd_s if last else 0.0
+        return dict(compute_s=m * (n * (self.layer_fwd_s + self.layer_bwd_s) + last_extra),
                     recompute_s=m * (n * self.layer_recompute_s),
                     tp_comm_s=m * (n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s)),
                     pp_comm_s=m * (2 * virtual_stages * self.p2p_s),
                     fsdp_comm_s=m * (self.fsdp_fwd_s + self.fsdp_bwd_s),
                     offload_s=m * (self.offload_fwd_s + self.offload_bwd_s) + self.offload_step_s)
+
+    def iteration_parts(self, micro_batches: int, virtual_stages: int) -> dict[str, float]:
+        """The steady-state parts of an evenly split iteration: the last stage's :meth:`stage_parts`."""
+        return self.stage_parts(self.layers_per_stage, micro_batches, virtual_stages, last=True)
 
 
 def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
@@ -329,7 +345,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
     tp_one = _tp_allreduce_s(cluster, layout, e.sequence_parallel, act_bytes)
 
-    n_layers = spec.layers // e.pp
+    split_layers = stage_layers(e, spec)
+    n_layers = max(split_layers)
     logits = logits_fwd_flops(spec, b) / split / gemm_rate
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
     p2p_bytes = act_bytes / e.tp
@@ -357,7 +374,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         dims = cluster.group_dims(size, stride)
         gather = collective_time("all-gather", _WEIGHT_BYTES * layer_params, dims)
         reduce = collective_time("reduce-scatter", _GRAD_BYTES * layer_params, dims)
-        chunk = n_layers // e.virtual_stages
+        chunk = max(1, n_layers // e.virtual_stages)
         fsdp_fwd = e.virtual_stages * fsdp_exposed_s(gather, reduce, layer_fwd, chunk, prefetch=e.fsdp_prefetch,
                                                      backward=False)
         fsdp_bwd = e.virtual_stages * fsdp_exposed_s(gather, reduce, 2 * layer_fwd + layer_recompute, chunk,
@@ -384,7 +401,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         layer_tp_bwd_s=2 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0), p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=2 * (logits + loss), offload_fwd_s=off_fwd, offload_bwd_s=off_bwd,
         fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd, dp_full_s=dp_full, dp_hidden_s=hidden_by,
-        optimizer_s=optimizer, offload_step_s=offload_step)
+        optimizer_s=optimizer, offload_step_s=offload_step, stage_layers=split_layers,
+        chunk_layers=chunk_layers(e, spec))
 
 
 def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, mode: str = "fast",
@@ -407,6 +425,12 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
         raise ConfigError(f"llm_step: got {', '.join(sorted(ranks_options))} with mode=fast; "
                           "per-rank options need mode=ranks")
     c = stage_costs(spec, execution, cluster, precision=precision)
+    if len(set(c.stage_layers)) > 1 or len({n for row in c.chunk_layers for n in row}) > 1:
+        # An uneven split: the slowest stage sets the pace, but how long the others fill, drain and hold it
+        # up depends on where it sits, so the schedule itself is the closed form (O(dp p m v) ops).
+        from mcdla.sim.llm_ranks import ranks_step
+
+        return ranks_step(spec, execution, cluster, precision=precision)
     e = execution
     stage_mid = c.middle_stage_s(e.virtual_stages)
     stage_last = stage_mid + c.last_fwd_s + c.last_bwd_s
@@ -419,6 +443,15 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     iteration = m * stage_last + bubble + c.dp_exposed_s + c.optimizer_s + c.offload_step_s
     return step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble,
                        **c.iteration_parts(m, e.virtual_stages))
+
+
+def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, float]]:
+    """The slowest pipeline stage (the last among equals) and its :meth:`StageCosts.stage_parts` over the
+    iteration's micro-batches, the steady-state parts both modes report (an uneven split may pace elsewhere)."""
+    layers = c.stage_layers or (c.layers_per_stage,) * e.pp
+    times = [c.stage_s(layers[s], e.virtual_stages, last=s == e.pp - 1) for s in range(e.pp)]
+    pace = max(range(e.pp), key=lambda s: (times[s], s))
+    return pace, c.stage_parts(layers[pace], e.micro_batches, e.virtual_stages, last=pace == e.pp - 1)
 
 
 def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageCosts, *, precision: str,
@@ -440,6 +473,10 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
 
     in_flight = min(m, e.pp) * (1 + (e.pp - 1) / (e.pp * e.virtual_stages)) if e.virtual_stages > 1 else min(m, e.pp)
     activations = act_stage * in_flight
+    if len(set(c.stage_layers)) > 1:  # uneven split: the stage holding the most layers in flight (1F1B: p - s)
+        per_layer = act_stage / n_layers
+        activations = per_layer * max(n * min(m, e.pp - s) * in_flight / min(m, e.pp)
+                                      for s, n in enumerate(c.stage_layers))
     weights = stored_weights = _WEIGHT_BYTES * params_rank / (shard if e.zero >= 3 else 1)
     grads = _GRAD_BYTES * params_rank / (shard if e.zero >= 2 else 1)
     if e.zero >= 3:  # the layer computing and the ones prefetched, whole, with their gradients

@@ -38,12 +38,19 @@ from dataclasses import dataclass
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
-from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, StageCosts, stage_costs, step_record
+from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, StageCosts, pacing_stage_parts, stage_costs, step_record
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["PipelineSchedule", "RanksResult", "pipeline_order", "schedule_pipeline", "simulate_ranks", "ranks_step"]
+__all__ = ["MAX_RANK_GPUS", "MAX_SCHEDULED_OPS", "PipelineSchedule", "RanksResult", "pipeline_order",
+           "schedule_pipeline", "simulate_ranks", "ranks_step"]
+
+MAX_RANK_GPUS = 2**20
+"""Most GPUs the per-rank engine schedules: it keeps one end time per rank."""
+MAX_SCHEDULED_OPS = 4_000_000
+"""Most ``dp x pp x micro-batches x virtual stages`` (forward-backward pairs) the engine schedules, about 5 s
+at the ~1 us per pair it takes; beyond that the symmetric fast path (``mode="fast"``) is the tool."""
 
 
 _ROUNDING = 1e-12
@@ -154,15 +161,17 @@ class RanksResult:
     costs: StageCosts
 
 
-def _chunk_durations(c: StageCosts, e: Execution, layers: Sequence[int], factor: Sequence[float],
+def _chunk_durations(c: StageCosts, e: Execution, chunks: Sequence[Sequence[int]], factor: Sequence[float],
                      ) -> tuple[list[list[float]], list[list[float]]]:
-    """Forward and backward durations per stage and chunk for one replica (module docstring)."""
+    """Forward and backward durations per stage and chunk for one replica (module docstring); ``chunks``:
+    the layers of each stage's chunks."""
     p, v = e.pp, e.virtual_stages
     fwd, bwd = [], []
     for s in range(p):
-        n, k = layers[s] // v, factor[s]
+        k = factor[s]
         f_row, b_row = [], []
         for ch in range(v):
+            n = chunks[s][ch]
             last = s == p - 1 and ch == v - 1
             f_row.append(k * (n * c.layer_fwd_s + (c.last_fwd_s if last else 0.0)) + n * c.layer_tp_fwd_s
                          + c.p2p_s + (c.offload_fwd_s + c.fsdp_fwd_s) / v)
@@ -180,9 +189,14 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
 
     ``slowdown``: rank -> compute time factor (>= 1 for a straggler; 2 = twice as slow). ``layers_per_stage``:
     layers of each pipeline stage (sum = the model's layers, each a multiple of the virtual stages); default the
-    even split.
+    execution's split (:func:`~mcdla.workload.execution.chunk_layers`).
     """
     e = execution
+    ops = e.dp * e.pp * e.micro_batches * e.virtual_stages
+    if e.gpus > MAX_RANK_GPUS or ops > MAX_SCHEDULED_OPS:
+        raise ConfigError(f"execution: got {e.gpus} GPUs and dp*pp*micro_batches*virtual_stages = {ops} for the "
+                          f"per-rank engine; must be at most {MAX_RANK_GPUS} GPUs and {MAX_SCHEDULED_OPS} "
+                          "(use the symmetric fast path, without --ranks/--slowdown)")
     c = stage_costs(spec, e, cluster, precision=precision)
     p, v = e.pp, e.virtual_stages
     layout = ParallelDims.of(e)
@@ -192,11 +206,13 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
             raise ConfigError(f"slowdown: got rank {brief(rank)}; must be an integer in [0, {e.gpus})")
         if isinstance(k, bool) or not isinstance(k, int | float) or not 0 < k < float("inf"):
             raise ConfigError(f"slowdown[{rank}]: got {brief(k)}; must be a finite factor > 0")
-    layers = list(layers_per_stage) if layers_per_stage is not None else [c.layers_per_stage] * p
-    if (len(layers) != p or sum(layers) != spec.layers
+    layers = list(layers_per_stage) if layers_per_stage is not None else list(c.stage_layers)
+    if layers_per_stage is not None and (
+            len(layers) != p or sum(layers) != spec.layers
             or any(isinstance(n, bool) or not isinstance(n, int) or n < v or n % v for n in layers)):
         raise ConfigError(f"layers_per_stage: got {brief(layers_per_stage)}; must be {p} integers summing to "
                           f"{spec.layers}, each a positive multiple of virtual_stages={v}")
+    chunks = [[n // v] * v for n in layers] if layers_per_stage is not None else c.chunk_layers
 
     def group(s: int, d: int) -> list[int]:
         """The TP x CP ranks of stage ``s`` in replica ``d``."""
@@ -205,7 +221,7 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
     factor = [[max(slowdown.get(r, 1.0) for r in group(s, d)) for s in range(p)] for d in range(e.dp)]
     pipelines: list[PipelineSchedule] = []
     for d in range(e.dp):
-        fwd, bwd = _chunk_durations(c, e, layers, factor[d])
+        fwd, bwd = _chunk_durations(c, e, chunks, factor[d])
         pipelines.append(schedule_pipeline(fwd, bwd, e.micro_batches))
     # The DP reduction of stage s waits for the slowest replica's last backward of that stage.
     if c.dp_full_s > 0:
@@ -226,7 +242,7 @@ def ranks_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
                slowdown: Mapping[int, float] | None = None, layers_per_stage: Sequence[int] | None = None,
                precision: str = DEFAULT_PRECISION) -> LlmStep:
     """:func:`simulate_ranks` as an :class:`~mcdla.sim.llm.LlmStep`: ``iteration_s`` from the schedule; the
-    steady-state parts (compute, recompute, TP, PP, offload) are the nominal last stage's, as in the fast path,
+    steady-state parts (compute, recompute, TP, PP, offload) are the nominal slowest stage's, as in the fast path,
     and ``bubble_s`` is the rest of the schedule (fill, drain and any wait on a straggler), so the parts still
     add up to ``iteration_s`` (to rounding: a schedule with no idle time gives ``bubble_s`` 0, never a
     negative remainder of the float sum)."""
@@ -234,7 +250,7 @@ def ranks_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
     result = simulate_ranks(spec, e, cluster, slowdown=slowdown, layers_per_stage=layers_per_stage,
                             precision=precision)
     c = result.costs
-    parts = c.iteration_parts(e.micro_batches, e.virtual_stages)
+    _, parts = pacing_stage_parts(c, e)
     rest = sum(parts.values()) + c.dp_exposed_s + c.optimizer_s
     bubble = result.iteration_s - rest
     assert bubble > -1e-9 * result.iteration_s, (bubble, rest)  # the schedule never beats its busy time

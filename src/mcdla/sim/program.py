@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mcdla.errors import PlanError
+from mcdla.errors import PlanError, WorkloadError
 from mcdla.hardware.model import Device
 from mcdla.workload.model import LayerKind, Workload
 from mcdla.workload.plan import Action, Plan
@@ -275,5 +275,7 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
                 op.coll_label = f"all-reduce input grad {names[i]}"
         ops.append(op)
     static = workload.static_bytes / share
-    assert math.isfinite(static)
+    if not math.isfinite(static):
+        raise WorkloadError(f"workload {workload.name!r}.static_bytes: got {static}; parameters x (2 + "
+                            f"optimizer_bytes_per_param_byte) must be finite (each layer's bytes at most 2**60)")
     return Program(tuple(ops), saved, names, static, tuple(a is Action.OFFLOAD for a in actions))

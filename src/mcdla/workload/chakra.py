@@ -35,19 +35,31 @@ from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
+from mcdla._io_safety import atomic_output
 from mcdla.errors import WorkloadError
 from mcdla.workload.et_def import et_def_pb2 as pb
+from mcdla.workload.io import MAX_LAYER_BYTES, MAX_LAYER_FLOPS, MAX_LAYER_TIME_S, MAX_OPTIMIZER_FACTOR
 from mcdla.workload.model import Layer, LayerKind, Workload
 
-__all__ = ["MCDLA_FORMAT", "SCHEMA_VERSION", "MAX_TRACE_BYTES", "pb", "encode_varint", "write_trace",
-           "read_trace", "attr_value", "workload_from_trace", "load_chakra_workload"]
+__all__ = ["MCDLA_FORMAT", "SCHEMA_VERSION", "MAX_TRACE_BYTES", "MAX_GZIP_RATIO", "MAX_TRACE_NODES", "pb",
+           "encode_varint", "write_trace", "read_trace", "attr_value", "workload_from_trace", "load_chakra_workload"]
 
 MCDLA_FORMAT = "mcdla-chakra/1"
 """``mcdla.format`` in the metadata of traces mcdla writes."""
 SCHEMA_VERSION = "0.0.4"
 """``GlobalMetadata.version`` mcdla writes: the version ASTRA-sim's examples write."""
-MAX_TRACE_BYTES = 2 * 2**30
-"""Largest trace read (after gunzip)."""
+# NOTE [trace bounds]
+# A trace costs memory by its node count (~1.1 KB per parsed Node), not by its bytes, and a gzipped trace can
+# inflate a thousandfold (a 1 MB .et.gz of zeros is 1 GiB). So the file is read and gunzipped in 1 MiB steps,
+# stopping as soon as it passes MAX_TRACE_BYTES or MAX_GZIP_RATIO times its compressed size, and parsing stops
+# past MAX_TRACE_NODES nodes: a hostile trace costs at most ~0.6 GB and a few seconds.
+MAX_TRACE_BYTES = 256 * 2**20
+"""Largest trace read (after gunzip), bytes."""
+MAX_GZIP_RATIO = 100
+"""Largest decompressed / compressed size of a gzipped trace (traces compress 5-20x; zeros 1000x)."""
+MAX_TRACE_NODES = 500_000
+"""Most nodes a trace may hold (about 0.55 GB parsed)."""
+_READ_STEP = 2**20
 
 _NODE_FIELDS = 11  # Node's highest field number in the schema; unknown fields above it are a newer schema's
 
@@ -71,9 +83,11 @@ def write_trace(path: str | Path, metadata: Message, nodes: Iterable[Message]) -
     """Write one rank's ET: ``metadata`` then ``nodes``, each length-prefixed. Returns the path.
 
     Chakra's readers stop at a zero-length message, so an empty message (a node with no field set) is refused.
+    The file appears only when complete (:func:`mcdla._io_safety.atomic_output`): a full disk leaves no partial
+    trace.
     """
     p = Path(path)
-    with open(p, "wb") as f:
+    with atomic_output(p, "wb") as f:
         for k, message in enumerate((metadata, *nodes)):
             data = message.SerializeToString()
             if not data:
@@ -82,6 +96,20 @@ def write_trace(path: str | Path, metadata: Message, nodes: Iterable[Message]) -
             f.write(encode_varint(len(data)))
             f.write(data)
     return p
+
+
+def _read_bounded(stream: Any, limit: int, what: str) -> bytes:
+    """At most ``limit`` bytes of ``stream``, read in steps; a WorkloadError naming ``what`` past it."""
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        part = stream.read(min(_READ_STEP, limit + 1 - total))
+        if not part:
+            return b"".join(parts)
+        parts.append(part)
+        total += len(part)
+        if total > limit:
+            raise WorkloadError(what)
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -95,17 +123,19 @@ def _read_bytes(path: Path) -> bytes:
         raise WorkloadError(f"{what}: got {shown}; cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
     if not stat.S_ISREG(info.st_mode):
         raise WorkloadError(f"{what}: got {shown}; must be a regular file")
+    too_big = f"{what}: got {shown}; more than {MAX_TRACE_BYTES // 2**20} MiB, must be at most that"
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as f:
-            raw = f.read(MAX_TRACE_BYTES + 1)
+            raw = _read_bounded(f, MAX_TRACE_BYTES, too_big)
         if raw[:2] == b"\x1f\x8b":  # gzipped, as Chakra's openFileRd accepts
+            limit = min(MAX_TRACE_BYTES, MAX_GZIP_RATIO * len(raw))
             with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:
-                raw = g.read(MAX_TRACE_BYTES + 1)
-    except (OSError, EOFError) as exc:
+                raw = _read_bounded(g, limit, f"{what}: got {shown}; it inflates past {limit} bytes, must be at "
+                                              f"most {MAX_GZIP_RATIO}x its {len(raw)} gzipped bytes and "
+                                              f"{MAX_TRACE_BYTES // 2**20} MiB")
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise WorkloadError(f"{what}: got {shown}; cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
-    if len(raw) > MAX_TRACE_BYTES:
-        raise WorkloadError(f"{what}: got {shown}; more than {MAX_TRACE_BYTES // 2**30} GiB, must be at most that")
     return raw
 
 
@@ -153,6 +183,9 @@ def read_trace(path: str | Path) -> tuple[Any, list[Any]]:
         if pos + size > len(data):
             raise WorkloadError(f"{source}: message {k} at byte {start}: its length is {size} bytes but only "
                                 f"{len(data) - pos} are left; the file is truncated")
+        if k > MAX_TRACE_NODES:
+            raise WorkloadError(f"{source}: message {k} at byte {start}: more than {MAX_TRACE_NODES} nodes; a trace "
+                                f"must have at most {MAX_TRACE_NODES}")
         message = pb.GlobalMetadata() if k == 0 else pb.Node()
         try:
             message.ParseFromString(data[pos:pos + size])
@@ -194,10 +227,18 @@ def attr_value(attrs: Sequence[Any], name: str, default: Any = None) -> Any:
 
 
 # -- import ---------------------------------------------------------------------------------------------------
-def _number(value: Any, source: str, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise WorkloadError(f"{source}: {what}: got {value!r}; must be a finite number >= 0")
+def _number(value: Any, source: str, what: str, high: float) -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 <= value <= high):
+        raise WorkloadError(f"{source}: {what}: got {value!r}; must be a finite number >= 0 and <= {high:g}")
     return float(value)
+
+
+def _names(value: Any, source: str, what: str) -> tuple[str, ...]:
+    """``value`` as a tuple of layer names: a list of strings (an attribute's ``string_list``)."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise WorkloadError(f"{source}: {what}: got {value!r:.80}; must be a list of layer names (string_list)")
+    return tuple(value)
 
 
 def _dependency_order(nodes: Sequence[Any]) -> list[Any]:
@@ -256,7 +297,8 @@ def _from_mcdla(metadata: Any, nodes: Sequence[Any], source: str, name: str | No
         a = f.attr
 
         def num(node: Any, key: str) -> float:
-            return _number(attr_value(node.attr, key, 0.0), source, f"node {node.id} {key}")
+            high = MAX_LAYER_FLOPS if key == "mcdla.flops" else MAX_LAYER_BYTES
+            return _number(attr_value(node.attr, key, 0.0), source, f"node {node.id} {key}", high)
 
         layers.append(Layer(
             name=attr_value(a, "mcdla.layer", f.name),
@@ -269,7 +311,7 @@ def _from_mcdla(metadata: Any, nodes: Sequence[Any], source: str, name: str | No
             output_bytes=num(f, "mcdla.output_bytes"),
             saved_bytes=num(f, "mcdla.saved_bytes"),
             workspace_bytes=num(f, "mcdla.workspace_bytes"),
-            inputs=tuple(attr_value(a, "mcdla.inputs", [])),
+            inputs=_names(attr_value(a, "mcdla.inputs", []), source, f"node {f.id} mcdla.inputs"),
             fwd_time_s=_duration_s(f, source) * share,
             bwd_time_s=_duration_s(b, source) * share,
         ))
@@ -280,7 +322,8 @@ def _from_mcdla(metadata: Any, nodes: Sequence[Any], source: str, name: str | No
         layers=tuple(layers),
         precision=attr_value(meta, "mcdla.precision", "fp16"),
         optimizer_bytes_per_param_byte=_number(attr_value(meta, "mcdla.optimizer_bytes_per_param_byte", 1.0),
-                                               source, "metadata mcdla.optimizer_bytes_per_param_byte"),
+                                               source, "metadata mcdla.optimizer_bytes_per_param_byte",
+                                               MAX_OPTIMIZER_FACTOR),
         description=f"imported from the Chakra trace of rank {attr_value(meta, 'mcdla.rank', 0)} "
                     f"({attr_value(meta, 'mcdla.system', '?')}, {attr_value(meta, 'mcdla.parallel', '?')}-parallel)",
     )
@@ -290,7 +333,7 @@ def _duration_s(node: Any, source: str) -> float:
     """A node's duration (s): mcdla's exact ``mcdla.duration_s`` when present, else ``duration_micros``."""
     exact = attr_value(node.attr, "mcdla.duration_s")
     if exact is not None:
-        return _number(exact, source, f"node {node.id} mcdla.duration_s")
+        return _number(exact, source, f"node {node.id} mcdla.duration_s", MAX_LAYER_TIME_S)
     return node.duration_micros / 1e6
 
 
@@ -333,9 +376,10 @@ def _from_generic(nodes: Sequence[Any], source: str, name: str | None) -> Worklo
         moved = attr_value(n.attr, "tensor_size", 0)
         layers.append(Layer(
             name=label, kind=LayerKind.OTHER,
-            fwd_flops=_number(flops, source, f"node {n.id} num_ops"), bwd_flops=0.0,
-            fwd_bytes_moved=_number(moved, source, f"node {n.id} tensor_size"),
-            fwd_time_s=n.duration_micros / 1e6, bwd_time_s=0.0,
+            fwd_flops=_number(flops, source, f"node {n.id} num_ops", MAX_LAYER_FLOPS), bwd_flops=0.0,
+            fwd_bytes_moved=_number(moved, source, f"node {n.id} tensor_size", MAX_LAYER_BYTES),
+            fwd_time_s=_number(n.duration_micros / 1e6, source, f"node {n.id} duration_micros / 1e6",
+                               MAX_LAYER_TIME_S), bwd_time_s=0.0,
         ))
     if len({l.name for l in layers}) != len(layers):
         raise WorkloadError(f"{source}: node names and ids do not give distinct layer names")

@@ -7,7 +7,12 @@ lets one model be judged under many executions and one execution on many systems
 
 :class:`Execution` checks what it can alone (``tp * pp * dp * cp == gpus``, SP needs TP, the global batch
 splits into whole micro-batches per replica); :func:`check_execution` adds the checks that need the model
-(layers per virtual stage, heads and kv-heads per TP rank, sequence per CP rank). Files are read with
+(layers per virtual stage, heads and kv-heads per TP rank, sequence per CP rank). A pipeline split may be
+uneven as Megatron-LM's ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``
+make it: ``layers_first_stage`` and ``layers_last_stage`` fix the end stages and the middle stages share the
+rest equally (:func:`stage_layers`); or, as ``--account-for-embedding-in-pipeline-split`` /
+``--account-for-loss-in-pipeline-split`` do, the embedding and the loss count as one layer each, so the first
+and the last model chunk hold one layer fewer (:func:`chunk_layers`). Files are read with
 pydantic at the boundary (:func:`load_execution`), extra fields and non-finite numbers refused.
 """
 
@@ -23,7 +28,8 @@ from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, field_path
 from mcdla.workload.transformer import Recompute, TransformerSpec
 
-__all__ = ["OFFLOAD_TIERS", "Execution", "check_execution", "execution_from_dict", "load_execution", "execution_to_dict"]
+__all__ = ["OFFLOAD_TIERS", "Execution", "check_execution", "chunk_layers", "stage_layers", "execution_from_dict",
+           "load_execution", "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "full")
 OFFLOAD_TIERS = ("host", "nvme")
@@ -56,6 +62,10 @@ class Execution:
             (ZeRO-Infinity).
         delayed_param_update: with ``cpu_optimizer``, the CPU step and the parameters' return overlap the next
             iteration (ZeRO-Offload's one-step delayed parameter update, DPU).
+        layers_first_stage, layers_last_stage: layers of the first and of the last pipeline stage (None = an
+            equal share); the middle stages split the remaining layers equally (:func:`stage_layers`).
+        account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split: count the embedding (the
+            loss) as a layer of the first (last) model chunk, Megatron-LM's other uneven split (:func:`chunk_layers`).
     """
 
     gpus: int
@@ -78,6 +88,10 @@ class Execution:
     cpu_optimizer: bool = False
     offload_tier: OffloadTier = "host"
     delayed_param_update: bool = False
+    layers_first_stage: int | None = None
+    layers_last_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -85,7 +99,8 @@ class Execution:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= 1")
         for name in ("sequence_parallel", "offload_activations", "offload_weights", "offload_optimizer",
-                     "dp_overlap", "cpu_optimizer", "delayed_param_update"):
+                     "dp_overlap", "cpu_optimizer", "delayed_param_update", "account_for_embedding_in_pipeline_split",
+                     "account_for_loss_in_pipeline_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
@@ -93,6 +108,16 @@ class Execution:
         if self.recompute not in _RECOMPUTE:
             raise ConfigError(f"execution.recompute: got {brief(self.recompute)}; must be one of {', '.join(_RECOMPUTE)}")
         self._check_zero_options()
+        for name in ("layers_first_stage", "layers_last_stage"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= 1 or absent")
+            if value is not None and self.pp == 1:
+                raise ConfigError(f"execution.{name}: got {value} with pp=1; an uneven split needs pp > 1")
+        accounting = self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split
+        if accounting and (self.layers_first_stage is not None or self.layers_last_stage is not None):
+            raise ConfigError("execution.layers_first_stage: got it with account_for_*_in_pipeline_split; "
+                              "choose one way of splitting unevenly")
         product = self.tp * self.pp * self.dp * self.cp
         if product != self.gpus:
             raise ConfigError(f"execution.gpus: got {self.gpus}; must equal tp*pp*dp*cp = "
@@ -152,15 +177,79 @@ class Execution:
         return (self.pp - 1) / (self.micro_batches * self.virtual_stages)
 
 
+def stage_layers(execution: Execution, spec: TransformerSpec) -> tuple[int, ...]:
+    """The layers of each pipeline stage, first to last; one-line ConfigError unless every stage gets a
+    positive multiple of ``virtual_stages`` layers (each of its chunks the same size, as Megatron-LM requires).
+
+    Without ``layers_first_stage``/``layers_last_stage`` the split is even (``layers / pp`` each); with them
+    the end stages take what they say and the ``pp - 2`` (or ``pp - 1``) others share the rest equally.
+    """
+    e, layers = execution, spec.layers
+    first, last = e.layers_first_stage, e.layers_last_stage
+    if e.account_for_embedding_in_pipeline_split or e.account_for_loss_in_pipeline_split:
+        return tuple(sum(row) for row in chunk_layers(e, spec))
+    if first is None and last is None:
+        chunks = e.pp * e.virtual_stages
+        if layers % chunks:
+            raise ConfigError(f"execution.pp: got pp*virtual_stages = {e.pp}*{e.virtual_stages} = {chunks}; "
+                              f"must divide the {layers} layers of {spec.name} (or set layers_first_stage/"
+                              "layers_last_stage for an uneven split)")
+        return (layers // e.pp,) * e.pp
+    fixed = [n for n in (first, last) if n is not None]
+    middle_stages = e.pp - len(fixed)
+    rest = layers - sum(fixed)
+    if middle_stages == 0 and rest != 0 or middle_stages and (rest < middle_stages or rest % middle_stages):
+        field = "layers_first_stage" if first is not None else "layers_last_stage"
+        raise ConfigError(f"execution.{field}: got first={first}, last={last}; the other "
+                          f"{middle_stages} stages must share the remaining {rest} of the {layers} layers of "
+                          f"{spec.name} equally, at least one each")
+    share = rest // middle_stages if middle_stages else 0
+    split = [share] * e.pp
+    if first is not None:
+        split[0] = first
+    if last is not None:
+        split[-1] = last
+    bad = [n for n in split if n % e.virtual_stages]
+    if bad:
+        raise ConfigError(f"execution.virtual_stages: got {e.virtual_stages}; must divide the layers of every "
+                          f"stage, here {split}")
+    return tuple(split)
+
+
+def chunk_layers(execution: Execution, spec: TransformerSpec) -> tuple[tuple[int, ...], ...]:
+    """The layers of each pipeline stage's ``virtual_stages`` model chunks, ``[stage][chunk]``; one-line
+    ConfigError unless they split evenly.
+
+    Without the accounting options each chunk of a stage holds ``stage_layers / virtual_stages``. With them,
+    ``layers`` plus the embedding and/or the loss, as one layer each, split equally over the ``pp *
+    virtual_stages`` chunks, and the first model chunk (stage 0, chunk 0) and/or the last (stage ``pp - 1``,
+    chunk ``virtual_stages - 1``) hold one real layer fewer (Megatron-LM's
+    ``account_for_embedding/loss_in_pipeline_split``).
+    """
+    e = execution
+    v = e.virtual_stages
+    embedding, loss = e.account_for_embedding_in_pipeline_split, e.account_for_loss_in_pipeline_split
+    if not (embedding or loss):
+        return tuple((n // v,) * v for n in stage_layers(e, spec))
+    total, chunks = spec.layers + int(embedding) + int(loss), e.pp * v
+    if total % chunks or total // chunks < 2:
+        raise ConfigError(f"execution.pp: got pp*virtual_stages = {e.pp}*{v} = {chunks}; must divide the "
+                          f"{spec.layers} layers of {spec.name} plus the embedding/loss counted as layers "
+                          f"({total}), at least 2 per chunk")
+    grid = [[total // chunks] * v for _ in range(e.pp)]
+    if embedding:
+        grid[0][0] -= 1
+    if loss:
+        grid[-1][-1] -= 1
+    return tuple(tuple(row) for row in grid)
+
+
 def check_execution(execution: Execution, spec: TransformerSpec) -> None:
-    """Raise one-line ConfigError unless ``execution`` can run ``spec``: layers split into ``pp *
-    virtual_stages`` equal chunks, heads and kv-heads (and experts' FFN) split over ``tp``, the sequence over
+    """Raise one-line ConfigError unless ``execution`` can run ``spec``: layers split into stages of whole
+    chunks (:func:`stage_layers`), heads and kv-heads (and experts' FFN) split over ``tp``, the sequence over
     ``cp`` (and over ``tp`` with sequence parallelism)."""
     e = execution
-    chunks = e.pp * e.virtual_stages
-    if spec.layers % chunks:
-        raise ConfigError(f"execution.pp: got pp*virtual_stages = {e.pp}*{e.virtual_stages} = {chunks}; "
-                          f"must divide the {spec.layers} layers of {spec.name}")
+    stage_layers(e, spec)
     if spec.heads % e.tp:
         raise ConfigError(f"execution.tp: got {e.tp}; must divide the {spec.heads} attention heads of {spec.name}")
     if int(spec.kv_heads) % e.tp:  # type: ignore[arg-type]
@@ -173,29 +262,38 @@ def check_execution(execution: Execution, spec: TransformerSpec) -> None:
                           f"must divide the sequence length {spec.seq_len} of {spec.name}")
 
 
+#: Largest count (GPUs, a parallel degree, a batch) an execution file may give: past it a record describes no
+#: machine, and its products would print as hundreds of digits.
+_MAX_COUNT = 2**31 - 1
+
+
 class _ExecutionFile(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
-    gpus: int = Field(ge=1)
-    tp: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
-    dp: int = Field(default=1, ge=1)
-    cp: int = Field(default=1, ge=1)
-    virtual_stages: int = Field(default=1, ge=1)
+    gpus: int = Field(ge=1, le=_MAX_COUNT)
+    tp: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    pp: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    dp: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    cp: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    virtual_stages: int = Field(default=1, ge=1, le=_MAX_COUNT)
     sequence_parallel: bool = False
     zero: Literal[0, 1, 2, 3] = 0
-    micro_batch: int = Field(default=1, ge=1)
-    global_batch: int = Field(default=1, ge=1)
+    micro_batch: int = Field(default=1, ge=1, le=_MAX_COUNT)
+    global_batch: int = Field(default=1, ge=1, le=_MAX_COUNT)
     recompute: Literal["none", "selective", "full"] = "none"
     offload_activations: bool = False
     offload_weights: bool = False
     offload_optimizer: bool = False
     dp_overlap: bool = False
-    fsdp_prefetch: int = Field(default=1, ge=0)
-    hsdp_shard: int = Field(default=0, ge=0)
+    fsdp_prefetch: int = Field(default=1, ge=0, le=_MAX_COUNT)
+    hsdp_shard: int = Field(default=0, ge=0, le=_MAX_COUNT)
     cpu_optimizer: bool = False
     offload_tier: Literal["host", "nvme"] = "host"
     delayed_param_update: bool = False
+    layers_first_stage: int | None = Field(default=None, ge=1)
+    layers_last_stage: int | None = Field(default=None, ge=1)
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
@@ -226,5 +324,5 @@ def load_execution(path: str | Path) -> Execution:
 
 
 def execution_to_dict(execution: Execution) -> dict[str, Any]:
-    """The record as plain data (the file format)."""
-    return asdict(execution)
+    """The record as plain data (the file format); an even split's absent end-stage layer counts are left out."""
+    return {k: v for k, v in asdict(execution).items() if v is not None}

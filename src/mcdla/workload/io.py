@@ -24,12 +24,21 @@ from mcdla.errors import ConfigError, WorkloadError, brief, field_path
 from mcdla.units import parse_bytes, parse_flops_per_s
 from mcdla.workload.model import Layer, LayerKind, Measurement, Workload
 
-__all__ = ["FORMAT", "SUFFIXES", "workload_to_dict", "workload_from_dict", "load_workload_file", "save_workload"]
+__all__ = ["FORMAT", "SUFFIXES", "MAX_LAYER_BYTES", "MAX_LAYER_FLOPS", "MAX_LAYER_TIME_S", "MAX_OPTIMIZER_FACTOR",
+           "workload_to_dict", "workload_from_dict", "load_workload_file", "save_workload"]
 
 FORMAT = "mcdla-workload/1"
 SUFFIXES = (".json", ".yaml", ".yml")
 
 MAX_BATCH = 2**31 - 1
+#: Largest byte figure of one layer (1 EiB): a million such layers times (2 + optimizer factor) stays finite.
+MAX_LAYER_BYTES = float(2**60)
+#: Largest FLOP figure of one layer's pass (1e24, eight orders above a GPT-3 layer on a 1536 x 2048 batch).
+MAX_LAYER_FLOPS = 1e24
+#: Largest measured time of one layer's pass, seconds (11.6 days).
+MAX_LAYER_TIME_S = 1e6
+#: Largest optimizer_bytes_per_param_byte (Adam with fp32 master weights on fp16 parameters is 6).
+MAX_OPTIMIZER_FACTOR = 1e3
 _FLOP_FIELDS = ("fwd_flops", "bwd_flops")
 _BYTE_FIELDS = (
     "fwd_bytes_moved",
@@ -57,6 +66,8 @@ def _flop_number(value: Any) -> float:
         raise ValueError("must be a finite number of FLOP >= 0 (this one is too large)") from None
     if not math.isfinite(number) or number < 0:
         raise ValueError("must be a finite number of FLOP >= 0")
+    if number > MAX_LAYER_FLOPS:
+        raise ValueError(f"must be at most {MAX_LAYER_FLOPS:g} FLOP per layer and pass")
     return number
 
 
@@ -69,6 +80,8 @@ def _byte_number(value: Any) -> float:
         raise ValueError("must be a size in bytes >= 0 (a number or a string like '1.5GiB')") from None
     if not math.isfinite(number):
         raise ValueError("must be a finite size in bytes")
+    if number > MAX_LAYER_BYTES:
+        raise ValueError(f"must be at most {MAX_LAYER_BYTES:g} bytes (1 EiB) per layer")
     return number
 
 
@@ -86,8 +99,8 @@ class _LayerFile(BaseModel):
     saved_bytes: float = 0.0
     workspace_bytes: float = 0.0
     inputs: list[str] = Field(default_factory=list)
-    fwd_time_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    bwd_time_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    fwd_time_s: float | None = Field(default=None, ge=0, le=MAX_LAYER_TIME_S, allow_inf_nan=False)
+    bwd_time_s: float | None = Field(default=None, ge=0, le=MAX_LAYER_TIME_S, allow_inf_nan=False)
 
     @field_validator(*_FLOP_FIELDS, mode="before")
     @classmethod
@@ -128,7 +141,7 @@ class _WorkloadFile(BaseModel):
     name: str = Field(min_length=1)
     batch: int = Field(ge=1, le=MAX_BATCH, strict=True)
     precision: str = "fp16"
-    optimizer_bytes_per_param_byte: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    optimizer_bytes_per_param_byte: float = Field(default=1.0, ge=0, le=MAX_OPTIMIZER_FACTOR, allow_inf_nan=False)
     description: str = ""
     measured_on: _MeasuredOnFile | None = None
     layers: list[_LayerFile] = Field(min_length=1)

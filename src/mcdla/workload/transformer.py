@@ -14,6 +14,16 @@ bytes per layer ``s b h (34 + 5 a s / h)`` and its tensor/sequence-parallel and 
 (Korthikanti et al. 2022, sec. 4, Table 2). The attention core is counted over the full ``s x s`` score
 matrix (no causal halving), as both papers do. Biases and norms are counted in parameters but their FLOPs
 are ignored (both papers ignore them).
+
+NOTE [model families] The shape also covers today's open models read from a Hugging Face ``config.json``
+(:mod:`mcdla.workload.hf_config`): an explicit ``attention_head_dim`` (Qwen3: heads x head size != hidden),
+biases on Q, K and V only (``qkv_bias``, Qwen2), RMSNorm on each Q and K head (``qk_norm``, Qwen3), MoE with
+``shared_experts`` every token runs besides its ``top_k`` routed ones and ``dense_layers`` leading layers with
+a dense FFN of ``dense_ffn_hidden`` (DeepSeek), and DeepSeek's multi-head latent attention (:class:`MlaAttention`).
+Parameters are counted exactly for all of them. The per-layer FLOP and byte functions give the mean layer
+when ``dense_layers`` makes layers differ, so a model's totals are exact and a pipeline stage's are the mean
+layer's times its layers. Projection FLOPs are ``2 x tokens x`` the projection weights, which is the GPT
+count above for plain attention and MLA's down/up projections for MLA.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from typing import Literal
 from mcdla.errors import WorkloadError, brief
 
 __all__ = [
+    "MlaAttention",
     "TransformerSpec",
     "Recompute",
     "PRESETS",
@@ -48,6 +59,46 @@ def _positive_int(owner: str, name: str, value: object) -> int:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MlaAttention:
+    """DeepSeek's multi-head latent attention (DeepSeek-V2 paper, sec. 2.1): Q through a ``q_lora_rank``
+    latent (None = a direct projection), K and V from one ``kv_lora_rank`` latent plus a shared RoPE key of
+    ``qk_rope_head_dim``; per head a query/key of ``qk_nope_head_dim + qk_rope_head_dim`` and a value of
+    ``v_head_dim``.
+
+    The time model runs it as multi-head attention over these expanded per-head Q, K and V (what training
+    kernels materialise; the latent is only smaller at inference's KV cache): the attention core and the
+    stored Q, K, V use the expanded widths, the projection FLOPs the real down/up matrices.
+    """
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            _positive_int("mla", name, getattr(self, name))
+        if self.q_lora_rank is not None:
+            _positive_int("mla", "q_lora_rank", self.q_lora_rank)
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one head's query and key, ``nope + rope``."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def params(self, hidden: int, heads: int) -> int:
+        """Weights of the attention block: Q (direct, or down + norm + up), the joint KV down projection with
+        the RoPE key, its norm, the K/V up projection and the output projection."""
+        q_out = heads * self.qk_head_dim
+        q = hidden * q_out if self.q_lora_rank is None else (
+            hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * q_out)
+        kv = hidden * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        kv += self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + heads * self.v_head_dim * hidden
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TransformerSpec:
     """A decoder-only transformer.
 
@@ -65,6 +116,14 @@ class TransformerSpec:
         tied_embeddings: the output projection reuses the input embedding.
         bytes_per_element: activation/weight element size (2 for fp16 or bf16).
         source: where the shape comes from.
+        attention_head_dim: size of one head when it is not ``hidden / heads`` (None = ``hidden / heads``).
+        qkv_bias: biases on the Q, K and V projections only (Qwen2); ``bias`` puts them everywhere.
+        qk_norm: an RMSNorm gain on each Q and K head (Qwen3).
+        shared_experts: MoE experts of ``ffn_hidden`` every token runs besides its ``top_k`` routed ones.
+        dense_layers, dense_ffn_hidden: the first ``dense_layers`` layers have one dense FFN of
+            ``dense_ffn_hidden`` instead of the experts (DeepSeek's ``first_k_dense_replace``).
+        mla: multi-head latent attention (DeepSeek) instead of (grouped-query) attention.
+        (NOTE [model families].)
     """
 
     name: str
@@ -84,18 +143,26 @@ class TransformerSpec:
     tied_embeddings: bool = True
     bytes_per_element: int = 2
     source: str = ""
+    attention_head_dim: int | None = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    shared_experts: int = 0
+    dense_layers: int = 0
+    dense_ffn_hidden: int | None = None
+    mla: MlaAttention | None = None
 
     def __post_init__(self) -> None:
         owner = f"transformer {self.name!r}"
         for name in ("layers", "hidden", "heads", "vocab", "seq_len", "experts", "top_k", "bytes_per_element"):
             _positive_int(owner, name, getattr(self, name))
+        self._check_families(owner)
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         _positive_int(owner, "kv_heads", self.kv_heads)
         _positive_int(owner, "ffn_hidden", self.ffn_hidden)
-        if self.hidden % self.heads:
+        if self.hidden % self.heads and self.attention_head_dim is None and self.mla is None:
             raise WorkloadError(f"{owner}.heads: got {self.heads}; must divide hidden ({self.hidden})")
         if self.heads % self.kv_heads:  # type: ignore[operator]
             raise WorkloadError(f"{owner}.kv_heads: got {self.kv_heads}; must divide heads ({self.heads})")
@@ -106,15 +173,78 @@ class TransformerSpec:
         if self.position not in _POSITIONS:
             raise WorkloadError(f"{owner}.position: got {brief(self.position)}; must be one of {', '.join(_POSITIONS)}")
 
+    def _check_families(self, owner: str) -> None:
+        """The fields of NOTE [model families]."""
+        for name in ("shared_experts", "dense_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise WorkloadError(f"{owner}.{name}: got {brief(value)}; must be an integer >= 0")
+        for name in ("attention_head_dim", "dense_ffn_hidden"):
+            if getattr(self, name) is not None:
+                _positive_int(owner, name, getattr(self, name))
+        for name in ("qkv_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise WorkloadError(f"{owner}.{name}: got {brief(getattr(self, name))}; must be true or false")
+        if self.dense_layers >= self.layers:
+            raise WorkloadError(f"{owner}.dense_layers: got {self.dense_layers}; must be < layers ({self.layers})")
+        if self.dense_layers and (self.experts == 1 or self.dense_ffn_hidden is None):
+            raise WorkloadError(f"{owner}.dense_layers: got {self.dense_layers}; "
+                                "needs experts > 1 and dense_ffn_hidden")
+        if self.shared_experts and self.experts == 1:
+            raise WorkloadError(f"{owner}.shared_experts: got {self.shared_experts}; needs experts > 1")
+        if self.mla is not None and not isinstance(self.mla, MlaAttention):
+            raise WorkloadError(f"{owner}.mla: got {brief(self.mla)}; must be an MlaAttention")
+
     @property
     def head_dim(self) -> int:
-        """Size of one attention head, ``h / a``."""
-        return self.hidden // self.heads
+        """Size of one attention head's query and key: ``h / a``, ``attention_head_dim``, or MLA's nope + rope."""
+        if self.mla is not None:
+            return self.mla.qk_head_dim
+        return self.attention_head_dim or self.hidden // self.heads
 
     @property
     def kv_hidden(self) -> int:
-        """Width of K (and of V): ``kv_heads * head_dim`` (= h without GQA)."""
+        """Width of K (and of V): ``kv_heads * head_dim`` (= h without GQA; MLA: the expanded key's)."""
         return int(self.kv_heads) * self.head_dim  # type: ignore[arg-type]
+
+    @property
+    def q_width(self) -> int:
+        """Width of Q (all heads), ``heads * head_dim`` (= h for GPT and Llama)."""
+        return self.heads * self.head_dim
+
+    @property
+    def v_width(self) -> int:
+        """Width of V over the kv-heads (= ``kv_hidden``; MLA: ``heads * v_head_dim``)."""
+        return self.heads * self.mla.v_head_dim if self.mla is not None else self.kv_hidden
+
+    @property
+    def attention_out_width(self) -> int:
+        """Width of the attention output (every head's value), the output projection's input (= h for GPT)."""
+        return self.heads * (self.mla.v_head_dim if self.mla is not None else self.head_dim)
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose FFN is the experts (all but ``dense_layers``; 0 for a dense model)."""
+        return self.layers - self.dense_layers if self.experts > 1 else 0
+
+    @property
+    def ffn_width_per_token(self) -> float:
+        """FFN inner width one token runs through, mean over the layers: ``(top_k + shared_experts) x
+        ffn_hidden`` in an MoE layer, ``dense_ffn_hidden`` in a dense leading layer (= ``ffn_hidden`` dense)."""
+        moe = (self.top_k + self.shared_experts) * int(self.ffn_hidden)  # type: ignore[arg-type]
+        dense = int(self.dense_ffn_hidden or 0)
+        return (self.dense_layers * dense + (self.layers - self.dense_layers) * moe) / self.layers
+
+    def attention_params(self) -> int:
+        """Weights of one attention block: Q, K, V and output projections (or MLA's), their biases, QK norms."""
+        h = self.hidden
+        if self.mla is not None:
+            proj = self.mla.params(h, self.heads)
+        else:
+            proj = h * (self.q_width + self.kv_hidden + self.v_width) + self.attention_out_width * h
+        qkv_biases = self.q_width + self.kv_hidden + self.v_width if self.bias or self.qkv_bias else 0
+        out_bias = h if self.bias else 0
+        return proj + qkv_biases + out_bias + (2 * self.head_dim if self.qk_norm else 0)
 
     @property
     def ffn_matrices(self) -> int:
@@ -122,14 +252,23 @@ class TransformerSpec:
         return 3 if self.mlp == "swiglu" else 2
 
     def params_per_layer(self) -> int:
-        """Parameters of one transformer layer (all experts, biases and the two norms included)."""
-        h, kv, f = self.hidden, self.kv_hidden, int(self.ffn_hidden)  # type: ignore[arg-type]
-        attn = h * (h + 2 * kv) + h * h
-        ffn = self.experts * self.ffn_matrices * h * f
+        """Parameters of one transformer layer (all experts, biases and the two norms included); with
+        ``dense_layers``, of one of the repeated MoE layers (:meth:`dense_layer_params` for the others)."""
+        h, f = self.hidden, int(self.ffn_hidden)  # type: ignore[arg-type]
+        ffn = (self.experts + self.shared_experts) * self.ffn_matrices * h * f
         router = h * self.experts if self.experts > 1 else 0
         norms = 4 * h if self.bias else 2 * h  # LayerNorm has gain and bias, RMSNorm a gain
-        biases = (h + 2 * kv + h + self.experts * ((self.ffn_matrices - 1) * f + h)) if self.bias else 0
-        return attn + ffn + router + norms + biases
+        biases = self.experts * ((self.ffn_matrices - 1) * f + h) if self.bias else 0
+        return self.attention_params() + ffn + router + norms + biases
+
+    def dense_layer_params(self) -> int:
+        """Parameters of one of the ``dense_layers`` leading layers (attention, one FFN of
+        ``dense_ffn_hidden``, norms); equals :meth:`params_per_layer` for a dense model."""
+        if not self.dense_layers:
+            return self.params_per_layer()
+        h, f = self.hidden, int(self.dense_ffn_hidden)  # type: ignore[arg-type]
+        biases = (self.ffn_matrices - 1) * f + h if self.bias else 0
+        return self.attention_params() + self.ffn_matrices * h * f + (4 * h if self.bias else 2 * h) + biases
 
     def embedding_params(self) -> int:
         """Input embedding, position table, final norm and (untied) output projection."""
@@ -140,14 +279,15 @@ class TransformerSpec:
 
     def params(self) -> int:
         """All parameters."""
-        return self.layers * self.params_per_layer() + self.embedding_params()
+        moe = self.layers - self.dense_layers
+        return moe * self.params_per_layer() + self.dense_layers * self.dense_layer_params() + self.embedding_params()
 
     def active_params(self) -> int:
         """Parameters a token touches (MoE: ``top_k`` of the ``experts`` FFNs)."""
         if self.experts == 1:
             return self.params()
         idle = (self.experts - self.top_k) * self.ffn_matrices * self.hidden * int(self.ffn_hidden)  # type: ignore[arg-type]
-        return self.params() - self.layers * idle
+        return self.params() - self.moe_layers * idle
 
     def with_seq_len(self, seq_len: int) -> TransformerSpec:
         """The same model at another sequence length."""
@@ -158,13 +298,21 @@ def layer_fwd_flops(spec: TransformerSpec, batch: int) -> dict[str, float]:
     """Forward FLOPs of one layer for ``batch`` samples: ``gemm`` (projections, FFN, router) and ``attention``
     (``Q K^T`` and ``attention x V``), kept apart because they run at different efficiencies."""
     b, s, h = batch, spec.seq_len, spec.hidden
-    f = float(spec.ffn_hidden)  # type: ignore[arg-type]
-    qkv = 2.0 * b * s * h * (h + 2 * spec.kv_hidden)
-    proj = 2.0 * b * s * h * h
-    ffn = spec.top_k * spec.ffn_matrices * 2.0 * b * s * h * f
-    router = 2.0 * b * s * h * spec.experts if spec.experts > 1 else 0.0
-    attention = 2.0 * 2.0 * b * s * s * h
-    return {"gemm": qkv + proj + ffn + router, "attention": attention}
+    projections = 2.0 * b * s * _projection_weights(spec)
+    ffn = spec.ffn_matrices * 2.0 * b * s * h * spec.ffn_width_per_token
+    router = 2.0 * b * s * h * spec.experts * spec.moe_layers / spec.layers
+    attention = 2.0 * b * s * s * (spec.q_width + spec.attention_out_width)
+    return {"gemm": projections + ffn + router, "attention": attention}
+
+
+def _projection_weights(spec: TransformerSpec) -> float:
+    """Weights of the attention block's matrices (Q, K, V, output; MLA's down/up projections), norms and
+    biases left out: a token's projection FLOPs are twice this."""
+    if spec.mla is not None:
+        mla, h = spec.mla, spec.hidden
+        vectors = mla.kv_lora_rank + (mla.q_lora_rank or 0)  # the two latent norms' gains
+        return float(mla.params(h, spec.heads) - vectors)
+    return float(spec.hidden * (spec.q_width + spec.kv_hidden + spec.v_width) + spec.attention_out_width * spec.hidden)
 
 
 def logits_fwd_flops(spec: TransformerSpec, batch: int) -> float:
@@ -201,7 +349,6 @@ def activation_bytes_per_layer(
     """
     e = spec.bytes_per_element
     b, s, h, a = micro_batch, spec.seq_len / cp, spec.hidden, spec.heads
-    f = float(spec.ffn_hidden)  # type: ignore[arg-type]
     kv = spec.kv_hidden
     sbh = s * b * h
     mask = 1.0 if spec.dropout else 0.0
@@ -209,9 +356,10 @@ def activation_bytes_per_layer(
         return e * sbh / (tp if sp else 1)
     # outside the tensor-parallel region: two norm inputs, QKV and fc1 inputs, two dropout masks
     outside = 2 * e * sbh + 2 * e * sbh + 2 * mask * sbh
-    inside = (e * s * b * (h + 2 * kv)             # Q, K, V
-              + e * sbh                              # projection input (attention x V)
-              + spec.top_k * (e * s * b * f * (spec.ffn_matrices - 1) + e * s * b * f))  # act input(s), fc2 input
+    ffn_width = spec.ffn_width_per_token
+    inside = (e * s * b * (spec.q_width + kv + spec.v_width)  # Q, K, V
+              + e * s * b * spec.attention_out_width         # projection input (attention x V)
+              + e * s * b * ffn_width * spec.ffn_matrices)    # act input(s), fc2 input
     if recompute == "none":
         # softmax output, dropout mask and dropout output over the a x s x s scores (the full sequence of keys)
         inside += (e + mask + e * mask) * a * s * spec.seq_len * b

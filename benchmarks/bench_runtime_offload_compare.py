@@ -1,0 +1,142 @@
+"""Activation offload: mcdla against ``save_on_cpu``, torchtune's OffloadActivations and torchao's CPU-offload
+optimizer on the same model, same run.
+
+The model is the transformer of ``bench_runtime_host_overhead`` (``--dim``, ``--layers``, ``--seq``,
+``--batch``). Modes are interleaved step by step; each figure is the fastest of ``--repeats`` steps, as a ratio
+to the plain step measured in the same rounds, with the bytes each mode moved out of the step's memory.
+
+torchtune and torchao are not dependencies of mcdla: pass ``--extra-path DIR`` where they were installed with
+``pip install --no-deps --target DIR torchtune torchao``. torchtune 0.6.1's package does not import beside
+torchao 0.18 (``torchao.dtypes.nf4tensor`` is gone), so its ``training/_activation_offloading.py`` is loaded
+from that directory on its own, with its three imports of NF4Tensor, TiedLinear and get_logger stubbed (the
+class itself is unchanged). Both need CUDA (OffloadActivations takes ``torch.cuda.default_stream()`` when
+built; CPUOffloadOptimizer asserts CUDA or XPU); without it their rows say so.
+
+Memory: on a CPU-only machine a copy into host memory (save_on_cpu, the host tier, torchtune) frees nothing
+by construction, so only the file tier saves memory there (its RSS is measured by ``bench_runtime_rss``).
+
+    .venv/bin/python -m benchmarks.bench_runtime_offload_compare [--extra-path /tmp/tt] [--repeats 8] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.bench_runtime_host_overhead import make_model
+from mcdla.runtime import virtualize
+
+
+def load_torchtune_offload(extra: Path) -> Any:
+    """torchtune's OffloadActivations class, loaded from its file with three imports stubbed (module doc)."""
+    path = extra / "torchtune" / "training" / "_activation_offloading.py"
+    src = path.read_text()
+    for line, stub in (("from torchao.dtypes.nf4tensor import NF4Tensor", "class NF4Tensor: pass"),
+                       ("from torchtune.modules import TiedLinear", "class TiedLinear: pass"),
+                       ("from torchtune.utils import get_logger", "get_logger = logging.getLogger")):
+        if line not in src:
+            raise RuntimeError(f"{path}: expected import {line!r} not found; another torchtune version?")
+        src = src.replace(line, stub)
+    module = types.ModuleType("torchtune_activation_offloading")
+    module.__dict__["logging"] = logging
+    exec(compile(src, str(path), "exec"), module.__dict__)  # noqa: S102 - the benchmark's own copy of a public file
+    return module.OffloadActivations
+
+
+def run(args: argparse.Namespace, directory: str) -> tuple[dict[str, float], dict[str, int], dict[str, str]]:
+    model = make_model(args.dim, args.layers, 4)
+    x = torch.randn(args.batch, args.seq, args.dim)
+    host = virtualize("host", min_bytes=args.min_bytes, model=model)
+    disk = virtualize(f"file:{directory}", min_bytes=args.min_bytes, model=model)
+    modes: dict[str, Callable[[], Any]] = {
+        "plain": contextlib.nullcontext,
+        "save_on_cpu": lambda: torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()),
+        "mcdla host tier": lambda: host,
+        "mcdla file tier": lambda: disk,
+    }
+    skipped: dict[str, str] = {}
+    if args.extra_path:
+        sys.path.insert(0, args.extra_path)
+        try:
+            offload = load_torchtune_offload(Path(args.extra_path))
+            offload(use_pin_memory=False, use_streams=False)  # raises without CUDA
+            modes["torchtune OffloadActivations"] = lambda: offload(use_pin_memory=torch.cuda.is_available(),
+                                                                     use_streams=torch.cuda.is_available())
+        except Exception as exc:  # noqa: BLE001 - reported as the row's reason
+            skipped["torchtune OffloadActivations"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        try:
+            from torchao.optim import CPUOffloadOptimizer
+
+            CPUOffloadOptimizer(torch.nn.Linear(2, 2).parameters(), torch.optim.AdamW)
+            skipped["torchao CPUOffloadOptimizer"] = "runs only with CUDA: left to the GPU check"
+        except Exception as exc:  # noqa: BLE001 - reported as the row's reason
+            skipped["torchao CPUOffloadOptimizer"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    else:
+        skipped["torchtune OffloadActivations"] = skipped["torchao CPUOffloadOptimizer"] = "no --extra-path given"
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    losses: dict[str, float] = {}
+    moved: dict[str, int] = {}
+    for i in range(args.repeats + 2):
+        for name, ctx in modes.items():
+            model.zero_grad()
+            t0 = time.perf_counter()
+            with ctx():
+                loss = model(x * 1.0).square().mean()
+                loss.backward()
+            if name.startswith("mcdla"):
+                (host if "host" in name else disk).synchronize()
+            if i >= 2:
+                times[name].append(time.perf_counter() - t0)
+            losses[name] = loss.item()
+    assert len(set(losses.values())) == 1, losses
+    moved["mcdla host tier"], moved["mcdla file tier"] = host.report.offloaded_bytes, disk.report.offloaded_bytes
+    host.close(), disk.close()
+    return {m: min(t) for m, t in times.items()}, moved, skipped
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--extra-path", default=None, help="a pip --target directory holding torchtune and torchao")
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--min-bytes", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dir", default=None, help="where the file tier's blocks go (default: a temporary directory)")
+    ap.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:
+        best, moved, skipped = run(args, d)
+    plain = best["plain"]
+    lines = [f"Transformer {args.layers} x dim {args.dim}, batch {args.batch} x seq {args.seq}, torch threads "
+             f"{args.threads}, {'CUDA' if torch.cuda.is_available() else 'CPU only'}; fastest of {args.repeats}.", "",
+             "| mode | step ms | step time / plain | bytes moved out per step |", "|---|---|---|---|"]
+    for name, s in best.items():
+        lines.append(f"| {name} | {1e3 * s:.2f} | {s / plain:.3f} | "
+                     f"{f'{moved[name] / 2**20:.1f} MiB' if name in moved else '-'} |")
+    for name, why in skipped.items():
+        lines.append(f"| {name} | not run: {why} | | |")
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        from benchmarks._results import record
+
+        record("runtime-offload-compare", "Runtime: mcdla vs save_on_cpu, torchtune and torchao (same model)",
+               ".venv/bin/python -m benchmarks.bench_runtime_offload_compare --extra-path /tmp/tt --write", text)
+
+
+if __name__ == "__main__":
+    main()
