@@ -9,7 +9,7 @@ import pytest
 
 from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import Cluster
-from mcdla.plan.llm_search import enumerate_executions, evaluate_executions, search
+from mcdla.plan.llm_search import count_candidates, enumerate_executions, evaluate_executions, search
 from mcdla.sim import llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec
@@ -194,7 +194,8 @@ def test_tier_and_cpu_optimizer_dimensions_multiply_the_offloading_candidates(ll
                   for cpu in ((False, True) if e.offload_optimizer else (False,))}
         got = [_with_tier(e) for e in en.executions]
         assert len(got) == len(set(got)) and set(got) == expect
-        assert en.candidates == len(got) + en.n_rejected
+        assert en.candidates == len(got) + en.n_rejected == count_candidates(
+            SPEC, c, gpus=GPUS, global_batch=BATCH, tiers=("host", "nvme"), cpu_optimizer=(False, True))
         assert ("nvme" in tiers_ok) != any("has no node.nvme drives" in r for r in en.rejected)
     with pytest.raises(ConfigError, match="search.tiers: got 'disk'"):
         enumerate_executions(SPEC, cluster(llm_cluster), gpus=GPUS, global_batch=BATCH, tiers=("disk",))
