@@ -127,6 +127,10 @@ def search_cmd(
     offload: Annotated[bool, typer.Option("--offload/--no-offload", help="Try offloading activations, weights "
                                           "and optimizer state to the system's second tier.")] = True,
     dp_overlap: Annotated[bool, typer.Option("--dp-overlap", help="Overlap the gradient reduction with backward.")] = False,
+    tiers: Annotated[str, typer.Option(help="Tiers to try for offloaded weights and optimizer state, comma-separated: "
+                                            "host, nvme (ZeRO-Infinity; needs node.nvme).")] = "host",
+    cpu_optimizer: Annotated[bool, typer.Option("--cpu-optimizer", help="Also try Adam on the CPU (ZeRO-Offload) "
+                                                "wherever optimizer state is offloaded.")] = False,
     memory_limit: Annotated[Optional[str], typer.Option(
         help="Device memory a rank may use, with a unit (e.g. 70GiB; default: the GPU's HBM).")] = None,
     top: Annotated[int, typer.Option(help=f"Rows of the table (and of --json's top list), at most {MAX_TOP}.")] = 10,
@@ -182,8 +186,11 @@ def search_cmd(
     capacity = sys_.offload.pool_bytes if sys_.offload is not None else None
 
     use_offload = offload and sys_.offload is not None
-    count = count_candidates(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values, ep=ep_values,
-                             max_virtual_stages=max_virtual_stages, offload=use_offload)
+    tier_space = dict(tiers=tuple(t.strip() for t in tiers.split(",")), cpu_optimizer=(False, True) if cpu_optimizer
+                      else (False,))
+    with _as_option("search.tiers", "--tiers"):
+        count = count_candidates(spec, sys_, gpus=gpus, global_batch=global_batch, cp=cp_values, ep=ep_values,
+                                 max_virtual_stages=max_virtual_stages, offload=use_offload, **tier_space)
     if count > max_configurations:
         fail(f"--max-configurations: got {max_configurations}, but {spec.name} on {gpus} GPUs with a global batch "
              f"of {global_batch} has {count} candidate configurations; raise it to at least {count}, or narrow the "
@@ -207,7 +214,7 @@ def search_cmd(
                         backend=backend, workers=workers if workers is not None else os.cpu_count() or 1,
                         chunk_size=chunk_size, ray_address=ray_address, precision=precision,
                         max_configurations=max_configurations,
-                        top=top, keep_rows=False, on_row=on_row,
+                        top=top, keep_rows=False, on_row=on_row, **tier_space,
                         on_enumerated=counter.enumerated, progress=counter.advance)
     seconds = time.perf_counter() - started
     en = result.enumeration
