@@ -187,6 +187,28 @@ def test_train_tokens_bad_value_is_one_line(run_cli, tmp_path):
     assert code == 2 and not out and "--train-tokens: got '300B'" in err and err.count("\n") == 1
 
 
+def test_validate_llm_reports_the_held_out_zero3_family(run_cli):
+    """The DeepSpeed ZeRO-3 rows of SC21 Table 2 come as their own family with their own summary; the
+    1,536-GPU row's 44 TFLOP/s is the 66.7 s the issue quotes."""
+    code, out, _ = run_cli("validate-llm", "--json")
+    family = json.loads(out)["held_out"]["DeepSpeed ZeRO-3, SC21 Table 2 (held out)"]
+    assert code == 0 and len(family["rows"]) == 3
+    assert family["rows"][-1]["measured_s"] == pytest.approx(66.7, rel=1e-3)
+    errors = [row["predicted_s"] / row["measured_s"] - 1 for row in family["rows"]]
+    assert family["mean_abs_error"] == pytest.approx(sum(map(abs, errors)) / 3, rel=1e-12)
+    for row in family["rows"]:
+        assert row["breakdown"]["fsdp_comm_s"] > 0
+
+
+def test_llm_predict_names_the_nvme_tier(run_cli, tmp_path):
+    """An execution on the NVMe tier reports the drives as its second tier, and the CPU step as optimizer time."""
+    path = tmp_path / "e.yaml"
+    path.write_text("gpus: 8\ndp: 8\nzero: 2\nglobal_batch: 8\noffload_optimizer: true\ncpu_optimizer: true\n"
+                    "offload_tier: nvme\nrecompute: full\n")
+    code, out, _ = run_cli("llm-predict", "--model", "llama3-8b", "--execution", str(path), "--system", "dgx-h100",
+                           "--json")
+    data = json.loads(out)
+    assert code == 0 and "NVMe" in data["offload_tier"] and data["optimizer_s"] > 0
 def _record_fields(tmp_path, **fields):
     path = tmp_path / "e.yaml"
     path.write_text("".join(f"{k}: {v}\n" for k, v in fields.items()))

@@ -339,3 +339,19 @@ def test_search_exports_its_best_row(run_cli, tmp_path):
     assert words[words.index("--tensor-model-parallel-size") + 1] == "2" and best.tp == 2
     assert words[words.index("--micro-batch-size") + 1] == str(best.micro_batch)
     assert tomllib.loads(titan.read_text())["parallelism"]["tensor_parallel_degree"] == 2
+
+
+def test_tiers_and_cpu_optimizer_options_reach_the_search(run_cli):
+    """--tiers host,nvme --cpu-optimizer searches the same space as the library with those dimensions; a bad
+    tier is one line naming --tiers."""
+    small = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", "8", "--global-batch", "8",
+             "--max-virtual-stages", "1", "--quiet", "--workers", "1", "--json")
+    code, stdout, stderr = run_cli("search", *small, "--tiers", "host,nvme", "--cpu-optimizer")
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    expected = search(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8, global_batch=8,
+                      max_virtual_stages=1, tiers=("host", "nvme"), cpu_optimizer=(False, True))
+    assert data["valid"] == len(expected.enumeration.executions)
+    assert any(e.offload_tier == "nvme" and e.cpu_optimizer for e in expected.enumeration.executions)
+    code, _, stderr = run_cli("search", *small, "--tiers", "disk")
+    assert code == 2 and stderr.count("\n") == 1 and "--tiers: got 'disk'" in stderr

@@ -215,3 +215,29 @@ def test_narrowed_space_is_the_brute_force_subset_and_counted_exactly(llm_cluste
     assert count_candidates(SPEC, c, gpus=GPUS, global_batch=BATCH, **space) == en.candidates
     with pytest.raises(ConfigError, match=r"^search\.pp: got 0; must be an integer >= 1$"):
         count_candidates(SPEC, c, gpus=GPUS, global_batch=BATCH, pp=(0,))
+
+
+def _with_tier(e: Execution) -> tuple:
+    return key(e) + (e.offload_tier, e.cpu_optimizer)
+
+
+def test_tier_and_cpu_optimizer_dimensions_multiply_the_offloading_candidates(llm_cluster):
+    """Each default candidate that offloads weights or optimizer state is tried on both tiers, and each that
+    offloads optimizer state with Adam on the GPU and on the CPU; without drives the NVMe ones are rejected
+    with the reason."""
+    from mcdla.hardware.cluster import load_cluster
+
+    for c, tiers_ok in ((load_cluster("dgx-h100"), ("host", "nvme")), (cluster(llm_cluster), ("host",))):
+        default = enumerate_executions(SPEC, c, gpus=GPUS, global_batch=BATCH)
+        en = enumerate_executions(SPEC, c, gpus=GPUS, global_batch=BATCH, tiers=("host", "nvme"),
+                                  cpu_optimizer=(False, True))
+        expect = {key(e) + (tier, cpu) for e in default.executions
+                  for tier in (tiers_ok if e.offload_weights or e.offload_optimizer else ("host",))
+                  for cpu in ((False, True) if e.offload_optimizer else (False,))}
+        got = [_with_tier(e) for e in en.executions]
+        assert len(got) == len(set(got)) and set(got) == expect
+        assert en.candidates == len(got) + en.n_rejected == count_candidates(
+            SPEC, c, gpus=GPUS, global_batch=BATCH, tiers=("host", "nvme"), cpu_optimizer=(False, True))
+        assert ("nvme" in tiers_ok) != any("has no node.nvme drives" in r for r in en.rejected)
+    with pytest.raises(ConfigError, match="search.tiers: got 'disk'"):
+        enumerate_executions(SPEC, cluster(llm_cluster), gpus=GPUS, global_batch=BATCH, tiers=("disk",))

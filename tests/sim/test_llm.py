@@ -90,13 +90,16 @@ def test_dp_overlap_hides_reduction_behind_backward(llm_cluster):
     assert overlapped.dp_comm_s < plain.dp_comm_s
 
 
-def test_zero3_shards_weights_gradients_and_optimizer(llm_cluster):
-    """ZeRO-3 keeps 16/dp bytes of model state per parameter instead of 16 (Rajbhandari et al. 2020)."""
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_zero3_shards_weights_gradients_and_optimizer(prefetch, llm_cluster):
+    """ZeRO-3 keeps 16/dp bytes of model state per parameter instead of 16 (Rajbhandari et al. 2020), plus the
+    ``prefetch + 1`` layers gathered whole with their gradients (2 + 2 bytes per parameter)."""
     spec = preset("megatron-7.5b")
     common = dict(gpus=8, dp=8, micro_batch=1, global_batch=8)
     plain = llm_step(spec, Execution(**common), _cluster(llm_cluster))
-    zero3 = llm_step(spec, Execution(**common, zero=3), _cluster(llm_cluster))
-    assert plain.device_bytes - zero3.device_bytes == pytest.approx(16 * spec.params() * 7 / 8, rel=1e-12)
+    zero3 = llm_step(spec, Execution(**common, zero=3, fsdp_prefetch=prefetch), _cluster(llm_cluster))
+    gathered = 4 * (prefetch + 1) * spec.params_per_layer()
+    assert plain.device_bytes - zero3.device_bytes == pytest.approx(16 * spec.params() * 7 / 8 - gathered, rel=1e-12)
 
 
 def test_first_stage_holds_p_micro_batches_of_activations(llm_cluster):

@@ -45,25 +45,33 @@ def validate_llm_cmd(
              "(Megatron-Bridge 25.11 FP8 on H100/GB200, each on its own preset) or all.")] = "megatron-a100",
 ) -> None:
     """Predict published runs (by default Korthikanti et al. 2022 Table 5 and SC21 Table 1, 1.7B-18.4B) and print
-    the error per family."""
-    from mcdla.report.llm_validation import family_runs, format_table, summary, validate_llm
+    the error per family; then each held-out family (DeepSpeed ZeRO-3, SC21 Table 2), never fitted, with its own."""
+    from mcdla.report.llm_validation import HELD_OUT_FAMILIES, family_runs, format_table, summary, validate_llm
 
     runs = family_runs(family)
-    rows = validate_llm(_cluster(system), runs)
+    cluster = _cluster(system)
+    rows = validate_llm(cluster, runs)
     families = list(dict.fromkeys(r.run.family for r in rows))
+    held_out = {name: validate_llm(cluster, runs) for name, runs in HELD_OUT_FAMILIES.items()}
+
+    def as_data(part: list[Any]) -> list[dict[str, Any]]:
+        return [{"run": r.run.name, "family": r.run.family, "model": r.run.model, "system": r.run.system,
+                 "precision": r.run.precision, "source": r.run.source, "choices": r.run.choices,
+                 "measured_s": r.run.measured_s, "predicted_s": r.predicted.iteration_s, "error": r.error,
+                 "breakdown": r.predicted.to_dict()} for r in part]
+
     if as_json:
-        data = {"rows": [{"run": r.run.name, "family": r.run.family, "model": r.run.model, "system": r.run.system,
-                          "precision": r.run.precision, "source": r.run.source, "choices": r.run.choices,
-                          "measured_s": r.run.measured_s, "predicted_s": r.predicted.iteration_s, "error": r.error,
-                          "breakdown": r.predicted.to_dict()} for r in rows],
-                **summary(rows),
-                "families": {f: summary([r for r in rows if r.run.family == f]) for f in families}}
+        data = {"rows": as_data(rows), **summary(rows),
+                "families": {f: summary([r for r in rows if r.run.family == f]) for f in families},
+                "held_out": {name: {"rows": as_data(part), **summary(part)} for name, part in held_out.items()}}
         print_json(data)
         return
     for f in families:
         part = [r for r in rows if r.run.family == f]
         console.print(format_table(part, f"{f}: LLM time model vs published runs") if len(families) > 1
                       else format_table(part))
+    for name, part in held_out.items():
+        console.print(format_table(part, title=name))
 
 
 def _duration(seconds: float) -> str:
@@ -141,7 +149,7 @@ def _render(data: dict[str, Any]) -> None:
     times.add_column("time", justify="right")
     times.add_column("share", justify="right")
     for key in ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "bubble_s",
-                "dp_comm_s", "optimizer_s", "offload_s"):
+                "dp_comm_s", "fsdp_comm_s", "optimizer_s", "offload_s"):
         shown = format_seconds(data[key]) if data[key] else "-"
         times.add_row(key.removesuffix("_s").replace("_", " "), shown, f"{100 * data[key] / data['iteration_s']:.1f}%")
     times.add_row("[b]iteration[/b]", f"[b]{format_seconds(data['iteration_s'])}[/b]", "100%")
@@ -239,7 +247,8 @@ def llm_predict_cmd(
     data = _prediction(step, record, spec, system=cluster.name, gpus_per_node=cluster.gpus_per_node,
                        hbm_bytes=cluster.device.hbm_bytes,
                        peak_flops_per_s=cluster.device.flops_per_s(gemm_peak),
-                       offload_tier=cluster.offload.source if cluster.offload is not None else None,
+                       offload_tier=(cluster.nvme.source if record.offload_tier == "nvme" and cluster.nvme is not None
+                                     else cluster.offload.source if cluster.offload is not None else None),
                        train_tokens=tokens)
     if engine:
         data.update(_engine_fields(spec, record, cluster, data))
@@ -253,5 +262,9 @@ def llm_predict_cmd(
             fail(f"does not fit: {format_bytes(step.device_bytes)} per GPU > {format_bytes(cluster.device.hbm_bytes)} "
                  "of device memory", code=1)
         share = cluster.offload.pool_bytes if cluster.offload is not None else 0.0
+        if record.offload_tier == "nvme" and cluster.nvme is not None:
+            fail(f"does not fit: {format_bytes(step.offloaded_bytes)} offloaded per GPU > the host pool's "
+                 f"{format_bytes(share)} plus the NVMe drives' {format_bytes(cluster.nvme.capacity_bytes / cluster.gpus_per_node)} "
+                 "share per GPU", code=1)
         fail(f"does not fit: {format_bytes(step.offloaded_bytes)} offloaded per GPU > {format_bytes(share)} "
              "of the offload tier's share per GPU", code=1)

@@ -198,6 +198,10 @@ def search_cmd(
     offload: Annotated[bool, typer.Option("--offload/--no-offload", help="Try offloading activations, weights "
                                           "and optimizer state to the system's second tier.")] = True,
     dp_overlap: Annotated[bool, typer.Option("--dp-overlap", help="Overlap the gradient reduction with backward.")] = False,
+    tiers: Annotated[str, typer.Option(help="Tiers to try for offloaded weights and optimizer state, comma-separated: "
+                                            "host, nvme (ZeRO-Infinity; needs node.nvme).")] = "host",
+    cpu_optimizer: Annotated[bool, typer.Option("--cpu-optimizer", help="Also try Adam on the CPU (ZeRO-Offload) "
+                                                "wherever optimizer state is offloaded.")] = False,
     memory_limit: Annotated[Optional[str], typer.Option(
         help="Device memory a rank may use, with a unit (e.g. 70GiB; default: the GPU's HBM).")] = None,
     top: Annotated[int, typer.Option(help=f"Rows of the table (and of --json's top list), at most {MAX_TOP}.")] = 10,
@@ -271,10 +275,13 @@ def search_cmd(
     capacity = sys_.offload.pool_bytes if sys_.offload is not None else None
 
     use_offload = offload and sys_.offload is not None
+    tier_space = dict(tiers=tuple(t.strip() for t in tiers.split(",")), cpu_optimizer=(False, True) if cpu_optimizer
+                      else (False,))
     space: dict[str, Any] = dict(cp=cp_values, ep=ep_values, max_virtual_stages=max_virtual_stages,
-                                 offload=use_offload, **narrowing)
+                                 offload=use_offload, **narrowing, **tier_space)
     for batch in batches:
-        count = count_candidates(spec, sys_, gpus=gpus, global_batch=batch, **space)
+        with _as_option("search.tiers", "--tiers"):
+            count = count_candidates(spec, sys_, gpus=gpus, global_batch=batch, **space)
         if count > max_configurations:
             fail(f"--max-configurations: got {max_configurations}, but {spec.name} on {gpus} GPUs with a global "
                  f"batch of {batch} has {count} candidate configurations; raise it to at least {count}, or narrow "

@@ -43,13 +43,13 @@ from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief
 from mcdla.hardware.gemm import (DEFAULT_BACKWARD_RATIO, DEFAULT_FP8_FRACTION, DEFAULT_HALF_TOKENS, DEFAULT_HALF_WIDTH,
                                  GemmEfficiency)
-from mcdla.hardware.io import BANDWIDTH_BOUNDS_BYTES_PER_S, LATENCY_BOUNDS_S, within_bounds
+from mcdla.hardware.io import BANDWIDTH_BOUNDS_BYTES_PER_S, CAPACITY_BOUNDS_BYTES, LATENCY_BOUNDS_S, within_bounds
 from mcdla.hardware.model import Device, LinkKind, System
 from mcdla.hardware.pool_link import PoolLink
 from mcdla.hardware.traffic import TrafficPath, node_paths, offload_link
-from mcdla.units import parse_bytes_per_s, parse_seconds
+from mcdla.units import parse_bytes, parse_bytes_per_s, parse_seconds
 
-__all__ = ["ALGORITHMS", "FabricDim", "Cluster", "cluster_from_dict", "load_cluster", "is_generated"]
+__all__ = ["ALGORITHMS", "FabricDim", "Cluster", "NvmeTier", "cluster_from_dict", "load_cluster", "is_generated"]
 
 ALGORITHMS = ("ring", "tree", "in-network")
 """Collective algorithms of a fabric dimension: NCCL-style ring, double binary tree, in-switch reduction
@@ -223,6 +223,27 @@ class _MemoryNodesSpec(_Spec):
     source: str
 
 
+class _NvmeSpec(_Spec):
+    """A node's local NVMe drives (ZeRO-Infinity's third tier); figures per drive."""
+
+    drives: int = Field(ge=1, le=1024)
+    capacity: _Quantity
+    read_bandwidth: _Quantity
+    write_bandwidth: _Quantity
+    source: str
+
+    @field_validator("capacity")
+    @classmethod
+    def _cap(cls, v: _Quantity) -> float:
+        return within_bounds(parse_bytes(v, "capacity"), "capacity", CAPACITY_BOUNDS_BYTES, "B", allow_inf=False)
+
+    @field_validator("read_bandwidth", "write_bandwidth")
+    @classmethod
+    def _bw(cls, v: _Quantity) -> float:
+        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
+                             allow_inf=False)
+
+
 class _NodeSpec(_Spec):
     gpus: int = Field(ge=1, le=_MAX_DEVICES)
     gpu: dict[str, Any]
@@ -233,6 +254,7 @@ class _NodeSpec(_Spec):
     expanders: _ExpandersSpec | None = None
     memory_nodes: _MemoryNodesSpec | None = None
     pool: list[Literal["sockets", "expanders", "memory_nodes"]] | None = None
+    nvme: _NvmeSpec | None = None
 
 
 class _ClusterSpec(_Spec):
@@ -245,6 +267,17 @@ class _ClusterSpec(_Spec):
 
 
 # -- the compact view -----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NvmeTier:
+    """A node's NVMe drives as one tier: capacity (bytes) and sequential read and write bandwidth (bytes/s),
+    the node's totals over its drives, with their source."""
+
+    capacity_bytes: float
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    source: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cluster:
     """``nodes`` copies of a node joined by a scale-out fabric (see the module docstring).
@@ -296,6 +329,15 @@ class Cluster:
     def scale_out(self) -> FabricDim | None:
         """The scale-out dimension, None when the file has no ``scale_out``."""
         return self.dims[-1] if self._spec.scale_out is not None else None
+
+    @property
+    def nvme(self) -> NvmeTier | None:
+        """The node's NVMe tier (``node.nvme``), None without one."""
+        n = self._spec.node.nvme
+        if n is None:
+            return None
+        return NvmeTier(capacity_bytes=n.drives * n.capacity, read_bytes_per_s=n.drives * n.read_bandwidth,
+                        write_bytes_per_s=n.drives * n.write_bandwidth, source=n.source)
 
     def dim(self, name: str) -> FabricDim:
         """The dimension called ``name``; one-line HardwareError listing the names otherwise."""

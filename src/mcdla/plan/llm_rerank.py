@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.plan.llm_search import SearchRow
-from mcdla.sim import EngineStep, engine_step
+from mcdla.sim import EngineStep, engine_step, lowering_rejection
 from mcdla.workload.transformer import TransformerSpec
 
 __all__ = ["RerankedRow", "rerank"]
@@ -32,10 +32,13 @@ class RerankedRow:
 
 
 def rerank(spec: TransformerSpec, cluster: Cluster, ranked: Sequence[SearchRow], k: int) -> tuple[RerankedRow, ...]:
-    """The first ``k`` of ``ranked`` (a search's fitting rows, fastest first) run on the engine and ordered by its
-    iteration time, ties by the analytical rank. One-line ConfigError for ``k`` below 1."""
+    """The first ``k`` of ``ranked`` (a search's fitting rows, fastest first) that the engine lowers
+    (:func:`~mcdla.sim.lowering_rejection`: rows it refuses, such as ZeRO-3's, are passed over) run on
+    the engine and ordered by its iteration time, ties by the analytical rank. One-line ConfigError for ``k``
+    below 1."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"rerank.k: got {brief(k)}; must be an integer >= 1")
+    lowered = [(i, row) for i, row in enumerate(ranked, 1) if lowering_rejection(spec, row.execution, cluster) is None]
     runs = [RerankedRow(row=row, analytical_rank=i, engine=engine_step(spec, row.execution, cluster))
-            for i, row in enumerate(ranked[:k], 1)]
+            for i, row in lowered[:k]]
     return tuple(sorted(runs, key=lambda r: (r.engine.iteration_s, r.analytical_rank)))

@@ -55,7 +55,7 @@ from typing import Any
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim import DEFAULT_PRECISION, LlmStep, cluster_precision, cluster_rejection, llm_step
-from mcdla.workload.execution import Execution, check_execution
+from mcdla.workload.execution import OFFLOAD_TIERS, Execution, check_execution
 from mcdla.workload.transformer import TransformerSpec
 
 __all__ = ["BACKENDS", "DEFAULT_MAX_CONFIGURATIONS", "EXECUTION_FIELDS", "OFFLOAD_CHOICES", "RAY_CONNECT_TIMEOUT_S",
@@ -158,6 +158,23 @@ class _Space:
     offload_sets: tuple[tuple[bool, bool, bool], ...]
     no_tier: bool
     dp_overlap: bool
+    tiers: tuple[str, ...] = ("host",)
+    cpu_optimizer: tuple[bool, ...] = (False,)
+
+    def variants(self, weights: bool, optimizer: bool) -> list[dict[str, Any]]:
+        """The (tier, CPU optimizer) settings one offload choice is tried with, as Execution fields beyond the
+        defaults (an empty dict: host tier, Adam on the GPU)."""
+        out: list[dict[str, Any]] = []
+        for tier in dict.fromkeys(self.tiers if weights or optimizer else ("host",)):
+            for cpu in dict.fromkeys(self.cpu_optimizer if optimizer else (False,)):
+                out.append({k: v for k, v in (("offload_tier", tier), ("cpu_optimizer", cpu))
+                            if v != {"offload_tier": "host", "cpu_optimizer": False}[k]})
+        return out
+
+    @property
+    def tail(self) -> int:
+        """Candidates per structure: recompute choices x offload choices with their tier variants."""
+        return len(self.recompute) * sum(len(self.variants(w, o)) for _, w, o in self.offload_sets)
 
 
 def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int, cp: Sequence[int] = (1,),
@@ -166,7 +183,8 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
            tp: Sequence[int] | None = None, micro_batch: Sequence[int] | None = None,
            virtual_stages: Sequence[int] | None = None, sequence_parallel: Sequence[bool] = (False, True),
            offloads: Sequence[tuple[bool, bool, bool]] | None = None, max_pp: int | None = None,
-           ep: Sequence[int] = (1,), pp: Sequence[int] | None = None) -> _Space:
+           ep: Sequence[int] = (1,), pp: Sequence[int] | None = None, tiers: Sequence[str] = ("host",),
+           cpu_optimizer: Sequence[bool] = (False,)) -> _Space:
     """Check the search arguments (the options of :func:`enumerate_executions`) into a :class:`_Space`."""
     _positive("gpus", gpus)
     _positive("global_batch", global_batch)
@@ -193,6 +211,12 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
     for switches in offloads or ():
         if len(switches) != 3 or not all(isinstance(x, bool) for x in switches):
             raise ConfigError(f"search.offloads: got {brief(switches)}; must be (activations, weights, optimizer) booleans")
+    for tier in tiers:
+        if tier not in OFFLOAD_TIERS:
+            raise ConfigError(f"search.tiers: got {brief(tier)}; must be one of {', '.join(OFFLOAD_TIERS)}")
+    for cpu in cpu_optimizer:
+        if not isinstance(cpu, bool):
+            raise ConfigError(f"search.cpu_optimizer: got {brief(cpu)}; must be true or false")
     no_tier = cluster.offload is None
     use_offload = not no_tier if offload is None else offload
     tried = tuple(offloads) if offloads is not None else OFFLOAD_CHOICES
@@ -202,7 +226,8 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
                   tp_only=tp_only, mb_only=mb_only,
                   max_pp=max_pp, pp_only=pp_only, v_choices=v_choices, v_one=v_only is None or 1 in v_only,
                   sp_tp=tuple(dict.fromkeys(sequence_parallel)), zero=tuple(zero), recompute=tuple(recompute),
-                  offload_sets=tried if use_offload else _OFFLOAD_OFF, no_tier=no_tier, dp_overlap=dp_overlap)
+                  offload_sets=tried if use_offload else _OFFLOAD_OFF, no_tier=no_tier, dp_overlap=dp_overlap,
+                  tiers=tuple(tiers), cpu_optimizer=tuple(cpu_optimizer))
 
 
 def _structures(cluster: Cluster, sp: _Space) -> Iterator[tuple[int, int, int, int, tuple[int, ...], list[int]]]:
@@ -226,7 +251,7 @@ def count_candidates(spec: TransformerSpec, cluster: Cluster, *, gpus: int, glob
     """How many candidates :func:`enumerate_executions` considers (same options), in closed form per structure
     (no candidate is built): the bound :func:`search` checks first (NOTE [bounded search])."""
     sp = _space(spec, cluster, gpus=gpus, global_batch=global_batch, **space)
-    tail = len(sp.recompute) * len(sp.offload_sets)
+    tail = sp.tail
     return sum(len(vs) * (len(sp.sp_tp) if t > 1 else 1) * len(sp.zero) * len(mbs) * len(sp.ep) * tail
                for t, _, _, _, vs, mbs in _structures(cluster, sp))
 
@@ -239,7 +264,7 @@ def iter_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, globa
     rejected = Counter() if rejected is None else rejected
     # recompute and offload never decide validity on their own (offload only with no tier, checked per
     # candidate below when asked for), so a structure rejected counts once per (recompute, offload) choice
-    tail = len(sp.recompute) * len(sp.offload_sets)
+    tail = sp.tail
     for t, c, pp, dp, vs, mbs in _structures(cluster, sp):
         for v in vs:
             for seq_par in (sp.sp_tp if t > 1 else (False,)):
@@ -257,12 +282,15 @@ def iter_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, globa
                         continue
                     for r in sp.recompute:
                         for act, wts, opt in sp.offload_sets:
-                            e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
-                                          offload_weights=wts, offload_optimizer=opt)
-                            if sp.no_tier and (act or wts or opt):
-                                rejected[_reason(str(execution_rejection(spec, e, cluster)))] += 1
-                            else:
-                                yield e
+                            for variant in sp.variants(wts, opt):
+                                e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
+                                              offload_weights=wts, offload_optimizer=opt, **variant)
+                                why = (execution_rejection(spec, e, cluster)
+                                       if (sp.no_tier and (act or wts or opt)) or variant else None)
+                                if why is not None:
+                                    rejected[_reason(why)] += 1
+                                else:
+                                    yield e
 
 
 def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int,
@@ -275,7 +303,9 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
     are rejected without a tier); ``dp_overlap``. The narrowing options keep only the listed values (None: all): ``tp`` degrees,
     ``micro_batch`` sizes, ``virtual_stages``, ``sequence_parallel`` settings tried when TP > 1 (TP 1 runs
     without), ``offloads`` as (activations, weights, optimizer) switches in the order to try, ``pp`` depths,
-    and ``max_pp`` the deepest pipeline.
+    and ``max_pp`` the deepest pipeline. ``tiers`` (``host``, ``nvme``) are tried for every candidate that
+    offloads weights or optimizer state, and ``cpu_optimizer`` settings (ZeRO-Offload's Adam on the CPU) for every
+    one that offloads optimizer state; the defaults keep the host tier and the GPU's Adam.
     """
     rejected: Counter[str] = Counter()
     valid = tuple(iter_executions(spec, cluster, gpus=gpus, global_batch=global_batch, rejected=rejected, **space))

@@ -23,6 +23,9 @@ A second family, ``megatron-bridge-fp8`` (:data:`BRIDGE_FP8_RUNS`): Megatron-Bri
 `Megatron-Bridge 25.11 `performance-summary.md`, NVIDIA-NeMo/Megatron-Bridge on GitHub`), all eight rows. Measured seconds per iteration = ``GBS x 8192 /
 (tokens/s/GPU x GPUs)``. Every unpublished field is stated in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused
 attention), ``precision="fp8"``.
+
+Held out (:data:`HELD_OUT_FAMILIES`, reported apart, never fitted): DeepSpeed ZeRO-3 on DGX A100, SC21 Table 2
+(:data:`ZERO3_SC21_RUNS`), with ZeRO-3 as run (per-layer gathers and reduce-scatters).
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ from mcdla.sim.llm import LlmStep, llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, hardware_flops_per_iteration, preset
 
-__all__ = ["MeasuredRun", "ValidationRow", "RUNS", "BRIDGE_FP8_RUNS", "FAMILIES", "VALIDATION_SYSTEM", "validate_llm",
-           "summary", "format_table", "family_runs", "run_cluster"]
+__all__ = ["MeasuredRun", "ValidationRow", "RUNS", "BRIDGE_FP8_RUNS", "FAMILIES", "HELD_OUT_FAMILIES",
+           "VALIDATION_SYSTEM", "ZERO3_SC21_RUNS", "validate_llm", "summary", "format_table", "family_runs",
+           "run_cluster"]
 
 VALIDATION_SYSTEM = "dgx-a100"
 """The preset the published runs ran on (Selene: DGX A100 80 GB nodes on HDR InfiniBand)."""
@@ -143,6 +147,7 @@ BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
 FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS}
 """The validation families by name: the published A100 Megatron-LM runs and Megatron-Bridge's FP8 runs."""
 
+
 def family_runs(family: str) -> tuple[MeasuredRun, ...]:
     """The runs of a family by name (or all of them for ``all``); one-line ConfigError listing them otherwise."""
     if family == "all":
@@ -162,6 +167,38 @@ def run_cluster(run: MeasuredRun, system: str | Cluster | None) -> Cluster:
     else:
         cluster = load_cluster(run.system)
     return cluster.for_gpus(run.execution.gpus)
+
+
+def _sc21_zero3(gpus: int, micro_batch: int, tflops_per_gpu: float) -> MeasuredRun:
+    """A row of SC21 Table 2, "ZeRO-3 without model parallelism", GPT-3 175B, batch 1536, in seconds per
+    iteration by the paper's eq. 3 (as :func:`_sc21`). Unpublished fields, chosen before comparing: full
+    recomputation (eq. 3 counts it; Megatron-DeepSpeed's checkpointed activations); ``fsdp_prefetch=0``:
+    DeepSpeed's default prefetch bucket (``stage3_prefetch_bucket_size`` 5e7 parameters) is smaller than one
+    of this model's 1.8e9-parameter layers, so no whole layer is gathered ahead; no separate gradient overlap;
+    materialized attention (Megatron-DeepSpeed's fused softmax, as the A100 Megatron runs)."""
+    spec = preset("gpt3-175b")
+    seconds = hardware_flops_per_iteration(spec, 1536, "full") / (gpus * tflops_per_gpu * 1e12)
+    return MeasuredRun(
+        name=f"gpt3-175b ZeRO-3 {gpus} GPUs", model="gpt3-175b", measured_s=seconds, family="deepspeed-zero3",
+        source=f"Narayanan et al. SC21, Table 2 (ZeRO-3, DeepSpeed): {tflops_per_gpu:g} TFLOP/s per GPU on {gpus} "
+               f"GPUs, micro-batch {micro_batch}, batch 1536 [the 1,536-GPU row read from the table; the "
+               "others from the same table, not re-read here]",
+        execution=Execution(gpus=gpus, dp=gpus, zero=3, fsdp_prefetch=0, micro_batch=micro_batch,
+                            global_batch=1536, recompute="full", attention="materialized"))
+
+
+ZERO3_SC21_RUNS: tuple[MeasuredRun, ...] = (
+    _sc21_zero3(384, 4, 144),
+    _sc21_zero3(768, 2, 88),
+    _sc21_zero3(1536, 1, 44),
+)
+"""DeepSpeed ZeRO-3 on DGX A100 (Selene), held out: reported, never fitted (Narayanan et al. SC21, Table 2)."""
+
+HELD_OUT_FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {
+    "DeepSpeed ZeRO-3, SC21 Table 2 (held out)": ZERO3_SC21_RUNS,
+}
+"""Families ``validate-llm`` reports apart from the fitted families (:data:`FAMILIES`), each with its own error;
+never part of ``--family all`` nor of a fit."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,7 +8,7 @@ design, breakdown and assumptions: ``docs/simulator.md``.
 from mcdla.sim.engine import simulate
 from mcdla.sim.flows import max_min_rates
 from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, cluster_precision, cluster_rejection, llm_step
-from mcdla.sim.llm_lower import EngineStep, engine_step
+from mcdla.sim.llm_lower import EngineStep, engine_step, lowering_rejection
 from mcdla.sim.pool_link import pool_link
 from mcdla.sim.program import BACKWARD, FORWARD, build_program, roofline_s
 from mcdla.sim.result import SimResult
@@ -33,4 +33,5 @@ __all__ = [
     "DEFAULT_PRECISION",
     "EngineStep",
     "engine_step",
+    "lowering_rejection",
 ]

@@ -37,8 +37,20 @@ NOTE [time model] (also ``docs/llm.md``):
 * Data parallelism: one all-reduce of the rank's gradients over its replicas, the ``dp x cp`` ranks (the
   routed experts' over the ``dp cp / ep`` that hold them), on their dimensions (hierarchical over
   NVLink and the network when a node holds several members; ZeRO-1/2: reduce-scatter + all-gather, the same
-  traffic; ZeRO-3: one more all-gather of weights) after the last backward, or overlapped with the last
-  micro-batch's backward (``dp_overlap``); then the Adam step streams the rank's optimizer state through HBM.
+  traffic) after the last backward, or overlapped with the last micro-batch's backward (``dp_overlap``); then
+  the Adam step streams the rank's optimizer state through HBM.
+* NOTE [ZeRO-3 as run]: the shard group of each parameter group is its reduction group (the ``dp x cp`` replicas
+  of the dense parameters, the ``dp cp / ep`` of the routed experts; under HSDP the ``dp / hsdp_shard`` replica
+  groups split it, :func:`_shard_groups`). FSDP/ZeRO-3 gathers each layer's 16-bit weights (all-gather over the
+  shard group) in every micro-batch's forward and again in its backward, and reduce-scatters the layer's gradients
+  in that backward; a full recompute runs inside the layer's backward and uses the backward's gather (FSDP's
+  pre-backward unshard, DeepSpeed's fetch of the sub-module, both before the recomputed forward). The gathers are
+  prefetched ``fsdp_prefetch`` layers ahead and the collectives run one at a time in issue order on the group's
+  links while the layers compute (:func:`fsdp_exposed_s`); what the compute does not hide is ``fsdp_comm_s``. Once
+  per iteration the non-layer parameters are reduce-scattered and gathered, and under HSDP (``hsdp_shard``) each
+  gradient shard is all-reduced across the replicas (``dp_comm_s``). Memory: the model state over the shard group
+  plus ``fsdp_prefetch + 1`` whole layers' weights and gradients.
+* CPU optimizer and NVMe tier (ZeRO-Offload, ZeRO-Infinity): :mod:`mcdla.sim.llm_offload`.
 * Offload: activations go out during forward and come back during backward, weights are fetched for every
   forward and backward of a micro-batch, optimizer state crosses the link twice per step, at the offload
   bandwidth each GPU gets while every GPU of its node offloads; what the compute does not hide is exposed.
@@ -47,14 +59,16 @@ NOTE [time model] (also ``docs/llm.md``):
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, replace
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
-from mcdla.sim.llm_floor import link_floors
 from mcdla.sim.llm_cp import cp_exchange
+from mcdla.sim.llm_floor import link_floors
 from mcdla.sim.llm_moe import ParamGroup, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
+from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
@@ -64,7 +78,7 @@ from mcdla.workload.transformer import (Attention, TransformerSpec, activation_b
 
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
            "LlmStep", "RankTraffic", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
-           "llm_step", "pacing_stage_parts", "rank_traffic", "stage_costs", "step_record"]
+           "fsdp_exposed_s", "llm_step", "pacing_stage_parts", "rank_traffic", "stage_costs", "step_record"]
 
 DEFAULT_PRECISION = "bf16"
 """The number format of the GEMMs (a run choice, not hardware): the key of the device's ``peak_flops_per_s``."""
@@ -133,8 +147,8 @@ def cluster_precision(cluster: Cluster, name: str) -> Precision:
 
 # The mixed-precision Adam step reads the gradient (2) and reads and writes master weight, momentum, variance
 # (3 x 8) and writes the bf16 weight (2); in fp32 it reads the gradient (4) and reads and writes weight,
-# momentum and variance (3 x 8): 28 bytes of HBM traffic per parameter either way.
-_ADAM_TRAFFIC_BYTES = 28
+# momentum and variance (3 x 8): 28 bytes of HBM traffic per parameter either way (the CPU optimizer's too).
+_ADAM_TRAFFIC_BYTES = ADAM_TRAFFIC_BYTES
 # Vocabulary-parallel cross entropy works in fp32 over the b x s x V/tp logits: about four passes each way.
 _LOSS_PASSES, _LOSS_ELEMENT_BYTES = 4, 4
 
@@ -145,10 +159,12 @@ class LlmStep:
 
     The parts add up to ``iteration_s``: ``compute_s`` (forward and backward of the slowest stage over all
     micro-batches, logits included), ``recompute_s``, ``tp_comm_s``, ``pp_comm_s``, ``bubble_s``,
-    ``dp_comm_s`` (exposed), ``optimizer_s``, ``offload_s`` (exposed), ``cp_comm_s`` (the K/V exchange's
-    exposed part), ``ep_comm_s`` (the MoE all-to-alls). ``fits``: the rank's device bytes
+    ``dp_comm_s`` (exposed), ``fsdp_comm_s`` (ZeRO-3's exposed per-layer gathers and reduce-scatters),
+    ``optimizer_s``, ``offload_s`` (exposed), ``cp_comm_s`` (the K/V exchange's exposed part), ``ep_comm_s``
+    (the MoE all-to-alls). ``fits``: the rank's device bytes
     within the GPU's HBM AND what it offloads within its share of the pool (0 bytes without one), the one
-    definition of fitting every command uses.
+    definition of fitting every command uses; with the ``nvme`` tier the offloaded weights and optimizer
+    state must fit the GPU's share of the node's drives instead of the pool.
     """
 
     iteration_s: float
@@ -158,6 +174,7 @@ class LlmStep:
     pp_comm_s: float
     bubble_s: float
     dp_comm_s: float
+    fsdp_comm_s: float
     optimizer_s: float
     offload_s: float
     model_flops: float
@@ -216,11 +233,6 @@ def _stage_params(spec: TransformerSpec, e: Execution) -> float:
     return sum(g.params for g in _param_groups(spec, e))
 
 
-def _sharded(groups: tuple[ParamGroup, ...], sharded: bool) -> float:
-    """Parameters a rank keeps of ``groups`` when a state is sharded over each group's ranks (else all)."""
-    return sum(g.params / (g.size if sharded else 1) for g in groups)
-
-
 def _tp_allreduce_s(cluster: Cluster, layout: ParallelDims, sequence_parallel: bool, nbytes: float) -> float:
     """One TP all-reduce (or its all-gather + reduce-scatter pair) of ``nbytes`` per rank."""
     dims = cluster.group_dims(layout.tp, layout.stride("tp"))
@@ -229,15 +241,105 @@ def _tp_allreduce_s(cluster: Cluster, layout: ParallelDims, sequence_parallel: b
     return collective_time("all-reduce", nbytes, dims)
 
 
-def _dp_reduce_s(cluster: Cluster, groups: tuple[ParamGroup, ...], zero: int, grad_bytes: float) -> float:
-    """The gradient reductions of each parameter group over its replicas (ZeRO-1/2: the same traffic; ZeRO-3:
-    one more all-gather), one group after the other; ``grad_bytes`` per parameter."""
+def _dp_reduce_s(cluster: Cluster, groups: tuple[ParamGroup, ...], grad_bytes: float) -> float:
+    """The gradient all-reduces of ZeRO 0-2 (ZeRO-1/2's reduce-scatter + all-gather: the same traffic), each
+    parameter group over its replicas, one group after the other; ``grad_bytes`` per parameter."""
+    return sum(collective_time("all-reduce", grad_bytes * g.params, cluster.group_dims(g.size, g.stride))
+               for g in groups)
+
+
+def _zero3_step_s(cluster: Cluster, groups: tuple[ParamGroup, ...], e: Execution, other_params: float,
+                  grad_bytes: float) -> float:
+    """What ZeRO-3 reduces once per iteration: the dense parameters outside the layers (embedding;
+    ``other_params``) reduce-scattered and gathered back over their shard group, and under HSDP the all-reduce
+    of each rank's gradient shard of every group across that group's replicas; ``grad_bytes`` per parameter."""
     total = 0.0
-    for g in groups:
-        dims, nbytes = cluster.group_dims(g.size, g.stride), grad_bytes * g.params
-        extra = collective_time("all-gather", nbytes, dims) if zero >= 3 else 0.0
-        total += collective_time("all-reduce", nbytes, dims) + extra
+    for k, g in enumerate(groups):
+        shard, replicas = _shard_groups(g, e)
+        if k == 0:
+            dims = cluster.group_dims(*shard)
+            nbytes = grad_bytes * other_params
+            total += collective_time("reduce-scatter", nbytes, dims) + collective_time("all-gather", nbytes, dims)
+        total += collective_time("all-reduce", grad_bytes * g.params / shard[0], cluster.group_dims(*replicas))
     return total
+
+
+def _shard_groups(g: ParamGroup, e: Execution) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(size, stride) of the ZeRO shard group of parameter group ``g`` and of the replica group across shards
+    (HSDP; size 1 without). Without HSDP the shard group is ``g``'s reduction group (the ``dp x cp`` replicas of
+    the dense parameters, the ``dp cp / ep`` of the routed experts); with ``hsdp_shard = s`` the ``dp / s``
+    replica groups of the DP dimension split it, each shard the ``g.size / replicas`` consecutive members
+    (``s cp`` for the dense parameters); 1 rank without ZeRO."""
+    if not e.zero:
+        return (1, g.stride), (1, g.stride)
+    replicas = math.gcd(g.size, e.dp // e.hsdp_shard) if e.hsdp_shard else 1
+    shard = g.size // replicas
+    return (shard, g.stride), (replicas, g.stride * shard)
+
+
+def _sharded(groups: tuple[ParamGroup, ...], e: Execution, sharded: bool) -> float:
+    """Parameters a rank keeps of ``groups`` when a state is sharded over each group's ZeRO shard group
+    (:func:`_shard_groups`; else all)."""
+    return sum(g.params / (_shard_groups(g, e)[0][0] if sharded else 1) for g in groups)
+
+
+def _layer_groups(spec: TransformerSpec, e: Execution) -> tuple[ParamGroup, ...]:
+    """One layer's parameters on a rank (per TP rank, the routed experts per EP rank) by reduction group: what
+    ZeRO-3 gathers and reduce-scatters per layer."""
+    one, none = rank_param_groups(spec, e, 1), rank_param_groups(spec, e, 0)
+    return (replace(one[0], params=one[0].params - none[0].params), *one[1:])
+
+
+def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, layers: int, *, prefetch: int,
+                   backward: bool) -> float:
+    """Communication a chunk of ``layers`` identical layers exposes under FSDP/ZeRO-3 (NOTE [ZeRO-3 as run]):
+    the chunk's length minus its compute, from the order FSDP's hooks issue the collectives on the group's
+    links, one at a time in issue order, while the layers compute one after the other.
+
+    Each layer waits for its weights' all-gather (``gather_s``) and then computes (``compute_s``); in backward
+    its gradients' reduce-scatter (``reduce_s``) is issued when its compute ends. With ``prefetch = d >= 1``
+    the gathers of the first ``d`` layers are issued at once and that of layer ``i + d`` when layer ``i``
+    starts (FSDP's forward/backward prefetch); with 0 a layer's gather is issued when the previous layer ends.
+    Closed forms at the ends (tests/sim/test_llm_zero.py): forward with prefetch ``g + (k - 1) max(0, g - c)``,
+    without ``k g``; backward ``g + r`` when the compute hides the rest, ``k (g + r) - k c`` when the links
+    never idle.
+    """
+    link = compute = rs_end = 0.0  # when the link and the compute are next free; the last reduce-scatter's end
+    ahead: list[float] = []  # ends of the gathers already issued for the next layers, in layer order
+    for _ in range(min(prefetch, layers)):
+        link += gather_s
+        ahead.append(link)
+    regular = layers - prefetch - 1  # the last layer that still issues a prefetch: the pattern holds up to it
+    seen: tuple[tuple[float, ...], float] | None = None
+    i = 0
+    while i < layers:
+        if prefetch:
+            gathered = ahead.pop(0)
+        else:
+            link = max(link, compute) + gather_s
+            gathered = link
+        start = max(compute, gathered)
+        if prefetch and i + prefetch < layers:
+            link = max(link, start) + gather_s
+            ahead.append(link)
+        compute = start + compute_s
+        if backward:
+            link = max(link, compute) + reduce_s
+            rs_end = link
+        i += 1
+        if i < regular:
+            # The rules are invariant under a shift in time: two layers in a row leaving the same state relative
+            # to the compute means every further regular layer adds the same step; jump to the last of them.
+            state = (link - compute, *(a - compute for a in ahead))
+            if seen is not None and all(abs(x - y) <= 1e-12 * compute for x, y in zip(state, seen[0], strict=True)):
+                shift = (compute - seen[1]) * (regular - i)
+                link, compute, rs_end = link + shift, compute + shift, rs_end + shift if backward else 0.0
+                ahead = [a + shift for a in ahead]
+                i = regular
+                seen = None
+            else:
+                seen = (state, compute)
+    return max(compute, rs_end) - layers * compute_s
 
 
 def _p2p_s(cluster: Cluster, layout: ParallelDims, nbytes: float) -> float:
@@ -264,7 +366,7 @@ def cluster_rejection(execution: Execution, cluster: Cluster) -> str | None:
         return "execution.offload_*: offload asked but the cluster has no second tier (no pool memory)"
     if e.gpus > cluster.n_devices:
         return f"execution.gpus: got {e.gpus}; must be at most the {cluster.n_devices} GPUs of {cluster.name}"
-    return None
+    return tier_rejection(e, cluster)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -290,6 +392,8 @@ class StageCosts:
     last_bwd_s: float  # their backward (2 x)
     offload_fwd_s: float  # exposed offload traffic per micro-batch and stage, forward
     offload_bwd_s: float  # and backward
+    fsdp_fwd_s: float = 0.0  # exposed ZeRO-3 weight gathers per micro-batch and stage, forward
+    fsdp_bwd_s: float = 0.0  # and backward (gathers + gradient reduce-scatters)
     dp_full_s: float  # the data-parallel gradient reduction, whole
     dp_hidden_s: float  # how much of it the last backward hides (``dp_overlap``), else 0
     optimizer_s: float  # the Adam step
@@ -322,7 +426,8 @@ class StageCosts:
         n = layers
         return (n * (self.layer_fwd_s + self.layer_bwd_s) + n * self.layer_recompute_s
                 + n * (self.layer_comm_fwd_s + self.layer_comm_bwd_s) + 2 * virtual_stages * self.p2p_s
-                + self.offload_fwd_s + self.offload_bwd_s + (self.last_fwd_s + self.last_bwd_s if last else 0.0))
+                + self.offload_fwd_s + self.offload_bwd_s + self.fsdp_fwd_s + self.fsdp_bwd_s
+                + (self.last_fwd_s + self.last_bwd_s if last else 0.0))
 
     def middle_stage_s(self, virtual_stages: int) -> float:
         """A middle stage's time per micro-batch (:meth:`stage_s` of ``layers_per_stage`` layers)."""
@@ -339,6 +444,7 @@ class StageCosts:
                     recompute_s=m * (n * self.layer_recompute_s),
                     tp_comm_s=m * (n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s)),
                     pp_comm_s=m * (2 * virtual_stages * self.p2p_s),
+                    fsdp_comm_s=m * (self.fsdp_fwd_s + self.fsdp_bwd_s),
                     offload_s=m * (self.offload_fwd_s + self.offload_bwd_s) + self.offload_step_s,
                     cp_comm_s=m * (n * (self.layer_cp_fwd_s + self.layer_cp_bwd_s)),
                     ep_comm_s=m * (n * (self.layer_ep_fwd_s + self.layer_ep_bwd_s)))
@@ -409,30 +515,54 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
 
     off_fwd = off_bwd = 0.0
     act_stage = n_layers * _activation_bytes(spec, e, prec)
-    params_rank = _stage_params(spec, e)
+    groups = _param_groups(spec, e)
     if e.offload_activations:
         move = act_stage / offload_bytes_per_s
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * (layer_bwd + layer_recompute))
-    if e.offload_weights:
-        move = prec.element_bytes * params_rank / offload_bytes_per_s
+    if e.offload_weights:  # under ZeRO-3 each rank fetches its shard, the all-gathers bring the rest
+        stored = _sharded(groups, e, e.zero >= 3)
+        move = prec.element_bytes * stored / tier_bytes_per_s(cluster, e.offload_tier)[1]
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * layer_bwd)
 
-    groups = _param_groups(spec, e)
-    dp_full = _dp_reduce_s(cluster, groups, e.zero, prec.element_bytes)
+    fsdp_fwd = fsdp_bwd = 0.0
+    if e.zero >= 3:
+        gather = reduce = 0.0
+        for g in _layer_groups(spec, e):
+            dims = cluster.group_dims(*_shard_groups(g, e)[0])
+            gather += collective_time("all-gather", prec.element_bytes * g.params, dims)
+            reduce += collective_time("reduce-scatter", prec.element_bytes * g.params, dims)
+        chunk = max(1, n_layers // e.virtual_stages)
+        fsdp_fwd = e.virtual_stages * fsdp_exposed_s(gather, reduce, layer_fwd, chunk, prefetch=e.fsdp_prefetch,
+                                                     backward=False)
+        fsdp_bwd = e.virtual_stages * fsdp_exposed_s(gather, reduce, layer_bwd + layer_recompute, chunk,
+                                                     prefetch=e.fsdp_prefetch, backward=True)
+        other = groups[0].params - n_layers * _layer_groups(spec, e)[0].params
+        dp_full = _zero3_step_s(cluster, groups, e, other, prec.element_bytes)
+    else:
+        dp_full = _dp_reduce_s(cluster, groups, prec.element_bytes)
     hidden_by = n_layers * (layer_bwd + layer_recompute) if e.dp_overlap else 0.0
 
-    opt_params = _sharded(groups, e.zero >= 1)
+    opt_params = _sharded(groups, e, e.zero >= 1)
     offload_step = 0.0
-    if e.offload_optimizer:
-        offload_step = 2 * prec.optimizer_bytes * opt_params / offload_bytes_per_s
+    optimizer = opt_params * _ADAM_TRAFFIC_BYTES / hbm_per_s
+    if e.cpu_optimizer:
+        cpu = cpu_optimizer_step(e, cluster, opt_params,
+                                 last_backward_s=n_layers * (layer_bwd + layer_recompute),
+                                 iteration_compute_s=e.micro_batches * n_layers * (layer_fwd + layer_bwd
+                                                                                   + layer_recompute),
+                                 element_bytes=prec.element_bytes, optimizer_bytes=prec.optimizer_bytes)
+        optimizer, offload_step = cpu.optimizer_s, cpu.transfer_s
+    elif e.offload_optimizer:
+        out, back = tier_bytes_per_s(cluster, e.offload_tier)
+        offload_step = prec.optimizer_bytes * opt_params * (1 / out + 1 / back)
     return StageCosts(
         layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=layer_bwd,
         layer_recompute_s=layer_recompute, layer_tp_fwd_s=tp_fwd, layer_tp_bwd_s=tp_bwd, p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=gemm_bwd_ratio * logits + 2 * loss, offload_fwd_s=off_fwd,
-        offload_bwd_s=off_bwd,
-        dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=opt_params * _ADAM_TRAFFIC_BYTES / hbm_per_s,
+        offload_bwd_s=off_bwd, fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd,
+        dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=optimizer,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec),
         layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd)
 
@@ -509,7 +639,8 @@ def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, floa
 
 def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageCosts, *, precision: str,
                 iteration: float, bubble: float, compute_s: float, recompute_s: float, tp_comm_s: float,
-                pp_comm_s: float, offload_s: float, cp_comm_s: float = 0.0, ep_comm_s: float = 0.0) -> LlmStep:
+                pp_comm_s: float, offload_s: float, fsdp_comm_s: float = 0.0, cp_comm_s: float = 0.0,
+                ep_comm_s: float = 0.0) -> LlmStep:
     """The :class:`LlmStep` of a predicted iteration: FLOPs, MFU and one rank's memory (both modes, so the
     per-rank schedule of :mod:`mcdla.sim.llm_ranks` reports the same record)."""
     dev = cluster.device
@@ -529,12 +660,23 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         per_layer = act_stage / n_layers
         activations = per_layer * max(n * min(m, e.pp - s) * in_flight / min(m, e.pp)
                                       for s, n in enumerate(c.stage_layers))
-    weights = (prec.element_bytes + prec.fp8_weight_bytes) * _sharded(groups, e.zero >= 3)
-    grads = prec.element_bytes * _sharded(groups, e.zero >= 2)
-    opt = prec.optimizer_bytes * _sharded(groups, e.zero >= 1)
-    offloaded = (activations if e.offload_activations else 0.0) + (weights if e.offload_weights else 0.0) + (
-        opt if e.offload_optimizer else 0.0)
+    weight_bytes = prec.element_bytes + prec.fp8_weight_bytes  # with Transformer Engine's fp8 copy
+    weights = stored_weights = weight_bytes * _sharded(groups, e, e.zero >= 3)
+    grads = prec.element_bytes * _sharded(groups, e, e.zero >= 2)
+    if e.zero >= 3:  # the layer computing and the ones prefetched, whole, with their gradients
+        gathered = min(e.fsdp_prefetch + 1, n_layers) * sum(g.params for g in _layer_groups(spec, e))
+        weights += weight_bytes * gathered
+        grads += prec.element_bytes * gathered
+    opt = prec.optimizer_bytes * _sharded(groups, e, e.zero >= 1)
+    # offloaded weights: the stored copy (the shard); the gathered layers are in HBM while they compute
+    on_tier = (stored_weights if e.offload_weights else 0.0) + (opt if e.offload_optimizer else 0.0)
+    offloaded = (activations if e.offload_activations else 0.0) + on_tier
     device_bytes = activations + weights + grads + opt - offloaded
+    pool_bytes = 0.0 if cluster.offload is None else cluster.offload.pool_bytes
+    in_pool = offloaded - (on_tier if e.offload_tier == "nvme" else 0.0)
+    nvme = cluster.nvme
+    nvme_fits = e.offload_tier != "nvme" or (nvme is not None
+                                            and on_tier <= nvme.capacity_bytes / cluster.gpus_per_node)
     return LlmStep(
         iteration_s=iteration,
         compute_s=compute_s,
@@ -543,6 +685,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         pp_comm_s=pp_comm_s,
         bubble_s=bubble,
         dp_comm_s=dp_exposed,
+        fsdp_comm_s=fsdp_comm_s,
         optimizer_s=optimizer,
         offload_s=offload_s,
         model_flops=model_flops,
@@ -550,8 +693,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         mfu=model_flops / (e.gpus * flops_per_s * iteration),
         device_bytes=device_bytes,
         offloaded_bytes=offloaded,
-        fits=device_bytes <= dev.hbm_bytes and offloaded <= (0.0 if cluster.offload is None
-                                                             else cluster.offload.pool_bytes),
+        fits=device_bytes <= dev.hbm_bytes and in_pool <= pool_bytes and nvme_fits,
         weight_bytes=weights,
         gradient_bytes=grads,
         optimizer_bytes=opt,
@@ -568,7 +710,8 @@ class RankTraffic:
 
     ``activation_bytes``: one TP all-reduce's buffer (``b s h / cp``); ``p2p_bytes``: one pipeline send;
     ``stage_activation_bytes``: what one micro-batch leaves on the stage (offloaded in forward, back in backward);
-    ``weight_bytes``: the rank's weights (fetched for each forward and backward when offloaded);
+    ``weight_bytes``: the rank's stored weights (its shard under ZeRO-3; fetched for each forward and backward
+    when offloaded);
     ``optimizer_bytes``: its optimizer-state shard (crosses the offload link twice per step); ``gradient_bytes``:
     the buffer of the data-parallel reduction.
     """
@@ -593,6 +736,6 @@ def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = D
     return RankTraffic(
         activation_bytes=act, p2p_bytes=act / e.tp,
         stage_activation_bytes=max(stage_layers(e, spec)) * _activation_bytes(spec, e, prec),
-        weight_bytes=prec.element_bytes * params_rank,
-        optimizer_bytes=prec.optimizer_bytes * _sharded(groups, e.zero >= 1),
+        weight_bytes=prec.element_bytes * _sharded(groups, e, e.zero >= 3),
+        optimizer_bytes=prec.optimizer_bytes * _sharded(groups, e, e.zero >= 1),
         gradient_bytes=prec.element_bytes * params_rank)

@@ -148,12 +148,11 @@ def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic
     e = execution
     layout = ParallelDims.of(e)
     dims = cluster.group_dims(layout.dp, layout.stride("dp"))
-    kinds = ("all-reduce", "all-gather") if e.zero >= 3 else ("all-reduce",)
     moved: dict[str, float] = {}
     up = cluster.scale_up
     for i, dim in enumerate(dims):
         cls = "scale-up" if up is not None and dim.name == up.name else "scale-out"
-        per_byte = sum(_level_bytes_per_byte(k, dims)[i] for k in kinds)
+        per_byte = _level_bytes_per_byte("all-reduce", dims)[i]
         moved[cls] = moved.get(cls, 0.0) + traffic.gradient_bytes * per_byte
     return moved
 
@@ -196,7 +195,7 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     by_phase = class_bytes_per_micro_batch(e, cluster, costs, traffic)
     stage = sum(max(phase_s[phase], _busiest_s(cluster, by_phase[phase])) for phase in phase_s)
     dp_exposed = 0.0
-    if e.dp_overlap and e.dp > 1:
+    if e.dp_overlap and e.dp > 1 and e.zero < 3:  # ZeRO-3's reduction is per layer (fsdp_comm_s)
         moved = dict(by_phase["backward"])
         for cls, nbytes in reduction_bytes(e, cluster, traffic).items():
             out, inward = moved.get(cls, (0.0, 0.0))

@@ -67,7 +67,8 @@ from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["ALL_REPLICAS_UP_TO", "REPLICAS", "LoweredIteration", "EngineStep", "lower", "engine_step"]
+__all__ = ["ALL_REPLICAS_UP_TO", "REPLICAS", "LoweredIteration", "EngineStep", "lower", "engine_step",
+           "lowering_rejection"]
 
 REPLICAS = ("auto", "fold", "all")
 """How :func:`lower` treats the data-parallel replicas (NOTE [LLM lowering])."""
@@ -181,16 +182,33 @@ def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbyt
 def _dp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], traffic: RankTraffic,
                     ) -> list[Collective]:
     """The data-parallel reduction of one rank's gradients as :func:`mcdla.sim.llm.stage_costs` prices it: an
-    all-reduce on the DP group's fabric dimensions (ZeRO-1/2 move the same bytes), plus an all-gather of the
-    weights with ZeRO-3."""
+    all-reduce on the DP group's fabric dimensions (ZeRO-1/2 move the same bytes; :func:`lower` refuses ZeRO-3)."""
     if len(group) == 1:
         return []
     layout = ParallelDims.of(e)
     dims = cluster.group_dims(layout.dp, layout.stride("dp"))
     levels, algs = tuple(d.size for d in dims), tuple(d.algorithm for d in dims)
-    kinds = ("all-reduce", "all-gather") if e.zero >= 3 else ("all-reduce",)
-    return [Collective(kind=kind, nbytes=traffic.gradient_bytes, group=group, levels=levels, algorithm=algs)
-            for kind in kinds]
+    return [Collective(kind="all-reduce", nbytes=traffic.gradient_bytes, group=group, levels=levels, algorithm=algs)]
+
+
+def _unlowered(e: Execution, c: StageCosts) -> str | None:
+    """Why the engine cannot lower ``e`` (its traffic would be left out), in one line; None when it can."""
+    if e.cp > 1 or e.ep > 1 or c.layer_ep_fwd_s or c.layer_ep_bwd_s or len(set(c.stage_layers)) > 1:
+        return (f"execution: got cp={e.cp}, ep={e.ep}, stage layers {sorted(set(c.stage_layers))}; the "
+                "engine lowers TP/PP/DP with even pipeline stages only (no context-parallel K/V exchange, "
+                "expert all-to-all or uneven split yet): use the analytical model for this record")
+    if e.zero >= 3 or e.cpu_optimizer or e.offload_tier != "host":
+        return (f"execution.zero: got {e.zero} (cpu_optimizer={e.cpu_optimizer}, offload_tier="
+                f"{e.offload_tier}); the engine lowers ZeRO 0-2 with host offload only (no ZeRO-3 per-layer "
+                "gathers, CPU optimizer or NVMe tier yet): use the analytical model for this record")
+    return None
+
+
+def lowering_rejection(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
+                       precision: str = DEFAULT_PRECISION) -> str | None:
+    """The one-line reason :func:`lower` refuses ``execution``, or None when the engine lowers it (ConfigError
+    as :func:`stage_costs` for a record the model itself refuses)."""
+    return _unlowered(execution, stage_costs(spec, execution, cluster, precision=precision))
 
 
 def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, precision: str = DEFAULT_PRECISION,
@@ -203,10 +221,9 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     e = execution
     every = replicas == "all" or (replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO)
     c = stage_costs(spec, e, cluster, precision=precision)
-    if e.cp > 1 or e.ep > 1 or c.layer_ep_fwd_s or c.layer_ep_bwd_s or len(set(c.stage_layers)) > 1:
-        raise ConfigError(f"execution: got cp={e.cp}, ep={e.ep}, stage layers {sorted(set(c.stage_layers))}; the "
-                          "engine lowers TP/PP/DP with even pipeline stages only (no context-parallel K/V exchange, "
-                          "expert all-to-all or uneven split yet): use the analytical model for this record")
+    why = _unlowered(e, c)
+    if why is not None:
+        raise ConfigError(why)
     traffic = rank_traffic(spec, e, precision)
     cluster = cluster.for_gpus(e.gpus)
     layout = ParallelDims.of(e)

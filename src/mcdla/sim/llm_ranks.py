@@ -23,7 +23,8 @@ compute time factor) or a non-uniform layer split (``layers_per_stage``). NOTE [
   when the slowest replica is done and exposes what the last backward does not hide (the fast path's
   ``dp_exposed_s``); then each rank's optimizer step (nominal, not slowed) and optimizer offload.
 * ``slowdown`` multiplies a rank's compute (layer forward, backward, recomputation, logits and loss), not its
-  collectives, transfers or offload exposure (the latter stays the nominal figure).
+  collectives, transfers or offload and ZeRO-3 exposure (those stay the nominal figures, spread evenly over
+  a stage's chunks).
 
 The replicas' pipelines are independent until the DP reduction, so the engine schedules each of the ``dp``
 pipelines over ``p`` stages: ``O(dp p m v)`` ops. Symmetric replicas give identical schedules; the fast path
@@ -173,9 +174,9 @@ def _chunk_durations(c: StageCosts, e: Execution, chunks: Sequence[Sequence[int]
             n = chunks[s][ch]
             last = s == p - 1 and ch == v - 1
             f_row.append(k * (n * c.layer_fwd_s + (c.last_fwd_s if last else 0.0)) + n * c.layer_comm_fwd_s
-                         + c.p2p_s + c.offload_fwd_s / v)
+                         + c.p2p_s + (c.offload_fwd_s + c.fsdp_fwd_s) / v)
             b_row.append(k * (n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last else 0.0))
-                         + n * c.layer_comm_bwd_s + c.p2p_s + c.offload_bwd_s / v)
+                         + n * c.layer_comm_bwd_s + c.p2p_s + (c.offload_bwd_s + c.fsdp_bwd_s) / v)
         fwd.append(f_row)
         bwd.append(b_row)
     return fwd, bwd

@@ -30,10 +30,13 @@ from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, field_path
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
 
-__all__ = ["CP_COMM_TYPES", "Execution", "check_execution", "chunk_layers", "stage_layers", "execution_from_dict",
-           "load_execution", "execution_to_dict"]
+__all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "Execution", "check_execution", "chunk_layers", "stage_layers",
+           "execution_from_dict", "load_execution", "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "full")
+OFFLOAD_TIERS = ("host", "nvme")
+"""Second tiers offloaded state can live in: host memory (ZeRO-Offload) or NVMe (ZeRO-Infinity)."""
+OffloadTier = Literal["host", "nvme"]
 _INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "ep", "virtual_stages", "micro_batch", "global_batch")
 CP_COMM_TYPES = ("p2p", "all_gather")
 """How context-parallel attention exchanges K and V (Megatron-Core's ``--cp-comm-type``): a ring of
@@ -64,6 +67,16 @@ class Execution:
         fp8_scaling: Transformer Engine's recipe when the GEMMs run in fp8: ``current`` or ``delayed``.
         tp_comm_overlap: hide the TP collectives behind the GEMMs they pair with, up to those GEMMs' time
             (Transformer Engine's userbuffers).
+        fsdp_prefetch: with ``zero=3``, layers whose weights are gathered ahead of the one computing (FSDP's
+            forward/backward prefetch, DeepSpeed's prefetch bucket); 0 gathers each layer when it is needed.
+        hsdp_shard: with ``zero=3``, the size of the shard group (FSDP2 HSDP: shard inside, replicate across the
+            ``dp / hsdp_shard`` groups); 0 shards over the whole DP group.
+        cpu_optimizer: ZeRO-Offload: the Adam step runs on the host CPU over optimizer state in the second tier;
+            fp16/bf16 gradients go out and parameters come back over the offload link.
+        offload_tier: where offloaded optimizer state (and weights) live: ``host`` memory or ``nvme``
+            (ZeRO-Infinity).
+        delayed_param_update: with ``cpu_optimizer``, the CPU step and the parameters' return overlap the next
+            iteration (ZeRO-Offload's one-step delayed parameter update, DPU).
         layers_first_stage, layers_last_stage: layers of the first and of the last pipeline stage (None = an
             equal share); the middle stages split the remaining layers equally (:func:`stage_layers`).
         account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split: count the embedding (the
@@ -88,6 +101,11 @@ class Execution:
     attention: Attention = "flash"
     fp8_scaling: Literal["delayed", "current"] = "current"
     tp_comm_overlap: bool = False
+    fsdp_prefetch: int = 1
+    hsdp_shard: int = 0
+    cpu_optimizer: bool = False
+    offload_tier: OffloadTier = "host"
+    delayed_param_update: bool = False
     layers_first_stage: int | None = None
     layers_last_stage: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
@@ -102,7 +120,8 @@ class Execution:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= 1")
         for name in ("sequence_parallel", "offload_activations", "offload_weights", "offload_optimizer",
-                     "dp_overlap", "tp_comm_overlap", "account_for_embedding_in_pipeline_split",
+                     "dp_overlap", "tp_comm_overlap", "cpu_optimizer", "delayed_param_update",
+                     "account_for_embedding_in_pipeline_split",
                      "account_for_loss_in_pipeline_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
@@ -128,6 +147,7 @@ class Execution:
         if self.fp8_scaling not in FP8_SCALINGS:
             raise ConfigError(f"execution.fp8_scaling: got {brief(self.fp8_scaling)}; "
                               f"must be one of {', '.join(FP8_SCALINGS)}")
+        self._check_zero_options()
         for name in ("layers_first_stage", "layers_last_stage"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -155,6 +175,37 @@ class Execution:
         if self.virtual_stages > 1 and self.micro_batches % self.pp:
             raise ConfigError(f"execution.global_batch: got {self.global_batch}, i.e. {self.micro_batches} micro-batches "
                               f"per replica; the interleaved schedule needs a multiple of pp ({self.pp})")
+
+    def _check_zero_options(self) -> None:
+        """The FSDP/HSDP and ZeRO-Offload/Infinity fields: integers in range, each only with what it needs."""
+        for name, low in (("fsdp_prefetch", 0), ("hsdp_shard", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= {low}")
+        if self.hsdp_shard:
+            if self.zero != 3:
+                raise ConfigError(f"execution.hsdp_shard: got {self.hsdp_shard} with zero={self.zero}; "
+                                  "HSDP shards weights, needs zero=3")
+            if self.dp % self.hsdp_shard:
+                raise ConfigError(f"execution.hsdp_shard: got {self.hsdp_shard}; must divide dp = {self.dp}")
+        if self.offload_tier not in OFFLOAD_TIERS:
+            raise ConfigError(f"execution.offload_tier: got {brief(self.offload_tier)}; must be one of "
+                              f"{', '.join(OFFLOAD_TIERS)}")
+        if self.cpu_optimizer and not self.offload_optimizer:
+            raise ConfigError("execution.cpu_optimizer: got true with offload_optimizer=false; the CPU's Adam "
+                              "works on optimizer state in the second tier, set offload_optimizer")
+        if self.delayed_param_update and not self.cpu_optimizer:
+            raise ConfigError("execution.delayed_param_update: got true with cpu_optimizer=false; the delayed "
+                              "update overlaps the CPU's Adam step, set cpu_optimizer")
+
+    @property
+    def shard_ranks(self) -> int:
+        """Data-parallel ranks one copy of the ZeRO-sharded state is split over: ``hsdp_shard`` under HSDP, else
+        ``dp`` (1 without ZeRO); the dense parameters' shard group also spans the ``cp`` ranks, which hold the same
+        weights (the time model's ``_shard_groups``)."""
+        if not self.zero:
+            return 1
+        return self.hsdp_shard or self.dp
 
     @property
     def micro_batches(self) -> int:
@@ -281,6 +332,11 @@ class _ExecutionFile(BaseModel):
     attention: Literal["flash", "materialized"] = "flash"
     fp8_scaling: Literal["delayed", "current"] = "current"
     tp_comm_overlap: bool = False
+    fsdp_prefetch: int = Field(default=1, ge=0, le=_MAX_COUNT)
+    hsdp_shard: int = Field(default=0, ge=0, le=_MAX_COUNT)
+    cpu_optimizer: bool = False
+    offload_tier: Literal["host", "nvme"] = "host"
+    delayed_param_update: bool = False
     layers_first_stage: int | None = Field(default=None, ge=1)
     layers_last_stage: int | None = Field(default=None, ge=1)
     account_for_embedding_in_pipeline_split: bool = False

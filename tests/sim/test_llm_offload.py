@@ -1,0 +1,120 @@
+"""ZeRO-Offload (Adam on the CPU, delayed parameter update) and ZeRO-Infinity (NVMe tier) against closed forms."""
+
+import pytest
+
+from mcdla.errors import ConfigError
+from mcdla.hardware.cluster import cluster_from_dict, load_cluster
+from mcdla.sim.llm import llm_step
+from mcdla.sim.llm_offload import host_dram_bytes_per_s, nvme_bytes_per_s
+from mcdla.workload.execution import Execution
+from mcdla.workload.transformer import TransformerSpec, layer_fwd_flops
+
+SMALL = TransformerSpec(name="s", layers=8, hidden=1024, heads=16, vocab=1, seq_len=1024)
+DRAM, LINK, READ, WRITE = 100e9, 10e9, 8e9, 4e9  # socket DRAM, GPU link, per-drive NVMe read and write
+GPUS = 4  # per node, all on one socket: each GPU gets DRAM / 4; two drives: each GPU gets 2 x READ / 4
+HBM = 1e15  # the most a file may give: the layers' elementwise kernels take ~1e-7 s, which the last backward
+NEAR = 1e-3  # hides of a transfer: at most ~2e-4 of the figures below, hence this tolerance where it matters
+
+
+def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12):
+    node = {"gpus": GPUS, "source": "test",
+            "gpu": {"peak_flops_per_s": {"bf16": peak}, "hbm": 80e9, "hbm_bandwidth": HBM, "source": "test"},
+            "gemm_efficiency": {"peak_fraction": 1.0, "half_width": 0.0, "source": "test"},
+            "scale_up": {"bandwidth": 1e15, "source": "test"},
+            "sockets": {"count": 1, "source": "test",
+                        "memory": {"kind": "host", "capacity": pool, "dram_bandwidth": dram, "source": "test"},
+                        "gpu_link": {"kind": "pcie", "bandwidth": LINK, "source": "test"}}}
+    if nvme:
+        node["nvme"] = {"drives": 2, "capacity": drive, "read_bandwidth": READ, "write_bandwidth": WRITE,
+                        "source": "test"}
+    return cluster_from_dict({"format": "mcdla-system/1", "name": "t", "node": node,
+                              "scale_out": {"nodes": 1, "bandwidth": 1e15, "source": "test"}}, "test")
+
+
+def _execution(**kw):
+    return Execution(gpus=GPUS, dp=GPUS, zero=2, micro_batch=1, global_batch=GPUS * 2, offload_optimizer=True, **kw)
+
+
+P = SMALL.params() / GPUS  # the rank's shard of the parameters
+
+
+def test_cpu_adam_streams_28_bytes_per_parameter_at_the_gpus_share_of_host_dram():
+    """No compute to hide anything: the step is 28 P / (DRAM / 4); gradients out and parameters back, 2 P each
+    over the link, all exposed."""
+    step = llm_step(SMALL, _execution(cpu_optimizer=True), _cluster())
+    assert step.optimizer_s == pytest.approx(28 * P / (DRAM / GPUS), rel=1e-12)
+    assert step.offload_s == pytest.approx(2 * P / LINK + 2 * P / LINK, rel=NEAR)
+
+
+def test_gpu_optimizer_offload_moves_the_state_both_ways():
+    """Adam on the GPU with its state offloaded: 12 P out and 12 P back per step (no CPU step)."""
+    step = llm_step(SMALL, _execution(), _cluster())
+    assert step.offload_s == pytest.approx(2 * 12 * P / LINK, rel=1e-12)
+
+
+def _layer_s(peak):
+    f = layer_fwd_flops(SMALL, 1)
+    return (f["gemm"] + f["attention"]) / peak
+
+
+@pytest.mark.parametrize("peak", [1e13, 1e12])
+def test_delayed_update_hides_the_step_behind_the_next_iteration(peak):
+    """DPU: the CPU step and the parameters' return overlap the iteration's forward and backward
+    (2 micro-batches x 8 layers x 3 layer forwards); only the excess is exposed. The gradients' way out still
+    hides behind the last backward (8 x 2 layer forwards)."""
+    layer = _layer_s(peak)
+    window = 2 * SMALL.layers * 3 * layer
+    cpu, back = 28 * P / (DRAM / GPUS), 2 * P / LINK
+    grads_out = max(0.0, 2 * P / LINK - SMALL.layers * 2 * layer)
+    plain = llm_step(SMALL, _execution(cpu_optimizer=True), _cluster(peak))
+    dpu = llm_step(SMALL, _execution(cpu_optimizer=True, delayed_param_update=True), _cluster(peak))
+    assert plain.optimizer_s + plain.offload_s == pytest.approx(cpu + back + grads_out, rel=NEAR)
+    assert dpu.optimizer_s + dpu.offload_s == pytest.approx(max(0.0, cpu + back - window) + grads_out, rel=NEAR)
+    assert plain.iteration_s - dpu.iteration_s == pytest.approx(cpu + back - max(0.0, cpu + back - window),
+                                                                rel=NEAR)
+
+
+def test_nvme_tier_streams_the_optimizer_state_through_the_drives():
+    """ZeRO-Infinity: 12 P read and 12 P written at the GPU's share of the drives (2 x 8 / 4 and 2 x 4 / 4
+    GB/s), overlapped with the CPU's Adam: the step is the longer of the two."""
+    e = _execution(cpu_optimizer=True, offload_tier="nvme")
+    drives = 12 * P / (2 * READ / GPUS) + 12 * P / (2 * WRITE / GPUS)
+    fast_dram = llm_step(SMALL, e, _cluster(dram=1e15))
+    assert fast_dram.optimizer_s == pytest.approx(drives, rel=1e-12)
+    slow_dram = llm_step(SMALL, e, _cluster(dram=1e9))
+    assert slow_dram.optimizer_s == pytest.approx(28 * P / (1e9 / GPUS), rel=1e-12)
+
+
+def test_nvme_tier_without_cpu_optimizer_is_bound_by_the_slower_hop():
+    """State to NVMe and back, Adam on the GPU: each way at the slower of the link and the drives' share."""
+    step = llm_step(SMALL, _execution(offload_tier="nvme"), _cluster())
+    out, back = min(LINK, 2 * WRITE / GPUS), min(LINK, 2 * READ / GPUS)
+    assert step.offload_s == pytest.approx(12 * P / out + 12 * P / back, rel=1e-12)
+
+
+def test_nvme_state_counts_against_the_drives_not_the_pool():
+    """Optimizer state on NVMe (12 P bytes) needs the GPU's share of the drives (2 drives / 4 GPUs), not room
+    in the host pool."""
+    e = _execution(cpu_optimizer=True, offload_tier="nvme")
+    state = 12 * P
+    assert llm_step(SMALL, e, _cluster(pool=GPUS * 1024.0)).fits  # 1 KiB per GPU: the least a file may give
+    assert llm_step(SMALL, e, _cluster(drive=state * GPUS / 2 * 1.01)).fits
+    assert not llm_step(SMALL, e, _cluster(drive=state * GPUS / 2 * 0.99)).fits
+    host = _execution(cpu_optimizer=True)  # the socket's pool is shared by its 4 GPUs
+    assert llm_step(SMALL, host, _cluster(pool=state * GPUS * 1.01)).fits
+    assert not llm_step(SMALL, host, _cluster(pool=state * GPUS * 0.99)).fits
+
+
+def test_nvme_without_drives_and_cpu_optimizer_without_pool_are_refused():
+    with pytest.raises(ConfigError, match="execution.offload_tier: got 'nvme'; t has no node.nvme drives"):
+        llm_step(SMALL, _execution(offload_tier="nvme"), _cluster(nvme=False))
+    with pytest.raises(ConfigError, match="execution.cpu_optimizer: got true with offload_optimizer=false"):
+        Execution(gpus=4, dp=4, global_batch=4, cpu_optimizer=True)
+
+
+def test_preset_host_and_nvme_shares_from_their_figures():
+    """DGX H100: 307.2 GB/s of DDR5 per socket over its 4 GPUs; 8 drives of 7 / 3.8 GB/s over 8 GPUs."""
+    h100 = load_cluster("dgx-h100")
+    assert host_dram_bytes_per_s(h100) == pytest.approx(307.2e9 / 4, rel=1e-12)
+    assert nvme_bytes_per_s(h100) == pytest.approx((7e9, 3.8e9), rel=1e-12)
+    assert load_cluster("dgx-a100").nvme.capacity_bytes == pytest.approx(8 * 3.84e12, rel=1e-12)
