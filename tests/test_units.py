@@ -5,7 +5,7 @@ import math
 import pytest
 
 from mcdla.errors import ConfigError
-from mcdla.units import format_bytes, parse_bytes, parse_bytes_per_s, parse_count, parse_flops_per_s, parse_seconds
+from mcdla.units import format_bytes, format_seconds, parse_bytes, parse_bytes_per_s, parse_count, parse_flops_per_s, parse_seconds
 
 
 @pytest.mark.parametrize(
@@ -80,3 +80,23 @@ def test_parse_count_takes_decimal_prefixes_and_refuses_bytes():
     assert parse_count("1T") == 10**12 and parse_count("2.5G") == 2.5 * 10**9 and parse_count("15Ttokens") == 15 * 10**12
     with pytest.raises(ConfigError, match=r"^--train-tokens: got '300B'; must be a number of tokens"):
         parse_count("300B", "--train-tokens")
+
+
+@pytest.mark.parametrize("n", [7.0, 2048.0, 3e11, 1.5e12, 15e12, 2.5e15])
+def test_format_count_reads_back_through_parse_count(n):
+    """A count written with a decimal prefix parses back to the same number (to its 4 significant digits)."""
+    from mcdla.units import format_count
+
+    assert parse_count(format_count(n)) == pytest.approx(n, rel=5e-4)
+
+
+def test_format_duration_picks_the_largest_whole_unit():
+    """Years, days, hours and minutes are used from one of them up; shorter times are format_seconds'."""
+    from mcdla.units import format_duration
+
+    year = 365.25 * 86400
+    assert format_duration(2.5 * year) == "2.5 years"
+    assert format_duration(3 * 86400) == "3.0 days"
+    assert format_duration(5400) == "1.5 h"
+    assert format_duration(90) == "1.5 min"
+    assert format_duration(0.5) == format_seconds(0.5)

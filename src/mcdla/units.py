@@ -12,7 +12,7 @@ import re
 from mcdla.errors import ConfigError, brief
 
 __all__ = ["parse_bytes", "parse_bytes_per_s", "parse_flops_per_s", "parse_seconds", "parse_count", "format_bytes",
-           "format_seconds"]
+           "format_count", "format_duration", "format_seconds"]
 
 _DECIMAL = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
 _BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
@@ -132,3 +132,20 @@ def format_seconds(t: float) -> str:
         if abs(t) >= factor:
             return f"{t / factor:.2f} {unit}"
     return f"{t / 1e-9:.1f} ns"
+
+
+def format_duration(seconds: float) -> str:
+    """A long duration in the largest unit that keeps it >= 1 (years, days, hours, minutes), else
+    :func:`format_seconds`: 3.2e7 -> '1.0 years' (a time to train)."""
+    for unit, factor in (("years", 365.25 * 86400.0), ("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= factor:
+            return f"{seconds / factor:.1f} {unit}"
+    return format_seconds(seconds)
+
+
+def format_count(n: float) -> str:
+    """A count with a decimal prefix, as :func:`parse_count` reads it: 3e11 -> '300G', 1.5e12 -> '1.5T'."""
+    for prefix, factor in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= factor:
+            return f"{n / factor:.4g}{prefix}"
+    return f"{n:.4g}"

@@ -11,7 +11,7 @@ import typer
 
 from mcdla.cli._app import app, check_finite, console, fail, print_json
 from mcdla.errors import HardwareError, brief
-from mcdla.units import format_bytes, format_seconds, parse_count
+from mcdla.units import format_bytes, format_count, format_duration, format_seconds, parse_count
 
 if TYPE_CHECKING:
     from mcdla.hardware.cluster import Cluster
@@ -72,22 +72,6 @@ def validate_llm_cmd(
                       else format_table(part))
     for name, part in held_out.items():
         console.print(format_table(part, title=name))
-
-
-def _duration(seconds: float) -> str:
-    """A long duration in the largest unit that keeps it >= 1 (years, days, hours, minutes), else format_seconds."""
-    for unit, factor in (("years", 365.25 * 86400.0), ("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
-        if seconds >= factor:
-            return f"{seconds / factor:.1f} {unit}"
-    return format_seconds(seconds)
-
-
-def _count(n: float) -> str:
-    """A count with a decimal prefix: 3e11 -> '300G', 1.5e12 -> '1.5T'."""
-    for prefix, factor in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= factor:
-            return f"{n / factor:.4g}{prefix}"
-    return f"{n:.4g}"
 
 
 def _prediction(step: LlmStep, record: Execution, spec: TransformerSpec, *, system: str, gpus_per_node: int, hbm_bytes: float,
@@ -187,7 +171,7 @@ def _render(data: dict[str, Any]) -> None:
                  f"{data['peak_flops_per_s_per_gpu'] / 1e12:.0f} peak")
     rate.add_row("MFU", f"{100 * data['mfu']:.1f}%")
     if data["time_to_train_s"] is not None:
-        rate.add_row(f"time to train {_count(data['train_tokens'])} tokens", _duration(data["time_to_train_s"]))
+        rate.add_row(f"time to train {format_count(data['train_tokens'])} tokens", format_duration(data["time_to_train_s"]))
     console.print(rate)
 
 

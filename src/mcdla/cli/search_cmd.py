@@ -134,18 +134,18 @@ def _writing(path: Path) -> Any:
 
 def _ranked_table(rows: list[Any], fitting: int, seq_len: int, train_tokens: float | None) -> Table:
     """The ranked rows (most tokens/s per GPU first) with their batch, rate, MFU and time to train."""
-    from mcdla.cli.llm_cmd import _count, _duration
+    from mcdla.units import format_count, format_duration
     from mcdla.units import format_bytes
 
     table = Table(title=f"fastest {len(rows)} of {fitting} that fit (by tokens/s per GPU)")
-    columns = ["#", "batch", "time s", "tok/s/GPU", "MFU", *(["train " + _count(train_tokens)] if train_tokens else []),
+    columns = ["#", "batch", "time s", "tok/s/GPU", "MFU", *(["train " + format_count(train_tokens)] if train_tokens else []),
                "device mem", "tp", "pp", "v", "dp", "cp", "ep", "mb", "SP", "ZeRO", "recompute", "offload"]
     for column in columns:
         table.add_column(column, justify="right" if column not in ("recompute", "offload", "SP") else "left")
     for i, r in enumerate(rows, 1):
         e, s = r.execution, r.step
         rate = _tokens_per_s_per_gpu(r, seq_len)
-        train = [_duration(train_tokens / (rate * e.gpus))] if train_tokens else []
+        train = [format_duration(train_tokens / (rate * e.gpus))] if train_tokens else []
         table.add_row(str(i), str(e.global_batch), f"{s.iteration_s:.3f}", f"{rate:,.0f}", f"{100 * s.mfu:.1f}%",
                       *train, format_bytes(s.device_bytes), str(e.tp), str(e.pp), str(e.virtual_stages), str(e.dp),
                       str(e.cp), str(e.ep), str(e.micro_batch), "on" if e.sequence_parallel else "-", str(e.zero),
