@@ -37,6 +37,8 @@ from rich.table import Table
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster, load_cluster
+from mcdla.report.llm_records import MeasuredRun
+from mcdla.report.llm_validation_runs import SOURCED_FAMILIES
 from mcdla.sim.llm import LlmStep, llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, hardware_flops_per_iteration, preset
@@ -47,21 +49,6 @@ __all__ = ["MeasuredRun", "ValidationRow", "RUNS", "BRIDGE_FP8_RUNS", "FAMILIES"
 
 VALIDATION_SYSTEM = "dgx-a100"
 """The preset the published runs ran on (Selene: DGX A100 80 GB nodes on HDR InfiniBand)."""
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MeasuredRun:
-    """A published run: model, execution and the measured seconds per iteration with their source."""
-
-    name: str
-    model: str
-    execution: Execution
-    measured_s: float
-    source: str
-    system: str = "dgx-a100"
-    precision: str = "bf16"
-    choices: str = ""
-    family: str = "megatron-a100"
-
 
 def _korthikanti(model: str, tp: int, pp: int, batch: int, mb: int, v: int, full_s: float, sel_s: float,
                  ) -> list[MeasuredRun]:
@@ -144,8 +131,10 @@ BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
             tp=2, pp=8, cp=2, dp=8, virtual_stages=4, **_RECIPE_405B),
 )
 
-FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS}
-"""The validation families by name: the published A100 Megatron-LM runs and Megatron-Bridge's FP8 runs."""
+FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS,
+                                                 **SOURCED_FAMILIES}
+"""The validation families by name: the published A100 Megatron-LM runs, Megatron-Bridge's FP8 runs and the
+families of :mod:`mcdla.report.llm_validation_runs` (torchtitan FSDP2, Megatron-Bridge MoE)."""
 
 
 def family_runs(family: str) -> tuple[MeasuredRun, ...]:

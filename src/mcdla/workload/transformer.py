@@ -469,6 +469,10 @@ _MIXTRAL = ("Mixtral of Experts (Jiang et al. 2024), its config.json (examples/h
 _DEEPSEEK_V3 = ("DeepSeek-V3 Technical Report (DeepSeek-AI 2024), its config.json (examples/hf-deepseek-v3.json): "
                 "256 routed experts top-8 + 1 shared, 3 dense leading layers, MLA (run as expanded multi-head "
                 "attention, MlaAttention), no MTP module; pre-training sequence 4096 (report, sec. 4.2)")
+_QWEN3_MOE = ("Qwen3 MoE as Megatron-Bridge defines it (NVIDIA-NeMo/Megatron-Bridge "
+              "src/megatron/bridge/models/qwen/qwen_provider.py, Qwen3MoEModelProvider, commit 5776a6d90b4d): 128 "
+              "experts top-8, head dim 128, QK-norm, vocab 151936, untied; pre-training sequence 4096 (its "
+              "performance-summary.md)")
 PRESETS: dict[str, TransformerSpec] = {
     s.name: s for s in (
         _spec(name="gpt3-175b", layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048,
@@ -509,6 +513,12 @@ PRESETS: dict[str, TransformerSpec] = {
               seq_len=4096, dropout=False, bias=False, position="rope", tied_embeddings=False,
               mla=MlaAttention(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                                q_lora_rank=1536), source=_DEEPSEEK_V3),
+        _spec(name="qwen3-30b-a3b", layers=48, hidden=2048, heads=32, kv_heads=4, attention_head_dim=128,
+              ffn_hidden=768, mlp="swiglu", experts=128, top_k=8, qk_norm=True, vocab=151936, seq_len=4096,
+              dropout=False, bias=False, position="rope", tied_embeddings=False, source=_QWEN3_MOE),
+        _spec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, attention_head_dim=128,
+              ffn_hidden=1536, mlp="swiglu", experts=128, top_k=8, qk_norm=True, vocab=151936, seq_len=4096,
+              dropout=False, bias=False, position="rope", tied_embeddings=False, source=_QWEN3_MOE),
     )
 }
 
