@@ -1,0 +1,88 @@
+"""The torchtitan FSDP2 and Megatron-Bridge MoE families: records against the published tables, the grand-teton
+preset's one fitted figure against a re-run of its grid."""
+
+import math
+
+import pytest
+
+from mcdla.hardware.cluster import load_cluster
+from mcdla.report.llm_validation import FAMILIES, family_runs
+from mcdla.report.llm_validation_runs import BRIDGE_MOE_RUNS, SOURCED_FAMILIES, TORCHTITAN_RUNS
+from mcdla.sim.llm import llm_step
+from mcdla.workload.transformer import preset
+
+# torchtitan docs/performance.md (4d88a8a4) and benchmarks/llama3_h100_202412_torchtitan.md (820504e2), as
+# published: name -> (GPUs, TP, local batch, activation checkpointing, tokens/s/GPU); sequence 8192.
+TORCHTITAN = {"llama3-8b A100 selective op": (64, 1, 1, "selective", 2973),
+              "llama3-8b A100 selective layer": (64, 1, 1, "selective", 2904),
+              "llama3-70b A100 full": (64, 1, 1, "full", 331),
+              "llama3-8b H100 8 GPUs": (8, 1, 2, "selective", 5762),
+              "llama3-8b H100 128 GPUs": (128, 1, 2, "selective", 5605),
+              "llama3-405b H100 FSDP16 TP8": (128, 8, 2, "full", 109)}
+# Megatron-Bridge 25.11 performance-summary.md (5776a6d9): (system, model) -> GPUs, GBS, MBS, TP, PP, VP, EP,
+# tokens/s/GPU, precision as run here; sequence 4096.
+MOE = {("dgx-h100", "qwen3-30b-a3b"): (16, 512, 2, 1, 2, 24, 8, 5275, "fp8"),
+       ("b200", "qwen3-30b-a3b"): (8, 512, 1, 1, 1, 1, 8, 9299, "fp8"),
+       ("gb200-nvl72", "qwen3-30b-a3b"): (8, 512, 4, 1, 1, 1, 8, 23766, "fp8"),
+       ("gb300-nvl72", "qwen3-30b-a3b"): (8, 512, 4, 1, 1, 1, 8, 28934, "fp8"),
+       ("gb200-nvl72", "qwen3-235b-a22b"): (256, 8192, 1, 1, 8, 3, 32, 4916, "bf16"),
+       ("gb300-nvl72", "qwen3-235b-a22b"): (256, 8192, 2, 1, 4, 12, 16, 6131, "bf16")}
+
+
+def test_every_published_row_is_a_record_once():
+    """Each family holds one record per row copied, no more; both are registered under their names."""
+    assert [r.name for r in TORCHTITAN_RUNS] == list(TORCHTITAN)
+    assert sorted((r.system, r.model) for r in BRIDGE_MOE_RUNS) == sorted(MOE)
+    for name, runs in SOURCED_FAMILIES.items():
+        assert FAMILIES[name] is runs and family_runs(name) is runs and {r.family for r in runs} == {name}
+
+
+@pytest.mark.parametrize("run", TORCHTITAN_RUNS, ids=lambda r: r.name)
+def test_torchtitan_records_match_the_published_rows(run):
+    """FSDP2 = ZeRO-3 over GPUs / TP ranks, global batch = local batch x FSDP ranks, seconds = global batch x 8192
+    tokens over (tokens/s/GPU x GPUs); bf16, the source and every unpublished choice stated."""
+    gpus, tp, local, recompute, tokens = TORCHTITAN[run.name]
+    e = run.execution
+    assert (e.gpus, e.tp, e.dp, e.zero, e.micro_batch, e.recompute) == (gpus, tp, gpus // tp, 3, local, recompute)
+    assert e.global_batch == local * gpus // tp
+    assert run.measured_s == pytest.approx(local * (gpus // tp) * 8192 / (tokens * gpus), rel=1e-12)
+    assert preset(run.model).seq_len == 8192 and run.precision == "bf16" and "torchtitan" in run.source
+    assert run.choices and f"{tokens:,}" in run.source
+
+
+@pytest.mark.parametrize("run", BRIDGE_MOE_RUNS, ids=lambda r: r.name)
+def test_moe_records_match_the_published_rows(run):
+    """GPUs, batches, TP/PP/VP/EP as in the table; seconds = GBS x 4096 over (tokens/s/GPU x GPUs)."""
+    gpus, gbs, mbs, tp, pp, vp, ep, tokens, precision = MOE[(run.system, run.model)]
+    e = run.execution
+    assert (e.gpus, e.global_batch, e.micro_batch, e.tp, e.pp, e.virtual_stages, e.ep) == (gpus, gbs, mbs, tp, pp,
+                                                                                            vp, ep)
+    assert run.measured_s == pytest.approx(gbs * 4096 / (tokens * gpus), rel=1e-12)
+    assert preset(run.model).seq_len == 4096 and preset(run.model).experts == 128
+    assert run.precision == precision and run.choices and "Megatron-Bridge 25.11" in run.source
+
+
+def test_grand_teton_preset_carries_the_sourced_figures():
+    """96 GB HBM2e at 2.4 TB/s and a 50 GB/s (400 Gb/s) rail per GPU, the torchtitan benchmark's figures."""
+    c = load_cluster("grand-teton-h100")
+    gpu = c.device
+    assert gpu.hbm_bytes == 96e9 and gpu.hbm_bytes_per_s == pytest.approx(2.4e12)
+    assert c.for_gpus(16).dims[-1].bytes_per_s == pytest.approx(400e9 / 8)
+
+
+def test_grand_teton_peak_fraction_is_the_grid_minimum():
+    """The preset's fitted peak fraction is the 0.01 grid point (0.30-0.80) with the least RMS relative error
+    over the family's H100 rows, re-run here through llm_step."""
+    runs = [r for r in TORCHTITAN_RUNS if r.system == "grand-teton-h100"]
+    base = load_cluster("grand-teton-h100")
+
+    def rms(fraction: float) -> float:
+        from dataclasses import replace
+
+        c = base.with_gemm_efficiency(replace(base.gemm_efficiency, peak_fraction=fraction))
+        errors = [llm_step(preset(r.model), r.execution, c.for_gpus(r.execution.gpus)).iteration_s / r.measured_s - 1
+                  for r in runs]
+        return math.sqrt(sum(e * e for e in errors) / len(errors))
+
+    best = min((i / 100 for i in range(30, 81)), key=rms)
+    assert base.gemm_efficiency.peak_fraction == pytest.approx(best)
