@@ -86,3 +86,10 @@ def test_grand_teton_peak_fraction_is_the_grid_minimum():
 
     best = min((i / 100 for i in range(30, 81)), key=rms)
     assert base.gemm_efficiency.peak_fraction == pytest.approx(best)
+
+
+@pytest.mark.parametrize("name, total, active", [("qwen3-30b-a3b", 30, 3), ("qwen3-235b-a22b", 235, 22)])
+def test_qwen3_presets_have_the_parameters_their_names_say(name, total, active):
+    """Qwen3-30B-A3B and -235B-A22B: the billions of parameters in total and active per token of their names."""
+    spec = preset(name)
+    assert int(spec.params() / 1e9) == total and round(spec.active_params() / 1e9) == active
