@@ -1,4 +1,4 @@
-"""``mcdla validate-llm --family`` for the torchtitan FSDP2 and Megatron-Bridge MoE families: each row's error
+"""``mcdla validate-llm --family`` for the torchtitan FSDP2, PyTorch FSDP and Megatron-Bridge MoE families: each row's error
 and each family's summary against a prediction and a measured time computed here, apart from the command."""
 
 import json
@@ -10,10 +10,12 @@ from mcdla.report.llm_validation_runs import SOURCED_FAMILIES
 from mcdla.sim.llm import llm_step
 from mcdla.workload.transformer import preset
 
-# tokens/s/GPU and sequence length of each run as published (torchtitan docs and benchmarks; Megatron-Bridge 25.11)
+# tokens/s/GPU of each run as published (torchtitan docs and benchmarks; fms-fsdp README; Megatron-Bridge 25.11)
 PUBLISHED_RATE = {"llama3-8b A100 selective op": 2973, "llama3-8b A100 selective layer": 2904,
                   "llama3-70b A100 full": 331, "llama3-8b H100 8 GPUs": 5762, "llama3-8b H100 128 GPUs": 5605,
-                  "llama3-405b H100 FSDP16 TP8": 109, "qwen3-30b-a3b dgx-h100": 5275, "qwen3-30b-a3b b200": 9299,
+                  "llama3-405b H100 FSDP16 TP8": 109, "llama2-7b A100 HSDP": 3700, "llama2-34b A100 FSDP": 700,
+                  "llama2-70b A100 FSDP": 370, "llama2-7b H100 HSDP": 7500, "llama2-34b H100 FSDP": 1550,
+                  "llama2-70b H100 FSDP": 800, "qwen3-30b-a3b dgx-h100": 5275, "qwen3-30b-a3b b200": 9299,
                   "qwen3-30b-a3b gb200-nvl72": 23766, "qwen3-30b-a3b gb300-nvl72": 28934,
                   "qwen3-235b-a22b gb200-nvl72": 4916, "qwen3-235b-a22b gb300-nvl72": 6131}
 

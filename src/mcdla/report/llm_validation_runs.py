@@ -1,4 +1,5 @@
-"""Published runs of the families beyond Megatron-LM: torchtitan's FSDP2 runs and Megatron-Bridge's MoE runs.
+"""Published runs of the families beyond Megatron-LM: torchtitan's FSDP2 runs, IBM's PyTorch FSDP runs (fms-fsdp)
+and Megatron-Bridge's MoE runs.
 
 Each record is copied from its source with the repository, path and commit, and states every field the source
 does not publish (``choices``), chosen before comparing. Measured seconds per iteration are the source's
@@ -10,14 +11,20 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
   and the 405B row of "Llama 3.1 performance numbers"), three on Grand Teton H100
   (``benchmarks/llama3_h100_202412_torchtitan.md`` at commit 820504e2, Tables 1 and 3). The rows with
   ``torch.compile``, Float8 or async TP are left out: none of the three is modelled.
+* ``pytorch-fsdp``: IBM's PyTorch FSDP (FSDP1) runs of Llama 2, eager mode, batch 2 per GPU, the throughput
+  table of foundation-model-stack/fms-fsdp ``README.md`` at commit 4ffb9bdf (before it was re-measured with
+  ``torch.compile``): 7B HSDP without AC, 34B and 70B FSDP with full AC on 128 A100 and on 96 H100. The 13B rows
+  ("Selective AC": every k-th block checkpointed, k not published) are left out: a partial recompute is not
+  expressible.
 * ``megatron-bridge-moe``: Megatron-Bridge 25.11's ``performance-summary.md`` (NVIDIA-NeMo/Megatron-Bridge,
   commit 5776a6d9), the Qwen3 MoE rows the execution record expresses as published. Left out, with the reason:
   DeepSeek-V3 (61 layers over PP x VP chunks needs the recipe's unpublished layout), GPT-OSS 120B (alternating
   sliding-window attention is not modelled), Qwen3-235B on H100 (EP 32 over TP x DP, expert-parallel folding,
   is not expressible: EP must divide DP x CP), and the FP8-MX rows on H100 (none).
 
-Nothing here is fitted except the ``grand-teton-h100`` preset's GEMM peak fraction (its source says so): one
-refit of a documented parameter on this family's three H100 rows, whose 500 W clock is not published.
+Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so): the
+``grand-teton-h100`` preset's on torchtitan's three H100 rows (their 500 W clock is not published) and the
+``fms-h100-800g`` preset's on fms-fsdp's three H100 rows (``dgx-h100`` has no fitted bf16 curve).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 from mcdla.report.llm_records import MeasuredRun
 from mcdla.workload.execution import Execution
 
-__all__ = ["TORCHTITAN_RUNS", "BRIDGE_MOE_RUNS", "SOURCED_FAMILIES"]
+__all__ = ["TORCHTITAN_RUNS", "FMS_FSDP_RUNS", "BRIDGE_MOE_RUNS", "SOURCED_FAMILIES"]
 
 _TITAN_A100 = ("pytorch/torchtitan docs/performance.md (commit 4d88a8a44fe4), \"Llama 3 performance numbers\" "
                "(FSDP2 on 64 A100 80GB)")
@@ -73,6 +80,39 @@ TORCHTITAN_RUNS: tuple[MeasuredRun, ...] = (
 )
 """torchtitan's eager bf16 FSDP2 runs on A100 and Grand Teton H100."""
 
+_FMS = ("foundation-model-stack/fms-fsdp README.md (commit 4ffb9bdf), \"Training throughput benchmarks\" (PyTorch "
+        "FSDP, eager, batch size 2 per GPU, seq 4096)")
+_FMS_COMMON = ("bf16 parameters and reductions (fms-fsdp's bfSixteen policy); fsdp_prefetch 1 (FSDP's default "
+               "backward prefetch, limit_all_gathers); flash attention (SDPA); eager mode, each PyTorch op a kernel")
+
+
+def _fms(model: str, system: str, gpus: int, tokens_per_s_per_gpu: float, strategy: str,
+         recompute: str) -> MeasuredRun:
+    """An fms-fsdp row: FSDP (ZeRO-3 over all GPUs) or HSDP (sharded in the 8-GPU node, replicated across),
+    batch 2 per GPU."""
+    seconds = 2 * gpus * 4096 / (tokens_per_s_per_gpu * gpus)
+    size = model.removeprefix("llama2-")
+    gpu = "A100" if "a100" in system else "H100"
+    ac = {"none": "No AC", "full": "Full AC"}[recompute]
+    return MeasuredRun(
+        name=f"{model} {gpu} {strategy.upper()}", model=model, system=system, measured_s=seconds,
+        family="pytorch-fsdp",
+        source=f"{_FMS}: {size} {strategy.upper()} {ac}, {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} {gpu}",
+        choices=f"{strategy.upper()} -> zero=3{', hsdp_shard=8' if strategy == 'hsdp' else ''}; {_FMS_COMMON}",
+        execution=Execution(gpus=gpus, dp=gpus, zero=3, fsdp_prefetch=1, hsdp_shard=8 if strategy == "hsdp" else 0,
+                            micro_batch=2, global_batch=2 * gpus, recompute=recompute))  # type: ignore[arg-type]
+
+
+FMS_FSDP_RUNS: tuple[MeasuredRun, ...] = (
+    _fms("llama2-7b", "fms-a100-400g", 128, 3700, "hsdp", "none"),
+    _fms("llama2-34b", "fms-a100-400g", 128, 700, "fsdp", "full"),
+    _fms("llama2-70b", "fms-a100-400g", 128, 370, "fsdp", "full"),
+    _fms("llama2-7b", "fms-h100-800g", 96, 7500, "hsdp", "none"),
+    _fms("llama2-34b", "fms-h100-800g", 96, 1550, "fsdp", "full"),
+    _fms("llama2-70b", "fms-h100-800g", 96, 800, "fsdp", "full"),
+)
+"""IBM's PyTorch FSDP runs of Llama 2 on 128 A100 and 96 H100 (fms-fsdp), eager mode."""
+
 _BRIDGE_SUMMARY = ("Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Megatron-Bridge, commit "
                    "5776a6d90b4d), seq 4096")
 _MOE_COMMON = ("distributed optimizer as ZeRO-1; no recompute (the performance scripts set recompute_granularity "
@@ -112,6 +152,7 @@ BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
 
 SOURCED_FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {
     "torchtitan-fsdp2": TORCHTITAN_RUNS,
+    "pytorch-fsdp": FMS_FSDP_RUNS,
     "megatron-bridge-moe": BRIDGE_MOE_RUNS,
 }
 """The families of this module by name, registered into :data:`mcdla.report.llm_validation.FAMILIES`."""
