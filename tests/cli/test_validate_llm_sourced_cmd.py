@@ -1,5 +1,6 @@
-"""``mcdla validate-llm --family`` for the torchtitan FSDP2, PyTorch FSDP and Megatron-Bridge MoE families: each row's error
-and each family's summary against a prediction and a measured time computed here, apart from the command."""
+"""``mcdla validate-llm --family`` for the torchtitan FSDP2, PyTorch FSDP and Megatron-Bridge MoE families:
+each row's error and each family's summary against a prediction and a measured time computed here, apart from
+the command."""
 
 import json
 

@@ -21,9 +21,12 @@ TORCHTITAN = {"llama3-8b A100 selective op": (64, 1, 1, "selective", 2973),
               "llama3-405b H100 FSDP16 TP8": (128, 8, 2, "full", 109)}
 # fms-fsdp README.md (4ffb9bdf), as published: (model, system) -> GPUs, sharding, AC, tokens/s/GPU; batch 2 per
 # GPU, sequence 4096.
-FMS = {("llama2-7b", "fms-a100-400g"): (128, "hsdp", "none", 3700), ("llama2-34b", "fms-a100-400g"): (128, "fsdp", "full", 700),
-       ("llama2-70b", "fms-a100-400g"): (128, "fsdp", "full", 370), ("llama2-7b", "fms-h100-800g"): (96, "hsdp", "none", 7500),
-       ("llama2-34b", "fms-h100-800g"): (96, "fsdp", "full", 1550), ("llama2-70b", "fms-h100-800g"): (96, "fsdp", "full", 800)}
+FMS = {("llama2-7b", "fms-a100-400g"): (128, "hsdp", "none", 3700),
+       ("llama2-34b", "fms-a100-400g"): (128, "fsdp", "full", 700),
+       ("llama2-70b", "fms-a100-400g"): (128, "fsdp", "full", 370),
+       ("llama2-7b", "fms-h100-800g"): (96, "hsdp", "none", 7500),
+       ("llama2-34b", "fms-h100-800g"): (96, "fsdp", "full", 1550),
+       ("llama2-70b", "fms-h100-800g"): (96, "fsdp", "full", 800)}
 # Megatron-Bridge 25.11 performance-summary.md (5776a6d9): (system, model) -> GPUs, GBS, MBS, TP, PP, VP, EP,
 # tokens/s/GPU, precision as run here; sequence 4096.
 MOE = {("dgx-h100", "qwen3-30b-a3b"): (16, 512, 2, 1, 2, 24, 8, 5275, "fp8"),
@@ -88,7 +91,8 @@ def test_grand_teton_preset_carries_the_sourced_figures():
     assert c.for_gpus(16).dims[-1].bytes_per_s == pytest.approx(400e9 / 8)
 
 
-@pytest.mark.parametrize("family, system", [("torchtitan-fsdp2", "grand-teton-h100"), ("pytorch-fsdp", "fms-h100-800g")])
+@pytest.mark.parametrize("family, system", [("torchtitan-fsdp2", "grand-teton-h100"),
+                                            ("pytorch-fsdp", "fms-h100-800g")])
 def test_fitted_peak_fraction_is_the_grid_minimum(family, system):
     """The preset's fitted peak fraction is the 0.01 grid point (0.30-0.80) with the least RMS relative error
     over its family's runs on it, re-run here through llm_step."""

@@ -513,8 +513,10 @@ PRESETS: dict[str, TransformerSpec] = {
         *(_spec(name=f"llama2-{size}", layers=layers, hidden=hidden, heads=heads, kv_heads=kv, ffn_hidden=ffn,
                 mlp="swiglu", vocab=32000, seq_len=4096, dropout=False, bias=False, position="rope",
                 tied_embeddings=False, source=_LLAMA2)
-          for size, layers, hidden, heads, kv, ffn in (("7b", 32, 4096, 32, None, 11008), ("13b", 40, 5120, 40, None, 13824),
-                                                      ("34b", 48, 8192, 64, 8, 22016), ("70b", 80, 8192, 64, 8, 28672))),
+          for size, layers, hidden, heads, kv, ffn in (("7b", 32, 4096, 32, None, 11008),
+                                                      ("13b", 40, 5120, 40, None, 13824),
+                                                      ("34b", 48, 8192, 64, 8, 22016),
+                                                      ("70b", 80, 8192, 64, 8, 28672))),
         _spec(name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, mlp="swiglu",
               experts=8, top_k=2, vocab=32000, seq_len=4096, dropout=False, bias=False, position="rope",
               tied_embeddings=False, source=_MIXTRAL),
