@@ -24,6 +24,9 @@ A second family, ``megatron-bridge-fp8`` (:data:`BRIDGE_FP8_RUNS`): Megatron-Bri
 (tokens/s/GPU x GPUs)``. Every unpublished field is stated in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused
 attention), ``precision="fp8"``.
 
+Three more families, each record with its source and choices, live in :mod:`mcdla.report.llm_validation_runs`
+(``torchtitan-fsdp2``, ``pytorch-fsdp``, ``megatron-bridge-moe``) and are registered in :data:`FAMILIES`.
+
 Held out (:data:`HELD_OUT_FAMILIES`, reported apart, never fitted): DeepSpeed ZeRO-3 on DGX A100, SC21 Table 2
 (:data:`ZERO3_SC21_RUNS`), with ZeRO-3 as run (per-layer gathers and reduce-scatters).
 """
@@ -37,6 +40,8 @@ from rich.table import Table
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster, load_cluster
+from mcdla.report.llm_records import MeasuredRun
+from mcdla.report.llm_validation_runs import SOURCED_FAMILIES
 from mcdla.sim.llm import LlmStep, llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, hardware_flops_per_iteration, preset
@@ -47,21 +52,6 @@ __all__ = ["MeasuredRun", "ValidationRow", "RUNS", "BRIDGE_FP8_RUNS", "FAMILIES"
 
 VALIDATION_SYSTEM = "dgx-a100"
 """The preset the published runs ran on (Selene: DGX A100 80 GB nodes on HDR InfiniBand)."""
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MeasuredRun:
-    """A published run: model, execution and the measured seconds per iteration with their source."""
-
-    name: str
-    model: str
-    execution: Execution
-    measured_s: float
-    source: str
-    system: str = "dgx-a100"
-    precision: str = "bf16"
-    choices: str = ""
-    family: str = "megatron-a100"
-
 
 def _korthikanti(model: str, tp: int, pp: int, batch: int, mb: int, v: int, full_s: float, sel_s: float,
                  ) -> list[MeasuredRun]:
@@ -144,8 +134,10 @@ BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
             tp=2, pp=8, cp=2, dp=8, virtual_stages=4, **_RECIPE_405B),
 )
 
-FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS}
-"""The validation families by name: the published A100 Megatron-LM runs and Megatron-Bridge's FP8 runs."""
+FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS,
+                                                 **SOURCED_FAMILIES}
+"""The validation families by name: the published A100 Megatron-LM runs, Megatron-Bridge's FP8 runs and the
+families of :mod:`mcdla.report.llm_validation_runs` (torchtitan FSDP2, PyTorch FSDP, Megatron-Bridge MoE)."""
 
 
 def family_runs(family: str) -> tuple[MeasuredRun, ...]:
