@@ -22,7 +22,7 @@ of ``docs/llm.md`` "Kernel times" found none on the published runs)."""
 DEFAULT_BACKWARD_RATIO = 2.0
 """Backward over forward time of a GEMM (its dgrad and wgrad, twice the FLOPs) at the same efficiency."""
 
-DEFAULT_FP8_FRACTION = 0.76
+DEFAULT_FP8_FRACTION = 0.74
 """Fraction of the bf16 curve's efficiency an fp8 GEMM reaches against the fp8 peak: the least-squares fit on
 Megatron-Bridge's FP8 runs (``validate-llm --family megatron-bridge-fp8``, ``docs/llm.md`` "Kernel times")."""
 
