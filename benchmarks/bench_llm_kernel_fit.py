@@ -2,7 +2,7 @@
 
 Refits, once, the device-independent kernel-time figures of :class:`~mcdla.hardware.gemm.GemmEfficiency`
 (``half_tokens``, ``backward_ratio``, ``fp8_fraction``) by a grid search minimising the RMS relative error over
-every ``validate-llm`` family (the 12 A100 Megatron-LM runs and the 4 Megatron-Bridge FP8 runs); each GPU keeps
+every ``validate-llm`` family (the 12 A100 Megatron-LM runs and the 8 Megatron-Bridge FP8 runs); each GPU keeps
 its own width curve (the fitted ``dgx-a100`` one, the other presets' defaults). The baseline, measured in the
 same run, is the model with those figures neutral (no token dependence, backward 2x, fp8 GEMMs at the bf16
 fraction of the fp8 peak); the table reports each family's mean and max |error| under both. Run::
