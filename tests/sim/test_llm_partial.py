@@ -76,7 +76,7 @@ def test_partial_activation_offload_by_hand(n, llm_cluster):
     keep = llm_step(SPEC, Execution(**base), _cluster(llm_cluster, offload=bw))
     got = llm_step(SPEC, Execution(**base, offload_activations=True, offload_num_layers=n),
                    _cluster(llm_cluster, offload=bw))
-    assert got.offloaded_bytes == pytest.approx(n * PLAIN, rel=1e-12)
+    assert got.offloaded_bytes == got.offloaded_activation_bytes == pytest.approx(n * PLAIN, rel=1e-12)
     assert keep.device_bytes - got.device_bytes == pytest.approx(n * PLAIN, rel=1e-12)
     fwd = 8 * LAYER_FLOPS / (PEAK * EFF)
     move = n * PLAIN / bw
@@ -93,7 +93,7 @@ def test_partial_weight_offload_keeps_the_other_layers_and_the_embedding(llm_clu
     e = Execution(gpus=1, micro_batch=1, global_batch=2, offload_weights=True, offload_num_layers=3)
     got = llm_step(SPEC, e, _cluster(llm_cluster, offload=1e12))
     layer_params = 12 * H * H + 13 * H
-    assert got.offloaded_bytes == pytest.approx(2 * 3 * layer_params, rel=1e-12)
+    assert got.offloaded_bytes == got.offloaded_weight_bytes == pytest.approx(2 * 3 * layer_params, rel=1e-12)
     assert rank_traffic(SPEC, e).offload_weight_bytes == pytest.approx(2 * 3 * layer_params, rel=1e-12)
 
 

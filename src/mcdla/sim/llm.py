@@ -197,6 +197,11 @@ class LlmStep:
     group's while it recomputes)."""
     cp_comm_s: float = 0.0
     ep_comm_s: float = 0.0
+    offloaded_activation_bytes: float = 0.0
+    """The part of ``activation_bytes`` in the second tier (all of it but a ``uniform`` group's, or
+    ``offload_num_layers``' share)."""
+    offloaded_weight_bytes: float = 0.0
+    """The part of ``weight_bytes`` in the second tier (the stored copy, or ``offload_num_layers``' layers)."""
     contention_s: float = 0.0
     """Time the shared links add over the same iteration on idle links (the per-link floor's stretch, NOTE [link
     floor]; counted inside ``offload_s``, not a separate part of the sum)."""
@@ -713,7 +718,8 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
     # offloaded weights: the stored copy (the shard); the gathered layers are in HBM while they compute
     offloaded_weights = weight_bytes * _offloaded_weight_params(spec, e, groups, n_layers)
     on_tier = (offloaded_weights if e.offload_weights else 0.0) + (opt if e.offload_optimizer else 0.0)
-    offloaded = (offloaded_share * activations if e.offload_activations else 0.0) + on_tier
+    offloaded_activations = offloaded_share * activations if e.offload_activations else 0.0
+    offloaded = offloaded_activations + on_tier
     device_bytes = activations + group_bytes + weights + grads + opt - offloaded
     pool_bytes = 0.0 if cluster.offload is None else cluster.offload.pool_bytes
     in_pool = offloaded - (on_tier if e.offload_tier == "nvme" else 0.0)
@@ -744,6 +750,8 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         activation_bytes=activations + group_bytes,
         cp_comm_s=cp_comm_s,
         ep_comm_s=ep_comm_s,
+        offloaded_activation_bytes=offloaded_activations,
+        offloaded_weight_bytes=offloaded_weights if e.offload_weights else 0.0,
     )
 
 
