@@ -19,7 +19,7 @@ NOTE [time model] (also ``docs/llm.md``):
   Recompute adds a forward (``full``) or the attention core with its softmax and dropout (``selective``); with
   ``recompute_num_layers`` (and ``offload_num_layers``) a layer's figures are the mean over its model chunk of
   the recomputed (offloaded) and the plain layers (NOTE [partial recompute and offload] in
-  :mod:`mcdla.workload.execution`).
+  :mod:`mcdla.workload.layer_counts`).
 * Tensor parallelism: two all-reduces of the layer's ``b s h`` activation per forward and two per backward
   (with sequence parallelism an all-gather plus a reduce-scatter, the same ring traffic), on the TP group's
   dimensions (the NVLink domain, in-network where the switch reduces);
@@ -72,7 +72,8 @@ from mcdla.sim.llm_cp import cp_exchange
 from mcdla.sim.llm_floor import link_floors
 from mcdla.sim.llm_moe import ParamGroup, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
-from mcdla.workload.execution import Execution, LayerShares, check_execution, chunk_layers, layer_shares, stage_layers
+from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
+from mcdla.workload.layer_counts import LayerShares, layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
                                         attention_bwd_flops_ratio, flash_attention_bytes, fp8_cast_bytes_per_layer,

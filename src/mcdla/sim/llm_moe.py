@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time
-from mcdla.workload.execution import Execution, layer_shares
+from mcdla.workload.execution import Execution
+from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
