@@ -73,7 +73,7 @@ from mcdla.sim.llm_floor import link_floors
 from mcdla.sim.llm_moe import ParamGroup, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
-from mcdla.workload.layer_counts import LayerShares, layer_shares
+from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
                                         attention_bwd_flops_ratio, flash_attention_bytes, fp8_cast_bytes_per_layer,
@@ -506,8 +506,10 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
                  + cast_bwd)
     shares = layer_shares(e, spec)
     full = shares.recomputed  # the mean layer of a chunk under partial recompute (NOTE [partial recompute and offload])
-    layer_recompute = ({"none": 0.0, "selective": attn_f + core_fwd}[e.recompute] if e.recompute != "full"
-                       else full * layer_fwd)
+    if e.recompute == "full":
+        layer_recompute = full * layer_fwd
+    else:
+        layer_recompute = attn_f + core_fwd if e.recompute == "selective" else 0.0
     cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)
     ep_fwd, ep_bwd = ep_all_to_all_s(spec, e, cluster)
 
@@ -590,8 +592,7 @@ def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
     return replace(spec, bytes_per_element=prec.element_bytes)
 
 
-def _activation_bytes(spec: TransformerSpec, e: Execution, prec: Precision,
-                      shares: LayerShares | None = None) -> float:
+def _activation_bytes(spec: TransformerSpec, e: Execution, prec: Precision) -> float:
     """One (mean) layer's stashed bytes per micro-batch on one rank under ``e`` and ``prec``: with a recompute
     count, the chunk's stored inputs and its plain layers' activations over its layers (NOTE [partial recompute
     and offload])."""
@@ -601,8 +602,8 @@ def _activation_bytes(spec: TransformerSpec, e: Execution, prec: Precision,
                                           fp8_gemm_inputs=prec.fp8)
     if e.recompute_num_layers is None:
         return per_layer(e.recompute)
-    s = layer_shares(e, spec) if shares is None else shares
-    return s.stored_inputs * per_layer("full") + (1.0 - s.recomputed) * per_layer("none")
+    shares = layer_shares(e, spec)
+    return shares.stored_inputs * per_layer("full") + (1.0 - shares.recomputed) * per_layer("none")
 
 
 def _recompute_group_bytes(spec: TransformerSpec, e: Execution, prec: Precision) -> float:
