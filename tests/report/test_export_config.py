@@ -127,6 +127,14 @@ def test_torchtitan_block_count_is_every_f_th_layer(n):
     assert "# not expressed: block recompute" in text
 
 
+def test_torchtitan_block_count_counts_per_model_chunk():
+    """With pp 2 x v 2, a chunk holds 6 of the 24 layers: N = 2 is every 3rd layer of each chunk."""
+    e = Execution(gpus=8, pp=2, dp=4, virtual_stages=2, micro_batch=1, global_batch=64, recompute="full",
+                  recompute_num_layers=2)
+    ac = tomllib.loads(torchtitan_toml(e, SPEC, "bf16"))["activation_checkpoint"]
+    assert ac == {"mode": "selective", "selective_ac_option": "3"}
+
+
 def test_torchtitan_block_count_without_an_every_f_th_equivalent_is_full_with_a_note():
     """24 // f is never 5: written as full, said so."""
     text = torchtitan_toml(Execution(**PARTIAL, recompute="full", recompute_num_layers=5), SPEC, "bf16")

@@ -42,14 +42,14 @@ torchtitan (``[job]``-style TOML sections):
   schedule) and the micro-batch without one (torchtitan then accumulates ``global_batch / (micro_batch * dp)``
   gradient steps); ``mixed_precision_param`` ``bfloat16`` (or ``float32`` for fp32).
 - ``[activation_checkpoint]`` ``mode``: ``none``, ``selective`` (``selective_ac_option = "op"``) or ``full``;
-  ``block`` recompute of N of the ``L`` layers without a pipeline is ``selective`` with ``selective_ac_option =
-  "f"``, torchtitan's checkpoint of every f-th layer, for an ``f`` with ``floor(L / f) = N`` (the same number of
-  layers, spread over the model instead of the first N; a ``#`` note says so, and says when no ``f`` exists).
+  ``block`` recompute of N of a model chunk's ``L`` layers is ``selective`` with ``selective_ac_option = "f"``,
+  torchtitan's checkpoint of every f-th layer of each model part (its counter restarts with each part's
+  ``apply_ac``), for an ``f`` with ``floor(L / f) = N`` (the same number of layers, spread over the chunk instead
+  of its first N; a ``#`` note says so, and says when no ``f`` exists).
 - fp8: ``[model] converters = ["float8"]`` with ``[float8] recipe_name = "tensorwise"``.
 
 Not expressible in torchtitan's TOML, written as ``#`` comments: offloading to a second tier (by layer count or
-not), ``uniform`` recompute groups of more than one layer (written as ``full``), a recompute count with a
-pipeline, sequence
+not), ``uniform`` recompute groups of more than one layer (written as ``full``), sequence
 parallelism off with TP > 1 (torchtitan's TP always shards the norms along the sequence), ZeRO-1's replicated
 gradients, fp8 delayed scaling, and ``dp_overlap`` off (FSDP2 always overlaps its reduce-scatter); torchtitan's
 selective checkpointing saves chosen ops' outputs, not exactly Megatron's attention-core recompute.
@@ -163,21 +163,19 @@ def _torchtitan_checkpoint(e: Execution, spec: TransformerSpec) -> tuple[dict[st
     if e.recompute_method == "uniform":
         notes = [] if n == 1 else [f"uniform recompute in groups of {n} layers: written as full (every layer)"]
         return {"mode": "full"}, notes
-    layers = spec.layers
+    layers = spec.layers // (e.pp * e.virtual_stages)  # one model chunk's (a layer count needs an even split)
     if n == 0:
         return {"mode": "none"}, []
     if n == layers:
         return {"mode": "full"}, []
-    if e.pp > 1:
-        return {"mode": "full"}, [f"block recompute of {n} layers per model chunk with a pipeline: written as full"]
     every = [f for f in range(1, layers + 1) if layers // f == n]
     if not every:
-        return {"mode": "full"}, [f"block recompute of {n} of {layers} layers: no every-f-th-layer count gives {n}, "
-                                  "written as full"]
+        return {"mode": "full"}, [f"block recompute of {n} of each model chunk's {layers} layers: no every-f-th-layer "
+                                  f"count gives {n}, written as full"]
     f = every[0]
     return ({"mode": "selective", "selective_ac_option": str(f)},
-            [f"block recompute of the first {n} layers: torchtitan checkpoints every {f}-th layer instead "
-             f"({layers // f} layers, spread over the model)"])
+            [f"block recompute of the first {n} layers of each model chunk: torchtitan checkpoints every {f}-th "
+             f"layer of it instead ({layers // f} layers, spread over the chunk)"])
 
 
 def torchtitan_toml(e: Execution, spec: TransformerSpec, precision: str) -> str:
