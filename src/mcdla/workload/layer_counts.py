@@ -7,7 +7,9 @@ recomputes every layer, in groups of ``N`` consecutive layers of which only the 
 every layer from its own input). Transformer Engine's CPU offload (Megatron-Core's ``--cpu-offloading-num-layers``)
 moves the first ``offload_num_layers`` layers of the chunk. A chunk's figures are then the count-weighted mean of a
 recomputed (offloaded) and a plain layer, exact for chunk totals when every chunk holds the same layers, which is
-why a layer count needs an even split here.
+why a layer count needs an even split here. What is not a sum takes the mean layer too, an approximation: ZeRO-3's
+exposed gathers (each layer's compute hides the next one's gather) and the offload's exposure against the stage's
+compute.
 """
 
 from __future__ import annotations
