@@ -28,6 +28,8 @@ _NO_SHARED_LINK = [
     ("dgx-h100", dict(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, dp_overlap=True, zero=1)),
     ("dgx-h100", dict(gpus=16, tp=8, pp=1, dp=2, micro_batch=1, global_batch=4, zero=2)),
     ("gh200", dict(gpus=4, tp=1, pp=4, dp=1, micro_batch=1, global_batch=4)),
+    ("dgx-h100", dict(gpus=32, tp=8, pp=2, dp=2, micro_batch=1, global_batch=8, virtual_stages=2,
+                      recompute="full", recompute_num_layers=5)),  # block: 5 of each chunk's 24 layers
 ]
 
 
@@ -125,6 +127,8 @@ _SMALL = [
                    offload_weights=True)),
     ("gh200", dict(gpus=1, tp=1, pp=1, dp=1, micro_batch=8, global_batch=8, offload_activations=True,
                    offload_weights=True)),
+    ("gh200", dict(gpus=1, tp=1, pp=1, dp=1, micro_batch=8, global_batch=8, offload_activations=True,
+                   offload_weights=True, offload_num_layers=10)),  # the first 10 of 24 layers
     pytest.param("gb200-nvl72-memnode", dict(gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=2,
                                              offload_activations=True, offload_weights=True),
                  marks=pytest.mark.slow),  # ~2 s: a 72-GPU rack, 36 memory-nodes

@@ -81,11 +81,11 @@ def _prediction(step: LlmStep, record: Execution, spec: TransformerSpec, *, syst
                 peak_flops_per_s: float, offload_tier: str | None, train_tokens: float | None) -> dict[str, Any]:
     """Everything ``llm-predict`` prints, as plain data (bytes, seconds, FLOP/s): the step, the memory one GPU
     holds by kind, throughput per GPU and the time to train ``train_tokens`` tokens."""
-    kinds = {"weights": (step.weight_bytes, record.offload_weights), "gradients": (step.gradient_bytes, False),
-             "optimizer_state": (step.optimizer_bytes, record.offload_optimizer),
-             "activations": (step.activation_bytes, record.offload_activations)}
-    on_device = {k: 0.0 if off else b for k, (b, off) in kinds.items()}
-    offloaded = {k: b for k, (b, off) in kinds.items() if off}
+    kinds = {"weights": (step.weight_bytes, step.offloaded_weight_bytes), "gradients": (step.gradient_bytes, 0.0),
+             "optimizer_state": (step.optimizer_bytes, step.optimizer_bytes if record.offload_optimizer else 0.0),
+             "activations": (step.activation_bytes, step.offloaded_activation_bytes)}
+    on_device = {k: b - off for k, (b, off) in kinds.items()}
+    offloaded = {k: off for k, (b, off) in kinds.items() if off}
     tokens_per_iteration = record.global_batch * spec.seq_len
     tokens_per_s_per_gpu = tokens_per_iteration / step.iteration_s / record.gpus
     return {

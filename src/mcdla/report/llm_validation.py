@@ -90,6 +90,8 @@ RUNS: tuple[MeasuredRun, ...] = (
 
 
 _BRIDGE = "Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Megatron-Bridge), FP8-CS, seq 8192"
+_RECIPES = ("Megatron-Bridge v0.2.1, the 25.11 container's, scripts/performance/configs/llama3/"
+            "workload_base_configs.py and utils/helpers.py")
 _BRIDGE_COMMON = ("distributed optimizer (Megatron-Bridge's recipes: use_distributed_optimizer) as ZeRO-1, "
                   "or FSDP=1 as ZeRO-3; flash attention; no dp_overlap")
 
@@ -114,16 +116,21 @@ def _bridge(system: str, model: str, gpus: int, gbs: int, tokens_per_s_per_gpu: 
 
 
 BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
-    _bridge("dgx-h100", "llama3-8b", 8, 128, 14451, "FSDP=1 -> zero=3 over dp 8; the recipe's recompute of 5 of "
-            "32 layers is not expressible and left out (recompute=none)", dp=8, zero=3, micro_batch=1),
+    _bridge("dgx-h100", "llama3-8b", 8, 128, 14451, "FSDP=1 -> zero=3 over dp 8; full recompute of the first 5 "
+            f"of the 32 layers, recompute_method block, recompute_num_layers 5 ({_RECIPES}: "
+            "LLAMA3_8B_H100_FP8_CS_BASE_CONFIG recompute_num_layers=5, which set_recompute_overrides turns into "
+            "recompute_granularity full, recompute_method block)", dp=8, zero=3, micro_batch=1, recompute="full",
+            recompute_method="block", recompute_num_layers=5),
     _bridge("dgx-h100", "llama3-70b", 64, 128, 1602, "TP4 PP8 VP5 -> dp 2, zero=1; sequence_parallel and "
             "tp_comm_overlap on (the Llama 3 70B recipe's)", tp=4, pp=8, dp=2, virtual_stages=5,
             sequence_parallel=True, zero=1, micro_batch=1, tp_comm_overlap=True),
     _bridge("gb200-nvl72", "llama3-8b", 8, 128, 31508, "FSDP=0 -> zero=1 over dp 8; CUDA graphs not modelled",
             dp=8, zero=1, micro_batch=2),
-    _bridge("gb200-nvl72", "llama3-70b", 64, 256, 4312, "FSDP=1 -> zero=3 over dp 64; the recipe offloads 40 "
-            "of 80 layers' activations to Grace memory, taken as offload_activations (all layers)",
-            dp=64, zero=3, micro_batch=2, offload_activations=True),
+    _bridge("gb200-nvl72", "llama3-70b", 64, 256, 4312, "FSDP=1 -> zero=3 over dp 64; activations of the first "
+            f"40 of the 80 layers offloaded to Grace memory, weights kept, offload_num_layers 40 ({_RECIPES}: "
+            "LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG cpu_offloading_num_layers=40, which set_recompute_overrides "
+            "turns into cpu_offloading on, cpu_offloading_weights off)",
+            dp=64, zero=3, micro_batch=2, offload_activations=True, offload_num_layers=40),
     _bridge("dgx-h100", "llama3-405b", 1024, 512, 292, f"TP8 PP8 CP2 VP8 -> dp 8, zero=1; {_SPLIT_405B}",
             tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **_RECIPE_405B),
     _bridge("b200", "llama3-405b", 128, 64, 661, f"TP4 PP8 CP2 VP8 -> dp 2, zero=1; {_SPLIT_405B}",

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.workload.execution import Execution
+from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
@@ -69,6 +70,7 @@ def cp_exchange(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         gathered = e.cp * block
         fwd_comm = fwd_exposed = collective_time("all-gather", gathered, dims)
         bwd_comm = bwd_exposed = fwd_comm + collective_time("reduce-scatter", gathered, dims)
-    if e.recompute != "none":
-        bwd_comm, bwd_exposed = bwd_comm + fwd_comm, bwd_exposed + fwd_exposed
+    again = layer_shares(e, spec).attention_recomputed  # the recomputed attentions' exchange, in backward
+    if again:
+        bwd_comm, bwd_exposed = bwd_comm + again * fwd_comm, bwd_exposed + again * fwd_exposed
     return CpExchange(fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm, fwd_exposed_s=fwd_exposed, bwd_exposed_s=bwd_exposed)

@@ -64,8 +64,7 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         got[1] += inward
 
     if cluster.offload is not None:
-        act = traffic.stage_activation_bytes if e.offload_activations else 0.0
-        weights = traffic.weight_bytes if e.offload_weights else 0.0
+        act, weights = traffic.offload_activation_bytes, traffic.offload_weight_bytes
         add("forward", "offload", act, weights)
         add("backward", "offload", 0.0, act + weights)
     layout = ParallelDims.of(e)
@@ -73,7 +72,7 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
     if dims:
         kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
         per_call_bytes = traffic.activation_bytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds)
-        for phase, calls in (("forward", 2), ("backward", 4 if e.recompute == "full" else 2)):
+        for phase, calls in (("forward", 2.0), ("backward", 2 + 2 * costs.recomputed_share)):
             tp_bytes = costs.layers_per_stage * calls * per_call_bytes
             add(phase, "scale-up", tp_bytes, tp_bytes)
     if e.pp > 1:

@@ -162,7 +162,7 @@ class _RankBuilder:
         return op.name
 
 
-def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbytes: float, count: int,
+def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbytes: float, count: float,
                     ) -> list[tuple[Collective, float]]:
     """``count`` TP all-reduces (or all-gather + reduce-scatter pairs) of ``nbytes`` as collectives of ``count``
     times the bytes, each with what the ``count`` calls take beyond the one (their latency terms, NOTE [LLM
@@ -261,7 +261,7 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
                 group = tuple(rank(t, x, s, d) for t in range(e.tp))
                 fwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes, 2 * n)
                 bwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes,
-                                            (4 if e.recompute == "full" else 2) * n)
+                                            (2 + 2 * c.recomputed_share) * n)
                 for t in range(e.tp):
                     r = rank(t, x, s, d)
                     pool = system.pools.get(device(r), ())
@@ -332,9 +332,9 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         copies: list[str] = []
         moves: list[tuple[type[Offload] | type[Prefetch], float]] = []
         if e.offload_activations:
-            moves.append((Offload if forward else Prefetch, traffic.stage_activation_bytes / v))
+            moves.append((Offload if forward else Prefetch, traffic.offload_activation_bytes / v))
         if e.offload_weights:
-            moves.append((Prefetch, traffic.weight_bytes / v))
+            moves.append((Prefetch, traffic.offload_weight_bytes / v))
         for j, (kind, nbytes) in enumerate(moves):
             for mem in pool:
                 copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem, nbytes=nbytes / q,

@@ -384,12 +384,14 @@ def model_flops_per_iteration(spec: TransformerSpec, global_batch: int) -> float
 
 
 def hardware_flops_per_iteration(spec: TransformerSpec, global_batch: int, recompute: Recompute, *,
-                                 attention: Attention = "materialized") -> float:
-    """FLOPs the devices execute, recomputation included: ``full`` re-runs every layer's forward, ``selective``
-    only the attention core (Korthikanti et al. 2022, sec. 5); with ``attention="flash"`` the core is the
-    kernel's (causal halving, a 2.5x backward: NOTE [flash attention])."""
+                                 attention: Attention = "materialized", recompute_share: float = 1.0) -> float:
+    """FLOPs the devices execute, recomputation included: ``full`` re-runs every layer's forward (the
+    ``recompute_share`` of the layers that a recompute count leaves recomputed), ``selective`` only the attention
+    core (Korthikanti et al. 2022, sec. 5); with ``attention="flash"`` the core is the kernel's (causal halving, a
+    2.5x backward: NOTE [flash attention])."""
     layer = layer_fwd_flops(spec, global_batch, attention=attention)
-    extra = {"none": 0.0, "selective": layer["attention"], "full": layer["gemm"] + layer["attention"]}[recompute]
+    extra = {"none": 0.0, "selective": layer["attention"],
+             "full": recompute_share * (layer["gemm"] + layer["attention"])}[recompute]
     per_layer = 3.0 * layer["gemm"] + (1.0 + attention_bwd_flops_ratio(attention)) * layer["attention"]
     return spec.layers * (per_layer + extra) + 3.0 * logits_fwd_flops(spec, global_batch)
 
