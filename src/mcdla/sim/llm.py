@@ -65,9 +65,9 @@ from dataclasses import asdict, dataclass, replace
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
-from mcdla.sim.llm_cp import cp_exchange
+from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
 from mcdla.sim.llm_floor import link_floors
-from mcdla.sim.llm_moe import ParamGroup, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
+from mcdla.sim.llm_moe import ParamGroup, all_to_all_bytes, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.parallel_dims import ParallelDims
@@ -404,6 +404,7 @@ class StageCosts:
     layer_cp_bwd_s: float = 0.0  # and in its backward (+ the recomputed attention's)
     layer_ep_fwd_s: float = 0.0  # MoE all-to-alls in one (mean) layer's forward
     layer_ep_bwd_s: float = 0.0  # and in its backward (+ the recomputed forward's with full recompute)
+    layer_attention_fwd_s: float = 0.0  # the attention core's forward in one layer (what a CP ring send overlaps)
 
     @property
     def layer_comm_fwd_s(self) -> float:
@@ -564,7 +565,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         offload_bwd_s=off_bwd, fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=optimizer,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec),
-        layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd)
+        layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
+        layer_attention_fwd_s=attn_f + core_fwd)
 
 
 def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
@@ -713,7 +715,9 @@ class RankTraffic:
     ``weight_bytes``: the rank's stored weights (its shard under ZeRO-3; fetched for each forward and backward
     when offloaded);
     ``optimizer_bytes``: its optimizer-state shard (crosses the offload link twice per step); ``gradient_bytes``:
-    the buffer of the data-parallel reduction.
+    the buffer of the data-parallel reduction; ``kv_block_bytes``: one layer's K/V block a context-parallel rank
+    exchanges (:func:`~mcdla.sim.llm_cp.kv_block_bytes`); ``all_to_all_bytes``: one MoE dispatch's (or combine's)
+    send buffer (:func:`~mcdla.sim.llm_moe.all_to_all_bytes`).
     """
 
     activation_bytes: float
@@ -722,6 +726,8 @@ class RankTraffic:
     weight_bytes: float
     optimizer_bytes: float
     gradient_bytes: float
+    kv_block_bytes: float = 0.0
+    all_to_all_bytes: float = 0.0
 
 
 def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = DEFAULT_PRECISION) -> RankTraffic:
@@ -738,4 +744,6 @@ def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = D
         stage_activation_bytes=max(stage_layers(e, spec)) * _activation_bytes(spec, e, prec),
         weight_bytes=prec.element_bytes * _sharded(groups, e, e.zero >= 3),
         optimizer_bytes=prec.optimizer_bytes * _sharded(groups, e, e.zero >= 1),
-        gradient_bytes=prec.element_bytes * params_rank)
+        gradient_bytes=prec.element_bytes * params_rank,
+        kv_block_bytes=kv_block_bytes(spec, e.micro_batch, tp=e.tp, cp=e.cp) if e.cp > 1 else 0.0,
+        all_to_all_bytes=all_to_all_bytes(spec, e) if e.ep > 1 and spec.moe_layers else 0.0)

@@ -58,10 +58,12 @@ from dataclasses import dataclass, field
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.hardware.model import Link, LinkKind, Switch, System
-from mcdla.sim.collective_models import Collective, collective_time
+from mcdla.sim.collective_models import Collective
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
 from mcdla.sim.ir_engine import execute
 from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, rank_traffic, stage_costs
+from mcdla.sim.llm_lower_cpep import PassExchange, batched_collectives, gradient_collectives, replica_unit, \
+    pass_exchanges
 from mcdla.sim.llm_ranks import pipeline_order
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
@@ -164,39 +166,18 @@ class _RankBuilder:
 
 def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbytes: float, count: int,
                     ) -> list[tuple[Collective, float]]:
-    """``count`` TP all-reduces (or all-gather + reduce-scatter pairs) of ``nbytes`` as collectives of ``count``
-    times the bytes, each with what the ``count`` calls take beyond the one (their latency terms, NOTE [LLM
-    lowering])."""
-    if len(group) == 1 or count == 0:
-        return []
+    """``count`` TP all-reduces (or all-gather + reduce-scatter pairs) of ``nbytes``, batched
+    (:func:`~mcdla.sim.llm_lower_cpep.batched_collectives`, NOTE [LLM lowering])."""
     layout = ParallelDims.of(e)
-    dims = cluster.group_dims(layout.tp, layout.stride("tp"))
-    levels = tuple(d.size for d in dims)
-    algs = tuple(d.algorithm for d in dims)
     kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
-    return [(Collective(kind=k, nbytes=count * nbytes, group=group, levels=levels, algorithm=algs),
-             max(0.0, count * collective_time(k, nbytes, dims) - collective_time(k, count * nbytes, dims)))
-            for k in kinds]
-
-
-def _dp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], traffic: RankTraffic,
-                    ) -> list[Collective]:
-    """The data-parallel reduction of one rank's gradients as :func:`mcdla.sim.llm.stage_costs` prices it: an
-    all-reduce on the DP group's fabric dimensions (ZeRO-1/2 move the same bytes; :func:`lower` refuses ZeRO-3)."""
-    if len(group) == 1:
-        return []
-    layout = ParallelDims.of(e)
-    dims = cluster.group_dims(layout.dp, layout.stride("dp"))
-    levels, algs = tuple(d.size for d in dims), tuple(d.algorithm for d in dims)
-    return [Collective(kind="all-reduce", nbytes=traffic.gradient_bytes, group=group, levels=levels, algorithm=algs)]
+    return batched_collectives(kinds, nbytes, count, group, cluster.group_dims(layout.tp, layout.stride("tp")))
 
 
 def _unlowered(e: Execution, c: StageCosts) -> str | None:
     """Why the engine cannot lower ``e`` (its traffic would be left out), in one line; None when it can."""
-    if e.cp > 1 or e.ep > 1 or c.layer_ep_fwd_s or c.layer_ep_bwd_s or len(set(c.stage_layers)) > 1:
-        return (f"execution: got cp={e.cp}, ep={e.ep}, stage layers {sorted(set(c.stage_layers))}; the "
-                "engine lowers TP/PP/DP with even pipeline stages only (no context-parallel K/V exchange, "
-                "expert all-to-all or uneven split yet): use the analytical model for this record")
+    if len(set(c.stage_layers)) > 1:
+        return (f"execution: got stage layers {sorted(set(c.stage_layers))}; the engine lowers even pipeline "
+                "stages only (no uneven split yet): use the analytical model for this record")
     if e.zero >= 3 or e.cpu_optimizer or e.offload_tier != "host":
         return (f"execution.zero: got {e.zero} (cpu_optimizer={e.cpu_optimizer}, offload_tier="
                 f"{e.offload_tier}); the engine lowers ZeRO 0-2 with host offload only (no ZeRO-3 per-layer "
@@ -234,15 +215,16 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     def rank(t: int, x: int, s: int, d: int = 0) -> int:
         return layout.rank(tp=t, cp=x, dp=d, pp=s)
 
-    replica_ids = range(e.dp) if every else range(1)
+    unit = e.dp if every else replica_unit(e)  # replicas simulated: whole EP groups (NOTE [CP and EP lowering])
+    replica_ids = range(unit)
     simulated = [rank(t, x, s, d) for d in replica_ids for s in range(p) for x in range(e.cp) for t in range(e.tp)]
     # the replicas a rank stands for that share its node (the others share no finite resource with it)
-    peers = {r: [] if every else [r + d * layout.stride("dp") for d in range(1, e.dp)
-                                  if (r + d * layout.stride("dp")) // k == r // k] for r in simulated}
+    step = unit * layout.stride("dp")
+    peers = {r: [r + d * step for d in range(1, e.dp // unit) if (r + d * step) // k == r // k] for r in simulated}
     fold = 1 + len(peers[simulated[0]])
     if any(len(ps) != fold - 1 for ps in peers.values()):  # replicas straddle nodes unevenly: fold them all
-        peers = {r: [r + d * layout.stride("dp") for d in range(1, e.dp)] for r in simulated}
-        fold = e.dp
+        peers = {r: [r + d * step for d in range(1, e.dp // unit)] for r in simulated}
+        fold = e.dp // unit
     used = sorted({g // k for r in simulated for g in (r, *peers[r])})
     system = _nics_behind_pcie(cluster, cluster.with_nodes(len(used)).expand() if cluster.scale_out is not None
                                else cluster.expand())
@@ -265,9 +247,10 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
                 for t in range(e.tp):
                     r = rank(t, x, s, d)
                     pool = system.pools.get(device(r), ())
-                    dp_colls = _dp_collectives(e, cluster, layout.group("dp", r), traffic) if every else None
+                    dp_colls = gradient_collectives(spec, e, cluster, r, precision) if every else None
+                    exchanges = pass_exchanges(e, cluster, c, traffic, spec.moe_layers / spec.layers, r, n)
                     ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, fwd_colls, bwd_colls, dp_colls,
-                                    peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
+                                    exchanges, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
                     programs.append(RankProgram(rank=r, ops=tuple(ops), fold=fold))
                     if fold > 1:
                         mirrors[r] = tuple(device(g) for g in peers[r])
@@ -303,10 +286,11 @@ def _receives(s: int, p: int, m: int, v: int) -> list[tuple[int, str]]:
 
 def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v: int, c: StageCosts,
               e: Execution, traffic: RankTraffic, pool: Sequence[str], fwd_colls: list[tuple[Collective, float]],
-              bwd_colls: list[tuple[Collective, float]], dp_colls: list[Collective] | None, *,
-              peer: Callable[[int], int]) -> list[Op]:
+              bwd_colls: list[tuple[Collective, float]], dp_colls: list[Collective] | None,
+              exchanges: tuple[PassExchange, PassExchange], *, peer: Callable[[int], int]) -> list[Op]:
     """The ops of rank ``r`` on stage ``s`` (NOTE [LLM lowering]); ``peer(stage)``: the same TP x CP slot there;
-    ``dp_colls``: the data-parallel reduction as collectives, or None to run its closed-form exposed time."""
+    ``dp_colls``: the data-parallel reduction as collectives, or None to run its closed-form exposed time;
+    ``exchanges``: the CP and EP work of a forward and a backward pass (NOTE [CP and EP lowering])."""
     b = _RankBuilder(r)
     n = c.layers_per_stage // v
     q = len(pool)
@@ -325,7 +309,8 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
             seconds = n * c.layer_fwd_s + (c.last_fwd_s if last_chunk else 0.0)
         else:
             seconds = n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last_chunk else 0.0)
-        seconds += sum(lat for _coll, lat in colls)  # the other calls' latencies, spread over the layers
+        exchange = exchanges[0] if forward else exchanges[1]
+        seconds += sum(lat for _coll, lat in colls) + exchange.compute_s  # other calls' latencies; ring attention
         if dp_colls and e.dp_overlap and not forward and (mb, ch) == last_backward:  # starts with the last backward
             reduce_waits = tuple(waits)
         compute = b.add(Compute(name=f"compute-{tag}", seconds=seconds, waits=tuple(waits)))
@@ -340,6 +325,8 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
                 copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem, nbytes=nbytes / q,
                                          stream=f"{kind.__name__.lower()}{j}-{mem}", waits=tuple(waits))))
         done = compute
+        for op in exchange.ops(tag, compute):
+            done = b.add(op)
         for i, (coll, _latency_s) in enumerate(colls):
             done = b.add(CollectiveOp(name=f"tp{i}-{tag}", collective=coll, waits=(done,)))
         b.copies = copies
