@@ -8,9 +8,11 @@ the cost source of the analytical model, so the two differ only in how the links
 
 NOTE [LLM lowering]
 
-* Ranks: one pipeline, the TP x CP ranks of every stage of data-parallel replica 0, in Megatron's rank order
-  (:class:`~mcdla.workload.parallel_dims.ParallelDims`). The other ``dp - 1`` replicas run the same program at
-  the same time. Those on the rank's node are folded into it with their devices as mirrors (NOTE [folded
+* Ranks: one pipeline, the TP x CP ranks of every stage of data-parallel replica 0 (of the replicas that hold
+  whole EP groups when an EP group leaves the replica, NOTE [CP and EP lowering] in
+  :mod:`mcdla.sim.llm_lower_cpep`), in Megatron's rank order
+  (:class:`~mcdla.workload.parallel_dims.ParallelDims`). The other replicas run the same program at the same
+  time. Those on the rank's node are folded into it with their devices as mirrors (NOTE [folded
   ranks]), so the node's other GPUs, PCIe switches, host memory and memory-node links carry their traffic;
   those on other nodes share no finite resource with it (every GPU has its own rail into a non-blocking
   scale-out switch; pools are per node) and are left out. Should replicas straddle nodes unevenly, all
@@ -23,7 +25,9 @@ NOTE [LLM lowering]
   all-reduces (all-gather + reduce-scatter with sequence parallelism) of ``n`` layers as one collective of
   ``2 n`` times the bytes, the latency terms of the ``2 n - 1`` others charged with the compute they are spread
   over (a collective's closed form is its bytes' term plus a latency, so this is exact on an idle fabric), then
-  the send of the activation to the next stage. A backward is the same with the backward compute (and the
+  the send of the activation to the next stage. Context and expert parallelism add their work between the
+  compute and the TP collectives: the ring's K/V sends beside the attention steps or the CP all-gathers, and
+  the MoE all-to-alls (NOTE [CP and EP lowering]). A backward is the same with the backward compute (and the
   recomputation), ``2 n`` collectives (``4 n`` with full recomputation) and the gradient sent back.
 * Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
   while its backward runs; with ``offload_weights`` the chunk's weights are fetched for each forward and each
@@ -35,14 +39,13 @@ NOTE [LLM lowering]
   0) the rank is held for the transfer's time, as the analytical model charges every forward and backward one
   transfer.
 * ``replicas="all"`` (``"auto"`` up to :data:`ALL_REPLICAS_UP_TO` GPUs) simulates every replica instead, unfolded,
-  and runs the data-parallel reduction as collectives on the DP group's fabric dimensions (an all-reduce of the
-  gradients, ZeRO-1/2 moving the same bytes; ZeRO-3 adds an all-gather of the weights): after the rank's
-  pipeline, or with ``dp_overlap`` from the start of its last backward, sharing the links with it. With one
-  pipeline (``"fold"``) the replicas on other nodes have no programs, so a rank runs the reduction's exposed
-  part by its closed form (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer state,
-  runs the Adam step and writes the state back.
-* CP adds no traffic of its own: the cost source splits the compute over ``tp * cp`` and prices no ring
-  exchange.
+  and runs the data-parallel reduction as collectives, one all-reduce per parameter group on its reduction
+  group's fabric dimensions (the ``dp x cp`` replicas, the ``dp cp / ep`` holding the same experts; ZeRO-1/2
+  move the same bytes): after the rank's pipeline, or with ``dp_overlap`` from the start of its last
+  backward, sharing the links with it (so the backward's collectives, not only its compute, run beside it).
+  With one pipeline (``"fold"``) the replicas on other nodes have no programs, so a rank runs the reduction's
+  exposed part by its closed form (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer
+  state, runs the Adam step and writes the state back.
 
 On an idle fabric the programs take the per-rank schedule's time (:func:`mcdla.sim.llm_ranks.simulate_ranks`)
 whenever the offload is hidden by the compute; an exposed offload is shorter here, since the TP collectives
