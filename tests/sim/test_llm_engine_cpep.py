@@ -15,19 +15,22 @@ from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, preset
 
 _NO_SHARED_LINK = [
-    # CP ring inside a node (NVLink), across two nodes, and a ring of 8 that leaves the node at two of its hops
+    # CP ring inside a node (NVLink), across two nodes, and rings of 8 that leave the node at two of their hops
     ("gpt3-175b", dict(gpus=8, tp=4, cp=2, micro_batch=1, global_batch=2)),
     ("gpt3-175b", dict(gpus=16, tp=8, cp=2, micro_batch=1, global_batch=2)),
     ("gpt3-175b", dict(gpus=16, tp=2, cp=8, micro_batch=1, global_batch=2, recompute="selective")),
     ("gpt3-175b", dict(gpus=16, tp=4, cp=2, pp=2, micro_batch=1, global_batch=4, virtual_stages=2)),
+    ("gpt3-175b", dict(gpus=32, tp=2, cp=8, pp=2, micro_batch=1, global_batch=2)),
     # CP all-gather inside a node and across nodes, with full recompute and the gradient reduction over dp x cp
     ("gpt3-175b", dict(gpus=8, tp=2, cp=4, micro_batch=1, global_batch=2, cp_comm="all_gather")),
     ("gpt3-175b", dict(gpus=32, tp=4, cp=2, dp=2, pp=2, micro_batch=1, global_batch=8, cp_comm="all_gather",
                        recompute="full")),
-    # EP inside a node, across nodes (stride tp = 2), over replicas folded onto two, with a capacity factor
+    # EP inside a node, across nodes (stride tp = 2), over two replicas that stand for the node's others (with
+    # CP too: EP4 over cp x dp), with a capacity factor
     ("mixtral-8x7b", dict(gpus=8, tp=1, dp=8, ep=8, micro_batch=1, global_batch=8)),
     ("mixtral-8x7b", dict(gpus=16, tp=2, dp=8, ep=8, micro_batch=1, global_batch=8, sequence_parallel=True)),
     ("mixtral-8x7b", dict(gpus=8, tp=1, dp=8, ep=2, micro_batch=1, global_batch=8)),
+    ("mixtral-8x7b", dict(gpus=16, tp=1, cp=2, dp=8, ep=4, micro_batch=1, global_batch=8)),
     ("mixtral-8x7b", dict(gpus=16, tp=1, dp=8, pp=2, ep=4, micro_batch=1, global_batch=16, capacity_factor=1.25)),
     # CP and EP together (EP over the cp x dp ranks), full recompute; DeepSeek-V3's 58 MoE layers of 61
     ("mixtral-8x7b", dict(gpus=32, tp=2, cp=2, dp=8, ep=8, micro_batch=1, global_batch=8, sequence_parallel=True,
