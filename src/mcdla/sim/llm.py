@@ -715,9 +715,13 @@ class RankTraffic:
     ``weight_bytes``: the rank's stored weights (its shard under ZeRO-3; fetched for each forward and backward
     when offloaded);
     ``optimizer_bytes``: its optimizer-state shard (crosses the offload link twice per step); ``gradient_bytes``:
-    the buffer of the data-parallel reduction; ``kv_block_bytes``: one layer's K/V block a context-parallel rank
-    exchanges (:func:`~mcdla.sim.llm_cp.kv_block_bytes`); ``all_to_all_bytes``: one MoE dispatch's (or combine's)
-    send buffer (:func:`~mcdla.sim.llm_moe.all_to_all_bytes`).
+    the buffer of the data-parallel reduction, ``gradient_groups`` the same bytes by reduction group, ``(bytes,
+    size, stride)`` each (:func:`~mcdla.sim.llm_moe.rank_param_groups`: the dense gradients over the ``dp x cp``
+    replicas, the routed experts' over the ``dp cp / ep`` ranks holding them); ``kv_block_bytes``: one layer's
+    K/V block a context-parallel rank exchanges (:func:`~mcdla.sim.llm_cp.kv_block_bytes`);
+    ``all_to_all_bytes``: one MoE dispatch's (or combine's) send buffer
+    (:func:`~mcdla.sim.llm_moe.all_to_all_bytes`), run ``moe_layer_share`` times per mean layer (the share of the
+    model's layers that are MoE layers).
     """
 
     activation_bytes: float
@@ -726,8 +730,10 @@ class RankTraffic:
     weight_bytes: float
     optimizer_bytes: float
     gradient_bytes: float
+    gradient_groups: tuple[tuple[float, int, int], ...] = ()
     kv_block_bytes: float = 0.0
     all_to_all_bytes: float = 0.0
+    moe_layer_share: float = 0.0
 
 
 def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = DEFAULT_PRECISION) -> RankTraffic:
@@ -746,4 +752,6 @@ def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = D
         optimizer_bytes=prec.optimizer_bytes * _sharded(groups, e, e.zero >= 1),
         gradient_bytes=prec.element_bytes * params_rank,
         kv_block_bytes=kv_block_bytes(spec, e.micro_batch, tp=e.tp, cp=e.cp) if e.cp > 1 else 0.0,
-        all_to_all_bytes=all_to_all_bytes(spec, e) if e.ep > 1 and spec.moe_layers else 0.0)
+        gradient_groups=tuple((prec.element_bytes * g.params, g.size, g.stride) for g in groups),
+        all_to_all_bytes=all_to_all_bytes(spec, e) if e.ep > 1 and spec.moe_layers else 0.0,
+        moe_layer_share=spec.moe_layers / spec.layers)

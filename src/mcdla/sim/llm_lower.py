@@ -16,7 +16,7 @@ NOTE [LLM lowering]
   ranks]), so the node's other GPUs, PCIe switches, host memory and memory-node links carry their traffic;
   those on other nodes share no finite resource with it (every GPU has its own rail into a non-blocking
   scale-out switch; pools are per node) and are left out. Should replicas straddle nodes unevenly, all
-  ``dp`` are folded. Only the nodes that hold a simulated rank or a mirror are expanded (the nodes are
+  of them are folded. Only the nodes that hold a simulated rank or a mirror are expanded (the nodes are
   identical), each rank on its GPU slot of its node.
 * Each rank runs :func:`mcdla.sim.llm_ranks.pipeline_order`. One chunk's forward of one micro-batch is: wait
   for the input (a :class:`~mcdla.sim.ir.Recv` from the previous stage; a rank posts all its receives up front,
@@ -65,8 +65,8 @@ from mcdla.sim.collective_models import Collective
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
 from mcdla.sim.ir_engine import execute
 from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, rank_traffic, stage_costs
-from mcdla.sim.llm_lower_cpep import PassExchange, batched_collectives, gradient_collectives, replica_unit, \
-    pass_exchanges
+from mcdla.sim.llm_lower_cpep import (PassExchange, batched_collectives, gradient_collectives, pass_exchanges,
+                                      replica_unit)
 from mcdla.sim.llm_ranks import pipeline_order
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
@@ -250,8 +250,8 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
                 for t in range(e.tp):
                     r = rank(t, x, s, d)
                     pool = system.pools.get(device(r), ())
-                    dp_colls = gradient_collectives(spec, e, cluster, r, precision) if every else None
-                    exchanges = pass_exchanges(e, cluster, c, traffic, spec.moe_layers / spec.layers, r, n)
+                    dp_colls = gradient_collectives(e, cluster, traffic, r) if every else None
+                    exchanges = pass_exchanges(e, cluster, c, traffic, r, n)
                     ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, fwd_colls, bwd_colls, dp_colls,
                                     exchanges, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
                     programs.append(RankProgram(rank=r, ops=tuple(ops), fold=fold))

@@ -30,8 +30,8 @@ NOTE [CP and EP lowering]
   mean layer in the forward, two (four with full recomputation) in the backward, weighted by the share of MoE
   layers as the model's mean layer is, batched. The capacity factor's expert FLOPs are in the compute.
 * The data-parallel reduction (every replica simulated): one all-reduce per parameter group over its
-  reduction group (:func:`~mcdla.sim.llm_moe.rank_param_groups`: the dense parameters over the ``dp x cp``
-  replicas, the routed experts over the ``dp cp / ep`` ranks that hold them), one after the other
+  reduction group (:attr:`~mcdla.sim.llm.RankTraffic.gradient_groups`: the dense parameters over the ``dp x
+  cp`` replicas, the routed experts over the ``dp cp / ep`` ranks that hold them), one after the other
   (:func:`gradient_collectives`).
 * One pipeline (``replicas="fold"``): an EP group leaves a replica when ``ep`` does not divide ``cp``; the
   lowering then simulates ``lcm(ep, cp) / cp`` replicas, the fewest that hold whole EP groups
@@ -47,11 +47,9 @@ from dataclasses import dataclass
 from mcdla.hardware.cluster import Cluster, FabricDim
 from mcdla.sim.collective_models import Collective, collective_time
 from mcdla.sim.ir import CollectiveOp, Compute, Op, Recv, Send
-from mcdla.sim.llm import RankTraffic, StageCosts, precision_of
-from mcdla.sim.llm_moe import rank_param_groups
-from mcdla.workload.execution import Execution, stage_layers
+from mcdla.sim.llm import RankTraffic, StageCosts
+from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
-from mcdla.workload.transformer import TransformerSpec
 
 __all__ = ["PassExchange", "batched_collectives", "gradient_collectives", "pass_exchanges", "replica_unit"]
 
@@ -114,10 +112,10 @@ class PassExchange:
         return out
 
 
-def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankTraffic, moe_share: float,
-                   rank: int, layers: int) -> tuple[PassExchange, PassExchange]:
+def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankTraffic, rank: int, layers: int,
+                   ) -> tuple[PassExchange, PassExchange]:
     """The forward and backward :class:`PassExchange` of a chunk of ``layers`` layers on ``rank``
-    (NOTE [CP and EP lowering]); ``moe_share``: the share of the model's layers that are MoE layers."""
+    (NOTE [CP and EP lowering])."""
     layout = ParallelDims.of(e)
     n, recomputes = layers, e.recompute != "none"
     fwd: list[tuple[Collective, float]] = []
@@ -142,28 +140,26 @@ def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankT
             bwd += batched_collectives(("reduce-scatter",), gathered, n, group, dims)
     if e.ep > 1:
         group, dims = layout.group("ep", rank), cluster.group_dims(e.ep, layout.stride("ep"))
-        per_layer_b = 4 if e.recompute == "full" else 2
-        fwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, 2 * n * moe_share, group, dims)
-        bwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, per_layer_b * n * moe_share, group,
-                                   dims)
+        per_layer_b, share = 4 if e.recompute == "full" else 2, traffic.moe_layer_share
+        fwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, 2 * n * share, group, dims)
+        bwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, per_layer_b * n * share, group, dims)
     return (PassExchange(compute_s=sum(lat for _c, lat in fwd) - overlap_f, ring=ring_f,
                          collectives=tuple(coll for coll, _lat in fwd)),
             PassExchange(compute_s=sum(lat for _c, lat in bwd) - overlap_b, ring=ring_b,
                          collectives=tuple(coll for coll, _lat in bwd)))
 
 
-def gradient_collectives(spec: TransformerSpec, e: Execution, cluster: Cluster, rank: int, precision: str,
-                         ) -> list[Collective]:
+def gradient_collectives(e: Execution, cluster: Cluster, traffic: RankTraffic, rank: int) -> list[Collective]:
     """The data-parallel reduction of ``rank``'s gradients as :func:`mcdla.sim.llm.stage_costs` prices it: one
-    all-reduce per parameter group on its reduction group's fabric dimensions (ZeRO-1/2 move the same bytes)."""
+    all-reduce per reduction group (:attr:`~mcdla.sim.llm.RankTraffic.gradient_groups`) on its fabric
+    dimensions, one after the other (ZeRO-1/2 move the same bytes)."""
     layout = ParallelDims.of(e)
-    element = precision_of(precision).element_bytes
     out = []
-    for g in rank_param_groups(spec, e, max(stage_layers(e, spec))):
-        if g.size == 1:
+    for nbytes, size, stride in traffic.gradient_groups:
+        if size == 1:
             continue
-        dims = cluster.group_dims(g.size, g.stride)
-        out.append(Collective(kind="all-reduce", nbytes=element * g.params, group=layout.strided(rank, g.size, g.stride),
+        dims = cluster.group_dims(size, stride)
+        out.append(Collective(kind="all-reduce", nbytes=nbytes, group=layout.strided(rank, size, stride),
                               levels=tuple(d.size for d in dims), algorithm=tuple(d.algorithm for d in dims)))
     return out
 
