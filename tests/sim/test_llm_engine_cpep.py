@@ -10,6 +10,7 @@ from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.ir import CollectiveOp, Recv, Send
 from mcdla.sim.ir_engine import execute
 from mcdla.sim.llm import llm_step, rank_traffic, stage_costs
+from mcdla.sim.llm_floor import link_floors
 from mcdla.sim.llm_lower import engine_step, lower
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -184,3 +185,54 @@ def test_ring_sends_share_the_rail_with_the_overlapped_reduction(llm_cluster) ->
     assert run.op_end_s[(0, "cp1-b0c0")] == pytest.approx(forward + compute_b + 2 * step, rel=1e-9)
     assert got.iteration_s == pytest.approx(forward + compute_b + 2 * step + left / B + c.optimizer_s, rel=1e-9)
     assert got.contention_s > 0 and set(got.contention_by_class_s) == {"network"}
+
+
+def test_overlapped_reduction_floor_over_the_cp_replicas_by_hand() -> None:
+    """TP8 CP2 over two DGX H100 nodes, activations offloaded, the reduction overlapped with the last backward:
+    the gradients g are all-reduced over the two CP replicas (a ring of two across the network: g once each way)
+    while the backward's two ring steps send and receive the stage's K/V blocks S each (2 S each way), both
+    through the GPU's x16 to its NIC (dgx-h100.yaml ``via_gpu_link``), where the prefetch brings the
+    activations A in. So the backward needs at least (A + g + 2 S) / 51.2 GB/s there (the rail: (g + 2 S) / 50
+    GB/s; the socket's DDR5: 4 A / 307.2 GB/s); what exceeds its closed-form time is exposed."""
+    spec = preset("megatron-1.7b")
+    e = Execution(gpus=16, tp=8, cp=2, micro_batch=1, global_batch=1, offload_activations=True, dp_overlap=True,
+                  recompute="none")
+    cluster = load_cluster("dgx-h100").for_gpus(16)
+    c, t = stage_costs(spec, e, cluster), rank_traffic(spec, e)
+    act, g, n = t.stage_activation_bytes, t.gradient_bytes, c.layers_per_stage
+    assert spec.kv_hidden == spec.v_width == spec.hidden  # MHA: K and V are h wide
+    ring = 2 * n * (spec.seq_len / 2) * (2 * spec.hidden / 8) * 2  # 2 steps x n layers x K and V, s/cp x h/tp, 2 bytes
+    busiest = max((act + g + ring) / 51.2e9, (g + ring) / 50e9, 4 * act / 307.2e9)
+    backward = n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_comm_bwd_s) + c.offload_bwd_s
+    assert busiest > backward  # the floor binds
+    assert link_floors(e, cluster, c, t).dp_exposed_s == pytest.approx(busiest - backward, rel=1e-12)
+
+
+_OFFLOADED = [
+    ("gpt3-175b", "dgx-h100", dict(gpus=16, tp=8, cp=2, micro_batch=1, global_batch=2, offload_activations=True)),
+    ("gpt3-175b", "dgx-h100", dict(gpus=16, tp=8, cp=2, micro_batch=1, global_batch=2, offload_activations=True,
+                                   offload_weights=True, cp_comm="all_gather")),
+    ("mixtral-8x7b", "dgx-h100", dict(gpus=16, tp=2, dp=8, ep=8, micro_batch=1, global_batch=8,
+                                      offload_activations=True, offload_weights=True, sequence_parallel=True)),
+    ("mixtral-8x7b", "dgx-h100", dict(gpus=16, tp=2, dp=8, ep=8, micro_batch=1, global_batch=8,
+                                      offload_activations=True, sequence_parallel=True, dp_overlap=True)),
+    ("deepseek-v3-671b", "dgx-h100", dict(gpus=16, tp=1, dp=16, ep=16, micro_batch=1, global_batch=16,
+                                          offload_activations=True, capacity_factor=1.5)),
+    ("megatron-1.7b", "gh200", dict(gpus=4, tp=1, cp=4, micro_batch=1, global_batch=2, offload_activations=True,
+                                    offload_weights=True)),
+    ("megatron-1.7b", "dgx-h100", dict(gpus=16, tp=1, cp=2, dp=8, micro_batch=1, global_batch=8,
+                                       offload_activations=True, dp_overlap=True)),
+    ("megatron-1.7b", "dgx-h100", dict(gpus=16, tp=8, cp=2, micro_batch=1, global_batch=1, offload_activations=True,
+                                       dp_overlap=True, recompute="none")),  # the floor's case by hand above
+]
+
+
+@pytest.mark.parametrize(("model", "system", "fields"), _OFFLOADED)
+def test_analytical_floor_is_never_below_the_engine_with_cp_and_ep(model: str, system: str,
+                                                                   fields: dict[str, object]) -> None:
+    """With CP and EP traffic beside the offload (ring sends and all-to-alls through a DGX H100's x16, the
+    reduction over dp x cp overlapped), the analytical path with its per-link floor is at least the engine's
+    time minus 1%."""
+    spec, e = preset(model), Execution(**fields)  # type: ignore[arg-type]
+    cluster = load_cluster(system).for_gpus(e.gpus)
+    assert llm_step(spec, e, cluster).iteration_s >= 0.99 * engine_step(spec, e, cluster).iteration_s
