@@ -40,6 +40,7 @@ NOTE [CP and EP lowering]
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,16 +97,13 @@ class PassExchange:
         ring = self.ring
         for j in range(ring.steps if ring is not None else 0):
             assert ring is not None
-            hold = f"cp{j}-hold-{tag}"
-            out += [Compute(name=f"cp{j}-attention-{tag}", seconds=ring.compute_s, waits=(done,)),
+            attention, hold, send, recv = (f"cp{j}-{what}-{tag}" for what in ("attention", "hold", "send", "recv"))
+            out += [Compute(name=attention, seconds=ring.compute_s, waits=(done,)),
                     Compute(name=hold, stream="cp", seconds=ring.hold_s, waits=(done,)),
-                    Send(name=f"cp{j}-send-{tag}", stream="cp-send", peer=ring.send_to, nbytes=ring.nbytes,
-                         waits=(hold,)),
-                    Recv(name=f"cp{j}-recv-{tag}", stream="cp-recv", peer=ring.recv_from, nbytes=ring.nbytes,
-                         waits=(hold,))]
-            done = f"cp{j}-{tag}"
-            out.append(Compute(name=done, stream="cp", seconds=0.0,
-                               waits=(f"cp{j}-attention-{tag}", f"cp{j}-send-{tag}", f"cp{j}-recv-{tag}")))
+                    Send(name=send, stream="cp-send", peer=ring.send_to, nbytes=ring.nbytes, waits=(hold,)),
+                    Recv(name=recv, stream="cp-recv", peer=ring.recv_from, nbytes=ring.nbytes, waits=(hold,))]
+            done = f"cp{j}-{tag}"  # the step ends when its attention, its send and its receive have
+            out.append(Compute(name=done, stream="cp", seconds=0.0, waits=(attention, send, recv)))
         for i, coll in enumerate(self.collectives):
             out.append(CollectiveOp(name=f"x{i}-{tag}", collective=coll, waits=(done,)))
             done = out[-1].name
@@ -127,12 +125,11 @@ def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankT
         dims = cluster.group_dims(e.cp, layout.stride("cp"))
         if e.cp_comm == "p2p":
             at = group.index(rank)
-            step = n * c.layer_attention_fwd_s / e.cp
-            base = dict(compute_s=step, hold_s=(n - 1) * dims[-1].latency_s, nbytes=n * traffic.kv_block_bytes,
-                        send_to=group[(at + 1) % e.cp], recv_from=group[at - 1])
-            steps_b = (e.cp - 1) * (3 if recomputes else 2)
-            ring_f, ring_b = _Ring(steps=e.cp - 1, **base), _Ring(steps=steps_b, **base)  # type: ignore[arg-type]
-            overlap_f, overlap_b = (e.cp - 1) * step, steps_b * step
+            step = n * c.layer_attention_fwd_s / e.cp  # one block's attention over the pass's layers
+            ring_f = _Ring(steps=e.cp - 1, compute_s=step, hold_s=(n - 1) * dims[-1].latency_s,
+                           nbytes=n * traffic.kv_block_bytes, send_to=group[(at + 1) % e.cp], recv_from=group[at - 1])
+            ring_b = dataclasses.replace(ring_f, steps=(e.cp - 1) * (3 if recomputes else 2))
+            overlap_f, overlap_b = ring_f.steps * step, ring_b.steps * step
         else:
             gathered = e.cp * traffic.kv_block_bytes
             fwd += batched_collectives(("all-gather",), gathered, n, group, dims)
