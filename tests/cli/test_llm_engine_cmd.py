@@ -78,3 +78,18 @@ def test_llm_predict_engine_runs_context_and_expert_parallel_records(run_cli, tm
         assert data["iteration_s"] == want.iteration_s and data["contention_s"] == 0.0
         latency = 2 * cluster.offload.latency_s if fields.get("offload_optimizer") else 0.0
         assert data["iteration_s"] == pytest.approx(data["analytical_iteration_s"] + latency, rel=1e-9)
+
+
+def test_search_engine_top_reranks_context_and_expert_parallel_rows(run_cli):
+    """--engine-top runs the search's CP and EP rows on the engine (they are no longer passed over): each row's
+    engine time is engine_step's for its execution."""
+    code, out, err = run_cli("search", "--model", "mixtral-8x7b", "--system", "dgx-h100", "--gpus", "16",
+                             "--global-batch", "64", "--ep", "1,8", "--cp", "1,2", "--zero", "1", "--tp", "1",
+                             "--pp", "1,2", "--recompute", "none", "--max-virtual-stages", "1", "--quiet",
+                             "--workers", "1", "--json", "--top", "5", "--engine-top", "3")
+    assert code == 0, err
+    rows = json.loads(out)["engine_top"]
+    assert len(rows) == 3 and any(r["execution"]["cp"] > 1 for r in rows) and all(r["execution"]["ep"] > 1 for r in rows)
+    spec, cluster = preset("mixtral-8x7b"), load_cluster("dgx-h100").for_gpus(16)
+    for r in rows:
+        assert r["engine"]["iteration_s"] == engine_step(spec, Execution(**r["execution"]), cluster).iteration_s
