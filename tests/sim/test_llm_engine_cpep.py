@@ -5,6 +5,8 @@ cases computed by hand (max-min on one network rail)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.ir import CollectiveOp, Recv, Send
@@ -236,3 +238,43 @@ def test_analytical_floor_is_never_below_the_engine_with_cp_and_ep(model: str, s
     spec, e = preset(model), Execution(**fields)  # type: ignore[arg-type]
     cluster = load_cluster(system).for_gpus(e.gpus)
     assert llm_step(spec, e, cluster).iteration_s >= 0.99 * engine_step(spec, e, cluster).iteration_s
+
+
+_MOE = TransformerSpec(name="moe", layers=4, hidden=1024, heads=16, vocab=1000, seq_len=2048, experts=4, top_k=2,
+                       dense_layers=1, dense_ffn_hidden=4096)  # three MoE layers of four: the mean layer runs 3/4 of the all-to-alls
+
+
+@pytest.mark.slow  # ~10 s: 40 engine runs
+@settings(max_examples=40, deadline=None,  # llm_cluster is a stateless factory
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(tp=st.sampled_from([1, 2]), cp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2]),
+       pp=st.sampled_from([1, 2]), ep=st.sampled_from([1, 2, 4]), micro_batches=st.sampled_from([1, 3]),
+       recompute=st.sampled_from(["none", "selective", "full"]), cp_comm=st.sampled_from(["p2p", "all_gather"]),
+       replicas=st.sampled_from(["fold", "all"]), network=st.sampled_from([2e9, 1e12]))
+def test_idle_engine_equals_the_analytical_model_sweep(tp: int, cp: int, dp: int, pp: int, ep: int,
+                                                       micro_batches: int, recompute: str, cp_comm: str,
+                                                       replicas: str, network: float, llm_cluster) -> None:
+    """Over small CP x EP x TP x PP x DP executions on two nodes of four GPUs (the ring exposed on a slow
+    network, hidden on a fast one), the engine's programs with every transfer alone take the closed form's
+    iteration: the lowering moves exactly what the model prices (with links shared, a pipeline send may meet an
+    all-to-all at a GPU's port, which is contention, not a lowering error)."""
+    assume(tp * cp * dp * pp <= 8 and (cp * dp) % ep == 0)
+    e = Execution(gpus=tp * cp * dp * pp, tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, micro_batch=1,
+                  global_batch=micro_batches * dp, recompute=recompute, cp_comm=cp_comm,  # type: ignore[arg-type]
+                  sequence_parallel=tp > 1)
+    cluster = llm_cluster(gpus_per_node=4, nodes=2, peak_flops_per_s=300e12, nvlink_bytes_per_s=100e9,
+                          nvlink_latency_s=2e-6, network_bytes_per_s=network, network_latency_s=5e-6)
+    got = engine_step(_MOE, e, cluster.for_gpus(e.gpus), replicas=replicas)
+    assert got.idle_iteration_s == pytest.approx(llm_step(_MOE, e, cluster.for_gpus(e.gpus)).iteration_s, rel=1e-9)
+
+
+def test_ring_paced_by_its_slowest_hop_on_the_engine(llm_cluster) -> None:
+    """A CP ring of 4 over two GPUs per node whose NVLink hops (10 GB/s) are slower than its network hops
+    (1 TB/s): on the engine the ranks at the NVLink hops pace every step, as the closed form's slowest hop."""
+    cluster = llm_cluster(gpus_per_node=2, nodes=2, peak_flops_per_s=300e12, gemm_peak_fraction=0.5,
+                          nvlink_bytes_per_s=10e9, nvlink_latency_s=1e-6, network_bytes_per_s=1e12,
+                          network_latency_s=5e-6)
+    e = Execution(gpus=4, tp=1, cp=4, micro_batch=1, global_batch=2, attention="materialized")
+    want = llm_step(_SMALL, e, cluster)
+    assert want.cp_comm_s > 0
+    assert engine_step(_SMALL, e, cluster).iteration_s == pytest.approx(want.iteration_s, rel=1e-9)

@@ -21,7 +21,8 @@ Per micro-batch and phase (forward, backward), one GPU of a stage moves, each wa
   nodes;
 * context parallelism: the ring's K/V sends and receives (``cp - 1`` per layer in the forward, ``2 (cp - 1)``
   in the backward, ``cp - 1`` more with a recomputed attention) on the class of the CP group's outermost
-  dimension (the hop that paces the ring), or the all-gathers and reduce-scatter per fabric dimension;
+  dimension (a GPU whose hop leaves the node sends them through its NIC), or the all-gathers and
+  reduce-scatter per fabric dimension;
   expert parallelism: the all-to-alls' bytes per fabric dimension of the EP group (NOTE [collective closed
   forms]: the traffic whose highest differing level is that dimension), ``2`` per mean MoE layer in the
   forward, ``2`` (``4`` with full recompute) in the backward.

@@ -16,9 +16,10 @@ NOTE [CP and EP lowering]
   (``n attention / cp``, :attr:`~mcdla.sim.llm.StageCosts.layer_attention_fwd_s`) while it sends that block
   (``n`` layers' K/V, :attr:`~mcdla.sim.llm.RankTraffic.kv_block_bytes`) to the next rank of its CP group and
   receives the previous rank's; the next step waits for the three. The last block's attention is in the
-  pass's compute. A step's send is held ``(n - 1) a`` (``a``: the latency of the group's outermost dimension,
-  whose point-to-point cost the model charges each send) before it starts, so on an idle fabric a step takes
-  ``n max(attention / cp, a + block / B)``, the ``n`` layers' steps of the closed form. The backward runs
+  pass's compute. A step's send is held ``(n - 1) a`` (``a``: the latency of the dimension its hop crosses)
+  before it starts, so on an idle fabric it takes the ``n`` layers' sends, ``n (a + block / B)``, and the
+  slowest hop paces the step: ``n max(attention / cp, a + block / B)``, the ``n`` layers' steps of the closed
+  form. The backward runs
   ``2 (cp - 1)`` such steps (the K/V and then its gradient per ring step, each against half of the step's
   attention, as the model counts twice the forward's exposure), and ``cp - 1`` more for a recomputed
   attention. Ranks on both sides of a slow hop (a ring that leaves the node) pace the ring; the others wait
@@ -70,7 +71,7 @@ def batched_collectives(kinds: Sequence[str], nbytes: float, count: float, group
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Ring:
     """The ring steps of one pass: ``steps`` of ``compute_s`` of attention beside a send of ``nbytes`` to
-    ``send_to`` and a receive from ``recv_from``, each send held ``hold_s`` first."""
+    ``send_to``, held ``hold_s`` first, and a receive from ``recv_from``."""
 
     steps: int
     compute_s: float
@@ -101,7 +102,7 @@ class PassExchange:
             out += [Compute(name=attention, seconds=ring.compute_s, waits=(done,)),
                     Compute(name=hold, stream="cp", seconds=ring.hold_s, waits=(done,)),
                     Send(name=send, stream="cp-send", peer=ring.send_to, nbytes=ring.nbytes, waits=(hold,)),
-                    Recv(name=recv, stream="cp-recv", peer=ring.recv_from, nbytes=ring.nbytes, waits=(hold,))]
+                    Recv(name=recv, stream="cp-recv", peer=ring.recv_from, nbytes=ring.nbytes, waits=(done,))]
             done = f"cp{j}-{tag}"  # the step ends when its attention, its send and its receive have
             out.append(Compute(name=done, stream="cp", seconds=0.0, waits=(attention, send, recv)))
         for i, coll in enumerate(self.collectives):
@@ -122,15 +123,16 @@ def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankT
     overlap_f = overlap_b = 0.0
     if e.cp > 1:
         group = layout.group("cp", rank)
-        dims = cluster.group_dims(e.cp, layout.stride("cp"))
         if e.cp_comm == "p2p":
             at = group.index(rank)
             step = n * c.layer_attention_fwd_s / e.cp  # one block's attention over the pass's layers
-            ring_f = _Ring(steps=e.cp - 1, compute_s=step, hold_s=(n - 1) * dims[-1].latency_s,
-                           nbytes=n * traffic.kv_block_bytes, send_to=group[(at + 1) % e.cp], recv_from=group[at - 1])
+            send_to = group[(at + 1) % e.cp]
+            ring_f = _Ring(steps=e.cp - 1, compute_s=step, hold_s=(n - 1) * cluster.dim_between(rank, send_to).latency_s,
+                           nbytes=n * traffic.kv_block_bytes, send_to=send_to, recv_from=group[at - 1])
             ring_b = dataclasses.replace(ring_f, steps=(e.cp - 1) * (3 if recomputes else 2))
             overlap_f, overlap_b = ring_f.steps * step, ring_b.steps * step
         else:
+            dims = cluster.group_dims(e.cp, layout.stride("cp"))
             gathered = e.cp * traffic.kv_block_bytes
             fwd += batched_collectives(("all-gather",), gathered, n, group, dims)
             bwd += batched_collectives(("all-gather",), gathered, n * (2 if recomputes else 1), group, dims)
