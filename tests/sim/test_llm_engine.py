@@ -275,14 +275,15 @@ def test_overlapped_reduction_floor_by_hand_on_dgx_h100() -> None:
 
 
 def test_engine_refuses_what_it_does_not_lower(llm_cluster):
-    """A record with a context-parallel K/V exchange (cp 2 across nodes) is one ConfigError naming cp, not an
-    engine time that silently leaves the exchange out."""
+    """A record with an uneven pipeline split (40 and 56 layers) is one ConfigError naming the stage layers, not
+    an engine time that runs every stage as the longest."""
     from mcdla.errors import ConfigError
     from mcdla.sim.llm_lower import engine_step
     from mcdla.workload.execution import Execution
     from mcdla.workload.transformer import preset
 
     cluster = llm_cluster(gpus_per_node=8, nodes=2, nvlink_bytes_per_s=100e9, network_bytes_per_s=1e9)
-    e = Execution(gpus=16, tp=8, cp=2, micro_batch=1, global_batch=2)
-    with pytest.raises(ConfigError, match=r"cp=2.*engine lowers TP/PP/DP"):
+    e = Execution(gpus=16, tp=8, pp=2, micro_batch=1, global_batch=2, layers_first_stage=40)
+    with pytest.raises(ConfigError, match=r"stage layers \[40, 56\].*engine lowers even pipeline stages") as err:
         engine_step(preset("gpt3-175b"), e, cluster)
+    assert "\n" not in str(err.value)

@@ -411,14 +411,14 @@ def search_cmd(
     if reranked is not None:
         again = Table(title=f"the {len(reranked)} fastest re-ranked on the contention-aware engine")
         for column in ("#", "search #", "engine s", "analytical s", "contention s", "by link class", "tp", "pp",
-                       "v", "dp", "mb", "recompute", "offload"):
+                       "v", "dp", "cp", "ep", "mb", "recompute", "offload"):
             again.add_column(column, justify="left" if column in ("by link class", "recompute", "offload") else "right")
         for i, r in enumerate(reranked, 1):
             e, run = r.row.execution, r.engine
             classes = ", ".join(f"{cls} {sec:.3g}" for cls, sec in run.contention_by_class_s.items()) or "-"
             again.add_row(str(i), str(r.analytical_rank), f"{run.iteration_s:.3f}", f"{r.row.step.iteration_s:.3f}",
                           f"{run.contention_s:.3g}", classes, str(e.tp), str(e.pp), str(e.virtual_stages), str(e.dp),
-                          str(e.micro_batch), _recompute_tag(e), _offload_tag(e))
+                          str(e.cp), str(e.ep), str(e.micro_batch), _recompute_tag(e), _offload_tag(e))
         console.print(again)
     if out is not None:
         console.print(f"  all {valid} configurations: {out}")

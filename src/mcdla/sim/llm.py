@@ -68,9 +68,9 @@ from dataclasses import asdict, dataclass, replace
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
-from mcdla.sim.llm_cp import cp_exchange
+from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
 from mcdla.sim.llm_floor import link_floors
-from mcdla.sim.llm_moe import ParamGroup, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
+from mcdla.sim.llm_moe import ParamGroup, all_to_all_bytes, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import layer_shares
@@ -415,6 +415,7 @@ class StageCosts:
     layer_ep_fwd_s: float = 0.0  # MoE all-to-alls in one (mean) layer's forward
     layer_ep_bwd_s: float = 0.0  # and in its backward (+ the recomputed forward's with full recompute)
     recomputed_share: float = 0.0  # share of the layers fully recomputed (the TP calls their backward repeats)
+    layer_attention_fwd_s: float = 0.0  # the attention core's forward in one layer (what a CP ring send overlaps)
 
     @property
     def layer_comm_fwd_s(self) -> float:
@@ -582,7 +583,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=optimizer,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec),
         layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
-        recomputed_share=full)
+        recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd)
 
 
 def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
@@ -767,9 +768,15 @@ class RankTraffic:
     ``weight_bytes``: the rank's stored weights (its shard under ZeRO-3; fetched for each forward and backward
     when offloaded);
     ``optimizer_bytes``: its optimizer-state shard (crosses the offload link twice per step); ``gradient_bytes``:
-    the buffer of the data-parallel reduction; ``offload_activation_bytes`` and ``offload_weight_bytes``: what
-    ``offload_activations`` and ``offload_weights`` move per micro-batch (all of ``stage_activation_bytes`` and
-    ``weight_bytes``, or ``offload_num_layers``' share of them).
+    the buffer of the data-parallel reduction, ``gradient_groups`` the same bytes by reduction group, ``(bytes,
+    size, stride)`` each (:func:`~mcdla.sim.llm_moe.rank_param_groups`: the dense gradients over the ``dp x cp``
+    replicas, the routed experts' over the ``dp cp / ep`` ranks holding them); ``offload_activation_bytes`` and
+    ``offload_weight_bytes``: what ``offload_activations`` and ``offload_weights`` move per micro-batch (all of
+    ``stage_activation_bytes`` and ``weight_bytes``, or ``offload_num_layers``' share of them); ``kv_block_bytes``:
+    one layer's K/V block a context-parallel rank exchanges (:func:`~mcdla.sim.llm_cp.kv_block_bytes`);
+    ``all_to_all_bytes``: one MoE dispatch's (or combine's) send buffer
+    (:func:`~mcdla.sim.llm_moe.all_to_all_bytes`), run ``moe_layer_share`` times per mean layer (the share of the
+    model's layers that are MoE layers).
     """
 
     activation_bytes: float
@@ -780,6 +787,10 @@ class RankTraffic:
     gradient_bytes: float
     offload_activation_bytes: float = 0.0
     offload_weight_bytes: float = 0.0
+    gradient_groups: tuple[tuple[float, int, int], ...] = ()
+    kv_block_bytes: float = 0.0
+    all_to_all_bytes: float = 0.0
+    moe_layer_share: float = 0.0
 
 
 def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = DEFAULT_PRECISION) -> RankTraffic:
@@ -801,4 +812,8 @@ def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = D
         gradient_bytes=prec.element_bytes * params_rank,
         offload_activation_bytes=layer_shares(e, spec).offloaded * stage_act if e.offload_activations else 0.0,
         offload_weight_bytes=(prec.element_bytes * _offloaded_weight_params(spec, e, groups, n_layers)
-                              if e.offload_weights else 0.0))
+                              if e.offload_weights else 0.0),
+        kv_block_bytes=kv_block_bytes(spec, e.micro_batch, tp=e.tp, cp=e.cp) if e.cp > 1 else 0.0,
+        gradient_groups=tuple((prec.element_bytes * g.params, g.size, g.stride) for g in groups),
+        all_to_all_bytes=all_to_all_bytes(spec, e) if e.ep > 1 and spec.moe_layers else 0.0,
+        moe_layer_share=spec.moe_layers / spec.layers)

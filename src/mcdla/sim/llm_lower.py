@@ -8,13 +8,15 @@ the cost source of the analytical model, so the two differ only in how the links
 
 NOTE [LLM lowering]
 
-* Ranks: one pipeline, the TP x CP ranks of every stage of data-parallel replica 0, in Megatron's rank order
-  (:class:`~mcdla.workload.parallel_dims.ParallelDims`). The other ``dp - 1`` replicas run the same program at
-  the same time. Those on the rank's node are folded into it with their devices as mirrors (NOTE [folded
+* Ranks: one pipeline, the TP x CP ranks of every stage of data-parallel replica 0 (of the replicas that hold
+  whole EP groups when an EP group leaves the replica, NOTE [CP and EP lowering] in
+  :mod:`mcdla.sim.llm_lower_cpep`), in Megatron's rank order
+  (:class:`~mcdla.workload.parallel_dims.ParallelDims`). The other replicas run the same program at the same
+  time. Those on the rank's node are folded into it with their devices as mirrors (NOTE [folded
   ranks]), so the node's other GPUs, PCIe switches, host memory and memory-node links carry their traffic;
   those on other nodes share no finite resource with it (every GPU has its own rail into a non-blocking
   scale-out switch; pools are per node) and are left out. Should replicas straddle nodes unevenly, all
-  ``dp`` are folded. Only the nodes that hold a simulated rank or a mirror are expanded (the nodes are
+  of them are folded. Only the nodes that hold a simulated rank or a mirror are expanded (the nodes are
   identical), each rank on its GPU slot of its node.
 * Each rank runs :func:`mcdla.sim.llm_ranks.pipeline_order`. One chunk's forward of one micro-batch is: wait
   for the input (a :class:`~mcdla.sim.ir.Recv` from the previous stage; a rank posts all its receives up front,
@@ -23,7 +25,9 @@ NOTE [LLM lowering]
   all-reduces (all-gather + reduce-scatter with sequence parallelism) of ``n`` layers as one collective of
   ``2 n`` times the bytes, the latency terms of the ``2 n - 1`` others charged with the compute they are spread
   over (a collective's closed form is its bytes' term plus a latency, so this is exact on an idle fabric), then
-  the send of the activation to the next stage. A backward is the same with the backward compute (and the
+  the send of the activation to the next stage. Context and expert parallelism add their work between the
+  compute and the TP collectives: the ring's K/V sends beside the attention steps or the CP all-gathers, and
+  the MoE all-to-alls (NOTE [CP and EP lowering]). A backward is the same with the backward compute (and the
   recomputation), ``2 n`` collectives (``4 n`` with full recomputation) and the gradient sent back.
 * Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
   while its backward runs; with ``offload_weights`` the chunk's weights are fetched for each forward and each
@@ -35,14 +39,13 @@ NOTE [LLM lowering]
   0) the rank is held for the transfer's time, as the analytical model charges every forward and backward one
   transfer.
 * ``replicas="all"`` (``"auto"`` up to :data:`ALL_REPLICAS_UP_TO` GPUs) simulates every replica instead, unfolded,
-  and runs the data-parallel reduction as collectives on the DP group's fabric dimensions (an all-reduce of the
-  gradients, ZeRO-1/2 moving the same bytes; ZeRO-3 adds an all-gather of the weights): after the rank's
-  pipeline, or with ``dp_overlap`` from the start of its last backward, sharing the links with it. With one
-  pipeline (``"fold"``) the replicas on other nodes have no programs, so a rank runs the reduction's exposed
-  part by its closed form (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer state,
-  runs the Adam step and writes the state back.
-* CP adds no traffic of its own: the cost source splits the compute over ``tp * cp`` and prices no ring
-  exchange.
+  and runs the data-parallel reduction as collectives, one all-reduce per parameter group on its reduction
+  group's fabric dimensions (the ``dp x cp`` replicas, the ``dp cp / ep`` holding the same experts; ZeRO-1/2
+  move the same bytes): after the rank's pipeline, or with ``dp_overlap`` from the start of its last
+  backward, sharing the links with it (so the backward's collectives, not only its compute, run beside it).
+  With one pipeline (``"fold"``) the replicas on other nodes have no programs, so a rank runs the reduction's
+  exposed part by its closed form (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer
+  state, runs the Adam step and writes the state back.
 
 On an idle fabric the programs take the per-rank schedule's time (:func:`mcdla.sim.llm_ranks.simulate_ranks`)
 whenever the offload is hidden by the compute; an exposed offload is shorter here, since the TP collectives
@@ -58,10 +61,12 @@ from dataclasses import dataclass, field
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.hardware.model import Link, LinkKind, Switch, System
-from mcdla.sim.collective_models import Collective, collective_time
+from mcdla.sim.collective_models import Collective
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
 from mcdla.sim.ir_engine import execute
 from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, rank_traffic, stage_costs
+from mcdla.sim.llm_lower_cpep import (PassExchange, batched_collectives, gradient_collectives, pass_exchanges,
+                                      replica_unit)
 from mcdla.sim.llm_ranks import pipeline_order
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
@@ -164,39 +169,18 @@ class _RankBuilder:
 
 def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbytes: float, count: float,
                     ) -> list[tuple[Collective, float]]:
-    """``count`` TP all-reduces (or all-gather + reduce-scatter pairs) of ``nbytes`` as collectives of ``count``
-    times the bytes, each with what the ``count`` calls take beyond the one (their latency terms, NOTE [LLM
-    lowering])."""
-    if len(group) == 1 or count == 0:
-        return []
+    """``count`` TP all-reduces (or all-gather + reduce-scatter pairs) of ``nbytes``, batched
+    (:func:`~mcdla.sim.llm_lower_cpep.batched_collectives`, NOTE [LLM lowering])."""
     layout = ParallelDims.of(e)
-    dims = cluster.group_dims(layout.tp, layout.stride("tp"))
-    levels = tuple(d.size for d in dims)
-    algs = tuple(d.algorithm for d in dims)
     kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
-    return [(Collective(kind=k, nbytes=count * nbytes, group=group, levels=levels, algorithm=algs),
-             max(0.0, count * collective_time(k, nbytes, dims) - collective_time(k, count * nbytes, dims)))
-            for k in kinds]
-
-
-def _dp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], traffic: RankTraffic,
-                    ) -> list[Collective]:
-    """The data-parallel reduction of one rank's gradients as :func:`mcdla.sim.llm.stage_costs` prices it: an
-    all-reduce on the DP group's fabric dimensions (ZeRO-1/2 move the same bytes; :func:`lower` refuses ZeRO-3)."""
-    if len(group) == 1:
-        return []
-    layout = ParallelDims.of(e)
-    dims = cluster.group_dims(layout.dp, layout.stride("dp"))
-    levels, algs = tuple(d.size for d in dims), tuple(d.algorithm for d in dims)
-    return [Collective(kind="all-reduce", nbytes=traffic.gradient_bytes, group=group, levels=levels, algorithm=algs)]
+    return batched_collectives(kinds, nbytes, count, group, cluster.group_dims(layout.tp, layout.stride("tp")))
 
 
 def _unlowered(e: Execution, c: StageCosts) -> str | None:
     """Why the engine cannot lower ``e`` (its traffic would be left out), in one line; None when it can."""
-    if e.cp > 1 or e.ep > 1 or c.layer_ep_fwd_s or c.layer_ep_bwd_s or len(set(c.stage_layers)) > 1:
-        return (f"execution: got cp={e.cp}, ep={e.ep}, stage layers {sorted(set(c.stage_layers))}; the "
-                "engine lowers TP/PP/DP with even pipeline stages only (no context-parallel K/V exchange, "
-                "expert all-to-all or uneven split yet): use the analytical model for this record")
+    if len(set(c.stage_layers)) > 1:
+        return (f"execution: got stage layers {sorted(set(c.stage_layers))}; the engine lowers even pipeline "
+                "stages only (no uneven split yet): use the analytical model for this record")
     if e.zero >= 3 or e.cpu_optimizer or e.offload_tier != "host":
         return (f"execution.zero: got {e.zero} (cpu_optimizer={e.cpu_optimizer}, offload_tier="
                 f"{e.offload_tier}); the engine lowers ZeRO 0-2 with host offload only (no ZeRO-3 per-layer "
@@ -234,15 +218,16 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     def rank(t: int, x: int, s: int, d: int = 0) -> int:
         return layout.rank(tp=t, cp=x, dp=d, pp=s)
 
-    replica_ids = range(e.dp) if every else range(1)
+    unit = e.dp if every else replica_unit(e)  # replicas simulated: whole EP groups (NOTE [CP and EP lowering])
+    replica_ids = range(unit)
     simulated = [rank(t, x, s, d) for d in replica_ids for s in range(p) for x in range(e.cp) for t in range(e.tp)]
     # the replicas a rank stands for that share its node (the others share no finite resource with it)
-    peers = {r: [] if every else [r + d * layout.stride("dp") for d in range(1, e.dp)
-                                  if (r + d * layout.stride("dp")) // k == r // k] for r in simulated}
+    step = unit * layout.stride("dp")
+    peers = {r: [r + d * step for d in range(1, e.dp // unit) if (r + d * step) // k == r // k] for r in simulated}
     fold = 1 + len(peers[simulated[0]])
     if any(len(ps) != fold - 1 for ps in peers.values()):  # replicas straddle nodes unevenly: fold them all
-        peers = {r: [r + d * layout.stride("dp") for d in range(1, e.dp)] for r in simulated}
-        fold = e.dp
+        peers = {r: [r + d * step for d in range(1, e.dp // unit)] for r in simulated}
+        fold = e.dp // unit
     used = sorted({g // k for r in simulated for g in (r, *peers[r])})
     system = _nics_behind_pcie(cluster, cluster.with_nodes(len(used)).expand() if cluster.scale_out is not None
                                else cluster.expand())
@@ -265,9 +250,10 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
                 for t in range(e.tp):
                     r = rank(t, x, s, d)
                     pool = system.pools.get(device(r), ())
-                    dp_colls = _dp_collectives(e, cluster, layout.group("dp", r), traffic) if every else None
+                    dp_colls = gradient_collectives(e, cluster, traffic, r) if every else None
+                    exchanges = pass_exchanges(e, cluster, c, traffic, r, n)
                     ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, fwd_colls, bwd_colls, dp_colls,
-                                    peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
+                                    exchanges, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
                     programs.append(RankProgram(rank=r, ops=tuple(ops), fold=fold))
                     if fold > 1:
                         mirrors[r] = tuple(device(g) for g in peers[r])
@@ -303,10 +289,11 @@ def _receives(s: int, p: int, m: int, v: int) -> list[tuple[int, str]]:
 
 def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v: int, c: StageCosts,
               e: Execution, traffic: RankTraffic, pool: Sequence[str], fwd_colls: list[tuple[Collective, float]],
-              bwd_colls: list[tuple[Collective, float]], dp_colls: list[Collective] | None, *,
-              peer: Callable[[int], int]) -> list[Op]:
+              bwd_colls: list[tuple[Collective, float]], dp_colls: list[Collective] | None,
+              exchanges: tuple[PassExchange, PassExchange], *, peer: Callable[[int], int]) -> list[Op]:
     """The ops of rank ``r`` on stage ``s`` (NOTE [LLM lowering]); ``peer(stage)``: the same TP x CP slot there;
-    ``dp_colls``: the data-parallel reduction as collectives, or None to run its closed-form exposed time."""
+    ``dp_colls``: the data-parallel reduction as collectives, or None to run its closed-form exposed time;
+    ``exchanges``: the CP and EP work of a forward and a backward pass (NOTE [CP and EP lowering])."""
     b = _RankBuilder(r)
     n = c.layers_per_stage // v
     q = len(pool)
@@ -325,7 +312,8 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
             seconds = n * c.layer_fwd_s + (c.last_fwd_s if last_chunk else 0.0)
         else:
             seconds = n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last_chunk else 0.0)
-        seconds += sum(lat for _coll, lat in colls)  # the other calls' latencies, spread over the layers
+        exchange = exchanges[0] if forward else exchanges[1]
+        seconds += sum(lat for _coll, lat in colls) + exchange.compute_s  # other calls' latencies; ring attention
         if dp_colls and e.dp_overlap and not forward and (mb, ch) == last_backward:  # starts with the last backward
             reduce_waits = tuple(waits)
         compute = b.add(Compute(name=f"compute-{tag}", seconds=seconds, waits=tuple(waits)))
@@ -340,6 +328,8 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
                 copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem, nbytes=nbytes / q,
                                          stream=f"{kind.__name__.lower()}{j}-{mem}", waits=tuple(waits))))
         done = compute
+        for op in exchange.ops(tag, compute):
+            done = b.add(op)
         for i, (coll, _latency_s) in enumerate(colls):
             done = b.add(CollectiveOp(name=f"tp{i}-{tag}", collective=coll, waits=(done,)))
         b.copies = copies
