@@ -43,8 +43,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from mcdla.errors import ConfigError, OffloadError
+from mcdla.runtime import _fsdp_units as fsdp
 from mcdla.runtime import _tensor_store as store
-from mcdla.runtime._state_plan import offloaded_modules
+from mcdla.runtime._state_plan import offloaded_modules, weight_prefetch
 from mcdla.runtime.pool import Pool, Tier, as_pool
 
 if TYPE_CHECKING:
@@ -58,10 +59,12 @@ class _Unit:
     """A module's own parameters, moved together."""
 
     name: str
-    params: list[nn.Parameter]
+    params: list[torch.Tensor]  # the tensors whose storages move: the parameters, or FSDP2's padded shards
     labels: list[str]  # how errors name each parameter ("parameter 'body.0.weight'")
     nbytes: int
-    start_tier: int = 0  # the pool tier its blocks go to first
+    prefetch: int  # units fetched ahead when this one is fetched for use
+    start_tiers: list[int] = field(default_factory=list)  # per parameter: the pool tier its block goes to first
+    group: Any = None  # the FSDP2 parameter group whose all-gather this unit feeds (NOTE [sharded units])
     stored: list[store._Stored | None] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # each parameter's version when its bytes were last stored
     resident: bool = True
@@ -106,10 +109,23 @@ class ParameterOffloader:
         self.fetches_ahead = 0
         self.fetches_on_demand = 0
         only = None if plan is None else offloaded_modules(plan, model, "weights", self.pool)
-        self._units = self._build_units(model, only)
+        depth = {} if plan is None else weight_prefetch(plan)
+        fsdp.lazy_init(model)  # FSDP2 re-reads its shards there (NOTE [sharded units])
+        self._units = self._build_units(model, only, depth, prefetch)
         self._where = {id(p): (u, i) for _, u in self._units for i, p in enumerate(u.params)}
+        for sg in fsdp.sharded_groups(model, only):
+            unit = _Unit(name=sg.name, params=sg.holders, labels=sg.labels, group=sg.group,
+                         nbytes=sum(h.untyped_storage().nbytes() for h in sg.holders),
+                         prefetch=depth.get(sg.module_names[0], prefetch),
+                         start_tiers=[0 if only is None else only[m] for m in sg.module_names],
+                         stored=[None] * len(sg.holders), versions=[-1] * len(sg.holders))
+            self._units.append((sg.group, unit))
+            self._where.update({id(p): (unit, i) for i, p in enumerate(sg.params)})
         self._handles: list[Any] = []
         for module, unit in self._units:
+            if unit.group is not None:
+                fsdp.wrap_unshard(unit.group, self._make_unshard(unit))
+                continue
             self._handles.append(module.register_forward_pre_hook(self._make_pre_forward(unit)))
             self._handles.append(module.register_forward_hook(self._make_post_forward(unit)))
             for p in unit.params:
@@ -121,8 +137,10 @@ class ParameterOffloader:
         self.reset_report()
 
     @staticmethod
-    def _build_units(model: nn.Module, only: dict[str, int] | None) -> list[tuple[nn.Module, _Unit]]:
-        """The units to move: every module owning parameters, or those in ``only`` (name -> first tier)."""
+    def _build_units(model: nn.Module, only: dict[str, int] | None, depth: dict[str, int],
+                     prefetch: int) -> list[tuple[Any, _Unit]]:
+        """The units to move: every module owning plain parameters, or those in ``only`` (name -> first tier);
+        ``depth`` gives a module's prefetch depth (default ``prefetch``)."""
         owners: dict[int, int] = {}
         for _, m in model.named_modules(remove_duplicate=False):
             for p in m._parameters.values():
@@ -134,7 +152,8 @@ class ParameterOffloader:
                    and _whole_storage(p)]
             if not own or (only is not None and name not in only):
                 continue
-            unit = _Unit(name=name, params=[p for _, p in own], start_tier=0 if only is None else only[name],
+            unit = _Unit(name=name, params=[p for _, p in own], prefetch=depth.get(name, prefetch),
+                         start_tiers=[0 if only is None else only[name]] * len(own),
                          labels=[f"parameter {(name + '.' if name else '') + n!r}" for n, _ in own],
                          nbytes=sum(p.untyped_storage().nbytes() for _, p in own),
                          stored=[None] * len(own), versions=[-1] * len(own))
@@ -246,7 +265,7 @@ class ParameterOffloader:
         i = self._position.get(id(unit))
         if i is None:
             return
-        for k in range(1, self.prefetch + 1):
+        for k in range(1, unit.prefetch + 1):
             j = i + step * k
             if 0 <= j < len(self._order) and not self._order[j].resident:
                 self._start_fetch(self._order[j])
@@ -260,7 +279,7 @@ class ParameterOffloader:
         for i, p in enumerate(unit.params):
             if unit.stored[i] is None or p._version != unit.versions[i]:
                 data = p.detach().cpu() if p.device.type != "cpu" else store.storage_bytes(p.untyped_storage())
-                new = store.put(self.pool, data, label=unit.labels[i], start=unit.start_tier)
+                new = store.put(self.pool, data, label=unit.labels[i], start=unit.start_tiers[i])
                 store.free(unit.stored[i])
                 unit.stored[i], unit.versions[i] = new, p._version
         self._empty(unit)
@@ -315,6 +334,29 @@ class ParameterOffloader:
 
         return pre_backward
 
+    def _make_unshard(self, unit: _Unit):
+        """The wrapper of an FSDP2 group's ``unshard`` (NOTE [sharded units])."""
+        def around(original: Any, args: tuple, kwargs: dict) -> Any:
+            group = unit.group
+            if self._closed or not fsdp.gathers(group):
+                return original(*args, **kwargs)
+            backward = fsdp.in_backward(group)
+            if not self._order_frozen:
+                if backward or id(unit) in self._position:
+                    self._order_frozen = True
+                else:
+                    self._position[id(unit)] = len(self._order)
+                    self._order.append(unit)
+            self._wait(unit)
+            self._prefetch_from(unit, -1 if backward else 1)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                fsdp.copy_in_done(group)
+                self._release(unit)
+
+        return around
+
     def _make_grad_done(self, unit: _Unit):
         def grad_done(p: torch.Tensor) -> None:
             if unit.awaiting_grads > 0:
@@ -346,21 +388,25 @@ class ParameterOffloader:
         moves its version counter, and then the device copy is the current one.
         """
         unit, i = self._where[id(p)]
-        st = unit.stored[i]
-        if unit.resident and (st is None or p._version != unit.versions[i]):
-            return p.detach().to("cpu", copy=True)
+        st, local = unit.stored[i], store.local_tensor(p.detach())
+        if unit.resident and (st is None or unit.params[i]._version != unit.versions[i]):
+            return local.to("cpu", copy=True)
         assert st is not None
-        return store.get(st).view(p.dtype).view(p.shape)
+        return store.get(st).reshape(-1).view(torch.uint8).view(local.dtype)[:local.numel()].view(local.shape)
 
     def write_value(self, p: torch.Tensor, value: torch.Tensor) -> None:
         """Make ``value`` (CPU, ``p``'s dtype and shape) managed parameter ``p``'s value, wherever it is now."""
         unit, i = self._where[id(p)]
         if unit.resident:
             with torch.no_grad():
-                p.detach().copy_(value)  # moves p's version: stored again when released
+                store.local_tensor(p.detach()).copy_(value)  # moves the storage's version: stored again when released
             return
-        new = store.put(self.pool, value.detach().reshape(-1).view(torch.uint8), label=unit.labels[i],
-                        start=unit.start_tier)
+        data = value.detach().reshape(-1).view(torch.uint8)
+        st = unit.stored[i]
+        assert st is not None
+        if data.numel() != st.block.nbytes:  # an FSDP2 shard's padding: zeros, as fully_shard pads
+            data = torch.cat([data, data.new_zeros(st.block.nbytes - data.numel())])
+        new = store.put(self.pool, data, label=unit.labels[i], start=unit.start_tiers[i])
         store.free(unit.stored[i])
         unit.stored[i], unit.versions[i] = new, p._version
 
@@ -379,6 +425,8 @@ class ParameterOffloader:
             yield
         finally:
             for _, unit in self._units:
+                if unit.group is not None:  # in-place ops on a DTensor do not move its shard's version counter
+                    unit.versions = [-1] * len(unit.params)
                 self._release(unit)
 
     def close(self) -> None:
@@ -400,6 +448,9 @@ class ParameterOffloader:
         self._closed = True
         for h in self._handles:
             h.remove()
+        for _, unit in self._units:
+            if unit.group is not None:
+                fsdp.unwrap_unshard(unit.group)
         self._worker.shutdown(wait=True)
         for _, unit in self._units:
             for st in unit.stored:
