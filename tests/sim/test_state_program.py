@@ -74,9 +74,8 @@ def test_two_layers_slow_link_exposes_every_fetch() -> None:
 def test_prefetch_depth_zero_fetches_every_layer_on_demand() -> None:
     """Prefetch 0: with weights offloaded, every layer's fetch is exposed (2 layers x 2 passes)."""
     wl = _workload(2)
-    plan = _plan(wl, l0={"weights": "offload"}, l1={"weights": "offload"})
-    program = build_program(wl, plan, default_device(), model_parallel=False, n_devices=1, bucket_bytes=1e9,
-                            state_prefetch=0)
+    plan = _plan(wl, l0={"weights": "offload", "prefetch": 0}, l1={"weights": "offload", "prefetch": 0})
+    program = build_program(wl, plan, default_device(), model_parallel=False, n_devices=1, bucket_bytes=1e9)
     assert [op.start_fetch for op in program.ops] == [(), (), (), ()]
     assert [len(op.reach_fetch) for op in program.ops] == [1, 1, 1, 1]
     assert program.static_bytes == pytest.approx(2 * P * (1 + R))
@@ -86,8 +85,8 @@ def test_prefetch_depth_zero_exposes_every_fetch_in_the_engine() -> None:
     """Prefetch 0, two layers' weights offloaded: four fetches on the critical path."""
     wl = _workload(2)
     bandwidth = 2e9
-    plan = _plan(wl, l0={"weights": "offload"}, l1={"weights": "offload"})
-    r = evaluate_plan(wl, plan, PoolLink.symmetric(bandwidth), state_prefetch=0)
+    plan = _plan(wl, l0={"weights": "offload", "prefetch": 0}, l1={"weights": "offload", "prefetch": 0})
+    r = evaluate_plan(wl, plan, PoolLink.symmetric(bandwidth))
     assert r.iteration_time_s == pytest.approx(4 * P / bandwidth + 2 * F_S + 2 * B_S)
 
 
@@ -138,9 +137,9 @@ def test_the_step_covers_compute_and_every_byte_on_the_prefetch_route(layers, ba
     wl = Workload(name="toy", batch=1, optimizer_bytes_per_param_byte=R, layers=tuple(
         Layer(name=f"l{i}", kind=LayerKind.FC, fwd_flops=0, bwd_flops=0, fwd_time_s=F_S, bwd_time_s=B_S,
               param_bytes=p * 1e8, saved_bytes=0, output_bytes=0) for i, (p, _, _) in enumerate(layers)))
-    where = {f"l{i}": {"weights": "offload" if w else "device", "optimizer_state": "offload" if o else "device"}
-             for i, (_, w, o) in enumerate(layers)}
-    r = evaluate_plan(wl, _plan(wl, **where), PoolLink.symmetric(bandwidth), state_prefetch=prefetch)
+    where = {f"l{i}": {"weights": "offload" if w else "device", "optimizer_state": "offload" if o else "device",
+                       "prefetch": prefetch} for i, (_, w, o) in enumerate(layers)}
+    r = evaluate_plan(wl, _plan(wl, **where), PoolLink.symmetric(bandwidth))
     h2d = sum(p * 1e8 * (2 * w + (o and not w)) for p, w, o in layers)
     assert r.iteration_time_s >= len(layers) * (F_S + B_S) * (1 - 1e-12)
     assert r.iteration_time_s >= h2d / bandwidth * (1 - 1e-12)

@@ -244,14 +244,15 @@ class StatePrediction(NamedTuple):
     serial_step_s: float  # compute, every state copy and every update one after another (no spare core)
 
 
-def predict_states(workload: Workload, plan: Plan, link: PoolLink, *, prefetch: int,
+def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
                    update_s_per_param_byte: float = 0.0) -> StatePrediction:
     """The engine's step time and peak resident offloaded-weight bytes for ``plan``'s ``state`` entries.
 
     NOTE [predicting state]
     The step is the engine's run of the measured layer times (NOTE [measured times in the engine]) with the
     plan's state (NOTE [state in the program] in ``mcdla.sim.program``) on an unlimited device: the fetches of
-    offloaded weights ``prefetch`` layers ahead, gradients out and parameters back over ``link``. The peak
+    offloaded weights as many layers ahead as each entry's ``prefetch`` says, gradients out and parameters back
+    over ``link``. The peak
     weight bytes come from a second run that counts weights only (no saved tensors, outputs, workspace or
     optimizer state; gradients kept): its peak less the bytes it keeps throughout (every gradient and the kept
     weights) is what ``mcdla.offload_parameters`` reports as ``peak_resident_bytes``, the offloaded weights
@@ -265,7 +266,7 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *, prefetch: 
 
     device = time_device(workload.precision)
     timed = timed_view(workload, saved_only=False)
-    result = evaluate_plan(timed, plan, link, device=device, budget_bytes=math.inf, state_prefetch=prefetch,
+    result = evaluate_plan(timed, plan, link, device=device, budget_bytes=math.inf,
                            update_s_per_param_byte=update_s_per_param_byte)
     if not result.feasible:
         raise PlanError(f"simulator: the plan cannot run: {result.infeasible_reason}")
@@ -275,8 +276,7 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *, prefetch: 
     state = tuple(dataclasses.replace(sd, gradients=Placement.DEVICE, optimizer_state=Placement.DEVICE)
                   for sd in plan.state)
     weights_plan = dataclasses.replace(plan, decisions=(), state=state)
-    peak = evaluate_plan(weights_only, weights_plan, link, device=device, budget_bytes=math.inf,
-                         state_prefetch=prefetch).peak_device_bytes
+    peak = evaluate_plan(weights_only, weights_plan, link, device=device, budget_bytes=math.inf).peak_device_bytes
     kept = sum(l.param_bytes * (1 + (not weights_plan.state_of(l.name).offloads("weights")))
                for l in weights_only.layers)
     serial = result.compute_s

@@ -14,6 +14,7 @@ same run: the fastest (least disturbed by other work on the machine) plain Adam 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -53,7 +54,7 @@ class StateValidation:
 
     model: str
     pool: str
-    prefetch: int
+    prefetch: tuple[int, ...]  # the distinct prefetch depths of the plan's offloaded-weight entries
     offloaded_weight_layers: int
     offloaded_optimizer_layers: int
     predicted_step_s: float
@@ -77,7 +78,8 @@ class StateValidation:
     def summary(self) -> str:
         spread = max(self.measured_step_samples_s) / min(self.measured_step_samples_s) - 1
         return "\n".join([
-            f"{self.model}: pool {self.pool}, prefetch {self.prefetch}, weights of {self.offloaded_weight_layers} and "
+            f"{self.model}: pool {self.pool}, prefetch {','.join(map(str, self.prefetch)) or '-'}, weights of "
+            f"{self.offloaded_weight_layers} and "
             f"optimizer state of {self.offloaded_optimizer_layers} module(s) offloaded",
             f"  step time:    predicted {self.predicted_step_s * 1e3:9.2f} ms   measured {self.measured_step_s * 1e3:9.2f} ms"
             f"   error {self.step_time_error:+.1%}   (samples spread {spread:.1%}; plain Adam step "
@@ -117,10 +119,12 @@ def _timed_steps(model: torch.nn.Module, inputs: Any, loss_fn: Any, optimizer: A
     return times, updates
 
 
-def validate_states(model: str | ResolvedModel, *, pool: str = "host", plan: Plan | None = None, prefetch: int = 1,
+def validate_states(model: str | ResolvedModel, *, pool: str = "host", plan: Plan | None = None,
+                    prefetch: int | None = None,
                     steps: int = 5, warmup: int = 2, lr: float = 1e-3, threads: int | None = None) -> StateValidation:
     """Profile, predict and run a state plan under Adam (see the module docstring); ``steps`` measured steps
-    after ``warmup`` (at least 1, the order-learning step); ``threads``: torch intra-op threads for the whole
+    after ``warmup`` (at least 1, the order-learning step); ``prefetch``: the depth to give every state entry
+    (None: the plan's own, 1 in the default plan); ``threads``: torch intra-op threads for the whole
     loop (None: leave as is; on a shared machine more threads than free cores make every small op wait)."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads: got {threads!r}; must be an integer >= 1")
@@ -133,13 +137,13 @@ def validate_states(model: str | ResolvedModel, *, pool: str = "host", plan: Pla
         torch.set_num_threads(previous)
 
 
-def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, prefetch: int, steps: int,
+def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, prefetch: int | None, steps: int,
                      warmup: int, lr: float) -> StateValidation:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps: got {steps!r}; must be an integer >= 1")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
         raise ConfigError(f"warmup: got {warmup!r}; must be an integer >= 1 (the first step learns the order)")
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+    if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
         raise ConfigError(f"prefetch: got {prefetch!r}; must be an integer >= 0")
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
     inputs = normalize_inputs(resolved.example_inputs)
@@ -149,6 +153,9 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
     workload = profiled.workload
     modules = {n for n, _ in resolved.model.named_modules()}
     chosen = plan if plan is not None else offload_all_plan(workload, modules)
+    if prefetch is not None:
+        chosen = dataclasses.replace(chosen, state=tuple(dataclasses.replace(sd, prefetch=prefetch)
+                                                         for sd in chosen.state))
     pool_obj = parse_pool(pool)
     try:
         link = probe_pool(pool_obj).link
@@ -160,9 +167,9 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
         r = workload.optimizer_bytes_per_param_byte
         update_rate = (min(plain_updates[warmup:]) / max(workload.param_bytes, 1.0)
                        + r / link.prefetch_bytes_per_s + r / link.offload_bytes_per_s)
-        prediction = predict_states(workload, chosen, link, prefetch=prefetch, update_s_per_param_byte=update_rate)
+        prediction = predict_states(workload, chosen, link, update_s_per_param_byte=update_rate)
         run_model = copy.deepcopy(resolved.model)
-        params = offload_parameters(run_model, pool_obj, prefetch=prefetch, plan=chosen)
+        params = offload_parameters(run_model, pool_obj, plan=chosen)
         opt = offload_optimizer(torch.optim.Adam(run_model.parameters(), lr=lr), pool_obj, model=run_model,
                                 parameters=params, plan=chosen)
         peaks: list[int] = []
@@ -176,7 +183,8 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
         pool_obj.close()
     measured = times[warmup:]
     return StateValidation(
-        model=resolved.name, pool=pool, prefetch=prefetch,
+        model=resolved.name, pool=pool,
+        prefetch=tuple(sorted({sd.prefetch for sd in chosen.state if sd.offloads("weights")})),
         offloaded_weight_layers=sum(sd.offloads("weights") for sd in chosen.state),
         offloaded_optimizer_layers=sum(sd.offloads("optimizer_state") for sd in chosen.state),
         predicted_step_s=prediction.step_s, serial_step_s=prediction.serial_step_s, measured_step_s=statistics.median(measured),

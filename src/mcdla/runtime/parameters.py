@@ -86,10 +86,14 @@ class ParameterOffloader:
     fetches that were prefetched or waited for.
     """
 
-    def __init__(self, model: nn.Module, *, pool: str | Pool | Tier | list[str | Tier], prefetch: int,
+    def __init__(self, model: nn.Module, *, pool: str | Pool | Tier | list[str | Tier], prefetch: int | None,
                  plan: Plan | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"offload_parameters.model: got {type(model).__name__}; must be a torch.nn.Module")
+        if plan is not None and prefetch is not None:
+            raise ConfigError(f"offload_parameters.prefetch: got {prefetch!r} with plan=; the plan's state entries "
+                              "carry each module's depth (leave prefetch unset)")
+        prefetch = 1 if prefetch is None else prefetch
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ConfigError(f"offload_parameters.prefetch: got {prefetch!r}; must be an int >= 0")
         self.model = model
@@ -463,7 +467,7 @@ class ParameterOffloader:
 
 
 def offload_parameters(model: nn.Module, pool: str | Pool | Tier | list[str | Tier] = "host", *,
-                       prefetch: int = 1, plan: Plan | None = None) -> ParameterOffloader:
+                       prefetch: int | None = None, plan: Plan | None = None) -> ParameterOffloader:
     """Keep ``model``'s layer weights in ``pool`` between uses, fetched ``prefetch`` layers ahead.
 
     Args:
@@ -472,9 +476,10 @@ def offload_parameters(model: nn.Module, pool: str | Pool | Tier | list[str | Ti
         pool: a pool spec string (``"host"``, ``"file:/scratch"``, ``"compress(file:/scratch)"``), a
             ``Pool``, a tier or a list.
         prefetch: units fetched ahead of the one running, in forward and in backward order (0: each is
-            fetched when needed).
-        plan: a ``mcdla.workload.plan.Plan`` whose ``state`` entries say which modules' weights to move (and
-            to which tier); without it every module owning parameters is moved.
+            fetched when needed; default 1). Not with ``plan``, whose entries carry each module's depth.
+        plan: a ``mcdla.workload.plan.Plan`` whose ``state`` entries say which modules' weights to move (to
+            which tier, fetched how many units ahead: ``StateDecision.prefetch``); without it every module
+            owning parameters is moved.
 
     Between uses a moved parameter's storage is empty: read it (a plain optimizer's ``step()``,
     ``model.state_dict()``, comparisons) only inside :meth:`ParameterOffloader.gathered` or after
