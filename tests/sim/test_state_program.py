@@ -143,3 +143,38 @@ def test_the_step_covers_compute_and_every_byte_on_the_prefetch_route(layers, ba
     h2d = sum(p * 1e8 * (2 * w + (o and not w)) for p, w, o in layers)
     assert r.iteration_time_s >= len(layers) * (F_S + B_S) * (1 - 1e-12)
     assert r.iteration_time_s >= h2d / bandwidth * (1 - 1e-12)
+
+
+def test_host_peak_counts_weights_and_optimizer_state_held_in_the_pool() -> None:
+    """Two layers, everything offloaded, instant updates: the pool holds both layers' weights (P each) and
+    optimizer state (R * P each) throughout, plus one gradient at a time while it leaves (l1's at 4-4.25 s,
+    l0's at 6-6.25 s): peak 2P(1 + R) + P, by hand; the pool's timeline starts at 2P(1 + R)."""
+    wl = _workload(2)
+    plan = _plan(wl, l0=ALL, l1=ALL)
+    r = evaluate_plan(wl, plan, PoolLink.symmetric(4e9))
+    assert r.peak_bytes_by_tier["host"] == pytest.approx(2 * P * (1 + R) + P)
+    from mcdla.sim import one_device_system, simulate
+
+    timed = simulate(one_device_system(default_device(), PoolLink.symmetric(4e9), math.inf), wl, plan,
+                     record_timeline=True)
+    assert timed.memory_timeline["host"][0] == (0.0, pytest.approx(2 * P * (1 + R)))
+    assert max(b for _, b in timed.memory_timeline["host"]) == pytest.approx(2 * P * (1 + R) + P)
+
+
+def test_host_peak_counts_gradients_waiting_for_slow_updates() -> None:
+    """Optimizer state offloaded (weights kept) with 3 s CPU updates: l1's gradient is held 4-7.25 s, l0's from
+    6 s (NOTE [state in the program]), so both overlap: peak 2 R P + 2P, by hand."""
+    wl = _workload(2)
+    where = {"optimizer_state": "offload"}
+    r = evaluate_plan(wl, _plan(wl, l0=where, l1=where), PoolLink.symmetric(4e9), update_s_per_param_byte=3.0 / P)
+    assert r.peak_bytes_by_tier["host"] == pytest.approx(2 * R * P + 2 * P)
+
+
+def test_host_peak_without_state_is_the_activations_alone() -> None:
+    """A plan without state entries offloading one layer's saved bytes: the pool peak is those bytes only."""
+    layers = tuple(Layer(name=f"l{i}", kind=LayerKind.FC, fwd_flops=0, bwd_flops=0, fwd_time_s=F_S,
+                         bwd_time_s=B_S, param_bytes=P, saved_bytes=3e8, output_bytes=0) for i in range(2))
+    wl = Workload(name="toy", batch=1, layers=layers, optimizer_bytes_per_param_byte=R)
+    plan = Plan.from_actions(workload="toy", batch=1, layer_names=wl.layer_names, actions={"l0": "offload"})
+    r = evaluate_plan(wl, plan, PoolLink.symmetric(4e9))
+    assert r.peak_bytes_by_tier["host"] == pytest.approx(3e8)

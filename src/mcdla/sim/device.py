@@ -270,6 +270,8 @@ class DeviceState:
         for pf in op.end_prefetch:
             self.issue_prefetch(pf, now)
         if op.update_bytes > 0.0:
+            if not engine.unlimited:  # the gradient's host copy, until its update has run
+                engine.pool_hold_state(self, op.update_bytes, now)
             self._state_transfer(op, True, op.update_bytes, self._end_gradient_out, now)
         if op.coll_bytes > 0.0:
             coll = engine.arrive(self, op, now)
@@ -406,6 +408,8 @@ class DeviceState:
 
     def _end_cpu_update(self, op: Op, now: float) -> None:
         self.cpu_busy = False
+        if not self.engine.unlimited:
+            self.engine.pool_hold_state(self, -op.update_bytes, now)
         if op.update_back:
             self._state_transfer(op, False, op.update_bytes, self._end_update, now)
         else:

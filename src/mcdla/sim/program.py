@@ -25,7 +25,13 @@ NOTE [state in the program]
       model, so it is 0 unless given), and the parameter (``P``) comes back over the prefetch route unless the
       weights are offloaded too (the update then writes the pool). An offloaded gradient takes ``P`` on the
       device from ``B_i`` until its copy out lands. The iteration ends when the last update has landed
-      (``OffloadedOptimizer.step`` waits).
+      (``OffloadedOptimizer.step`` waits);
+    - the pool memories hold what the runtime keeps in its tiers: the offloaded weights and optimizer state
+      for the whole step (``Program.pool_state_bytes``; a fetch leaves a weight's block in place), and each
+      offloaded optimizer's gradient (``P``) from the start of its copy out until its update has run, besides
+      the offloaded activations; so ``SimResult.peak_bytes_by_tier`` and ``memory_timeline`` of the pool's kind
+      (``"host"``, ``"memory-node"``) count them. They take room from offloaded activations (which wait for
+      room) but never wait themselves: state alone above the pool's capacity shows as a peak above it.
 """
 
 from __future__ import annotations
