@@ -87,3 +87,21 @@ def test_plan_file_round_trip_keeps_the_depth(tmp_path) -> None:
     plan = _plan([2, 0, 1, 3])
     plan.save(tmp_path / "p.json")
     assert [sd.prefetch for sd in Plan.load(tmp_path / "p.json").state] == [2, 0, 1, 3]
+
+
+def test_prediction_parts_by_hand() -> None:
+    """The prediction's parts on the hand workload (every weight and optimizer state offloaded): compute is the
+    layers' forward + backward times, updates the parameter bytes times the rate, copies two fetches per layer
+    plus a gradient out (latency each), and the serial bound their sum."""
+    link = PoolLink(offload_bytes_per_s=2e9, prefetch_bytes_per_s=1e9, latency_s=1e-5, source="test")
+    wl = _workload()
+    plan = Plan(workload="mlp", batch=1, budget_bytes=math.inf, decisions=(), layer_names=tuple(NAMES),
+                state=tuple(StateDecision(layer=n, weights="offload", gradients="offload", optimizer_state="offload")
+                            for n in NAMES))
+    rate = 1e-9
+    got = predict_states(wl, plan, link, update_s_per_param_byte=rate)
+    sizes = _layer_bytes()
+    assert got.compute_s == pytest.approx(len(sizes) * 3e-3)
+    assert got.update_s == pytest.approx(sum(sizes) * rate)
+    assert got.copy_s == pytest.approx(sum(2 * (1e-5 + b / 1e9) + 1e-5 + b / 2e9 for b in sizes))
+    assert got.serial_step_s == pytest.approx(got.compute_s + got.update_s + got.copy_s)

@@ -117,7 +117,9 @@ def _validate_states(model: str, pool: str, plan: Optional[Path], steps: int, wa
         from mcdla.report.meta import results_meta
 
         print_json({"meta": results_meta(), **{k: getattr(result, k) for k in result.__dataclass_fields__
-                                               if k != "link"}, "step_time_error": result.step_time_error})
+                                               if k != "link"}, "step_time_error": result.step_time_error,
+                    "same_run_compute_step_s": result.same_run_compute_step_s,
+                    "same_run_compute_error": result.same_run_compute_error})
         return
     console.print(result.summary(), markup=False)
 

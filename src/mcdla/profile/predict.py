@@ -242,6 +242,9 @@ class StatePrediction(NamedTuple):
     peak_weight_bytes: float  # resident bytes of the offloaded layers' weights (ParameterOffloader's peak)
     exposed_s: float  # compute waiting for weight fetches and, after the last backward, for updates
     serial_step_s: float  # compute, every state copy and every update one after another (no spare core)
+    compute_s: float  # the layers' forward and backward alone
+    update_s: float  # every CPU update, one after another
+    copy_s: float  # every state transfer at the link's rates and latency, one after another
 
 
 def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
@@ -279,16 +282,18 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
     peak = evaluate_plan(weights_only, weights_plan, link, device=device, budget_bytes=math.inf).peak_device_bytes
     kept = sum(l.param_bytes * (1 + (not weights_plan.state_of(l.name).offloads("weights")))
                for l in weights_only.layers)
-    serial = result.compute_s
+    copies = updates = 0.0
     for l in timed.layers:
         where = plan.state_of(l.name)
         if l.param_bytes <= 0:
             continue
         if where.offloads("weights"):  # fetched for forward and for backward
-            serial += 2 * (link.latency_s + l.param_bytes / link.prefetch_bytes_per_s)
+            copies += 2 * (link.latency_s + l.param_bytes / link.prefetch_bytes_per_s)
         if where.offloads("optimizer_state"):  # gradient out, update, parameter back unless it lives in the pool
-            serial += link.latency_s + l.param_bytes / link.offload_bytes_per_s + l.param_bytes * update_s_per_param_byte
+            copies += link.latency_s + l.param_bytes / link.offload_bytes_per_s
+            updates += l.param_bytes * update_s_per_param_byte
             if not where.offloads("weights"):
-                serial += link.latency_s + l.param_bytes / link.prefetch_bytes_per_s
+                copies += link.latency_s + l.param_bytes / link.prefetch_bytes_per_s
+    compute = float(result.compute_s)
     return StatePrediction(float(result.iteration_time_s), float(peak - kept), float(result.exposed_virtualization_s),
-                           float(serial))
+                           compute + copies + updates, compute, updates, copies)
