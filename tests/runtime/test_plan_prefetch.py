@@ -91,8 +91,8 @@ def test_plan_file_round_trip_keeps_the_depth(tmp_path) -> None:
 
 def test_prediction_parts_by_hand() -> None:
     """The prediction's parts on the hand workload (every weight and optimizer state offloaded): compute is the
-    layers' forward + backward times, updates the parameter bytes times the rate, copies two fetches per layer
-    plus a gradient out (latency each), and the serial bound their sum."""
+    layers' forward + backward times, updates the parameter bytes times the rate, copies two fetches per layer,
+    a gradient out and the new weight written into the pool (latency each), and the serial bound their sum."""
     link = PoolLink(offload_bytes_per_s=2e9, prefetch_bytes_per_s=1e9, latency_s=1e-5, source="test")
     wl = _workload()
     plan = Plan(workload="mlp", batch=1, budget_bytes=math.inf, decisions=(), layer_names=tuple(NAMES),
@@ -103,5 +103,5 @@ def test_prediction_parts_by_hand() -> None:
     sizes = _layer_bytes()
     assert got.compute_s == pytest.approx(len(sizes) * 3e-3)
     assert got.update_s == pytest.approx(sum(sizes) * rate)
-    assert got.copy_s == pytest.approx(sum(2 * (1e-5 + b / 1e9) + 1e-5 + b / 2e9 for b in sizes))
+    assert got.copy_s == pytest.approx(sum(2 * (1e-5 + b / 1e9) + 2 * (1e-5 + b / 2e9) for b in sizes))
     assert got.serial_step_s == pytest.approx(got.compute_s + got.update_s + got.copy_s)

@@ -289,11 +289,11 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
             continue
         if where.offloads("weights"):  # fetched for forward and for backward
             copies += 2 * (link.latency_s + l.param_bytes / link.prefetch_bytes_per_s)
-        if where.offloads("optimizer_state"):  # gradient out, update, parameter back unless it lives in the pool
+        if where.offloads("optimizer_state"):  # gradient out, update, new value in: the device's or the pool's
             copies += link.latency_s + l.param_bytes / link.offload_bytes_per_s
             updates += l.param_bytes * update_s_per_param_byte
-            if not where.offloads("weights"):
-                copies += link.latency_s + l.param_bytes / link.prefetch_bytes_per_s
+            into = link.offload_bytes_per_s if where.offloads("weights") else link.prefetch_bytes_per_s
+            copies += link.latency_s + l.param_bytes / into
     compute = float(result.compute_s)
     return StatePrediction(float(result.iteration_time_s), float(peak - kept), float(result.exposed_virtualization_s),
                            compute + copies + updates, compute, updates, copies)

@@ -22,14 +22,15 @@ NOTE [state in the program]
     - offloaded optimizer state: when ``B_i`` ends its gradient (``P``) is copied out over the offload route
       then updated on the CPU, one layer at a time (the optimizer's one worker thread), for
       ``P * update_s_per_param_byte`` (a measured rate: the host's update speed is not part of the system
-      model, so it is 0 unless given), and the parameter (``P``) comes back over the prefetch route unless the
-      weights are offloaded too (the update then writes the pool). An offloaded gradient takes ``P`` on the
-      device from ``B_i`` until its copy out lands. The iteration ends when the last update has landed
-      (``OffloadedOptimizer.step`` waits);
+      model, so it is 0 unless given). An offloaded gradient takes ``P`` on the device from ``B_i`` until its
+      copy out lands. ``OffloadedOptimizer.step()`` then runs once the last operation has ended and every
+      update has run: it copies each new value (``P``) in, one after another in update order, over the
+      prefetch route into the device's weights, or, with the weights offloaded too, over the offload route
+      into the pool (a new block). The iteration ends when the last is in place;
     - the pool memories hold what the runtime keeps in its tiers: the offloaded weights and optimizer state
-      for the whole step (``Program.pool_state_bytes``; a fetch leaves a weight's block in place), and each
-      offloaded optimizer's gradient (``P``) from the start of its copy out until its update has run, besides
-      the offloaded activations; so ``SimResult.peak_bytes_by_tier`` and ``memory_timeline`` of the pool's kind
+      for the whole step (``Program.pool_state_bytes``; a fetch leaves a weight's block in place), and for
+      each offloaded optimizer ``P`` on the host from the start of its gradient's copy out until ``step()``
+      has copied its new value in (the gradient, then the new value), besides the offloaded activations; so ``SimResult.peak_bytes_by_tier`` and ``memory_timeline`` of the pool's kind
       (``"host"``, ``"memory-node"``) count them. They take room from offloaded activations (which wait for
       room) but never wait themselves: state alone above the pool's capacity shows as a peak above it.
 """
