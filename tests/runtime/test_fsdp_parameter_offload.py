@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+from mcdla.errors import ConfigError
 from mcdla.runtime import offload_optimizer, offload_parameters
 
 WORLD = 2
@@ -105,10 +106,25 @@ def _run(rank: int, out_dir: str, how: str, prefetch: int) -> dict:
             "empty": empty_between, "peaks": peaks}
 
 
+def _one_rank_error(rank: int) -> str:
+    """The error of offload_parameters on a model sharded over a mesh of this rank alone."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    groups = [dist.new_group([r]) for r in range(WORLD)]  # every rank creates every group
+    model = fully_shard(_model(), mesh=DeviceMesh.from_group(groups[rank], "cpu"))
+    try:
+        offload_parameters(model, pool="host")
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
 def _worker(rank: int, init_file: str, out_dir: str, runs: list[tuple[str, int]]) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
-    results = {f"{how}-{k}": _run(rank, out_dir, how, k) for how, k in runs}
+    results: dict = {f"{how}-{k}": _run(rank, out_dir, how, k) for how, k in runs}
+    results["one_rank_error"] = _one_rank_error(rank)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -117,7 +133,8 @@ def _worker(rank: int, init_file: str, out_dir: str, runs: list[tuple[str, int]]
 def test_fsdp2_shards_in_the_pool_exactly(tmp_path):
     """Both ranks, three AdamW steps, shards in the file tier: losses and local gradients equal FSDP2's every step,
     weights and state equal after, shards empty between uses, the peak equals the hand-computed window from the
-    second step on (the first forward learns the order), and no block file is left."""
+    second step on (the first forward learns the order), and no block file is left; a model sharded over one
+    rank is refused in one line (its unsharded parameters alias the shards)."""
     runs = [("gathered", 1), ("offload_optimizer", 1), ("offload_optimizer", 0), ("gathered", 2)]
     mp.spawn(_worker, args=(str(tmp_path / "rendezvous"), str(tmp_path), runs), nprocs=WORLD, join=True)
     for r in range(WORLD):
@@ -128,4 +145,6 @@ def test_fsdp2_shards_in_the_pool_exactly(tmp_path):
             assert res["grads"] == [True] * STEPS, (r, how, k)
             assert res["weights"] and res["state"] and res["empty"], (r, how, k)
             assert res["peaks"][1:] == [_window(k)] * (STEPS - 1), (r, how, k, res["peaks"])
+        assert results["one_rank_error"].startswith("offload_parameters.model: FSDP2 group '' has 1 rank")
+        assert "\n" not in results["one_rank_error"]
     assert not list(tmp_path.glob("w-*/*.blk"))

@@ -19,8 +19,11 @@ NOTE [parameter offload]
       (post-accumulate-grad hooks) or, for a unit without trained parameters (frozen base weights), once
       the gradients of its inputs are computed (``register_multi_grad_hook``, as FSDP2 does); every unit
       still resident is emptied when backward ends.
-    So at most ``prefetch + 1`` consecutive units are resident at a time in a chain of layers.
-    The forward order is the one the first forward ran; until then nothing is prefetched.
+    So at most ``prefetch + 1`` consecutive units are resident at a time in a chain of layers (with a plan,
+    each unit fetches as many ahead as its ``StateDecision.prefetch`` says). The forward order is the one the
+    first forward ran; until then nothing is prefetched. Under FSDP2 a unit is a ``fully_shard`` group's
+    shards, fetched and emptied around its all-gather instead of its module's hooks (NOTE [sharded units] in
+    ``_fsdp_units``).
 
     Bytes go back to the tier only when they changed: a fetch leaves the block valid, and emptying writes
     a new block only if the parameter's version counter moved since (an optimizer step inside
