@@ -37,8 +37,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,6 +47,7 @@ from torch.utils._pytree import tree_flatten
 from mcdla.errors import ConfigError, OffloadError
 from mcdla.runtime import _fsdp_units as fsdp
 from mcdla.runtime import _tensor_store as store
+from mcdla.runtime._param_units import Unit, build_units
 from mcdla.runtime._state_plan import offloaded_modules, weight_prefetch
 from mcdla.runtime.pool import Pool, Tier, as_pool
 
@@ -55,30 +55,6 @@ if TYPE_CHECKING:
     from mcdla.workload.plan import Plan
 
 __all__ = ["ParameterOffloader", "offload_parameters"]
-
-
-@dataclass(slots=True, kw_only=True, eq=False)
-class _Unit:
-    """A module's own parameters, moved together."""
-
-    name: str
-    params: list[torch.Tensor]  # the tensors whose storages move: the parameters, or FSDP2's padded shards
-    labels: list[str]  # how errors name each parameter ("parameter 'body.0.weight'")
-    nbytes: int
-    prefetch: int  # units fetched ahead when this one is fetched for use
-    start_tiers: list[int] = field(default_factory=list)  # per parameter: the pool tier its block goes to first
-    group: Any = None  # the FSDP2 parameter group whose all-gather this unit feeds (NOTE [sharded units])
-    stored: list[store._Stored | None] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # each parameter's version when its bytes were last stored
-    resident: bool = True
-    fetch: Future | None = None  # bytes being read into the storages
-    awaiting_grads: int = 0  # trained parameters whose gradient this backward has not accumulated yet
-
-
-def _whole_storage(p: torch.Tensor) -> bool:
-    """Whether ``p`` is a plain dense tensor covering exactly its own storage (only those are moved)."""
-    return (type(p.data) is torch.Tensor and p.layout is torch.strided and p.numel() > 0 and p.is_contiguous()
-            and p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size())
 
 
 class ParameterOffloader:
@@ -105,7 +81,7 @@ class ParameterOffloader:
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcdla-params")
         self._streams: dict[torch.device, Any] = {}  # CUDA device -> its host-to-device stream
-        self._order: list[_Unit] = []  # forward order of the first forward
+        self._order: list[Unit] = []  # forward order of the first forward
         self._order_frozen = False
         self._position: dict[int, int] = {}  # id(unit) -> index in _order
         self._in_backward = False
@@ -117,17 +93,7 @@ class ParameterOffloader:
         self.fetches_on_demand = 0
         only = None if plan is None else offloaded_modules(plan, model, "weights", self.pool)
         depth = {} if plan is None else weight_prefetch(plan)
-        fsdp.lazy_init(model)  # FSDP2 re-reads its shards there (NOTE [sharded units])
-        self._units = self._build_units(model, only, depth, prefetch)
-        self._where = {id(p): (u, i) for _, u in self._units for i, p in enumerate(u.params)}
-        for sg in fsdp.sharded_groups(model, only):
-            unit = _Unit(name=sg.name, params=sg.holders, labels=sg.labels, group=sg.group,
-                         nbytes=sum(h.untyped_storage().nbytes() for h in sg.holders),
-                         prefetch=depth.get(sg.module_names[0], prefetch),
-                         start_tiers=[0 if only is None else only[m] for m in sg.module_names],
-                         stored=[None] * len(sg.holders), versions=[-1] * len(sg.holders))
-            self._units.append((sg.group, unit))
-            self._where.update({id(p): (unit, i) for i, p in enumerate(sg.params)})
+        self._units, self._where = build_units(model, only, depth, prefetch)
         self._handles: list[Any] = []
         for module, unit in self._units:
             if unit.group is not None:
@@ -142,30 +108,6 @@ class ParameterOffloader:
         for _, unit in self._units:
             self._release(unit)
         self.reset_report()
-
-    @staticmethod
-    def _build_units(model: nn.Module, only: dict[str, int] | None, depth: dict[str, int],
-                     prefetch: int) -> list[tuple[Any, _Unit]]:
-        """The units to move: every module owning plain parameters, or those in ``only`` (name -> first tier);
-        ``depth`` gives a module's prefetch depth (default ``prefetch``)."""
-        owners: dict[int, int] = {}
-        for _, m in model.named_modules(remove_duplicate=False):
-            for p in m._parameters.values():
-                if p is not None:
-                    owners[id(p)] = owners.get(id(p), 0) + 1
-        units = []
-        for name, m in model.named_modules():
-            own = [(n, p) for n, p in m._parameters.items() if p is not None and owners[id(p)] == 1
-                   and _whole_storage(p)]
-            if not own or (only is not None and name not in only):
-                continue
-            unit = _Unit(name=name, params=[p for _, p in own], prefetch=depth.get(name, prefetch),
-                         start_tiers=[0 if only is None else only[name]] * len(own),
-                         labels=[f"parameter {(name + '.' if name else '') + n!r}" for n, _ in own],
-                         nbytes=sum(p.untyped_storage().nbytes() for _, p in own),
-                         stored=[None] * len(own), versions=[-1] * len(own))
-            units.append((m, unit))
-        return units
 
     def __repr__(self) -> str:
         return f"ParameterOffloader(units={len(self._units)}, pool={self.pool.spec!r}, prefetch={self.prefetch})"
@@ -197,7 +139,7 @@ class ParameterOffloader:
         return sum(u.nbytes for _, u in self._units)
 
     # -- moving units ---------------------------------------------------------------------------------
-    def _start_fetch(self, unit: _Unit) -> None:
+    def _start_fetch(self, unit: Unit) -> None:
         """Make ``unit``'s storages full size and start reading its bytes into them."""
         if unit.resident or self._closed:
             return
@@ -214,7 +156,7 @@ class ParameterOffloader:
             ready.record(torch.cuda.current_stream(device))
         unit.fetch = self._worker.submit(self._read_unit, unit, storages, ready)
 
-    def _read_unit(self, unit: _Unit, storages: list[torch.UntypedStorage], ready: Any) -> Any:
+    def _read_unit(self, unit: Unit, storages: list[torch.UntypedStorage], ready: Any) -> Any:
         """On the worker: the unit's blocks into its storages (CPU), or through pinned memory (CUDA)."""
         done = None
         for st, s in zip(unit.stored, storages):
@@ -240,7 +182,7 @@ class ParameterOffloader:
                 self._streams[device] = torch.cuda.Stream(device=device)
             return self._streams[device]
 
-    def _wait(self, unit: _Unit) -> None:
+    def _wait(self, unit: Unit) -> None:
         """Wait until ``unit``'s bytes are in place (fetching them now if no fetch is running)."""
         if not unit.resident:
             self._start_fetch(unit)
@@ -249,7 +191,7 @@ class ParameterOffloader:
             self.fetches_on_demand += 1
         self._settle(unit)
 
-    def _settle(self, unit: _Unit) -> None:
+    def _settle(self, unit: Unit) -> None:
         """Wait for ``unit``'s fetch in flight, if any; a failed one leaves the unit empty and raises."""
         fut, unit.fetch = unit.fetch, None
         if fut is not None:
@@ -260,14 +202,14 @@ class ParameterOffloader:
                 raise
             unit.versions = [p._version for p in unit.params]
 
-    def _empty(self, unit: _Unit) -> None:
+    def _empty(self, unit: Unit) -> None:
         """Free ``unit``'s storages on the device (its bytes stay in the tier)."""
         for p in unit.params:
             p.untyped_storage().resize_(0)
         unit.resident = False
         self._account(-unit.nbytes)
 
-    def _prefetch_from(self, unit: _Unit, step: int) -> None:
+    def _prefetch_from(self, unit: Unit, step: int) -> None:
         """Start fetching the ``prefetch`` units after ``unit`` in forward (step 1) or backward (step -1) order."""
         i = self._position.get(id(unit))
         if i is None:
@@ -278,7 +220,7 @@ class ParameterOffloader:
                 self._start_fetch(self._order[j])
                 self.fetches_ahead += 1
 
-    def _release(self, unit: _Unit) -> None:
+    def _release(self, unit: Unit) -> None:
         """Store ``unit``'s bytes if they changed since they were stored, then empty its storages."""
         if not unit.resident:
             return
@@ -292,7 +234,7 @@ class ParameterOffloader:
         self._empty(unit)
 
     # -- hooks -----------------------------------------------------------------------------------------
-    def _make_pre_forward(self, unit: _Unit):
+    def _make_pre_forward(self, unit: Unit):
         def pre_forward(module: nn.Module, args: Any) -> None:
             if self._closed:
                 return
@@ -308,7 +250,7 @@ class ParameterOffloader:
 
         return pre_forward
 
-    def _make_post_forward(self, unit: _Unit):
+    def _make_post_forward(self, unit: Unit):
         def post_forward(module: nn.Module, args: Any, output: Any) -> None:
             if self._closed:
                 return
@@ -326,7 +268,7 @@ class ParameterOffloader:
 
         return post_forward
 
-    def _make_pre_backward(self, unit: _Unit):
+    def _make_pre_backward(self, unit: Unit):
         def pre_backward(grad_outputs: Any) -> None:
             if self._closed:
                 return
@@ -341,7 +283,7 @@ class ParameterOffloader:
 
         return pre_backward
 
-    def _make_unshard(self, unit: _Unit):
+    def _make_unshard(self, unit: Unit):
         """The wrapper of an FSDP2 group's ``unshard`` (NOTE [sharded units])."""
         def around(original: Any, args: tuple, kwargs: dict) -> Any:
             group = unit.group
@@ -364,7 +306,7 @@ class ParameterOffloader:
 
         return around
 
-    def _make_grad_done(self, unit: _Unit):
+    def _make_grad_done(self, unit: Unit):
         def grad_done(p: torch.Tensor) -> None:
             if unit.awaiting_grads > 0:
                 unit.awaiting_grads -= 1
@@ -373,7 +315,7 @@ class ParameterOffloader:
 
         return grad_done
 
-    def _frozen_backward_done(self, unit: _Unit) -> None:
+    def _frozen_backward_done(self, unit: Unit) -> None:
         if self._in_backward:
             self._release(unit)
 
