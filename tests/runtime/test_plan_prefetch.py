@@ -103,5 +103,7 @@ def test_prediction_parts_by_hand() -> None:
     sizes = _layer_bytes()
     assert got.compute_s == pytest.approx(len(sizes) * 3e-3)
     assert got.update_s == pytest.approx(sum(sizes) * rate)
-    assert got.copy_s == pytest.approx(sum(2 * (1e-5 + b / 1e9) + 2 * (1e-5 + b / 2e9) for b in sizes))
+    assert got.fetch_s == pytest.approx(sum(2 * (1e-5 + b / 1e9) for b in sizes))
+    assert got.gradient_out_s == pytest.approx(sum(1e-5 + b / 2e9 for b in sizes))
+    assert got.copy_in_s == pytest.approx(sum(1e-5 + b / 2e9 for b in sizes))  # written into the pool
     assert got.serial_step_s == pytest.approx(got.compute_s + got.update_s + got.copy_s)

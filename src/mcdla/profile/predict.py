@@ -244,7 +244,14 @@ class StatePrediction(NamedTuple):
     serial_step_s: float  # compute, every state copy and every update one after another (no spare core)
     compute_s: float  # the layers' forward and backward alone
     update_s: float  # every CPU update, one after another
-    copy_s: float  # every state transfer at the link's rates and latency, one after another
+    fetch_s: float  # every weight fetch (forward and backward) at the link's rate and latency, one after another
+    gradient_out_s: float  # every offloaded optimizer's gradient copied out, the same way
+    copy_in_s: float  # every new value step() copies in (into the device's weights or the pool's), the same way
+
+    @property
+    def copy_s(self) -> float:
+        """Every state transfer, one after another."""
+        return self.fetch_s + self.gradient_out_s + self.copy_in_s
 
 
 def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
@@ -282,18 +289,18 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
     peak = evaluate_plan(weights_only, weights_plan, link, device=device, budget_bytes=math.inf).peak_device_bytes
     kept = sum(l.param_bytes * (1 + (not weights_plan.state_of(l.name).offloads("weights")))
                for l in weights_only.layers)
-    copies = updates = 0.0
+    fetches = out = into_s = updates = 0.0
     for l in timed.layers:
         where = plan.state_of(l.name)
         if l.param_bytes <= 0:
             continue
         if where.offloads("weights"):  # fetched for forward and for backward
-            copies += 2 * (link.latency_s + l.param_bytes / link.prefetch_bytes_per_s)
+            fetches += 2 * (link.latency_s + l.param_bytes / link.prefetch_bytes_per_s)
         if where.offloads("optimizer_state"):  # gradient out, update, new value in: the device's or the pool's
-            copies += link.latency_s + l.param_bytes / link.offload_bytes_per_s
+            out += link.latency_s + l.param_bytes / link.offload_bytes_per_s
             updates += l.param_bytes * update_s_per_param_byte
             into = link.offload_bytes_per_s if where.offloads("weights") else link.prefetch_bytes_per_s
-            copies += link.latency_s + l.param_bytes / into
+            into_s += link.latency_s + l.param_bytes / into
     compute = float(result.compute_s)
     return StatePrediction(float(result.iteration_time_s), float(peak - kept), float(result.exposed_virtualization_s),
-                           compute + copies + updates, compute, updates, copies)
+                           compute + fetches + out + into_s + updates, compute, updates, fetches, out, into_s)

@@ -19,7 +19,9 @@ NOTE [state components]
     exposed fetches and update tail; measured: the step less that plain compute, split into what forward
     and backward gained under the offloaders and the offloaded optimizer's ``step()``), the CPU updates
     (predicted from the measured rate; measured: the optimizer worker's busy seconds, ``update_s``) and
-    the state copies at the probed rates (predicted only: the runtime does not time its copies apart).
+    the state copies at the probed rates: weight fetches (measured: the parameter offloader's worker,
+    ``fetch_s``), the new values ``step()`` copies in (measured: ``step()`` less its wait for updates) and
+    the gradients out (predicted only: they are copied on the compute thread, not timed apart).
     On a shared CPU the profile's layer times and the run's compute drift apart between the two
     measurements; ``same_run_compute_step_s`` is the prediction with its compute taken from this run's
     plain steps, so its error is the error of the offloading model alone.
@@ -85,7 +87,11 @@ class StateValidation:
     measured_compute_s: float  # forward + backward of the plain model, measured in the same run
     predicted_update_s: float
     measured_update_s: float  # the offloaded optimizer's worker, per step
-    predicted_copy_s: float  # every state transfer at the probed rates, one after another
+    predicted_fetch_s: float  # every weight fetch at the probed rates, one after another
+    measured_fetch_s: float  # the parameter offloader's worker reading units, per step
+    predicted_copy_in_s: float  # every new value step() copies in (device weights or the pool)
+    measured_copy_in_s: float  # step() less its wait for updates, per step
+    predicted_gradient_out_s: float  # every offloaded gradient copied out
     measured_backward_s: float  # forward + backward under the offloaders
     measured_step_call_s: float  # the offloaded optimizer's step(): waiting for updates, copying values in
 
@@ -116,7 +122,9 @@ class StateValidation:
             ("  forward + backward beyond the compute", None, self.measured_backward_s - self.measured_compute_s),
             ("  step() (waits for updates, copies in)", None, self.measured_step_call_s),
             ("CPU updates (worker busy)", self.predicted_update_s, self.measured_update_s),
-            ("state copies at the probed rates", self.predicted_copy_s, None),
+            ("weight fetches (worker busy)", self.predicted_fetch_s, self.measured_fetch_s),
+            ("new values copied in by step()", self.predicted_copy_in_s, self.measured_copy_in_s),
+            ("gradients copied out", self.predicted_gradient_out_s, None),
         ]
 
     def summary(self) -> str:
@@ -239,10 +247,14 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
                                 parameters=params, plan=chosen)
         peaks: list[int] = []
         worker: list[float] = []
+        fetching: list[float] = []
+        waiting: list[float] = []
 
         def step_done() -> None:
             peaks.append(params.peak_resident_bytes)
             worker.append(opt.update_s)
+            fetching.append(params.fetch_s)
+            waiting.append(opt.step_wait_s)
 
         try:
             times, backwards, step_calls = _timed_steps(run_model, inputs, resolved.loss_fn, opt, warmup + steps,
@@ -265,7 +277,10 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
         link=link,
         predicted_compute_s=prediction.compute_s, measured_compute_s=statistics.median(plain_backwards[warmup:]),
         predicted_update_s=prediction.update_s, measured_update_s=statistics.median(worker[warmup:]),
-        predicted_copy_s=prediction.copy_s,
+        predicted_fetch_s=prediction.fetch_s, measured_fetch_s=statistics.median(fetching[warmup:]),
+        predicted_copy_in_s=prediction.copy_in_s,
+        measured_copy_in_s=statistics.median([c - w for c, w in zip(step_calls[warmup:], waiting[warmup:])]),
+        predicted_gradient_out_s=prediction.gradient_out_s,
         measured_backward_s=statistics.median(backwards[warmup:]),
         measured_step_call_s=statistics.median(step_calls[warmup:]),
     )

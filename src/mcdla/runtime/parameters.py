@@ -91,6 +91,7 @@ class ParameterOffloader:
         self.peak_resident_bytes = 0
         self.fetches_ahead = 0
         self.fetches_on_demand = 0
+        self.fetch_s = 0.0  # seconds the worker spent reading units from their tiers
         only = None if plan is None else offloaded_modules(plan, model, "weights", self.pool)
         depth = {} if plan is None else weight_prefetch(plan)
         self._units, self._where = build_units(model, only, depth, prefetch)
@@ -126,6 +127,7 @@ class ParameterOffloader:
             self.timeline = [(0.0, self.resident_bytes)]
             self.peak_resident_bytes = self.resident_bytes
             self.fetches_ahead = self.fetches_on_demand = 0
+            self.fetch_s = 0.0
 
     def _account(self, delta: int) -> None:
         with self._lock:
@@ -158,6 +160,14 @@ class ParameterOffloader:
 
     def _read_unit(self, unit: Unit, storages: list[torch.UntypedStorage], ready: Any) -> Any:
         """On the worker: the unit's blocks into its storages (CPU), or through pinned memory (CUDA)."""
+        t0 = time.perf_counter()
+        try:
+            return self._read_blocks(unit, storages, ready)
+        finally:
+            with self._lock:
+                self.fetch_s += time.perf_counter() - t0
+
+    def _read_blocks(self, unit: Unit, storages: list[torch.UntypedStorage], ready: Any) -> Any:
         done = None
         for st, s in zip(unit.stored, storages):
             assert st is not None
