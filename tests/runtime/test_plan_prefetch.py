@@ -107,3 +107,19 @@ def test_prediction_parts_by_hand() -> None:
     assert got.gradient_out_s == pytest.approx(sum(1e-5 + b / 2e9 for b in sizes))
     assert got.copy_in_s == pytest.approx(sum(1e-5 + b / 2e9 for b in sizes))  # written into the pool
     assert got.serial_step_s == pytest.approx(got.compute_s + got.update_s + got.copy_s)
+
+
+def test_fetch_seconds_are_the_workers_within_the_step() -> None:
+    """fetch_s: the worker's reading time of a step is positive, at most the step's wall time, and reset."""
+    import time
+
+    model = _model()
+    x = torch.randn(4, SIZES[0][0])
+    with offload_parameters(model, pool="host") as params:
+        params.reset_report()
+        t0 = time.perf_counter()
+        model(x).square().mean().backward()
+        wall = time.perf_counter() - t0
+        assert 0 < params.fetch_s <= wall
+        params.reset_report()
+        assert params.fetch_s == 0.0
