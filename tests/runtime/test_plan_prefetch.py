@@ -5,6 +5,7 @@ equal the window computed by hand from the model's parameter sizes."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -111,8 +112,6 @@ def test_prediction_parts_by_hand() -> None:
 
 def test_fetch_seconds_are_the_workers_within_the_step() -> None:
     """fetch_s: the worker's reading time of a step is positive, at most the step's wall time, and reset."""
-    import time
-
     model = _model()
     x = torch.randn(4, SIZES[0][0])
     with offload_parameters(model, pool="host") as params:
