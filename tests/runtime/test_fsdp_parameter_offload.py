@@ -1,10 +1,12 @@
 """Two gloo processes on CPU: FSDP2's sharded parameters (each rank's padded local shards) kept in the pool by
 ``offload_parameters`` give exactly FSDP2's own losses, gradients, weights and AdamW state, with the optimizer
-stepped inside ``gathered()`` or by ``offload_optimizer(parameters=...)``; between uses the shards take no bytes,
-and the resident shard bytes peak at the largest window of ``prefetch + 1`` consecutive groups."""
+stepped inside ``gathered()`` or by ``offload_optimizer(parameters=...)``, also with the activations virtualized;
+between uses the shards take no bytes, and the resident shard bytes peak at the largest window of ``prefetch + 1``
+consecutive groups."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -17,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mcdla.errors import ConfigError
-from mcdla.runtime import offload_optimizer, offload_parameters
+from mcdla.runtime import offload_optimizer, offload_parameters, virtualize
 
 WORLD = 2
 STEPS = 3
@@ -68,26 +70,29 @@ def _run(rank: int, out_dir: str, how: str, prefetch: int) -> dict:
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
     params = offload_parameters(mine, pool=f"file:{out_dir}/w-{how}-{prefetch}-{rank}", prefetch=prefetch)
     empty_between = all(p.to_local().untyped_storage().nbytes() == 0 for p in mine.parameters())
-    if how == "offload_optimizer":
+    vm = virtualize(f"file:{out_dir}/a-{how}-{prefetch}-{rank}", model=mine, min_bytes=0) if how == "all" else None
+    if how in ("offload_optimizer", "all"):
         opt = offload_optimizer(torch.optim.AdamW(mine.parameters(), lr=1e-2, weight_decay=0.1), pool="host",
                                 parameters=params)
     else:
         opt = torch.optim.AdamW(mine.parameters(), lr=1e-2, weight_decay=0.1)
-    losses_equal, grads_equal, peaks = [], [], []
+    losses_equal, grads_equal, peaks, activations = [], [], [], []
     for step in range(STEPS):
         x, y = _batch(step, rank)
         want = F.cross_entropy(ref(x), y)
         want.backward()
         params.reset_report()
-        got = F.cross_entropy(mine(x), y)
-        got.backward()
+        with vm if vm is not None else contextlib.nullcontext():
+            got = F.cross_entropy(mine(x), y)
+            got.backward()
         peaks.append(params.peak_resident_bytes)
+        activations.append(vm.report.offloaded_bytes if vm is not None else None)
         losses_equal.append(torch.equal(want.detach(), got.detach()))
         grads_equal.append(all(torch.equal(_local(a.grad), _local(b.grad))
                                for a, b in zip(ref.parameters(), mine.parameters())))
         ref_opt.step()
         ref_opt.zero_grad()
-        if how == "offload_optimizer":
+        if how != "gathered":
             opt.step()
         else:
             with params.gathered():
@@ -95,15 +100,17 @@ def _run(rank: int, out_dir: str, how: str, prefetch: int) -> dict:
         opt.zero_grad()
     empty_between = empty_between and all(p.to_local().untyped_storage().nbytes() == 0 for p in mine.parameters())
     got_state = opt.state_dict()["state"]
-    if how == "offload_optimizer":
+    if how != "gathered":
         opt.close()
     params.close()
+    if vm is not None:
+        vm.close()
     weights_equal = all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(ref.parameters(), mine.parameters()))
     want_state = ref_opt.state_dict()["state"]
     state_equal = want_state.keys() == got_state.keys() and all(
         torch.equal(_local(v), _local(got_state[i][k])) for i, entries in want_state.items() for k, v in entries.items())
     return {"losses": losses_equal, "grads": grads_equal, "weights": weights_equal, "state": state_equal,
-            "empty": empty_between, "peaks": peaks}
+            "empty": empty_between, "peaks": peaks, "activations": activations}
 
 
 def _one_rank_error(rank: int) -> str:
@@ -135,7 +142,7 @@ def test_fsdp2_shards_in_the_pool_exactly(tmp_path):
     weights and state equal after, shards empty between uses, the peak equals the hand-computed window from the
     second step on (the first forward learns the order), and no block file is left; a model sharded over one
     rank is refused in one line (its unsharded parameters alias the shards)."""
-    runs = [("gathered", 1), ("offload_optimizer", 1), ("offload_optimizer", 0), ("gathered", 2)]
+    runs = [("gathered", 1), ("offload_optimizer", 1), ("offload_optimizer", 0), ("gathered", 2), ("all", 1)]
     mp.spawn(_worker, args=(str(tmp_path / "rendezvous"), str(tmp_path), runs), nprocs=WORLD, join=True)
     for r in range(WORLD):
         results = torch.load(tmp_path / f"rank{r}.pt")
@@ -145,6 +152,7 @@ def test_fsdp2_shards_in_the_pool_exactly(tmp_path):
             assert res["grads"] == [True] * STEPS, (r, how, k)
             assert res["weights"] and res["state"] and res["empty"], (r, how, k)
             assert res["peaks"][1:] == [_window(k)] * (STEPS - 1), (r, how, k, res["peaks"])
+            assert how != "all" or all(b > 0 for b in res["activations"]), res["activations"]
         assert results["one_rank_error"].startswith("offload_parameters.model: FSDP2 group '' has 1 rank")
         assert "\n" not in results["one_rank_error"]
-    assert not list(tmp_path.glob("w-*/*.blk"))
+    assert not list(tmp_path.glob("[wa]-*/*.blk"))
