@@ -64,3 +64,14 @@ def test_plan_states_fits_a_budget_the_activation_planner_alone_cannot(run_cli) 
     plan = make_plan(w, 700 * 2**20, pool_link(system), device=system.devices[0], states=True)
     assert got["state_offloaded"]["optimizer_state"] == sum(sd.offloads("optimizer_state") for sd in plan.state) > 0
     assert got["peak_device_bytes"] <= 700 * 2**20
+
+
+def test_plan_state_prefetch_is_written_into_the_entries(run_cli, tmp_path) -> None:
+    """--states --state-prefetch 2 --out: every state entry of the written plan carries depth 2; -1 is refused."""
+    args = ("plan", "--workload", "vgg-e", "--batch", "8", "--system", "dc-dla", "--budget", "700MiB", "--states")
+    code, _, _ = run_cli(*args, "--state-prefetch", "2", "--out", str(tmp_path / "p.json"))
+    assert code == 0
+    state = json.loads((tmp_path / "p.json").read_text())["state"]
+    assert state and all(sd["prefetch"] == 2 for sd in state)
+    code, _, err = run_cli(*args, "--state-prefetch", "-1")
+    assert code == 2 and "--state-prefetch: got -1" in err

@@ -40,16 +40,16 @@ def _choices(n: int):
         yield tuple(StateStep(i, what) for i, whats in enumerate(combo) for what in whats)
 
 
-def _plan(wl: Workload, steps) -> Plan:
+def _plan(wl: Workload, steps, prefetch: int = 1) -> Plan:
     return Plan(workload=wl.name, batch=1, budget_bytes=math.inf, decisions=(), layer_names=wl.layer_names,
-                state=state_decisions(wl, steps))
+                state=state_decisions(wl, steps, prefetch=prefetch))
 
 
 def _engine_peak(wl: Workload, plan: Plan, link: PoolLink, prefetch: int) -> float:
     """Peak device bytes of the engine running ``plan`` with weights fetched ``prefetch`` layers ahead."""
     device = default_device()
-    program = build_program(wl, plan, device, model_parallel=False, n_devices=1, bucket_bytes=1e9,
-                            state_prefetch=prefetch)
+    assert all(sd.prefetch == prefetch for sd in plan.state)
+    program = build_program(wl, plan, device, model_parallel=False, n_devices=1, bucket_bytes=1e9)
     engine = Engine(Fabric.from_pool_link(device, link), [program], unlimited_virtualization=False, record=False)
     engine.run()
     assert engine.completed
@@ -71,7 +71,7 @@ def test_device_bytes_bound_the_engine_peak(param_mb: list[int], prefetch: int) 
     wl = _workload(param_mb)
     fast = PoolLink.symmetric(1e15)
     for steps in _choices(len(param_mb)):
-        peak = _engine_peak(wl, _plan(wl, steps), fast, prefetch)
+        peak = _engine_peak(wl, _plan(wl, steps, prefetch), fast, prefetch)
         assert peak <= state_device_bytes(wl, steps, prefetch) * (1 + 1e-12)
 
 

@@ -32,6 +32,9 @@ def test_peak_weight_bytes_are_exact_and_the_step_within_a_loose_bound(prefetch:
     assert result.predicted_peak_weight_bytes == result.measured_peak_weight_bytes
     assert result.offloaded_weight_layers == result.offloaded_optimizer_layers == 3
     assert 0.1 < result.predicted_step_s / min(result.measured_step_samples_s) < 10.0
+    # the parts are measured in the run: the plain compute and the optimizer worker's updates took time
+    assert result.measured_compute_s > 0 and result.measured_update_s > 0
+    assert result.prefetch == (prefetch,)
 
 
 def test_warmup_must_learn_the_order() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 import warnings
 from pathlib import Path
 
@@ -359,3 +360,18 @@ def test_learning_rate_schedule_applies():
         assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] == 1e-2 * 0.5 ** 3
         for a, b in zip(ref.parameters(), model.parameters()):
             assert torch.equal(a, b)
+
+
+def test_update_seconds_are_per_step_and_within_the_step_call():
+    """overlap=False runs every update in step() while it waits: the worker's update_s of each step is positive
+    and at most that step() call's wall time (a total carried over from the previous step would exceed it)."""
+    model = _model()
+    opt = offload_optimizer(torch.optim.Adam(model.parameters(), lr=1e-2), pool="host", overlap=False)
+    for x, y in _batches(3):
+        _loss(model, x, y).backward()
+        t0 = time.perf_counter()
+        opt.step()
+        wall = time.perf_counter() - t0
+        opt.zero_grad()
+        assert 0 < opt.update_s <= wall
+    opt.close()

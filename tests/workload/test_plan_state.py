@@ -48,3 +48,23 @@ def test_bad_state_entries_are_one_line_plan_errors(tmp_path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     with pytest.raises(PlanError, match=r"plan.state\[0\].gradients: got 'cpu'; must be one of device, offload"):
         Plan.load(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", True, None])
+def test_bad_prefetch_depth_is_a_one_line_plan_error(tmp_path, bad) -> None:
+    """A state entry's prefetch must be an integer >= 0: in a file and in code, PlanError names the field."""
+    doc = _plan(StateDecision(layer="head", weights="offload")).to_dict()
+    doc["state"][0]["prefetch"] = bad
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match=r"^plan.state\[0\].prefetch: got .*; must be an integer from 0 to"):
+        Plan.load(tmp_path / "bad.json")
+    with pytest.raises(PlanError, match=r"^plan state for 'head'.prefetch: got .*; must be an integer >= 0"):
+        StateDecision(layer="head", weights="offload", prefetch=bad)
+
+
+def test_prefetch_depth_defaults_to_one_in_files_without_it() -> None:
+    """An entry without prefetch loads with depth 1, the runtime's default."""
+    doc = _plan(StateDecision(layer="head", weights="offload", prefetch=3)).to_dict()
+    assert doc["state"][0]["prefetch"] == 3
+    del doc["state"][0]["prefetch"]
+    assert Plan.from_dict(doc).state[0].prefetch == 1

@@ -30,6 +30,8 @@ def plan_cmd(
     scale_to: ScaleToOption = None,
     states: Annotated[bool, typer.Option(
         "--states", help="Also offload layers' optimizer state, gradients and weights as the budget needs.")] = False,
+    state_prefetch: Annotated[int, typer.Option(
+        help="With --states: layers of offloaded weights fetched ahead, written into each state entry.")] = 1,
 ) -> None:
     """Plan what to offload, prefetch or recompute, and print the predicted iteration time and its overhead.
 
@@ -44,13 +46,16 @@ def plan_cmd(
         fail(f"--planner: got {brief(planner)}; must be one of {', '.join(PLANNERS)}")
     check_batch(batch)
     check_output(out, "--out")
+    if not 0 <= state_prefetch <= 10_000:
+        fail(f"--state-prefetch: got {brief(state_prefetch)}; must be >= 0 and <= 10000")
     sys_ = load_system(system)
     device = sys_.devices[0]
     link = pool_link(sys_, device.name)
     budget_bytes = check_budget(budget, "--budget", device.hbm_bytes, f"{sys_.name} {device.name}")
     wl = load_workload(workload, batch=batch)
     wl = measured_times_for(wl, sys_, scale_to)
-    plan = make_plan(wl, budget_bytes, link, planner=planner, device=device, states=states)
+    plan = make_plan(wl, budget_bytes, link, planner=planner, device=device, states=states,
+                     state_prefetch=state_prefetch)
     result = evaluate(wl, plan, link, device=device)
     if result.violations:
         fail(f"plan by {planner} does not run within {format_bytes(budget_bytes)}: {result.violations[0]}")

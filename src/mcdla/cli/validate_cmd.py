@@ -55,7 +55,9 @@ def validate_cmd(
     states: Annotated[bool, typer.Option(
         "--states", help="Check weights/optimizer-state offload instead: run --plan's state entries (default: all "
                          "offloaded) under offload_parameters + offload_optimizer with Adam; --budget is not used.")] = False,
-    state_prefetch: Annotated[int, typer.Option(help="With --states: layers of weights fetched ahead.")] = 1,
+    state_prefetch: Annotated[Optional[int], typer.Option(
+        help="With --states: layers of weights fetched ahead, for every state entry (default: the plan's own; 1 "
+             "without --plan).")] = None,
 ) -> None:
     """Profile a model, plan it, predict its step, run it under the runtime and print both with the error."""
     from mcdla.profile.progress import progress_bar
@@ -96,7 +98,7 @@ def validate_cmd(
 
 
 def _validate_states(model: str, pool: str, plan: Optional[Path], steps: int, warmup: int, batch: Optional[int],
-                     scale: Optional[list[str]], threads: Optional[int], prefetch: int, as_json: bool) -> None:
+                     scale: Optional[list[str]], threads: Optional[int], prefetch: Optional[int], as_json: bool) -> None:
     """``mcdla validate --states``: :func:`mcdla.report.validate_states.validate_states`, printed."""
     from mcdla.profile.resolve import resolve_model
     from mcdla.report.validate_states import validate_states
@@ -104,7 +106,7 @@ def _validate_states(model: str, pool: str, plan: Optional[Path], steps: int, wa
 
     check_batch(batch)
     for option, value, least in (("--steps", steps, 1), ("--warmup", warmup, 1), ("--state-prefetch", prefetch, 0)):
-        if not least <= value <= 10_000:
+        if value is not None and not least <= value <= 10_000:
             fail(f"{option}: got {brief(value)}; must be >= {least} and <= 10000")
     if threads is not None and not 1 <= threads <= 4096:
         fail(f"--threads: got {brief(threads)}; must be >= 1 and <= 4096")
@@ -115,7 +117,9 @@ def _validate_states(model: str, pool: str, plan: Optional[Path], steps: int, wa
         from mcdla.report.meta import results_meta
 
         print_json({"meta": results_meta(), **{k: getattr(result, k) for k in result.__dataclass_fields__
-                                               if k != "link"}, "step_time_error": result.step_time_error})
+                                               if k != "link"}, "step_time_error": result.step_time_error,
+                    "same_run_compute_step_s": result.same_run_compute_step_s,
+                    "same_run_compute_error": result.same_run_compute_error})
         return
     console.print(result.summary(), markup=False)
 

@@ -123,8 +123,8 @@ def make_plan(
         device: the device whose roofline times the layers (default: the engine's default device).
         states: also choose which layers' weights, gradients and optimizer state leave the device (NOTE [state
             greedy] in ``mcdla.plan.states``), as few as the activation planner needs to fit the budget.
-        state_prefetch: layers of weights fetched ahead for offloaded weights (``offload_parameters``'s
-            ``prefetch``), with ``states``.
+        state_prefetch: with ``states``, the prefetch depth written into each state entry (offloaded-weight
+            layers fetched ahead; the simulator and ``offload_parameters(plan=...)`` read it from there).
         options: planner-specific keywords (``time_limit_s`` for milp; ``unit_bytes`` for the DPs;
             ``space`` for brute; ``max_evals`` for lp).
 
@@ -166,11 +166,11 @@ def _plan_with_states(workload: Workload, budget: float, link: PoolLink, planner
                            **options)
         if plan is None:
             continue
-        moved = state_decisions(workload, steps[:k])
+        moved = state_decisions(workload, steps[:k], prefetch=prefetch)
         notes = "; ".join(x for x in (plan.notes, f"state: {k} greedy steps, prefetch {prefetch}" if k else "") if x)
         plan = dataclasses.replace(plan, budget_bytes=budget, saved_cap_bytes=min(plan.saved_cap_bytes, budget),
                                    state=moved, notes=notes)
-        if k == 0 or evaluate_plan(workload, plan, link, device=device, state_prefetch=prefetch).feasible:
+        if k == 0 or evaluate_plan(workload, plan, link, device=device).feasible:
             return plan
     what = f"{workload.name} (batch {workload.batch})"
     floor = state_device_bytes(workload, steps, prefetch) + max(0.0, need - full)

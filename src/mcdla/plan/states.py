@@ -86,8 +86,10 @@ def state_device_bytes(workload: Workload, steps: Iterable[StateStep], prefetch:
     return kept + _weights_window_bytes(param, tuple(weights), prefetch) + grad_in_flight
 
 
-def state_decisions(workload: Workload, steps: Iterable[StateStep], tier: str = "pool") -> tuple[StateDecision, ...]:
-    """The plan's ``state`` entries for ``steps`` (layers in workload order; untouched layers have none)."""
+def state_decisions(workload: Workload, steps: Iterable[StateStep], tier: str = "pool", *,
+                    prefetch: int = 1) -> tuple[StateDecision, ...]:
+    """The plan's ``state`` entries for ``steps`` (layers in workload order; untouched layers have none), each with
+    prefetch depth ``prefetch``."""
     opt = set()
     weights = set()
     for s in steps:
@@ -96,5 +98,6 @@ def state_decisions(workload: Workload, steps: Iterable[StateStep], tier: str = 
     for i in sorted(opt | weights):
         moved = Placement.OFFLOAD if i in opt else Placement.DEVICE
         out.append(StateDecision(layer=workload.layers[i].name, optimizer_state=moved, gradients=moved,
-                                 weights=Placement.OFFLOAD if i in weights else Placement.DEVICE, tier=tier))
+                                 weights=Placement.OFFLOAD if i in weights else Placement.DEVICE, tier=tier,
+                                 prefetch=prefetch))
     return tuple(out)

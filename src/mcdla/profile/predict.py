@@ -242,16 +242,27 @@ class StatePrediction(NamedTuple):
     peak_weight_bytes: float  # resident bytes of the offloaded layers' weights (ParameterOffloader's peak)
     exposed_s: float  # compute waiting for weight fetches and, after the last backward, for updates
     serial_step_s: float  # compute, every state copy and every update one after another (no spare core)
+    compute_s: float  # the layers' forward and backward alone
+    update_s: float  # every CPU update, one after another
+    fetch_s: float  # every weight fetch (forward and backward) at the link's rate and latency, one after another
+    gradient_out_s: float  # every offloaded optimizer's gradient copied out, the same way
+    copy_in_s: float  # every new value step() copies in (into the device's weights or the pool's), the same way
+
+    @property
+    def copy_s(self) -> float:
+        """Every state transfer, one after another."""
+        return self.fetch_s + self.gradient_out_s + self.copy_in_s
 
 
-def predict_states(workload: Workload, plan: Plan, link: PoolLink, *, prefetch: int,
+def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
                    update_s_per_param_byte: float = 0.0) -> StatePrediction:
     """The engine's step time and peak resident offloaded-weight bytes for ``plan``'s ``state`` entries.
 
     NOTE [predicting state]
     The step is the engine's run of the measured layer times (NOTE [measured times in the engine]) with the
     plan's state (NOTE [state in the program] in ``mcdla.sim.program``) on an unlimited device: the fetches of
-    offloaded weights ``prefetch`` layers ahead, gradients out and parameters back over ``link``. The peak
+    offloaded weights as many layers ahead as each entry's ``prefetch`` says, gradients out and parameters back
+    over ``link``. The peak
     weight bytes come from a second run that counts weights only (no saved tensors, outputs, workspace or
     optimizer state; gradients kept): its peak less the bytes it keeps throughout (every gradient and the kept
     weights) is what ``mcdla.offload_parameters`` reports as ``peak_resident_bytes``, the offloaded weights
@@ -265,7 +276,7 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *, prefetch: 
 
     device = time_device(workload.precision)
     timed = timed_view(workload, saved_only=False)
-    result = evaluate_plan(timed, plan, link, device=device, budget_bytes=math.inf, state_prefetch=prefetch,
+    result = evaluate_plan(timed, plan, link, device=device, budget_bytes=math.inf,
                            update_s_per_param_byte=update_s_per_param_byte)
     if not result.feasible:
         raise PlanError(f"simulator: the plan cannot run: {result.infeasible_reason}")
@@ -275,20 +286,21 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *, prefetch: 
     state = tuple(dataclasses.replace(sd, gradients=Placement.DEVICE, optimizer_state=Placement.DEVICE)
                   for sd in plan.state)
     weights_plan = dataclasses.replace(plan, decisions=(), state=state)
-    peak = evaluate_plan(weights_only, weights_plan, link, device=device, budget_bytes=math.inf,
-                         state_prefetch=prefetch).peak_device_bytes
+    peak = evaluate_plan(weights_only, weights_plan, link, device=device, budget_bytes=math.inf).peak_device_bytes
     kept = sum(l.param_bytes * (1 + (not weights_plan.state_of(l.name).offloads("weights")))
                for l in weights_only.layers)
-    serial = result.compute_s
+    fetches = out = into_s = updates = 0.0
     for l in timed.layers:
         where = plan.state_of(l.name)
         if l.param_bytes <= 0:
             continue
         if where.offloads("weights"):  # fetched for forward and for backward
-            serial += 2 * (link.latency_s + l.param_bytes / link.prefetch_bytes_per_s)
-        if where.offloads("optimizer_state"):  # gradient out, update, parameter back unless it lives in the pool
-            serial += link.latency_s + l.param_bytes / link.offload_bytes_per_s + l.param_bytes * update_s_per_param_byte
-            if not where.offloads("weights"):
-                serial += link.latency_s + l.param_bytes / link.prefetch_bytes_per_s
+            fetches += 2 * (link.latency_s + l.param_bytes / link.prefetch_bytes_per_s)
+        if where.offloads("optimizer_state"):  # gradient out, update, new value in: the device's or the pool's
+            out += link.latency_s + l.param_bytes / link.offload_bytes_per_s
+            updates += l.param_bytes * update_s_per_param_byte
+            into = link.offload_bytes_per_s if where.offloads("weights") else link.prefetch_bytes_per_s
+            into_s += link.latency_s + l.param_bytes / into
+    compute = float(result.compute_s)
     return StatePrediction(float(result.iteration_time_s), float(peak - kept), float(result.exposed_virtualization_s),
-                           float(serial))
+                           compute + fetches + out + into_s + updates, compute, updates, fetches, out, into_s)

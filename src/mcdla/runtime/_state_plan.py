@@ -26,6 +26,11 @@ def offloaded_modules(plan: Plan, model: nn.Module, state_class: str, pool: Pool
     return {sd.layer: pool.tier_index(sd.tier) for sd in plan.state if sd.offloads(state_class)}
 
 
+def weight_prefetch(plan: Plan) -> dict[str, int]:
+    """Module name -> prefetch depth of its weights, for the modules whose weights the plan offloads."""
+    return {sd.layer: sd.prefetch for sd in plan.state if sd.offloads("weights")}
+
+
 def owner_names(model: nn.Module) -> dict[int, str]:
     """id(parameter) -> name of the module owning it directly (the first, for a shared one)."""
     owners: dict[int, str] = {}

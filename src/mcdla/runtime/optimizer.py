@@ -104,6 +104,8 @@ class OffloadedOptimizer:
         self.stepped_in_backward = 0  # updates of the last step() that had started during backward
         self._started_in_backward = 0
         self.step_wait_s = 0.0  # time the last step() waited for updates still running
+        self.update_s = 0.0  # seconds the worker spent on the last step()'s updates (state in and out, the update)
+        self._update_s_running = 0.0  # the same, for the step under way (written by the worker only)
         existing = optimizer.state_dict() if optimizer.state else None
         for g, group in enumerate(optimizer.param_groups):
             for j, p in enumerate(group["params"]):
@@ -217,6 +219,14 @@ class OffloadedOptimizer:
     def _update(self, slot: Slot, hyper: dict[str, Any], grad_host: torch.Tensor, param_host: torch.Tensor | None,
                 ready: list[Any], cuda: bool) -> torch.Tensor:
         """On the worker: the update of one parameter; returns its new value on the host."""
+        t0 = time.perf_counter()
+        try:
+            return self._update_one(slot, hyper, grad_host, param_host, ready, cuda)
+        finally:
+            self._update_s_running += time.perf_counter() - t0
+
+    def _update_one(self, slot: Slot, hyper: dict[str, Any], grad_host: torch.Tensor,
+                    param_host: torch.Tensor | None, ready: list[Any], cuda: bool) -> torch.Tensor:
         for event in ready:
             event.synchronize()
         master = slot.master
@@ -273,6 +283,7 @@ class OffloadedOptimizer:
         t0 = time.perf_counter()
         results = self._wait_all()
         self.step_wait_s = time.perf_counter() - t0
+        self.update_s, self._update_s_running = self._update_s_running, 0.0
         for slot, new_value in results:
             g = slot.param.grad
             if slot.free_grad and slot.grad is None:

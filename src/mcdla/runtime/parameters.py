@@ -19,8 +19,11 @@ NOTE [parameter offload]
       (post-accumulate-grad hooks) or, for a unit without trained parameters (frozen base weights), once
       the gradients of its inputs are computed (``register_multi_grad_hook``, as FSDP2 does); every unit
       still resident is emptied when backward ends.
-    So at most ``prefetch + 1`` consecutive units are resident at a time in a chain of layers.
-    The forward order is the one the first forward ran; until then nothing is prefetched.
+    So at most ``prefetch + 1`` consecutive units are resident at a time in a chain of layers (with a plan,
+    each unit fetches as many ahead as its ``StateDecision.prefetch`` says). The forward order is the one the
+    first forward ran; until then nothing is prefetched. Under FSDP2 a unit is a ``fully_shard`` group's
+    shards, fetched and emptied around its all-gather instead of its module's hooks (NOTE [sharded units] in
+    ``_fsdp_units``).
 
     Bytes go back to the tier only when they changed: a fetch leaves the block valid, and emptying writes
     a new block only if the parameter's version counter moved since (an optimizer step inside
@@ -34,8 +37,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,36 +45,16 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from mcdla.errors import ConfigError, OffloadError
+from mcdla.runtime import _fsdp_units as fsdp
 from mcdla.runtime import _tensor_store as store
-from mcdla.runtime._state_plan import offloaded_modules
+from mcdla.runtime._param_units import Unit, build_units
+from mcdla.runtime._state_plan import offloaded_modules, weight_prefetch
 from mcdla.runtime.pool import Pool, Tier, as_pool
 
 if TYPE_CHECKING:
     from mcdla.workload.plan import Plan
 
 __all__ = ["ParameterOffloader", "offload_parameters"]
-
-
-@dataclass(slots=True, kw_only=True, eq=False)
-class _Unit:
-    """A module's own parameters, moved together."""
-
-    name: str
-    params: list[nn.Parameter]
-    labels: list[str]  # how errors name each parameter ("parameter 'body.0.weight'")
-    nbytes: int
-    start_tier: int = 0  # the pool tier its blocks go to first
-    stored: list[store._Stored | None] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # each parameter's version when its bytes were last stored
-    resident: bool = True
-    fetch: Future | None = None  # bytes being read into the storages
-    awaiting_grads: int = 0  # trained parameters whose gradient this backward has not accumulated yet
-
-
-def _whole_storage(p: torch.Tensor) -> bool:
-    """Whether ``p`` is a plain dense tensor covering exactly its own storage (only those are moved)."""
-    return (type(p.data) is torch.Tensor and p.layout is torch.strided and p.numel() > 0 and p.is_contiguous()
-            and p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size())
 
 
 class ParameterOffloader:
@@ -83,10 +65,14 @@ class ParameterOffloader:
     fetches that were prefetched or waited for.
     """
 
-    def __init__(self, model: nn.Module, *, pool: str | Pool | Tier | list[str | Tier], prefetch: int,
+    def __init__(self, model: nn.Module, *, pool: str | Pool | Tier | list[str | Tier], prefetch: int | None,
                  plan: Plan | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"offload_parameters.model: got {type(model).__name__}; must be a torch.nn.Module")
+        if plan is not None and prefetch is not None:
+            raise ConfigError(f"offload_parameters.prefetch: got {prefetch!r} with plan=; the plan's state entries "
+                              "carry each module's depth (leave prefetch unset)")
+        prefetch = 1 if prefetch is None else prefetch
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ConfigError(f"offload_parameters.prefetch: got {prefetch!r}; must be an int >= 0")
         self.model = model
@@ -95,7 +81,7 @@ class ParameterOffloader:
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcdla-params")
         self._streams: dict[torch.device, Any] = {}  # CUDA device -> its host-to-device stream
-        self._order: list[_Unit] = []  # forward order of the first forward
+        self._order: list[Unit] = []  # forward order of the first forward
         self._order_frozen = False
         self._position: dict[int, int] = {}  # id(unit) -> index in _order
         self._in_backward = False
@@ -105,11 +91,15 @@ class ParameterOffloader:
         self.peak_resident_bytes = 0
         self.fetches_ahead = 0
         self.fetches_on_demand = 0
+        self.fetch_s = 0.0  # seconds the worker spent reading units from their tiers
         only = None if plan is None else offloaded_modules(plan, model, "weights", self.pool)
-        self._units = self._build_units(model, only)
-        self._where = {id(p): (u, i) for _, u in self._units for i, p in enumerate(u.params)}
+        depth = {} if plan is None else weight_prefetch(plan)
+        self._units, self._where = build_units(model, only, depth, prefetch)
         self._handles: list[Any] = []
         for module, unit in self._units:
+            if unit.group is not None:
+                fsdp.wrap_unshard(unit.group, self._make_unshard(unit))
+                continue
             self._handles.append(module.register_forward_pre_hook(self._make_pre_forward(unit)))
             self._handles.append(module.register_forward_hook(self._make_post_forward(unit)))
             for p in unit.params:
@@ -119,27 +109,6 @@ class ParameterOffloader:
         for _, unit in self._units:
             self._release(unit)
         self.reset_report()
-
-    @staticmethod
-    def _build_units(model: nn.Module, only: dict[str, int] | None) -> list[tuple[nn.Module, _Unit]]:
-        """The units to move: every module owning parameters, or those in ``only`` (name -> first tier)."""
-        owners: dict[int, int] = {}
-        for _, m in model.named_modules(remove_duplicate=False):
-            for p in m._parameters.values():
-                if p is not None:
-                    owners[id(p)] = owners.get(id(p), 0) + 1
-        units = []
-        for name, m in model.named_modules():
-            own = [(n, p) for n, p in m._parameters.items() if p is not None and owners[id(p)] == 1
-                   and _whole_storage(p)]
-            if not own or (only is not None and name not in only):
-                continue
-            unit = _Unit(name=name, params=[p for _, p in own], start_tier=0 if only is None else only[name],
-                         labels=[f"parameter {(name + '.' if name else '') + n!r}" for n, _ in own],
-                         nbytes=sum(p.untyped_storage().nbytes() for _, p in own),
-                         stored=[None] * len(own), versions=[-1] * len(own))
-            units.append((m, unit))
-        return units
 
     def __repr__(self) -> str:
         return f"ParameterOffloader(units={len(self._units)}, pool={self.pool.spec!r}, prefetch={self.prefetch})"
@@ -158,6 +127,7 @@ class ParameterOffloader:
             self.timeline = [(0.0, self.resident_bytes)]
             self.peak_resident_bytes = self.resident_bytes
             self.fetches_ahead = self.fetches_on_demand = 0
+            self.fetch_s = 0.0
 
     def _account(self, delta: int) -> None:
         with self._lock:
@@ -171,7 +141,7 @@ class ParameterOffloader:
         return sum(u.nbytes for _, u in self._units)
 
     # -- moving units ---------------------------------------------------------------------------------
-    def _start_fetch(self, unit: _Unit) -> None:
+    def _start_fetch(self, unit: Unit) -> None:
         """Make ``unit``'s storages full size and start reading its bytes into them."""
         if unit.resident or self._closed:
             return
@@ -188,8 +158,16 @@ class ParameterOffloader:
             ready.record(torch.cuda.current_stream(device))
         unit.fetch = self._worker.submit(self._read_unit, unit, storages, ready)
 
-    def _read_unit(self, unit: _Unit, storages: list[torch.UntypedStorage], ready: Any) -> Any:
+    def _read_unit(self, unit: Unit, storages: list[torch.UntypedStorage], ready: Any) -> Any:
         """On the worker: the unit's blocks into its storages (CPU), or through pinned memory (CUDA)."""
+        t0 = time.perf_counter()
+        try:
+            return self._read_blocks(unit, storages, ready)
+        finally:
+            with self._lock:
+                self.fetch_s += time.perf_counter() - t0
+
+    def _read_blocks(self, unit: Unit, storages: list[torch.UntypedStorage], ready: Any) -> Any:
         done = None
         for st, s in zip(unit.stored, storages):
             assert st is not None
@@ -214,7 +192,7 @@ class ParameterOffloader:
                 self._streams[device] = torch.cuda.Stream(device=device)
             return self._streams[device]
 
-    def _wait(self, unit: _Unit) -> None:
+    def _wait(self, unit: Unit) -> None:
         """Wait until ``unit``'s bytes are in place (fetching them now if no fetch is running)."""
         if not unit.resident:
             self._start_fetch(unit)
@@ -223,7 +201,7 @@ class ParameterOffloader:
             self.fetches_on_demand += 1
         self._settle(unit)
 
-    def _settle(self, unit: _Unit) -> None:
+    def _settle(self, unit: Unit) -> None:
         """Wait for ``unit``'s fetch in flight, if any; a failed one leaves the unit empty and raises."""
         fut, unit.fetch = unit.fetch, None
         if fut is not None:
@@ -234,25 +212,25 @@ class ParameterOffloader:
                 raise
             unit.versions = [p._version for p in unit.params]
 
-    def _empty(self, unit: _Unit) -> None:
+    def _empty(self, unit: Unit) -> None:
         """Free ``unit``'s storages on the device (its bytes stay in the tier)."""
         for p in unit.params:
             p.untyped_storage().resize_(0)
         unit.resident = False
         self._account(-unit.nbytes)
 
-    def _prefetch_from(self, unit: _Unit, step: int) -> None:
+    def _prefetch_from(self, unit: Unit, step: int) -> None:
         """Start fetching the ``prefetch`` units after ``unit`` in forward (step 1) or backward (step -1) order."""
         i = self._position.get(id(unit))
         if i is None:
             return
-        for k in range(1, self.prefetch + 1):
+        for k in range(1, unit.prefetch + 1):
             j = i + step * k
             if 0 <= j < len(self._order) and not self._order[j].resident:
                 self._start_fetch(self._order[j])
                 self.fetches_ahead += 1
 
-    def _release(self, unit: _Unit) -> None:
+    def _release(self, unit: Unit) -> None:
         """Store ``unit``'s bytes if they changed since they were stored, then empty its storages."""
         if not unit.resident:
             return
@@ -260,13 +238,13 @@ class ParameterOffloader:
         for i, p in enumerate(unit.params):
             if unit.stored[i] is None or p._version != unit.versions[i]:
                 data = p.detach().cpu() if p.device.type != "cpu" else store.storage_bytes(p.untyped_storage())
-                new = store.put(self.pool, data, label=unit.labels[i], start=unit.start_tier)
+                new = store.put(self.pool, data, label=unit.labels[i], start=unit.start_tiers[i])
                 store.free(unit.stored[i])
                 unit.stored[i], unit.versions[i] = new, p._version
         self._empty(unit)
 
     # -- hooks -----------------------------------------------------------------------------------------
-    def _make_pre_forward(self, unit: _Unit):
+    def _make_pre_forward(self, unit: Unit):
         def pre_forward(module: nn.Module, args: Any) -> None:
             if self._closed:
                 return
@@ -282,7 +260,7 @@ class ParameterOffloader:
 
         return pre_forward
 
-    def _make_post_forward(self, unit: _Unit):
+    def _make_post_forward(self, unit: Unit):
         def post_forward(module: nn.Module, args: Any, output: Any) -> None:
             if self._closed:
                 return
@@ -300,7 +278,7 @@ class ParameterOffloader:
 
         return post_forward
 
-    def _make_pre_backward(self, unit: _Unit):
+    def _make_pre_backward(self, unit: Unit):
         def pre_backward(grad_outputs: Any) -> None:
             if self._closed:
                 return
@@ -315,7 +293,30 @@ class ParameterOffloader:
 
         return pre_backward
 
-    def _make_grad_done(self, unit: _Unit):
+    def _make_unshard(self, unit: Unit):
+        """The wrapper of an FSDP2 group's ``unshard`` (NOTE [sharded units])."""
+        def around(original: Any, args: tuple, kwargs: dict) -> Any:
+            group = unit.group
+            if self._closed or not fsdp.gathers(group):
+                return original(*args, **kwargs)
+            backward = fsdp.in_backward(group)
+            if not self._order_frozen:
+                if backward or id(unit) in self._position:
+                    self._order_frozen = True
+                else:
+                    self._position[id(unit)] = len(self._order)
+                    self._order.append(unit)
+            self._wait(unit)
+            self._prefetch_from(unit, -1 if backward else 1)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                fsdp.copy_in_done(group)
+                self._release(unit)
+
+        return around
+
+    def _make_grad_done(self, unit: Unit):
         def grad_done(p: torch.Tensor) -> None:
             if unit.awaiting_grads > 0:
                 unit.awaiting_grads -= 1
@@ -324,7 +325,7 @@ class ParameterOffloader:
 
         return grad_done
 
-    def _frozen_backward_done(self, unit: _Unit) -> None:
+    def _frozen_backward_done(self, unit: Unit) -> None:
         if self._in_backward:
             self._release(unit)
 
@@ -346,21 +347,25 @@ class ParameterOffloader:
         moves its version counter, and then the device copy is the current one.
         """
         unit, i = self._where[id(p)]
-        st = unit.stored[i]
-        if unit.resident and (st is None or p._version != unit.versions[i]):
-            return p.detach().to("cpu", copy=True)
+        st, local = unit.stored[i], store.local_tensor(p.detach())
+        if unit.resident and (st is None or unit.params[i]._version != unit.versions[i]):
+            return local.to("cpu", copy=True)
         assert st is not None
-        return store.get(st).view(p.dtype).view(p.shape)
+        return store.get(st).reshape(-1).view(torch.uint8).view(local.dtype)[:local.numel()].view(local.shape)
 
     def write_value(self, p: torch.Tensor, value: torch.Tensor) -> None:
         """Make ``value`` (CPU, ``p``'s dtype and shape) managed parameter ``p``'s value, wherever it is now."""
         unit, i = self._where[id(p)]
         if unit.resident:
             with torch.no_grad():
-                p.detach().copy_(value)  # moves p's version: stored again when released
+                store.local_tensor(p.detach()).copy_(value)  # moves the storage's version: stored again when released
             return
-        new = store.put(self.pool, value.detach().reshape(-1).view(torch.uint8), label=unit.labels[i],
-                        start=unit.start_tier)
+        data = value.detach().reshape(-1).view(torch.uint8)
+        st = unit.stored[i]
+        assert st is not None
+        if data.numel() != st.block.nbytes:  # an FSDP2 shard's padding: zeros, as fully_shard pads
+            data = torch.cat([data, data.new_zeros(st.block.nbytes - data.numel())])
+        new = store.put(self.pool, data, label=unit.labels[i], start=unit.start_tiers[i])
         store.free(unit.stored[i])
         unit.stored[i], unit.versions[i] = new, p._version
 
@@ -379,6 +384,8 @@ class ParameterOffloader:
             yield
         finally:
             for _, unit in self._units:
+                if unit.group is not None:  # in-place ops on a DTensor do not move its shard's version counter
+                    unit.versions = [-1] * len(unit.params)
                 self._release(unit)
 
     def close(self) -> None:
@@ -400,6 +407,9 @@ class ParameterOffloader:
         self._closed = True
         for h in self._handles:
             h.remove()
+        for _, unit in self._units:
+            if unit.group is not None:
+                fsdp.unwrap_unshard(unit.group)
         self._worker.shutdown(wait=True)
         for _, unit in self._units:
             for st in unit.stored:
@@ -412,7 +422,7 @@ class ParameterOffloader:
 
 
 def offload_parameters(model: nn.Module, pool: str | Pool | Tier | list[str | Tier] = "host", *,
-                       prefetch: int = 1, plan: Plan | None = None) -> ParameterOffloader:
+                       prefetch: int | None = None, plan: Plan | None = None) -> ParameterOffloader:
     """Keep ``model``'s layer weights in ``pool`` between uses, fetched ``prefetch`` layers ahead.
 
     Args:
@@ -421,9 +431,10 @@ def offload_parameters(model: nn.Module, pool: str | Pool | Tier | list[str | Ti
         pool: a pool spec string (``"host"``, ``"file:/scratch"``, ``"compress(file:/scratch)"``), a
             ``Pool``, a tier or a list.
         prefetch: units fetched ahead of the one running, in forward and in backward order (0: each is
-            fetched when needed).
-        plan: a ``mcdla.workload.plan.Plan`` whose ``state`` entries say which modules' weights to move (and
-            to which tier); without it every module owning parameters is moved.
+            fetched when needed; default 1). Not with ``plan``, whose entries carry each module's depth.
+        plan: a ``mcdla.workload.plan.Plan`` whose ``state`` entries say which modules' weights to move (to
+            which tier, fetched how many units ahead: ``StateDecision.prefetch``); without it every module
+            owning parameters is moved.
 
     Between uses a moved parameter's storage is empty: read it (a plain optimizer's ``step()``,
     ``model.state_dict()``, comparisons) only inside :meth:`ParameterOffloader.gathered` or after

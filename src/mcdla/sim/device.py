@@ -49,6 +49,7 @@ class DeviceState:
         "fwd_done", "off_done", "pf_issued", "pf_done", "compute_s", "recompute_s", "virt_s", "comm_s",
         "finished", "d2h_start", "d2h_layer", "h2d_start", "in_settle", "pf_live", "tables",
         "fetch_bytes", "fetch_layer", "wq", "w_busy", "w_start", "w_issued", "w_done", "cpu_q", "cpu_busy",
+        "updates_left", "step_q", "step_busy", "step_start",
     )
 
     def __init__(self, engine: Engine, index: int, name: str, capacity: float, program: Program,
@@ -103,6 +104,10 @@ class DeviceState:
         self.w_done = [False] * len(program.fetch_bytes)
         self.cpu_q: deque[Op] = deque()  # updates waiting for the CPU (one at a time)
         self.cpu_busy = False
+        self.updates_left = sum(1 for op in self.ops if op.update_bytes > 0.0)
+        self.step_q: deque[Op] = deque()  # updated values waiting for the optimizer's step() to copy them in
+        self.step_busy = False
+        self.step_start = 0.0
 
     # -- memory --------------------------------------------------------------------------------------------
     def alloc(self, nbytes: float, now: float) -> None:
@@ -270,6 +275,8 @@ class DeviceState:
         for pf in op.end_prefetch:
             self.issue_prefetch(pf, now)
         if op.update_bytes > 0.0:
+            if not engine.unlimited:  # the gradient's host copy, until its update has run
+                engine.pool_hold_state(self, op.update_bytes, now)
             self._state_transfer(op, True, op.update_bytes, self._end_gradient_out, now)
         if op.coll_bytes > 0.0:
             coll = engine.arrive(self, op, now)
@@ -279,6 +286,7 @@ class DeviceState:
         if self.pc == len(self.ops):
             self.finished = True
             engine.device_finished(self, now)
+            self._try_step(now)
         else:
             self.try_compute(now)
 
@@ -406,14 +414,37 @@ class DeviceState:
 
     def _end_cpu_update(self, op: Op, now: float) -> None:
         self.cpu_busy = False
-        if op.update_back:
-            self._state_transfer(op, False, op.update_bytes, self._end_update, now)
-        else:
-            self._end_update(op, now)
+        self.step_q.append(op)
+        self.updates_left -= 1
+        self._try_step(now)
         self._try_update(now)
 
+    def _try_step(self, now: float) -> None:
+        """The optimizer's ``step()``: once backward is over and every update has run, copy the new values in one
+        after another, into the device's weights (prefetch route) or the pool's (offload route)."""
+        if self.step_busy or not self.finished or self.updates_left > 0 or not self.step_q:
+            return
+        self.step_busy = True
+        self.step_start = now
+        op = self.step_q.popleft()
+        self._state_transfer(op, not op.update_back, op.update_bytes, self._end_copy_in, now)
+
+    def _end_copy_in(self, op: Op, now: float) -> None:
+        self.step_busy = False
+        engine = self.engine
+        if not engine.unlimited:  # the gradient's host copy, then the new value: gone once copied in
+            engine.pool_hold_state(self, -op.update_bytes, now)
+        if engine.spans is not None:
+            name = engine.layer_names[op.layer]
+            back = op.update_back
+            engine.record_span((self.index, 2 if back else 1, f"{'copy in' if back else 'write'} weights {name}",
+                                "prefetch" if back else "offload", self.step_start, now), layer=name,
+                               tensor=f"weights {name}", bytes=op.update_bytes, tier=engine.pool_names(self.index))
+        self._end_update(op, now)
+        self._try_step(now)
+
     def _end_update(self, op: Op, now: float) -> None:
-        """An update has landed; after the last operation it extends the iteration (the step waits for it)."""
+        """An updated value is in place; it extends the iteration past the last operation (``step()`` waits)."""
         if self.finished and now > self.prev_end:
             self.virt_s += now - self.prev_end
             self.prev_end = now

@@ -149,6 +149,15 @@ class Engine:
             self._mem_change(mem, share, now)
         return True
 
+    def pool_hold_state(self, device: DeviceState, nbytes: float, now: float) -> None:
+        """Count ``nbytes`` (negative: release) of ``device``'s weights, gradients or optimizer state in its pool
+        memories, spread like its offloads (NOTE [state in the program]); state never waits for room."""
+        parts = self.fabric.offload_routes[device.index]
+        if not parts:
+            raise SimError(f"device {device.name!r} has no pool memory; the plan moves weights or optimizer state")
+        for mem, _route in parts:
+            self._mem_change(mem, nbytes / len(parts), now)
+
     def pool_release(self, device: DeviceState, layer: int, now: float) -> None:
         """Free the pool space of a prefetched tensor and retry offloads waiting for it."""
         parts = self.fabric.prefetch_routes[device.index]
@@ -175,6 +184,8 @@ class Engine:
             if static > device.limit:
                 return
             device.alloc(static, 0.0)
+            if self.programs[device.index].pool_state_bytes > 0.0 and not self.unlimited:
+                self.pool_hold_state(device, self.programs[device.index].pool_state_bytes, 0.0)
         for device in self.devices:
             device.try_compute(0.0)
         now = 0.0

@@ -11,19 +11,28 @@ NOTE [state in the program]
 
     - the static bytes count only the classes kept on the device (weights ``P``, gradients ``P``, optimizer
       state ``r * P`` per layer of ``P`` parameter bytes, ``r = optimizer_bytes_per_param_byte``);
-    - offloaded weights, in forward order ``u_0..u_{m-1}`` with prefetch depth ``k``: ``F(u_0)`` fetches its
-      own weights when the stream reaches it and, when it starts, ``u_1..u_k``; every later ``F(u_p)`` fetches
-      ``u_{p+k}`` when it starts; each waits for its own fetch, allocates the bytes of what it fetched and frees
-      its own weights when it ends. Backward does the same in its own order (fetches do not cross from forward
+    - offloaded weights, in forward order ``u_0..u_{m-1}``, each with the prefetch depth ``k_p`` of its
+      plan entry: ``F(u_p)`` fetches its own weights when the stream reaches it unless an earlier one started
+      that fetch, and when it starts, those of ``u_{p+1}..u_{p+k_p}`` not started yet (with one depth ``k``:
+      ``F(u_0)`` starts ``u_1..u_k``, every later ``F(u_p)`` starts ``u_{p+k}``), as
+      ``offload_parameters`` runs them; each waits for its own fetch, allocates the bytes of what it fetched
+      and frees its own weights when it ends. Backward does the same in its own order (fetches do not cross from forward
       to backward, as the runtime releases each layer after its forward). Weight fetches run one at a time
       over the prefetch route; a recomputation of such a layer fetches on demand and releases after;
     - offloaded optimizer state: when ``B_i`` ends its gradient (``P``) is copied out over the offload route
       then updated on the CPU, one layer at a time (the optimizer's one worker thread), for
       ``P * update_s_per_param_byte`` (a measured rate: the host's update speed is not part of the system
-      model, so it is 0 unless given), and the parameter (``P``) comes back over the prefetch route unless the
-      weights are offloaded too (the update then writes the pool). An offloaded gradient takes ``P`` on the
-      device from ``B_i`` until its copy out lands. The iteration ends when the last update has landed
-      (``OffloadedOptimizer.step`` waits).
+      model, so it is 0 unless given). An offloaded gradient takes ``P`` on the device from ``B_i`` until its
+      copy out lands. ``OffloadedOptimizer.step()`` then runs once the last operation has ended and every
+      update has run: it copies each new value (``P``) in, one after another in update order, over the
+      prefetch route into the device's weights, or, with the weights offloaded too, over the offload route
+      into the pool (a new block). The iteration ends when the last is in place;
+    - the pool memories hold what the runtime keeps in its tiers: the offloaded weights and optimizer state
+      for the whole step (``Program.pool_state_bytes``; a fetch leaves a weight's block in place), and for
+      each offloaded optimizer ``P`` on the host from the start of its gradient's copy out until ``step()``
+      has copied its new value in (the gradient, then the new value), besides the offloaded activations; so ``SimResult.peak_bytes_by_tier`` and ``memory_timeline`` of the pool's kind
+      (``"host"``, ``"memory-node"``) count them. They take room from offloaded activations (which wait for
+      room) but never wait themselves: state alone above the pool's capacity shows as a peak above it.
 """
 
 from __future__ import annotations
@@ -233,10 +242,12 @@ def _device_saved_bytes(workload: Workload, i: int, share: int) -> float:
     return saved
 
 
-def _state_placements(workload: Workload, plan: Plan) -> tuple[list[bool], list[bool], list[bool]]:
-    """Per layer: whether the plan offloads its weights, its gradients, its optimizer state."""
+def _state_placements(workload: Workload, plan: Plan) -> tuple[list[bool], list[bool], list[bool], list[int]]:
+    """Per layer: whether the plan offloads its weights, its gradients, its optimizer state; its weights' prefetch
+    depth."""
     n = len(workload.layers)
     weights, grads, opt = [False] * n, [False] * n, [False] * n
+    depth = [0] * n
     known = set(workload.layer_names)
     for sd in plan.state:
         if sd.layer not in known:
@@ -244,13 +255,14 @@ def _state_placements(workload: Workload, plan: Plan) -> tuple[list[bool], list[
         i = workload.index_of(sd.layer)
         weights[i], grads[i], opt[i] = (sd.offloads("weights"), sd.offloads("gradients"),
                                         sd.offloads("optimizer_state"))
+        depth[i] = sd.prefetch
         if grads[i] and not opt[i]:
             raise PlanError(f"plan state for {sd.layer!r}.gradients: got 'offload' with optimizer_state 'device'; a "
                             "gradient leaves the device only for an update on the CPU (offload optimizer_state too)")
-    return weights, grads, opt
+    return weights, grads, opt, depth
 
 
-def _apply_state(workload: Workload, plan: Plan, ops: list[Op], share: int, prefetch: int, update_s_per_byte: float
+def _apply_state(workload: Workload, plan: Plan, ops: list[Op], share: int, update_s_per_byte: float
                  ) -> tuple[float, tuple[float, ...], tuple[int, ...], float]:
     """Add the plan's state to ``ops`` (NOTE [state in the program]); returns the static bytes, each weight
     fetch's bytes and layer, and the bytes of state kept in the pool."""
@@ -259,7 +271,7 @@ def _apply_state(workload: Workload, plan: Plan, ops: list[Op], share: int, pref
     r = workload.optimizer_bytes_per_param_byte
     if not plan.state:
         return workload.static_bytes / share, (), (), 0.0
-    weights, grads, opt = _state_placements(workload, plan)
+    weights, grads, opt, depth = _state_placements(workload, plan)
     static = sum(p * ((not w) + (not g) + r * (not o)) for p, w, g, o in zip(param, weights, grads, opt))
     pool = sum(p * (w + r * o) for p, w, o in zip(param, weights, opt))
     fetch_bytes: list[float] = []
@@ -273,12 +285,15 @@ def _apply_state(workload: Workload, plan: Plan, ops: list[Op], share: int, pref
     for kind in (FORWARD, BACKWARD):
         stream = [op for op in ops if op.kind == kind and weights[op.layer] and param[op.layer] > 0]
         ids = [new_fetch(op.layer) for op in stream]
+        started = [False] * len(stream)
         for p, op in enumerate(stream):
-            if p == 0 or prefetch == 0:  # on demand: nothing fetched it ahead
+            if not started[p]:  # on demand: nothing fetched it ahead
                 op.reach_fetch = (ids[p],)
                 op.alloc_bytes += param[op.layer]
-            ahead = range(1, min(prefetch, len(stream) - 1) + 1) if p == 0 else (
-                (p + prefetch,) if 0 < prefetch and p + prefetch < len(stream) else ())
+                started[p] = True
+            ahead = [q for q in range(p + 1, min(p + depth[op.layer], len(stream) - 1) + 1) if not started[q]]
+            for q in ahead:
+                started[q] = True
             op.start_fetch = tuple(ids[q] for q in ahead)
             op.alloc_bytes += sum(param[stream[q].layer] for q in ahead)
             op.need_fetch = ids[p]
@@ -300,7 +315,7 @@ def _apply_state(workload: Workload, plan: Plan, ops: list[Op], share: int, pref
 
 
 def build_program(workload: Workload, plan: Plan, device: Device, *, model_parallel: bool, n_devices: int,
-                  bucket_bytes: float, state_prefetch: int = 1, update_s_per_param_byte: float = 0.0) -> Program:
+                  bucket_bytes: float, update_s_per_param_byte: float = 0.0) -> Program:
     """The program of one device of ``n_devices`` (see ``docs/timing-model.md`` and ``docs/simulator.md``).
 
     Operation times come from the device roofline, or from a layer's measured ``fwd_time_s`` / ``bwd_time_s``
@@ -311,7 +326,6 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
             divided by ``n_devices``; saved tensors per NOTE [model-parallel saved bytes]); otherwise data
             parallel.
         bucket_bytes: gradient bucket size of the data-parallel all-reduce (bytes).
-        state_prefetch: layers of offloaded weights fetched ahead (``offload_parameters``'s ``prefetch``).
         update_s_per_param_byte: CPU time of an offloaded optimizer's update per parameter byte (s/B; 0: untimed).
     """
     layers = workload.layers
@@ -383,8 +397,7 @@ def build_program(workload: Workload, plan: Plan, device: Device, *, model_paral
                 op.coll_bytes, op.coll_kind, op.coll_blocks = grad, ALL_REDUCE, True
                 op.coll_label = f"all-reduce input grad {names[i]}"
         ops.append(op)
-    static, fetch_bytes, fetch_layer, pool_state = _apply_state(workload, plan, ops, share, state_prefetch,
-                                                               update_s_per_param_byte)
+    static, fetch_bytes, fetch_layer, pool_state = _apply_state(workload, plan, ops, share, update_s_per_param_byte)
     if not math.isfinite(static):
         raise WorkloadError(f"workload {workload.name!r}.static_bytes: got {static}; parameters x (2 + "
                             f"optimizer_bytes_per_param_byte) must be finite (each layer's bytes at most 2**60)")

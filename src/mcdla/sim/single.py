@@ -83,16 +83,14 @@ def one_device_system(device: Device, link: PoolLink, capacity_bytes: float) -> 
 
 
 def evaluate_plan(workload: Workload, plan: Plan, link: PoolLink, *, device: Device | None = None,
-                  budget_bytes: float | None = None, state_prefetch: int = 1,
-                  update_s_per_param_byte: float = 0.0) -> SimResult:
+                  budget_bytes: float | None = None, update_s_per_param_byte: float = 0.0) -> SimResult:
     """Simulate ``plan`` for ``workload`` on one device whose pool is reached through ``link``.
 
     Args:
         device: the device (default :func:`default_device`, the dc-dla V100).
         budget_bytes: device-memory capacity (bytes); None means ``plan.budget_bytes`` (its device budget).
-        state_prefetch: layers of offloaded weights fetched ahead (NOTE [state in the program] in
-            :mod:`mcdla.sim.program`); only plans with ``state`` entries read it, as they do
-            ``update_s_per_param_byte`` (CPU update time of an offloaded optimizer per parameter byte, s/B).
+        update_s_per_param_byte: CPU update time of an offloaded optimizer per parameter byte (s/B; NOTE [state in
+            the program] in :mod:`mcdla.sim.program`); only plans with ``state`` entries read it.
 
     Same semantics as ``simulate(one_device_system(device, link, budget), workload, plan)``, and exact also for
     links whose offload and prefetch bandwidths differ.
@@ -102,14 +100,12 @@ def evaluate_plan(workload: Workload, plan: Plan, link: PoolLink, *, device: Dev
     if dev.hbm_bytes != capacity:
         dev = dataclasses.replace(dev, hbm_bytes=capacity)
     fabric = Fabric.from_pool_link(dev, link)
-    if not plan.state or (state_prefetch == 1 and update_s_per_param_byte == 0.0):
+    if not plan.state or update_s_per_param_byte == 0.0:
         return simulate_fabric(fabric, workload, plan)
-    if isinstance(state_prefetch, bool) or not isinstance(state_prefetch, int) or state_prefetch < 0:
-        raise SimError(f"state_prefetch: got {state_prefetch!r}; must be an int >= 0")
     if not 0 <= update_s_per_param_byte < math.inf:
         raise SimError(f"update_s_per_param_byte: got {update_s_per_param_byte!r}; must be a finite number >= 0")
     program = build_program(workload, plan, dev, model_parallel=False, n_devices=1, bucket_bytes=math.inf,
-                            state_prefetch=state_prefetch, update_s_per_param_byte=update_s_per_param_byte)
+                            update_s_per_param_byte=update_s_per_param_byte)
     engine = Engine(fabric, [program], unlimited_virtualization=False, record=False)
     engine.run()
     return assemble(engine, workload=workload.name, planner=plan.planner, parallel="data")

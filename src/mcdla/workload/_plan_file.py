@@ -18,6 +18,7 @@ from mcdla.errors import PlanError, brief, field_path
 __all__ = ["check_plan_document"]
 
 _MAX_BATCH = 2**31 - 1
+_MAX_PREFETCH = 2**31 - 1
 
 
 class _DecisionDoc(BaseModel):
@@ -37,6 +38,7 @@ class _StateDoc(BaseModel):
     gradients: Literal["device", "offload"] = "device"
     optimizer_state: Literal["device", "offload"] = "device"
     tier: StrictStr = "pool"
+    prefetch: int = Field(default=1, strict=True, ge=0, le=_MAX_PREFETCH)
 
 
 class _PlanDoc(BaseModel):
@@ -85,4 +87,6 @@ def check_plan_document(data: Mapping[str, Any]) -> None:
         allowed = _ALLOWED.get(err["type"], " ".join(str(err["msg"]).split()).lower())
         if err["type"] == "literal_error" and err["loc"][:1] == ("state",):
             allowed = "must be one of device, offload"
+        if err["loc"][:1] == ("state",) and err["loc"][-1:] == ("prefetch",):
+            allowed = f"must be an integer from 0 to {_MAX_PREFETCH} (offloaded-weight layers fetched ahead)"
         raise PlanError(f"{path}: got {brief(err.get('input'))}; {allowed}{more}") from None

@@ -87,6 +87,9 @@ class StateDecision:
         layer: module name (the module that owns the parameters directly).
         weights, gradients, optimizer_state: device, or offload to ``tier`` between uses.
         tier: the pool tier offloaded state goes to (``"pool"`` = the first, or a runtime tier name).
+        prefetch: with offloaded weights, how many offloaded-weight modules after this one (in forward order,
+            and in backward order in backward) start fetching when this one is fetched for use: 0 fetches
+            each on demand. The simulator and ``offload_parameters`` both read it.
     """
 
     layer: str
@@ -94,8 +97,12 @@ class StateDecision:
     gradients: Placement = Placement.DEVICE
     optimizer_state: Placement = Placement.DEVICE
     tier: str = "pool"
+    prefetch: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise PlanError(f"plan state for {self.layer!r}.prefetch: got {self.prefetch!r}; must be an integer >= 0 "
+                            "(offloaded-weight layers fetched ahead)")
         for name in _STATE_CLASSES:
             value = getattr(self, name)
             if not isinstance(value, Placement):
@@ -275,7 +282,8 @@ class Plan:
                 for d in self.decisions
             ],
             **({"state": [
-                {"layer": sd.layer, **{c: getattr(sd, c).value for c in _STATE_CLASSES}, "tier": sd.tier}
+                {"layer": sd.layer, **{c: getattr(sd, c).value for c in _STATE_CLASSES}, "tier": sd.tier,
+                 "prefetch": sd.prefetch}
                 for sd in self.state
             ]} if self.state else {}),
         }
@@ -308,6 +316,7 @@ class Plan:
                 ),
                 state=tuple(
                     StateDecision(layer=str(sd["layer"]), tier=str(sd.get("tier", "pool")),
+                                  prefetch=sd.get("prefetch", 1),
                                   **{c: sd.get(c, "device") for c in _STATE_CLASSES})
                     for sd in data.get("state", ())
                 ),
