@@ -44,9 +44,10 @@ from mcdla.errors import HardwareError, brief
 from mcdla.hardware.gemm import (DEFAULT_BACKWARD_RATIO, DEFAULT_FP8_FRACTION, DEFAULT_HALF_TOKENS, DEFAULT_HALF_WIDTH,
                                  GemmEfficiency)
 from mcdla.hardware.io import BANDWIDTH_BOUNDS_BYTES_PER_S, CAPACITY_BOUNDS_BYTES, LATENCY_BOUNDS_S, within_bounds
+from mcdla.hardware.direct_topology import DIRECT_TOPOLOGIES, check_direct, expand_direct, gpu_links
 from mcdla.hardware.model import Device, LinkKind, System
 from mcdla.hardware.pool_link import PoolLink
-from mcdla.hardware.traffic import TrafficPath, node_paths, offload_link
+from mcdla.hardware.traffic import TrafficPath, graph_paths, node_paths, offload_link
 from mcdla.units import parse_bytes, parse_bytes_per_s, parse_seconds
 
 __all__ = ["ALGORITHMS", "FabricDim", "Cluster", "NvmeTier", "cluster_from_dict", "load_cluster", "is_generated"]
@@ -182,6 +183,8 @@ class _FabricSpec(_Spec):
 class _ScaleUpSpec(_FabricSpec):
     name: str = "nvlink"
     kind: Literal["nvlink", "pcie", "cpu-interconnect", "network", "other"] = "nvlink"
+    topology: Literal["switch", "hybrid-cube-mesh", "memory-node-ring", "host-centric"] = Field(
+        default="switch", description="how the GPUs are joined (mcdla.hardware.direct_topology)")
 
 
 class _ScaleOutSpec(_FabricSpec):
@@ -201,11 +204,19 @@ class _GemmSpec(_Spec):
     fp8_fraction: float = Field(default=DEFAULT_FP8_FRACTION, gt=0, le=1)
 
 
+class _PcieSwitchSpec(_Spec):
+    """PCIe switches between the GPUs and their socket, each shared by ``shared_by`` GPUs (the DGX-1's)."""
+
+    shared_by: int = Field(ge=1, le=1024)
+    source: str
+
+
 class _SocketsSpec(_Spec):
     count: int = Field(ge=1, le=_MAX_DEVICES)
     memory: dict[str, Any]
     gpu_link: dict[str, Any]
     interconnect: dict[str, Any] | None = None
+    pcie_switch: _PcieSwitchSpec | None = None
     source: str
 
 
@@ -219,7 +230,10 @@ class _ExpandersSpec(_Spec):
 class _MemoryNodesSpec(_Spec):
     count: int = Field(ge=1, le=_MAX_DEVICES)
     memory: dict[str, Any]
-    link: dict[str, Any]
+    link: dict[str, Any] | None = Field(default=None, description="to the scale-up switch; none on a memory-node-ring")
+    placement: Literal["all", "both-neighbours", "next"] | None = Field(
+        default=None, description="pool memories of a GPU: every memory-node (switch, the default there), both ring "
+                                  "neighbours (memory-node-ring's default) or the one after the GPU on the ring")
     source: str
 
 
@@ -524,6 +538,7 @@ def cluster_from_dict(data: Any, where: str = "system") -> Cluster:
             raise HardwareError(f"{where}: node.pool: got {group!r}; the node has no {group}")
     if spec.scale_out is not None and node.scale_up is not None and spec.scale_out.name == node.scale_up.name:
         raise HardwareError(f"{where}: scale_out.name: got {spec.scale_out.name!r}; must differ from node.scale_up.name")
+    check_direct(node, spec.scale_out, where)
     nodes = spec.scale_out.nodes if spec.scale_out is not None else 1
     if nodes * node.gpus > _MAX_DEVICES:
         raise HardwareError(f"{where}: scale_out.nodes: got {nodes} nodes of {node.gpus} GPUs; must be at most {_MAX_DEVICES} GPUs")
@@ -536,10 +551,19 @@ def cluster_from_dict(data: Any, where: str = "system") -> Cluster:
 def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
     node = spec.node
     dims: list[FabricDim] = []
+    direct = node.scale_up is not None and node.scale_up.topology in DIRECT_TOPOLOGIES
+    if direct:  # no switch port to read the figures from: the GPU's ring hops on the wired node
+        from mcdla.hardware.io import system_from_dict
+
+        paths, pool_bytes = graph_paths(system_from_dict(_expand_dict(spec), where=where))
+    else:
+        paths, pool_bytes = node_paths(node, spec.scale_out, device)
     if node.scale_up is not None:
         u = node.scale_up
-        dims.append(FabricDim(name=u.name, size=node.gpus, bytes_per_s=u.bandwidth, latency_s=u.latency,
-                              algorithm=u.algorithm, kind=LinkKind(u.kind), source=u.source))
+        hop = next((p for p in paths if p.traffic == "scale-up"), None) if direct else None
+        dims.append(FabricDim(name=u.name, size=node.gpus, bytes_per_s=hop.bytes_per_s() if hop else u.bandwidth,
+                              latency_s=hop.latency_s if hop else u.latency, algorithm=u.algorithm,
+                              kind=LinkKind(u.kind), source=u.source))
     if spec.scale_out is not None:
         o = spec.scale_out
         dims.append(FabricDim(name=o.name, size=o.nodes, bytes_per_s=o.bandwidth, latency_s=o.latency,
@@ -552,7 +576,6 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
             else GemmEfficiency(peak_fraction=device.compute_efficiency, half_width=DEFAULT_HALF_WIDTH,
                                 source=f"{spec.name}: no node.gemm_efficiency; compute_efficiency "
                                        f"{device.compute_efficiency} as peak, the DGX A100 half-width {DEFAULT_HALF_WIDTH}"))
-    paths, pool_bytes = node_paths(node, spec.scale_out, device)
     offload = None
     if pool_bytes > 0:
         offload = offload_link(paths[0], pool_bytes=pool_bytes,
@@ -568,8 +591,11 @@ def _fabric_link(a: str, b: str, f: _FabricSpec, what: str) -> dict[str, Any]:
 
 
 def _expand_dict(spec: _ClusterSpec) -> dict[str, Any]:
-    """The explicit ``mcdla-system/1`` form of a generator (NOTE [generated names], NOTE [generated rings])."""
+    """The explicit ``mcdla-system/1`` form of a generator (NOTE [generated names], NOTE [generated rings]; a node
+    without a scale-up switch: :func:`~mcdla.hardware.direct_topology.expand_direct`)."""
     node = spec.node
+    if node.scale_up is not None and node.scale_up.topology in DIRECT_TOPOLOGIES:
+        return expand_direct(spec)
     nodes = spec.scale_out.nodes if spec.scale_out is not None else 1
     k = node.gpus
     devices: list[dict[str, Any]] = []
@@ -610,8 +636,9 @@ def _expand_dict(spec: _ClusterSpec) -> dict[str, Any]:
                 for a in range(s.count):
                     for b in range(a + 1, s.count):
                         links.append({"a": f"{p}cpu{a}", "b": f"{p}cpu{b}", **s.interconnect})
-            for i, g in enumerate(gpu):
-                links.append({"a": g, "b": f"{p}cpu{i * s.count // k}", **s.gpu_link})
+            pcie, to_sockets = gpu_links(node, p, gpu)
+            switches += pcie
+            links += to_sockets
         mem_nodes: list[str] = []
         if node.memory_nodes is not None:
             for m in range(node.memory_nodes.count):
