@@ -20,6 +20,12 @@ One node: ``gpu{i}``, ``nvswitch`` (the scale-up switch), ``cpu{s}``/``host{s}``
 gets the prefix ``n{j}.`` and the scale-out switch is named by ``scale_out.name``. GPU i attaches to socket
 ``i * sockets // gpus``. Ranks are node-major: rank ``j * gpus + i`` is GPU i of node j.
 
+NOTE [explicit node]
+A file that lists its devices, memories, switches and links (``docs/hardware-format.md``, explicit graph) loads as
+a one-node Cluster whose node is that graph: :meth:`Cluster.expand` returns it as listed, the device is its first
+one, the traffic paths are the first device's routes (:func:`~mcdla.hardware.traffic.graph_paths`). It has no
+fabric dimensions, so the LLM time model refuses it (:meth:`Cluster.generated`); the event engine runs it.
+
 NOTE [generated rings]
 One node: one ring through the scale-up switch in GPU order (a GPU's port carries each step once per
 direction, so a second, reversed ring would only share the same ports). Several nodes: ``gpus`` rings, ring r
@@ -39,7 +45,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief
 from mcdla.hardware.gemm import (DEFAULT_BACKWARD_RATIO, DEFAULT_FP8_FRACTION, DEFAULT_HALF_TOKENS, DEFAULT_HALF_WIDTH,
                                  GemmEfficiency)
@@ -320,7 +325,9 @@ class Cluster:
     dims: tuple[FabricDim, ...]
     paths: tuple[TrafficPath, ...] = dataclasses.field(compare=False)
     offload: PoolLink | None = dataclasses.field(compare=False)
-    _spec: _ClusterSpec = dataclasses.field(repr=False, compare=False)
+    _spec: _ClusterSpec | None = dataclasses.field(repr=False, compare=False)
+    # an explicit graph file's System (then _spec is None): the node given as a graph, NOTE [explicit node]
+    _graph: System | None = dataclasses.field(default=None, repr=False, compare=False)
     _where: str = dataclasses.field(default="system", repr=False, compare=False)
     # (size, stride) -> group_dims' answer: a pure function of the frozen fields, asked once per group and
     # configuration by the LLM model, so a search over 10^5 configurations asks a handful of distinct ones
@@ -337,17 +344,30 @@ class Cluster:
     @property
     def scale_up(self) -> FabricDim | None:
         """The scale-up (NVLink) dimension, None for one-GPU nodes."""
-        return self.dims[0] if self._spec.node.scale_up is not None else None
+        return self.dims[0] if self._spec is not None and self._spec.node.scale_up is not None else None
 
     @property
     def scale_out(self) -> FabricDim | None:
         """The scale-out dimension, None when the file has no ``scale_out``."""
-        return self.dims[-1] if self._spec.scale_out is not None else None
+        return self.dims[-1] if self._spec is not None and self._spec.scale_out is not None else None
+
+    @property
+    def explicit(self) -> bool:
+        """Whether the node was given as an explicit graph (no fabric dimensions; NOTE [explicit node])."""
+        return self._spec is None
+
+    def generated(self, field: str | None = None) -> Cluster:
+        """This cluster when a node template generated it; one-line HardwareError naming ``field`` (by default the
+        file) for an explicit graph, which has no fabric dimensions for the LLM time model to price collectives on."""
+        if self._spec is None:
+            raise HardwareError(f"{field or self._where}: got {self.name!r}, an explicit graph (devices listed); must be "
+                                "a generator with node: (docs/hardware-format.md)")
+        return self
 
     @property
     def nvme(self) -> NvmeTier | None:
         """The node's NVMe tier (``node.nvme``), None without one."""
-        n = self._spec.node.nvme
+        n = self._spec.node.nvme if self._spec is not None else None
         if n is None:
             return None
         return NvmeTier(capacity_bytes=n.drives * n.capacity, read_bytes_per_s=n.drives * n.read_bandwidth,
@@ -378,7 +398,7 @@ class Cluster:
         """The same cluster with ``nodes`` nodes (needs a ``scale_out`` fabric when ``nodes`` > 1)."""
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= _MAX_DEVICES:
             raise HardwareError(f"cluster {self.name!r}.nodes: got {nodes!r}; must be an integer in 1..{_MAX_DEVICES}")
-        if self._spec.scale_out is None:
+        if self._spec is None or self._spec.scale_out is None:
             if nodes != 1:
                 raise HardwareError(f"cluster {self.name!r}.nodes: got {nodes}; must be 1 without a scale_out fabric")
             return self
@@ -393,6 +413,10 @@ class Cluster:
     def without_offload(self) -> Cluster:
         """The same hardware with no pool (``node.pool: []``): the "no offload, recompute instead" variant,
         named ``"<name> (no offload)"``."""
+        if self._spec is None:
+            assert self._graph is not None
+            return _graph_cluster(dataclasses.replace(self._graph, name=f"{self.name} (no offload)", pools={}),
+                                  self._where)
         node = self._spec.node.model_copy(update={"pool": []})
         spec = self._spec.model_copy(update={"node": node, "name": f"{self.name} (no offload)"})
         return _cluster(spec, self._where, self.device)
@@ -402,6 +426,8 @@ class Cluster:
         curve = _GemmSpec(peak_fraction=gemm.peak_fraction, half_width=gemm.half_width, source=gemm.source or "given",
                           half_tokens=gemm.half_tokens, backward_ratio=gemm.backward_ratio,
                           fp8_fraction=gemm.fp8_fraction)
+        if self._spec is None:
+            return dataclasses.replace(self, gemm_efficiency=gemm)
         spec = self._spec.model_copy(update={"node": self._spec.node.model_copy(update={"gemm_efficiency": curve})})
         return _cluster(spec, self._where, self.device)
 
@@ -433,6 +459,7 @@ class Cluster:
                 raise HardwareError(f"cluster {self.name!r}.group_dims: {label} got {brief(value)}; must be an integer >= 1")
         if size == 1:
             return ()
+        self.generated(f"cluster {self.name!r}.group_dims")
         if size * stride > self.n_devices:
             raise HardwareError(
                 f"cluster {self.name!r}.group_dims: size {size} x stride {stride} got {size * stride} ranks; "
@@ -460,6 +487,7 @@ class Cluster:
                 raise HardwareError(f"cluster {self.name!r}.dim_between: rank got {r!r}; must be in 0..{self.n_devices - 1}")
         if rank_a == rank_b:
             raise HardwareError(f"cluster {self.name!r}.dim_between: got rank {rank_a} twice; must be two different ranks")
+        self.generated(f"cluster {self.name!r}.dim_between")
         same = rank_a // self.gpus_per_node == rank_b // self.gpus_per_node
         memo = self._between_memo.get(same)
         if memo is None:
@@ -482,9 +510,12 @@ class Cluster:
 
     def expand(self) -> System:
         """Every device, memory, switch, link, pool and ring, as an ordinary :class:`System` (validated)."""
-        from mcdla.hardware.io import system_from_dict
+        from mcdla.hardware.io import explicit_system
 
-        return system_from_dict(_expand_dict(self._spec), where=self._where)
+        if self._spec is None:
+            assert self._graph is not None
+            return self._graph
+        return explicit_system(_expand_dict(self._spec), where=self._where)
 
 
 # -- parsing and expansion ------------------------------------------------------------------------------------
@@ -501,11 +532,14 @@ def _check_figures(spec_cls: type[BaseModel], figures: dict[str, Any], where: st
 
 
 def cluster_from_dict(data: Any, where: str = "system") -> Cluster:
-    """Validate a generator file (with ``node:``) into a :class:`Cluster`; one-line HardwareError otherwise."""
-    from mcdla.hardware.io import _DeviceSpec, _LinkSpec, _MemorySpec, _one_line
+    """Validate a parsed system file into a :class:`Cluster`: a generator (with ``node:``) or an explicit graph
+    (NOTE [explicit node]); one-line HardwareError otherwise."""
+    from mcdla.hardware.io import _DeviceSpec, _LinkSpec, _MemorySpec, _one_line, explicit_system
 
     if not isinstance(data, dict):
         raise HardwareError(f"{where}: got {type(data).__name__}; must be a mapping with format: mcdla-system/1")
+    if not is_generated(data):
+        return _graph_cluster(explicit_system(data, where), where)
     data = _resolve_extends(data, where)
     try:
         spec = _ClusterSpec.model_validate(data)
@@ -553,9 +587,9 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
     dims: list[FabricDim] = []
     direct = node.scale_up is not None and node.scale_up.topology in DIRECT_TOPOLOGIES
     if direct:  # no switch port to read the figures from: the GPU's ring hops on the wired node
-        from mcdla.hardware.io import system_from_dict
+        from mcdla.hardware.io import explicit_system
 
-        paths, pool_bytes = graph_paths(system_from_dict(_expand_dict(spec), where=where))
+        paths, pool_bytes = graph_paths(explicit_system(_expand_dict(spec), where=where))
     else:
         paths, pool_bytes = node_paths(node, spec.scale_out, device)
     if node.scale_up is not None:
@@ -572,17 +606,34 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
     g = node.gemm_efficiency
     gemm = (GemmEfficiency(peak_fraction=g.peak_fraction, half_width=g.half_width, source=g.source,
                            half_tokens=g.half_tokens, backward_ratio=g.backward_ratio, fp8_fraction=g.fp8_fraction)
-            if g is not None
-            else GemmEfficiency(peak_fraction=device.compute_efficiency, half_width=DEFAULT_HALF_WIDTH,
-                                source=f"{spec.name}: no node.gemm_efficiency; compute_efficiency "
-                                       f"{device.compute_efficiency} as peak, the DGX A100 half-width {DEFAULT_HALF_WIDTH}"))
-    offload = None
-    if pool_bytes > 0:
-        offload = offload_link(paths[0], pool_bytes=pool_bytes,
-                               source=f"{spec.name}: every GPU of a node offloading at once, pages interleaved over "
-                                      "its pool (closed form, mcdla.hardware.traffic)")
+            if g is not None else _default_gemm(spec.name, device))
     return Cluster(name=spec.name, description=spec.description, nodes=nodes, gpus_per_node=node.gpus, device=device,
-                   gemm_efficiency=gemm, dims=tuple(dims), paths=paths, offload=offload, _spec=spec, _where=where)
+                   gemm_efficiency=gemm, dims=tuple(dims), paths=paths, offload=_offload(spec.name, paths, pool_bytes),
+                   _spec=spec, _where=where)
+
+
+def _default_gemm(name: str, device: Device) -> GemmEfficiency:
+    """The GEMM curve of a node without ``node.gemm_efficiency``: the device's compute efficiency as peak."""
+    return GemmEfficiency(peak_fraction=device.compute_efficiency, half_width=DEFAULT_HALF_WIDTH,
+                          source=f"{name}: no node.gemm_efficiency; compute_efficiency {device.compute_efficiency} as "
+                                 f"peak, the DGX A100 half-width {DEFAULT_HALF_WIDTH}")
+
+
+def _offload(name: str, paths: tuple[TrafficPath, ...], pool_bytes: float) -> PoolLink | None:
+    if pool_bytes <= 0:
+        return None
+    return offload_link(paths[0], pool_bytes=pool_bytes,
+                        source=f"{name}: every GPU of a node offloading at once, pages interleaved over its pool "
+                               "(closed form, mcdla.hardware.traffic)")
+
+
+def _graph_cluster(system: System, where: str) -> Cluster:
+    """An explicit graph as a one-node :class:`Cluster` (NOTE [explicit node])."""
+    paths, pool_bytes = graph_paths(system)
+    device = dataclasses.replace(system.devices[0], name="gpu")
+    return Cluster(name=system.name, description=system.description, nodes=1, gpus_per_node=len(system.devices),
+                   device=device, gemm_efficiency=_default_gemm(system.name, device), dims=(), paths=paths,
+                   offload=_offload(system.name, paths, pool_bytes), _spec=None, _graph=system, _where=where)
 
 
 def _fabric_link(a: str, b: str, f: _FabricSpec, what: str) -> dict[str, Any]:
@@ -687,25 +738,10 @@ _PRESET_PACKAGE = "mcdla.hardware.presets"
 
 
 def load_cluster(name_or_path: str | Path, *, nodes: int | None = None) -> Cluster:
-    """A generated preset (``"dgx-h100"``) or generator file as a :class:`Cluster`, optionally with ``nodes`` nodes.
+    """A preset (``"dgx-h100"``, ``"mc-dla"``) or system file as a :class:`Cluster`, optionally with ``nodes`` nodes:
+    a generator file's node template, or an explicit graph file's listed node (NOTE [explicit node])."""
+    from mcdla.hardware.io import read_system_document
 
-    One-line HardwareError for an explicit (listed) system such as ``mc-dla``, which has no fabric dimensions.
-    """
-    import yaml
-
-    from mcdla.hardware.io import preset_names
-
-    text = str(name_or_path)
-    if text in preset_names():
-        where = f"preset {text!r}"
-        data = yaml.safe_load(resources.files(_PRESET_PACKAGE).joinpath(f"{text}.yaml").read_text())
-    else:
-        path = Path(text)
-        if not (path.suffix in (".yaml", ".yml", ".json") or path.exists()):
-            raise HardwareError(f"cluster: got {brief(text)}; must be a preset ({', '.join(preset_names())}) or a .yaml/.json file")
-        where = f"system file {brief(text, 200)}"
-        data = read_document(path, what="system file", error=HardwareError)
-    if not is_generated(data):
-        raise HardwareError(f"{where}: got an explicit system (devices listed); must be a generator with node: (docs/hardware-format.md)")
+    data, where = read_system_document(name_or_path)
     cluster = cluster_from_dict(data, where)
     return cluster if nodes is None else cluster.with_nodes(nodes)
