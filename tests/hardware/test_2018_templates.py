@@ -112,6 +112,46 @@ def test_closed_form_paths_by_hand() -> None:
     assert load_cluster("mc-dla").pool_link().pool_bytes == pytest.approx(1.3e12)
 
 
+_HOST = {"kind": "host", "capacity": "100GB", "dram_bandwidth": "40GB/s", "source": "t"}
+_PCIE = {"kind": "pcie", "bandwidth": "16GB/s", "latency": "1us", "source": "t"}
+
+
+def _variant(preset: str, **node) -> dict:
+    data, _where = read_system_document(preset)
+    data = copy.deepcopy(data)
+    for key, value in node.items():
+        *parents, last = key.split("__")
+        d = data["node"]
+        for p in parents:
+            d = d[p]
+        d[last] = value
+    return data
+
+
+@pytest.mark.parametrize("data", [
+    _variant("mc-dla", gpus=4, memory_nodes__count=4,
+             sockets={"count": 2, "memory": _HOST, "gpu_link": _PCIE, "source": "t"}),
+    _variant("mc-dla-1n", gpus=3, memory_nodes__count=3),
+    _variant("hc-dla", sockets__count=1),
+    _variant("hc-dla", sockets__count=2),
+    _variant("dc-dla", sockets__pcie_switch__shared_by=4),
+    _variant("dc-dla", expanders={"per_socket": 2, "memory": _HOST, "link": _PCIE, "source": "t"}),
+], ids=["ring-with-sockets", "ring-of-3-next", "host-centric-1-socket", "host-centric-2-sockets",
+        "mesh-4-per-switch", "mesh-with-expanders"])
+def test_wired_variants_closed_form_equals_routed_max_min(data: dict) -> None:
+    """Variants of the 2018 nodes (rings with host memory too, host-centric nodes of 1 or 2 sockets, 4 GPUs per PCIe
+    switch, CXL behind the DGX-1's sockets): the offload link from the GPU's routes equals the flow drain of
+    mcdla.sim.pool_link on the expansion, both directions and their sharing included."""
+    from mcdla.sim import pool_link
+
+    c = cluster_from_dict(data, where="variant")
+    a, b = c.pool_link(), pool_link(c.expand())
+    assert a.offload_bytes_per_s == pytest.approx(b.offload_bytes_per_s, rel=1e-9)
+    assert a.prefetch_bytes_per_s == pytest.approx(b.prefetch_bytes_per_s, rel=1e-9)
+    assert a.shared_direction == b.shared_direction and a.pool_bytes == pytest.approx(b.pool_bytes)
+    assert c.without_offload().offload is None and c.without_offload().expand().pools == {}
+
+
 def test_an_explicit_graph_file_loads_as_a_one_node_cluster() -> None:
     """A file listing its devices is a Cluster whose node is that graph: expand() gives it back as listed, its offload
     is the closed form over its routes, and the LLM model's fabric dimensions are refused in one line."""
