@@ -7,6 +7,8 @@ are symmetric, so one GPU's paths describe them all: for each traffic class (``o
 the node send the same class through it, and what fraction of one GPU's traffic of that class it carries. An
 engine places flows on these (the names are the resources of :meth:`Cluster.expand`, for GPU 0 of node 0, with
 the ``n0.`` prefix dropped); :func:`offload_link` turns the offload path into the planners' :class:`PoolLink`.
+:func:`node_paths` reads the paths off a switched node's template without routing; :func:`graph_paths` takes them
+from the routes of a listed graph (a node wired without a scale-up switch, an explicit graph file).
 
 NOTE [direction sharing]
 Links (PCIe, NVLink-C2C, NVLink ports, CXL, memory-node links, network rails) are full duplex: an offload and a
