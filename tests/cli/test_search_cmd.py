@@ -70,7 +70,7 @@ def test_memory_limit_is_respected(run_cli):
     (("--cp", "1,x"), "--cp: got '1,x'; must be a comma-separated list of integers >= 1"),
     (("--memory-limit", "12"), "--memory-limit: got '12'; a bare number is ambiguous"),
     (("--memory-limit", "1TiB"), "--memory-limit: got '1TiB'; must be at most the memory of"),
-    (("--system", "nosuch"), "cluster: got 'nosuch'; must be a preset"),
+    (("--system", "nosuch"), "system: got 'nosuch'; must be a preset"),
     (("--workers", "0"), "--workers: got 0; must be >= 1"),
     (("--recompute-layers", "all,-1"), "--recompute-layers: got 'all,-1'; must be a comma-separated list of layer"),
     (("--offload-layers", "two"), "--offload-layers: got 'two'; must be a comma-separated list of layer counts"),

@@ -250,7 +250,6 @@ def _mini(**node_over) -> dict:
     (_mini(expanders={"per_socket": 1, "memory": {}, "link": {}, "source": "s"}), "node.expanders"),
     (_mini(sockets={"count": 1, "source": "s", "memory": {"kind": "host", "capacity": "1TB", "dram_bandwidth": "1TB/s"},
                     "gpu_link": {"bandwidth": "64GB/s", "source": "s"}}), "node.sockets.memory: source: missing"),
-    ({**_mini(), "extends": "mc-dla"}, "extends: got 'mc-dla', an explicit system"),
     ({**_mini(), "extends": "no-such"}, "extends: got 'no-such'; must be a preset"),
 ])
 def test_generator_errors_are_one_line(data: dict, message: str) -> None:
@@ -271,8 +270,11 @@ def test_nodes_need_a_scale_out_fabric() -> None:
 
     with pytest.raises(HardwareError, match=r"nodes: got 2; must be 1 without a scale_out fabric"):
         cluster_from_dict(_mini()).with_nodes(2)
-    with pytest.raises(HardwareError, match=r"got an explicit system \(devices listed\)"):
-        load_cluster("mc-dla")
+    graph = load_cluster(__file__.replace("test_modern_presets.py", "data/mc-dla-graph.yaml"))  # an explicit graph: one node
+    with pytest.raises(HardwareError, match=r"nodes: got 2; must be 1 without a scale_out fabric"):
+        graph.with_nodes(2)
+    with pytest.raises(HardwareError, match=r"an explicit graph \(devices listed\); must be a generator"):
+        graph.group_dims(2)
 
 
 def test_group_dims_memo_is_per_cluster_and_checks_its_arguments() -> None:

@@ -12,7 +12,7 @@ from mcdla.hardware.traffic import routed_offload_link
 from mcdla.sim import pool_link
 
 PRESETS_2018 = ("dc-dla", "hc-dla", "mc-dla", "mc-dla-1n", "oracle")
-GENERATED = [n for n in preset_names() if n not in PRESETS_2018]
+GENERATED = preset_names()  # every preset is a node template, the 2018 ones included
 
 
 def _same(a, b) -> bool:
@@ -39,12 +39,15 @@ def test_closed_form_over_routes_equals_routed_max_min_on_the_2018_presets(name)
     assert _same(routed_offload_link(system), pool_link(system))
 
 
-@pytest.mark.parametrize("gpus, sockets, expanders, memory_nodes, dram", [
-    (4, 1, 0, 0, "40GB/s"), (4, 2, 1, 0, "inf"), (6, 3, 2, 0, "30GB/s"), (4, 0, 0, 2, "50GB/s"),
-    (8, 2, 0, 4, "200GB/s"), (2, 1, 3, 1, "20GB/s")])
-def test_closed_form_equals_routed_max_min_on_small_nodes(gpus, sockets, expanders, memory_nodes, dram) -> None:
-    """Small nodes mixing host memory, CXL expanders and memory-nodes whose DRAM binds or not: the closed form
-    and the flow drain agree, including whether the two directions share."""
+@pytest.mark.parametrize("gpus, sockets, expanders, memory_nodes, dram, shared_by", [
+    (4, 1, 0, 0, "40GB/s", 0), (4, 2, 1, 0, "inf", 0), (6, 3, 2, 0, "30GB/s", 0), (4, 0, 0, 2, "50GB/s", 0),
+    (8, 2, 0, 4, "200GB/s", 0), (2, 1, 3, 1, "20GB/s", 0), (4, 1, 0, 0, "inf", 2), (4, 2, 1, 0, "inf", 2),
+    (8, 2, 0, 4, "200GB/s", 4)])
+def test_closed_form_equals_routed_max_min_on_small_nodes(gpus, sockets, expanders, memory_nodes, dram,
+                                                          shared_by) -> None:
+    """Small nodes mixing host memory, CXL expanders, memory-nodes whose DRAM binds or not and PCIe switches
+    shared by ``shared_by`` GPUs: the closed form and the flow drain agree, including whether the two directions
+    share."""
     mem = lambda kind: {"kind": kind, "capacity": "100GB", "dram_bandwidth": dram, "source": "t"}
     link = lambda bw: {"kind": "pcie", "bandwidth": bw, "latency": "1us", "source": "t"}
     node = {"gpus": gpus, "source": "t", "gpu": {"peak_flops_per_s": {"bf16": 1e15}, "hbm": "80GB",
@@ -52,6 +55,8 @@ def test_closed_form_equals_routed_max_min_on_small_nodes(gpus, sockets, expande
             "scale_up": {"bandwidth": "100GB/s", "latency": "2us", "source": "t"}}
     if sockets:
         node["sockets"] = {"count": sockets, "memory": mem("host"), "gpu_link": link("32GB/s"), "source": "t"}
+        if shared_by:
+            node["sockets"]["pcie_switch"] = {"shared_by": shared_by, "source": "t"}
     if expanders:
         node["expanders"] = {"per_socket": expanders, "memory": mem("host"), "link": link("16GB/s"), "source": "t"}
     if memory_nodes:

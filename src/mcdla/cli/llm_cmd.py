@@ -30,7 +30,7 @@ def _cluster(system: str) -> Cluster:
     from mcdla.hardware.cluster import load_cluster
 
     try:
-        return load_cluster(system)
+        return load_cluster(system).generated()
     except HardwareError as exc:
         fail(f"--system: {exc}")
 

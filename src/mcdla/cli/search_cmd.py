@@ -301,7 +301,7 @@ def search_cmd(
         if importlib.util.find_spec("ray") is None:
             fail(f"--ray: the ray package is not installed; install it with {RAY_INSTALL_HINT}")
     spec = resolve_model(model, seq_len=seq)
-    cluster = load_cluster(system)
+    cluster = load_cluster(system).generated()
     cluster.nodes_for(gpus, field="--gpus")
     sys_ = cluster.for_gpus(gpus)
     if not offload:

@@ -4,7 +4,10 @@ A system file may describe its structure instead of listing it: a ``node:`` (its
 as an NVSwitch, CPU/Grace sockets with their memory, optional CXL expanders behind each socket, optional
 MC-DLA memory-nodes on the scale-up switch) and a ``scale_out:`` fabric (InfiniBand, one rail per GPU, the
 fat tree abstracted as one switch with a port per GPU) that joins ``scale_out.nodes`` copies of the node.
-Format: ``docs/hardware-format.md``.
+Every preset is such a template, the 2018 systems included (their nodes wire GPUs without a scale-up switch:
+:mod:`mcdla.hardware.direct_topology`); a file that lists its graph instead loads as one node given as that graph
+(NOTE [explicit node]). Format: ``docs/hardware-format.md``; the file schema and its expansion:
+:mod:`mcdla.hardware.template`.
 
 Two views of one description:
 
@@ -20,6 +23,12 @@ One node: ``gpu{i}``, ``nvswitch`` (the scale-up switch), ``cpu{s}``/``host{s}``
 gets the prefix ``n{j}.`` and the scale-out switch is named by ``scale_out.name``. GPU i attaches to socket
 ``i * sockets // gpus``. Ranks are node-major: rank ``j * gpus + i`` is GPU i of node j.
 
+NOTE [explicit node]
+A file that lists its devices, memories, switches and links (``docs/hardware-format.md``, explicit graph) loads as
+a one-node Cluster whose node is that graph: :meth:`Cluster.expand` returns it as listed, the device is its first
+one, the traffic paths are the first device's routes (:func:`~mcdla.hardware.traffic.graph_paths`). It has no
+fabric dimensions, so the LLM time model refuses it (:meth:`Cluster.generated`); the event engine runs it.
+
 NOTE [generated rings]
 One node: one ring through the scale-up switch in GPU order (a GPU's port carries each step once per
 direction, so a second, reversed ring would only share the same ports). Several nodes: ``gpus`` rings, ring r
@@ -33,21 +42,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError
 
-from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief
-from mcdla.hardware.gemm import (DEFAULT_BACKWARD_RATIO, DEFAULT_FP8_FRACTION, DEFAULT_HALF_TOKENS, DEFAULT_HALF_WIDTH,
-                                 GemmEfficiency)
-from mcdla.hardware.io import BANDWIDTH_BOUNDS_BYTES_PER_S, CAPACITY_BOUNDS_BYTES, LATENCY_BOUNDS_S, within_bounds
+from mcdla.hardware.direct_topology import DIRECT_TOPOLOGIES, check_direct
+from mcdla.hardware.gemm import DEFAULT_HALF_WIDTH, GemmEfficiency
 from mcdla.hardware.model import Device, LinkKind, System
 from mcdla.hardware.pool_link import PoolLink
-from mcdla.hardware.traffic import TrafficPath, node_paths, offload_link
-from mcdla.units import parse_bytes, parse_bytes_per_s, parse_seconds
+from mcdla.hardware.template import MAX_DEVICES as _MAX_DEVICES
+from mcdla.hardware.template import _ClusterSpec, _GemmSpec, expand_dict, is_generated, resolve_extends
+from mcdla.hardware.traffic import TrafficPath, graph_paths, node_paths, offload_link
 
 __all__ = ["ALGORITHMS", "FabricDim", "Cluster", "NvmeTier", "cluster_from_dict", "load_cluster", "is_generated"]
 
@@ -56,48 +63,6 @@ ALGORITHMS = ("ring", "tree", "in-network")
 (NVLink SHARP / InfiniBand SHARP). Hierarchical is not an algorithm of one dimension but the composition over
 several (:func:`mcdla.sim.collective_models.collective_time` with a sequence of dimensions)."""
 
-_Quantity = str | float | int
-_Algorithm = Literal["ring", "tree", "in-network"]
-_MAX_DEVICES = 1 << 20
-
-
-def is_generated(data: Any) -> bool:
-    """Whether a parsed system file is a generator (``node:`` or ``extends:``) rather than an explicit listing."""
-    return isinstance(data, dict) and ("node" in data or "extends" in data)
-
-
-_MAX_EXTENDS = 8
-
-
-def _merge(base: Any, over: Any) -> Any:
-    """``over`` laid onto ``base``: mappings merge key by key, anything else (lists included) replaces."""
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = dict(base)
-        for key, value in over.items():
-            out[key] = _merge(base[key], value) if key in base else value
-        return out
-    return over
-
-
-def _resolve_extends(data: dict[str, Any], where: str, depth: int = 0) -> dict[str, Any]:
-    """A generator with ``extends: PRESET`` as the preset's (resolved) mapping with this file's keys laid on top."""
-    if "extends" not in data:
-        return data
-    from mcdla.hardware.io import preset_names
-
-    base_name = data["extends"]
-    names = preset_names()
-    if not isinstance(base_name, str) or base_name not in names:
-        raise HardwareError(f"{where}: extends: got {brief(base_name)}; must be a preset ({', '.join(names)})")
-    if depth >= _MAX_EXTENDS:
-        raise HardwareError(f"{where}: extends: got a chain of more than {_MAX_EXTENDS} presets (a cycle?); must be shorter")
-    import yaml
-
-    base = yaml.safe_load(resources.files(_PRESET_PACKAGE).joinpath(f"{base_name}.yaml").read_text())
-    if not is_generated(base):
-        raise HardwareError(f"{where}: extends: got {base_name!r}, an explicit system; must be a generator preset (with node:)")
-    base = _resolve_extends(base, f"preset {base_name!r}", depth + 1)
-    return _merge(base, {k: v for k, v in data.items() if k != "extends"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,122 +115,6 @@ class FabricDim:
         return dataclasses.replace(self, algorithm=algorithm)
 
 
-# -- file spec ------------------------------------------------------------------------------------------------
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _FabricSpec(_Spec):
-    """Figures shared by scale_up and scale_out."""
-
-    name: str
-    kind: Literal["nvlink", "pcie", "cpu-interconnect", "network", "other"]
-    bandwidth: _Quantity = Field(description="per GPU, per direction")
-    latency: _Quantity = Field(default=0.0, description="one-way GPU-to-GPU")
-    algorithm: _Algorithm = "ring"
-    switch_source: str = ""
-    source: str
-
-    @field_validator("bandwidth")
-    @classmethod
-    def _bw(cls, v: _Quantity) -> float:
-        # inf: an idealised fabric that never binds (a test's or a what-if's figure; it adds no time)
-        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
-                             allow_inf=True)
-
-    @field_validator("latency")
-    @classmethod
-    def _lat(cls, v: _Quantity) -> float:
-        return within_bounds(parse_seconds(v, "latency"), "latency", LATENCY_BOUNDS_S, "s", allow_inf=False)
-
-
-class _ScaleUpSpec(_FabricSpec):
-    name: str = "nvlink"
-    kind: Literal["nvlink", "pcie", "cpu-interconnect", "network", "other"] = "nvlink"
-
-
-class _ScaleOutSpec(_FabricSpec):
-    name: str = "scale-out"
-    kind: Literal["nvlink", "pcie", "cpu-interconnect", "network", "other"] = "network"
-    nodes: int = Field(ge=1, le=_MAX_DEVICES)
-    via_gpu_link: bool = Field(default=False, description="the NIC sits behind the PCIe switch of the GPU's "
-                               "socket link, so its GPUDirect RDMA crosses that link too")
-
-
-class _GemmSpec(_Spec):
-    peak_fraction: float = Field(gt=0, le=1)
-    half_width: float = Field(ge=0, allow_inf_nan=False)
-    source: str
-    half_tokens: float = Field(default=DEFAULT_HALF_TOKENS, ge=0, allow_inf_nan=False)
-    backward_ratio: float = Field(default=DEFAULT_BACKWARD_RATIO, gt=0, allow_inf_nan=False)
-    fp8_fraction: float = Field(default=DEFAULT_FP8_FRACTION, gt=0, le=1)
-
-
-class _SocketsSpec(_Spec):
-    count: int = Field(ge=1, le=_MAX_DEVICES)
-    memory: dict[str, Any]
-    gpu_link: dict[str, Any]
-    interconnect: dict[str, Any] | None = None
-    source: str
-
-
-class _ExpandersSpec(_Spec):
-    per_socket: int = Field(ge=1, le=1024)
-    memory: dict[str, Any]
-    link: dict[str, Any]
-    source: str
-
-
-class _MemoryNodesSpec(_Spec):
-    count: int = Field(ge=1, le=_MAX_DEVICES)
-    memory: dict[str, Any]
-    link: dict[str, Any]
-    source: str
-
-
-class _NvmeSpec(_Spec):
-    """A node's local NVMe drives (ZeRO-Infinity's third tier); figures per drive."""
-
-    drives: int = Field(ge=1, le=1024)
-    capacity: _Quantity
-    read_bandwidth: _Quantity
-    write_bandwidth: _Quantity
-    source: str
-
-    @field_validator("capacity")
-    @classmethod
-    def _cap(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes(v, "capacity"), "capacity", CAPACITY_BOUNDS_BYTES, "B", allow_inf=False)
-
-    @field_validator("read_bandwidth", "write_bandwidth")
-    @classmethod
-    def _bw(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
-                             allow_inf=False)
-
-
-class _NodeSpec(_Spec):
-    gpus: int = Field(ge=1, le=_MAX_DEVICES)
-    gpu: dict[str, Any]
-    gemm_efficiency: _GemmSpec | None = None
-    source: str
-    scale_up: _ScaleUpSpec | None = None
-    sockets: _SocketsSpec | None = None
-    expanders: _ExpandersSpec | None = None
-    memory_nodes: _MemoryNodesSpec | None = None
-    pool: list[Literal["sockets", "expanders", "memory_nodes"]] | None = None
-    nvme: _NvmeSpec | None = None
-
-
-class _ClusterSpec(_Spec):
-    format: Literal["mcdla-system/1"]
-    name: str
-    description: str = ""
-    figures: dict[str, Any] = Field(default_factory=dict, description="anchors only; ignored after parsing")
-    node: _NodeSpec
-    scale_out: _ScaleOutSpec | None = None
-
-
 # -- the compact view -----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NvmeTier:
@@ -306,7 +155,9 @@ class Cluster:
     dims: tuple[FabricDim, ...]
     paths: tuple[TrafficPath, ...] = dataclasses.field(compare=False)
     offload: PoolLink | None = dataclasses.field(compare=False)
-    _spec: _ClusterSpec = dataclasses.field(repr=False, compare=False)
+    _spec: _ClusterSpec | None = dataclasses.field(repr=False, compare=False)
+    # an explicit graph file's System (then _spec is None): the node given as a graph, NOTE [explicit node]
+    _graph: System | None = dataclasses.field(default=None, repr=False, compare=False)
     _where: str = dataclasses.field(default="system", repr=False, compare=False)
     # (size, stride) -> group_dims' answer: a pure function of the frozen fields, asked once per group and
     # configuration by the LLM model, so a search over 10^5 configurations asks a handful of distinct ones
@@ -323,17 +174,30 @@ class Cluster:
     @property
     def scale_up(self) -> FabricDim | None:
         """The scale-up (NVLink) dimension, None for one-GPU nodes."""
-        return self.dims[0] if self._spec.node.scale_up is not None else None
+        return self.dims[0] if self._spec is not None and self._spec.node.scale_up is not None else None
 
     @property
     def scale_out(self) -> FabricDim | None:
         """The scale-out dimension, None when the file has no ``scale_out``."""
-        return self.dims[-1] if self._spec.scale_out is not None else None
+        return self.dims[-1] if self._spec is not None and self._spec.scale_out is not None else None
+
+    @property
+    def explicit(self) -> bool:
+        """Whether the node was given as an explicit graph (no fabric dimensions; NOTE [explicit node])."""
+        return self._spec is None
+
+    def generated(self, field: str | None = None) -> Cluster:
+        """This cluster when a node template generated it; one-line HardwareError naming ``field`` (by default the
+        file) for an explicit graph, which has no fabric dimensions for the LLM time model to price collectives on."""
+        if self._spec is None:
+            raise HardwareError(f"{field or self._where}: got {self.name!r}, an explicit graph (devices listed); must be "
+                                "a generator with node: (docs/hardware-format.md)")
+        return self
 
     @property
     def nvme(self) -> NvmeTier | None:
         """The node's NVMe tier (``node.nvme``), None without one."""
-        n = self._spec.node.nvme
+        n = self._spec.node.nvme if self._spec is not None else None
         if n is None:
             return None
         return NvmeTier(capacity_bytes=n.drives * n.capacity, read_bytes_per_s=n.drives * n.read_bandwidth,
@@ -364,7 +228,7 @@ class Cluster:
         """The same cluster with ``nodes`` nodes (needs a ``scale_out`` fabric when ``nodes`` > 1)."""
         if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= _MAX_DEVICES:
             raise HardwareError(f"cluster {self.name!r}.nodes: got {nodes!r}; must be an integer in 1..{_MAX_DEVICES}")
-        if self._spec.scale_out is None:
+        if self._spec is None or self._spec.scale_out is None:
             if nodes != 1:
                 raise HardwareError(f"cluster {self.name!r}.nodes: got {nodes}; must be 1 without a scale_out fabric")
             return self
@@ -379,6 +243,10 @@ class Cluster:
     def without_offload(self) -> Cluster:
         """The same hardware with no pool (``node.pool: []``): the "no offload, recompute instead" variant,
         named ``"<name> (no offload)"``."""
+        if self._spec is None:
+            assert self._graph is not None
+            return _graph_cluster(dataclasses.replace(self._graph, name=f"{self.name} (no offload)", pools={}),
+                                  self._where)
         node = self._spec.node.model_copy(update={"pool": []})
         spec = self._spec.model_copy(update={"node": node, "name": f"{self.name} (no offload)"})
         return _cluster(spec, self._where, self.device)
@@ -388,6 +256,8 @@ class Cluster:
         curve = _GemmSpec(peak_fraction=gemm.peak_fraction, half_width=gemm.half_width, source=gemm.source or "given",
                           half_tokens=gemm.half_tokens, backward_ratio=gemm.backward_ratio,
                           fp8_fraction=gemm.fp8_fraction)
+        if self._spec is None:
+            return dataclasses.replace(self, gemm_efficiency=gemm)
         spec = self._spec.model_copy(update={"node": self._spec.node.model_copy(update={"gemm_efficiency": curve})})
         return _cluster(spec, self._where, self.device)
 
@@ -419,6 +289,7 @@ class Cluster:
                 raise HardwareError(f"cluster {self.name!r}.group_dims: {label} got {brief(value)}; must be an integer >= 1")
         if size == 1:
             return ()
+        self.generated(f"cluster {self.name!r}.group_dims")
         if size * stride > self.n_devices:
             raise HardwareError(
                 f"cluster {self.name!r}.group_dims: size {size} x stride {stride} got {size * stride} ranks; "
@@ -446,6 +317,7 @@ class Cluster:
                 raise HardwareError(f"cluster {self.name!r}.dim_between: rank got {r!r}; must be in 0..{self.n_devices - 1}")
         if rank_a == rank_b:
             raise HardwareError(f"cluster {self.name!r}.dim_between: got rank {rank_a} twice; must be two different ranks")
+        self.generated(f"cluster {self.name!r}.dim_between")
         same = rank_a // self.gpus_per_node == rank_b // self.gpus_per_node
         memo = self._between_memo.get(same)
         if memo is None:
@@ -468,9 +340,12 @@ class Cluster:
 
     def expand(self) -> System:
         """Every device, memory, switch, link, pool and ring, as an ordinary :class:`System` (validated)."""
-        from mcdla.hardware.io import system_from_dict
+        from mcdla.hardware.io import explicit_system
 
-        return system_from_dict(_expand_dict(self._spec), where=self._where)
+        if self._spec is None:
+            assert self._graph is not None
+            return self._graph
+        return explicit_system(expand_dict(self._spec), where=self._where)
 
 
 # -- parsing and expansion ------------------------------------------------------------------------------------
@@ -487,12 +362,15 @@ def _check_figures(spec_cls: type[BaseModel], figures: dict[str, Any], where: st
 
 
 def cluster_from_dict(data: Any, where: str = "system") -> Cluster:
-    """Validate a generator file (with ``node:``) into a :class:`Cluster`; one-line HardwareError otherwise."""
-    from mcdla.hardware.io import _DeviceSpec, _LinkSpec, _MemorySpec, _one_line
+    """Validate a parsed system file into a :class:`Cluster`: a generator (with ``node:``) or an explicit graph
+    (NOTE [explicit node]); one-line HardwareError otherwise."""
+    from mcdla.hardware.io import _DeviceSpec, _LinkSpec, _MemorySpec, _one_line, explicit_system
 
     if not isinstance(data, dict):
         raise HardwareError(f"{where}: got {type(data).__name__}; must be a mapping with format: mcdla-system/1")
-    data = _resolve_extends(data, where)
+    if not is_generated(data):
+        return _graph_cluster(explicit_system(data, where), where)
+    data = resolve_extends(data, where)
     try:
         spec = _ClusterSpec.model_validate(data)
     except ValidationError as exc:
@@ -524,6 +402,7 @@ def cluster_from_dict(data: Any, where: str = "system") -> Cluster:
             raise HardwareError(f"{where}: node.pool: got {group!r}; the node has no {group}")
     if spec.scale_out is not None and node.scale_up is not None and spec.scale_out.name == node.scale_up.name:
         raise HardwareError(f"{where}: scale_out.name: got {spec.scale_out.name!r}; must differ from node.scale_up.name")
+    check_direct(node, spec.scale_out, where)
     nodes = spec.scale_out.nodes if spec.scale_out is not None else 1
     if nodes * node.gpus > _MAX_DEVICES:
         raise HardwareError(f"{where}: scale_out.nodes: got {nodes} nodes of {node.gpus} GPUs; must be at most {_MAX_DEVICES} GPUs")
@@ -536,10 +415,19 @@ def cluster_from_dict(data: Any, where: str = "system") -> Cluster:
 def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
     node = spec.node
     dims: list[FabricDim] = []
+    direct = node.scale_up is not None and node.scale_up.topology in DIRECT_TOPOLOGIES
+    if direct:  # no switch port to read the figures from: the GPU's ring hops on the wired node
+        from mcdla.hardware.io import explicit_system
+
+        paths, pool_bytes = graph_paths(explicit_system(expand_dict(spec), where=where))
+    else:
+        paths, pool_bytes = node_paths(node, spec.scale_out, device)
     if node.scale_up is not None:
         u = node.scale_up
-        dims.append(FabricDim(name=u.name, size=node.gpus, bytes_per_s=u.bandwidth, latency_s=u.latency,
-                              algorithm=u.algorithm, kind=LinkKind(u.kind), source=u.source))
+        hop = next((p for p in paths if p.traffic == "scale-up"), None) if direct else None
+        dims.append(FabricDim(name=u.name, size=node.gpus, bytes_per_s=hop.bytes_per_s() if hop else u.bandwidth,
+                              latency_s=hop.latency_s if hop else u.latency, algorithm=u.algorithm,
+                              kind=LinkKind(u.kind), source=u.source))
     if spec.scale_out is not None:
         o = spec.scale_out
         dims.append(FabricDim(name=o.name, size=o.nodes, bytes_per_s=o.bandwidth, latency_s=o.latency,
@@ -548,137 +436,43 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
     g = node.gemm_efficiency
     gemm = (GemmEfficiency(peak_fraction=g.peak_fraction, half_width=g.half_width, source=g.source,
                            half_tokens=g.half_tokens, backward_ratio=g.backward_ratio, fp8_fraction=g.fp8_fraction)
-            if g is not None
-            else GemmEfficiency(peak_fraction=device.compute_efficiency, half_width=DEFAULT_HALF_WIDTH,
-                                source=f"{spec.name}: no node.gemm_efficiency; compute_efficiency "
-                                       f"{device.compute_efficiency} as peak, the DGX A100 half-width {DEFAULT_HALF_WIDTH}"))
-    paths, pool_bytes = node_paths(node, spec.scale_out, device)
-    offload = None
-    if pool_bytes > 0:
-        offload = offload_link(paths[0], pool_bytes=pool_bytes,
-                               source=f"{spec.name}: every GPU of a node offloading at once, pages interleaved over "
-                                      "its pool (closed form, mcdla.hardware.traffic)")
+            if g is not None else _default_gemm(spec.name, device))
     return Cluster(name=spec.name, description=spec.description, nodes=nodes, gpus_per_node=node.gpus, device=device,
-                   gemm_efficiency=gemm, dims=tuple(dims), paths=paths, offload=offload, _spec=spec, _where=where)
+                   gemm_efficiency=gemm, dims=tuple(dims), paths=paths, offload=_offload(spec.name, paths, pool_bytes),
+                   _spec=spec, _where=where)
 
 
-def _fabric_link(a: str, b: str, f: _FabricSpec, what: str) -> dict[str, Any]:
-    return {"a": a, "b": b, "bandwidth": f.bandwidth, "latency": f.latency / 2, "kind": f.kind,
-            "source": f"{f.source} ({what}; the GPU-to-GPU latency split over the two links to the switch)"}
+def _default_gemm(name: str, device: Device) -> GemmEfficiency:
+    """The GEMM curve of a node without ``node.gemm_efficiency``: the device's compute efficiency as peak."""
+    return GemmEfficiency(peak_fraction=device.compute_efficiency, half_width=DEFAULT_HALF_WIDTH,
+                          source=f"{name}: no node.gemm_efficiency; compute_efficiency {device.compute_efficiency} as "
+                                 f"peak, the DGX A100 half-width {DEFAULT_HALF_WIDTH}")
 
 
-def _expand_dict(spec: _ClusterSpec) -> dict[str, Any]:
-    """The explicit ``mcdla-system/1`` form of a generator (NOTE [generated names], NOTE [generated rings])."""
-    node = spec.node
-    nodes = spec.scale_out.nodes if spec.scale_out is not None else 1
-    k = node.gpus
-    devices: list[dict[str, Any]] = []
-    memories: list[dict[str, Any]] = []
-    switches: list[dict[str, Any]] = []
-    links: list[dict[str, Any]] = []
-    pools: dict[str, list[str]] = {}
-    up_name = "nvswitch"
-    for j in range(nodes):
-        p = f"n{j}." if nodes > 1 else ""
-        gpu = [f"{p}gpu{i}" for i in range(k)]
-        for g in gpu:
-            devices.append({"name": g, **node.gpu})
-        if node.scale_up is not None:
-            sw = p + up_name
-            switches.append({"name": sw, "source": node.scale_up.switch_source or node.scale_up.source})
-            links += [_fabric_link(g, sw, node.scale_up, f"{node.scale_up.name} port of a GPU") for g in gpu]
-        socket_mem: list[str] = []
-        socket_exp: list[list[str]] = []
-        if node.sockets is not None:
-            s = node.sockets
-            for c in range(s.count):
-                cpu, host = f"{p}cpu{c}", f"{p}host{c}"
-                switches.append({"name": cpu, "source": s.source})
-                memories.append({"name": host, **s.memory})
-                links.append({"a": cpu, "b": host, "bandwidth": "inf", "kind": "other",
-                              "source": f"on-die memory controller; the DRAM bandwidth of {host} is its limit"})
-                socket_mem.append(host)
-                exp: list[str] = []
-                if node.expanders is not None:
-                    for e in range(node.expanders.per_socket):
-                        name = f"{p}cxl{c}_{e}"
-                        memories.append({"name": name, **node.expanders.memory})
-                        links.append({"a": cpu, "b": name, **node.expanders.link})
-                        exp.append(name)
-                socket_exp.append(exp)
-            if s.interconnect is not None:
-                for a in range(s.count):
-                    for b in range(a + 1, s.count):
-                        links.append({"a": f"{p}cpu{a}", "b": f"{p}cpu{b}", **s.interconnect})
-            for i, g in enumerate(gpu):
-                links.append({"a": g, "b": f"{p}cpu{i * s.count // k}", **s.gpu_link})
-        mem_nodes: list[str] = []
-        if node.memory_nodes is not None:
-            for m in range(node.memory_nodes.count):
-                name = f"{p}mem{m}"
-                memories.append({"name": name, **node.memory_nodes.memory})
-                links.append({"a": name, "b": p + up_name, **node.memory_nodes.link})
-                mem_nodes.append(name)
-        groups = node.pool if node.pool is not None else [
-            g for g in ("sockets", "expanders", "memory_nodes") if getattr(node, g) is not None]
-        for i, g in enumerate(gpu):
-            targets: list[str] = []
-            c = i * node.sockets.count // k if node.sockets is not None else 0
-            if "sockets" in groups:
-                targets.append(socket_mem[c])
-            if "expanders" in groups:
-                targets += socket_exp[c]
-            if "memory_nodes" in groups:
-                targets += mem_nodes
-            if targets:
-                pools[g] = targets
-    rings: list[list[str]] = []
-    if nodes == 1 and k > 1:
-        ring: list[str] = []
-        for i in range(k):
-            ring += [f"gpu{i}", up_name]
-        rings.append(ring)
-    elif nodes > 1:
-        o = spec.scale_out
-        assert o is not None
-        switches.append({"name": o.name, "source": o.switch_source or o.source})
-        for j in range(nodes):
-            for i in range(k):
-                links.append(_fabric_link(f"n{j}.gpu{i}", o.name, o, f"{o.name} rail of a GPU"))
-        for r in range(k):
-            ring = []
-            for j in range(nodes):
-                for step in range(k):
-                    ring.append(f"n{j}.gpu{(r + step) % k}")
-                    ring.append(f"n{j}.{up_name}" if step < k - 1 else o.name)
-            rings.append(ring)
-    return {"format": "mcdla-system/1", "name": spec.name, "description": spec.description, "devices": devices,
-            "memories": memories, "switches": switches, "links": links, "pools": pools, "rings": rings}
+def _offload(name: str, paths: tuple[TrafficPath, ...], pool_bytes: float) -> PoolLink | None:
+    if pool_bytes <= 0:
+        return None
+    return offload_link(paths[0], pool_bytes=pool_bytes,
+                        source=f"{name}: every GPU of a node offloading at once, pages interleaved over its pool "
+                               "(closed form, mcdla.hardware.traffic)")
 
 
-_PRESET_PACKAGE = "mcdla.hardware.presets"
+def _graph_cluster(system: System, where: str) -> Cluster:
+    """An explicit graph as a one-node :class:`Cluster` (NOTE [explicit node])."""
+    paths, pool_bytes = graph_paths(system)
+    device = dataclasses.replace(system.devices[0], name="gpu")
+    return Cluster(name=system.name, description=system.description, nodes=1, gpus_per_node=len(system.devices),
+                   device=device, gemm_efficiency=_default_gemm(system.name, device), dims=(), paths=paths,
+                   offload=_offload(system.name, paths, pool_bytes), _spec=None, _graph=system, _where=where)
+
+
 
 
 def load_cluster(name_or_path: str | Path, *, nodes: int | None = None) -> Cluster:
-    """A generated preset (``"dgx-h100"``) or generator file as a :class:`Cluster`, optionally with ``nodes`` nodes.
+    """A preset (``"dgx-h100"``, ``"mc-dla"``) or system file as a :class:`Cluster`, optionally with ``nodes`` nodes:
+    a generator file's node template, or an explicit graph file's listed node (NOTE [explicit node])."""
+    from mcdla.hardware.io import read_system_document
 
-    One-line HardwareError for an explicit (listed) system such as ``mc-dla``, which has no fabric dimensions.
-    """
-    import yaml
-
-    from mcdla.hardware.io import preset_names
-
-    text = str(name_or_path)
-    if text in preset_names():
-        where = f"preset {text!r}"
-        data = yaml.safe_load(resources.files(_PRESET_PACKAGE).joinpath(f"{text}.yaml").read_text())
-    else:
-        path = Path(text)
-        if not (path.suffix in (".yaml", ".yml", ".json") or path.exists()):
-            raise HardwareError(f"cluster: got {brief(text)}; must be a preset ({', '.join(preset_names())}) or a .yaml/.json file")
-        where = f"system file {brief(text, 200)}"
-        data = read_document(path, what="system file", error=HardwareError)
-    if not is_generated(data):
-        raise HardwareError(f"{where}: got an explicit system (devices listed); must be a generator with node: (docs/hardware-format.md)")
+    data, where = read_system_document(name_or_path)
     cluster = cluster_from_dict(data, where)
     return cluster if nodes is None else cluster.with_nodes(nodes)

@@ -22,7 +22,8 @@ from mcdla.hardware.topology import Topology
 from mcdla.units import parse_bytes, parse_bytes_per_s, parse_flops_per_s, parse_seconds
 
 __all__ = ["BANDWIDTH_BOUNDS_BYTES_PER_S", "CAPACITY_BOUNDS_BYTES", "LATENCY_BOUNDS_S", "PEAK_BOUNDS_FLOPS_PER_S",
-           "preset_names", "load_system", "system_from_dict", "system_to_dict", "save_system", "within_bounds"]
+           "preset_names", "load_system", "read_system_document", "system_from_dict", "explicit_system",
+           "system_to_dict", "save_system", "within_bounds"]
 
 _PRESET_PACKAGE = "mcdla.hardware.presets"
 _Quantity = str | float | int
@@ -164,13 +165,19 @@ def _one_line(exc: ValidationError, where: str) -> HardwareError:
 
 
 def system_from_dict(data: Any, where: str = "system") -> System:
-    """Validate a parsed system file and build a :class:`System`; checks routes too (one-line errors)."""
+    """A parsed system file (generator or explicit graph) as the engine's :class:`System`: its
+    :class:`~mcdla.hardware.cluster.Cluster`'s :meth:`~mcdla.hardware.cluster.Cluster.expand` (one-line errors)."""
+    from mcdla.hardware.cluster import cluster_from_dict
+
+    return cluster_from_dict(data, where).expand()
+
+
+def explicit_system(data: Any, where: str = "system") -> System:
+    """Validate a listed graph (devices, memories, switches, links: an explicit graph file, or the form a generator
+    expands to) into a :class:`System`; checks routes too (one-line errors). Files load through
+    :func:`~mcdla.hardware.cluster.load_cluster` (or :func:`system_from_dict`), which call this."""
     if not isinstance(data, dict):
         raise HardwareError(f"{where}: got {type(data).__name__}; must be a mapping with format: mcdla-system/1")
-    if "node" in data or "extends" in data:  # a generator (node template x nodes): mcdla.hardware.cluster, docs/hardware-format.md
-        from mcdla.hardware.cluster import cluster_from_dict
-
-        return cluster_from_dict(data, where).expand()
     try:
         spec = _SystemSpec.model_validate(data)
     except ValidationError as exc:
@@ -264,15 +271,24 @@ def _read(path: Path) -> Any:
     return read_document(path, what="system file", error=HardwareError)
 
 
-def load_system(name_or_path: str | Path) -> System:
-    """A preset by name (``"mc-dla"``) or a system file by path; one-line HardwareError otherwise."""
+def read_system_document(name_or_path: str | Path) -> tuple[Any, str]:
+    """The parsed file of a preset name (``"mc-dla"``) or system file path, and how errors name it; one-line
+    HardwareError for neither."""
     text = str(name_or_path)
     if text in preset_names():
         ref = resources.files(_PRESET_PACKAGE).joinpath(f"{text}.yaml")
-        return system_from_dict(yaml.safe_load(ref.read_text()), where=f"preset {text!r}")
+        return yaml.safe_load(ref.read_text()), f"preset {text!r}"
     path = Path(text)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        return system_from_dict(_read(path), where=f"system file {brief(text, 200)}")
+        return _read(path), f"system file {brief(text, 200)}"
     raise HardwareError(
         f"system: got {brief(text)}; must be a preset ({', '.join(preset_names())}) or a .yaml/.json file"
     )
+
+
+def load_system(name_or_path: str | Path) -> System:
+    """A preset by name (``"mc-dla"``) or a system file by path as the engine's link graph:
+    ``load_cluster(name_or_path).expand()``; one-line HardwareError otherwise."""
+    from mcdla.hardware.cluster import load_cluster
+
+    return load_cluster(name_or_path).expand()

@@ -173,7 +173,10 @@ class Link:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class System:
-    """A multi-accelerator system.
+    """The expanded link graph the event engine runs on; build one with :meth:`Cluster.expand()
+    <mcdla.hardware.cluster.Cluster.expand>` (every preset and system file loads as a
+    :class:`~mcdla.hardware.cluster.Cluster`). The engine's tests and the sweeps' variants below build or derive
+    small graphs directly, as its API.
 
     Attributes:
         name: preset or file name.

@@ -7,6 +7,8 @@ are symmetric, so one GPU's paths describe them all: for each traffic class (``o
 the node send the same class through it, and what fraction of one GPU's traffic of that class it carries. An
 engine places flows on these (the names are the resources of :meth:`Cluster.expand`, for GPU 0 of node 0, with
 the ``n0.`` prefix dropped); :func:`offload_link` turns the offload path into the planners' :class:`PoolLink`.
+:func:`node_paths` reads the paths off a switched node's template without routing; :func:`graph_paths` takes them
+from the routes of a listed graph (a node wired without a scale-up switch, an explicit graph file).
 
 NOTE [direction sharing]
 Links (PCIe, NVLink-C2C, NVLink ports, CXL, memory-node links, network rails) are full duplex: an offload and a
@@ -35,7 +37,8 @@ from mcdla.errors import HardwareError
 from mcdla.hardware.model import Device, System
 from mcdla.hardware.pool_link import PoolLink
 
-__all__ = ["TRAFFIC_CLASSES", "PathResource", "TrafficPath", "node_paths", "offload_link", "routed_offload_link"]
+__all__ = ["TRAFFIC_CLASSES", "PathResource", "TrafficPath", "graph_paths", "node_paths", "offload_link",
+           "routed_offload_link"]
 
 TRAFFIC_CLASSES = ("offload", "scale-up", "scale-out")
 """``offload``: a GPU's copies to and from its pool memories; ``scale-up``: its collectives and sends inside the
@@ -205,10 +208,15 @@ def node_paths(node: Any, scale_out: Any, device: Device) -> tuple[tuple[Traffic
                             source=up.source)
         paths.append(TrafficPath(traffic="scale-up", resources=(port,), latency_s=up.latency))
     gpu_link = None
+    uplink: PathResource | None = None  # the PCIe switch's link to the socket, shared by its GPUs
     if node.sockets is not None:
         bw, lat, src = _link(node.sockets.gpu_link)
-        gpu_link = (PathResource(resource=("link", "gpu0", "cpu0"), bytes_per_s=bw, duplex=True, sharers=1, source=src),
-                    lat)
+        switch = node.sockets.pcie_switch
+        gpu_link = (PathResource(resource=("link", "gpu0", "pcie0" if switch else "cpu0"), bytes_per_s=bw, duplex=True,
+                                 sharers=1, source=src), lat * 2 if switch else lat)
+        if switch is not None:
+            uplink = PathResource(resource=("link", "pcie0", "cpu0"), bytes_per_s=bw, duplex=True,
+                                  sharers=switch.shared_by, source=src)
     if scale_out is not None:
         rail = PathResource(resource=("link", "gpu0", scale_out.name), bytes_per_s=scale_out.bandwidth, duplex=True,
                             sharers=1, source=scale_out.source)
@@ -252,8 +260,9 @@ def node_paths(node: Any, scale_out: Any, device: Device) -> tuple[tuple[Traffic
     behind_link = q - behind_port
     if behind_link:
         assert gpu_link is not None  # sockets and expanders hang off the socket the GPU's link reaches
-        first.append(PathResource(resource=gpu_link[0].resource, bytes_per_s=gpu_link[0].bytes_per_s, duplex=True,
-                                  sharers=1, fraction=behind_link / q, source=gpu_link[0].source))
+        first += [PathResource(resource=r.resource, bytes_per_s=r.bytes_per_s, duplex=True, sharers=r.sharers,
+                               fraction=behind_link / q, source=r.source)
+                  for r in (gpu_link[0], *((uplink,) if uplink is not None else ()))]
     if behind_port:
         assert port is not None
         first.append(PathResource(resource=port.resource, bytes_per_s=port.bytes_per_s, duplex=True, sharers=1,
@@ -263,3 +272,58 @@ def node_paths(node: Any, scale_out: Any, device: Device) -> tuple[tuple[Traffic
     latency = max(lat for _res, _cap, _users, lat in targets)
     paths.insert(0, TrafficPath(traffic="offload", resources=(*first, *rest), latency_s=latency))
     return tuple(paths), sum(cap / users for _res, cap, users, _lat in targets)
+
+
+def graph_paths(system: System) -> tuple[tuple[TrafficPath, ...], float]:
+    """The first device's :class:`TrafficPath` s on a listed graph (a node without a scale-up switch,
+    :mod:`mcdla.hardware.direct_topology`, or an explicit system file) and its share of its pool memories (bytes;
+    0 without a pool), from the graph's routes: ``scale-up`` is its hop on each collective ring (a collective's
+    data split evenly over the rings), ``offload`` its routes to its pool memories (pages interleaved evenly).
+
+    A resource's ``sharers`` are the devices whose hops or routes cross it, each taken to send the first
+    device's share: exact on the symmetric 2018 graphs (tests check the offload bandwidth against
+    :func:`routed_offload_link`), an estimate on an asymmetric file."""
+    from mcdla.hardware.topology import Topology
+
+    topo = Topology(system)
+    first = system.devices[0]
+    capacity = {**topo.resources, **{("hbm", d.name): d.hbm_bytes_per_s for d in system.devices}}
+
+    def resource(res: tuple[str, ...], users: set[str], count: int, of: int) -> PathResource:
+        source = topo.link(res[1], res[2]).source if res[0] == "link" else (
+            first.source if res[0] == "hbm" else system.memory(res[1]).source)
+        return PathResource(resource=res, bytes_per_s=capacity[res], duplex=res[0] == "link", sharers=len(users),
+                            fraction=count / of, source=source)
+
+    paths: list[TrafficPath] = []
+    if system.rings and len(system.devices) > 1:
+        users: dict[tuple[str, ...], set[str]] = {}
+        mine: dict[tuple[str, ...], int] = {}
+        latency = 0.0
+        for r in range(len(system.rings)):
+            for dev, _next, route in topo.ring_hops(r):
+                for res in route.resources:
+                    users.setdefault(res, set()).add(dev)
+                    if dev == first.name:
+                        mine[res] = mine.get(res, 0) + 1
+                if dev == first.name:
+                    latency = max(latency, route.latency_s)
+        paths.append(TrafficPath(traffic="scale-up", latency_s=latency, resources=tuple(
+            resource(res, users[res], n, len(system.rings)) for res, n in mine.items())))
+    pool = system.pools.get(first.name, ())
+    if not pool:
+        return tuple(paths), 0.0
+    users = {}
+    holders: dict[str, int] = {}
+    for dev in system.devices:
+        for mem in system.pools.get(dev.name, ()):
+            holders[mem] = holders.get(mem, 0) + 1
+            for res in (("hbm", dev.name), *topo.route(dev.name, mem).resources):
+                users.setdefault(res, set()).add(dev.name)
+    mine = {("hbm", first.name): len(pool)}
+    for mem in pool:
+        for res in topo.route(first.name, mem).resources:
+            mine[res] = mine.get(res, 0) + 1
+    paths.insert(0, TrafficPath(traffic="offload", latency_s=max(topo.route(first.name, m).latency_s for m in pool),
+                                resources=tuple(resource(res, users[res], n, len(pool)) for res, n in mine.items())))
+    return tuple(paths), sum(system.memory(m).capacity_bytes / holders[m] for m in pool)

@@ -35,7 +35,8 @@ import psutil
 import torch
 
 from mcdla.errors import ConfigError, ProfileError
-from mcdla.hardware import Device, Link, LinkKind, Memory, MemoryKind, PoolLink, System
+from mcdla.hardware import LinkKind, MemoryKind, PoolLink, System
+from mcdla.hardware.cluster import cluster_from_dict
 from mcdla.profile.progress import OnProgress, notify
 from mcdla.runtime.pool import Pool, Tier, as_pool
 
@@ -374,36 +375,29 @@ def probe_system(machine: MachineProbe, *, pool_tier: str = "file", name: str | 
     if pool_tier not in machine.tiers:
         raise ConfigError(f"pool tier: got {pool_tier!r}; probed tiers are {', '.join(machine.tiers) or 'none'}")
     src = machine.source
-    device = Device(
-        name="dev0",
-        peak_flops_per_s=machine.flops_per_s,
-        hbm_bytes=machine.memory_bytes,
-        hbm_bytes_per_s=machine.memory_bytes_per_s,
-        compute_efficiency=1.0,
-        memory_efficiency=1.0,
-        source=f"{src}: achieved {machine.device} matmul rate and copy bandwidth (so efficiencies are 1)",
-    )
+    device = {
+        "name": "dev0", "peak_flops_per_s": dict(machine.flops_per_s), "hbm": machine.memory_bytes,
+        "hbm_bandwidth": machine.memory_bytes_per_s, "compute_efficiency": 1.0, "memory_efficiency": 1.0,
+        "source": f"{src}: achieved {machine.device} matmul rate and copy bandwidth (so efficiencies are 1)",
+    }
     memories, links = [], []
     for kind, probe in machine.tiers.items():
         mem = f"pool-{kind}"
         link = probe.link
-        memories.append(Memory(
-            name=mem, kind=MemoryKind.HOST, capacity_bytes=math.inf, dram_bytes_per_s=math.inf,
-            source=f"{src}: tier {probe.tier!r}; its bandwidth limit is the link's",
-        ))
-        links.append(Link(
-            a="dev0", b=mem, bytes_per_s=min(link.offload_bytes_per_s, link.prefetch_bytes_per_s),
-            latency_s=link.latency_s, kind=LinkKind.OTHER,
-            source=(
+        memories.append({"name": mem, "kind": MemoryKind.HOST.value, "capacity": "inf", "dram_bandwidth": "inf",
+                         "source": f"{src}: tier {probe.tier!r}; its bandwidth limit is the link's"})
+        links.append({
+            "a": "dev0", "b": mem, "bandwidth": min(link.offload_bytes_per_s, link.prefetch_bytes_per_s),
+            "latency": link.latency_s, "kind": LinkKind.OTHER.value,
+            "source": (
                 f"{src}: tier {probe.tier!r} write {link.offload_bytes_per_s:.4g} B/s, read "
                 f"{link.prefetch_bytes_per_s:.4g} B/s, latency {link.latency_s:.3g} s; the slower direction"
             ),
-        ))
-    return System(
-        name=name or f"{machine.host}-{machine.device.replace(':', '')}",
-        description=f"This machine, {src}.",
-        devices=(device,),
-        memories=tuple(memories),
-        links=tuple(links),
-        pools={"dev0": (f"pool-{pool_tier}",)},
-    )
+        })
+    # the measured machine as an explicit graph document, loaded as every system is: a one-node Cluster, expanded
+    document = {
+        "format": "mcdla-system/1", "name": name or f"{machine.host}-{machine.device.replace(':', '')}",
+        "description": f"This machine, {src}.", "devices": [device], "memories": memories, "links": links,
+        "pools": {"dev0": [f"pool-{pool_tier}"]},
+    }
+    return cluster_from_dict(document, where=f"probe of {machine.host}").expand()
