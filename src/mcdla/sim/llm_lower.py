@@ -61,7 +61,10 @@ from mcdla.hardware.model import Link, LinkKind, Switch, System
 from mcdla.sim.collective_models import Collective, collective_time
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
 from mcdla.sim.ir_engine import execute
-from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, rank_traffic, stage_costs
+from mcdla.sim.llm import (DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, precision_of, rank_traffic,
+                           stage_costs, zero3_traffic)
+from mcdla.sim.llm_lower_zero import (FsdpOps, NvmeMemories, fsdp_chunk, fsdp_ops, step_ops, uses_nvme, with_nvme,
+                                      zero3_step_collectives)
 from mcdla.sim.llm_ranks import pipeline_order
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
@@ -182,7 +185,8 @@ def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbyt
 def _dp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], traffic: RankTraffic,
                     ) -> list[Collective]:
     """The data-parallel reduction of one rank's gradients as :func:`mcdla.sim.llm.stage_costs` prices it: an
-    all-reduce on the DP group's fabric dimensions (ZeRO-1/2 move the same bytes; :func:`lower` refuses ZeRO-3)."""
+    all-reduce on the DP group's fabric dimensions (ZeRO-1/2 move the same bytes; ZeRO-3's are
+    :func:`~mcdla.sim.llm_lower_zero.zero3_step_collectives`)."""
     if len(group) == 1:
         return []
     layout = ParallelDims.of(e)
@@ -193,14 +197,9 @@ def _dp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], traf
 
 def _unlowered(e: Execution, c: StageCosts) -> str | None:
     """Why the engine cannot lower ``e`` (its traffic would be left out), in one line; None when it can."""
-    if e.cp > 1 or e.ep > 1 or c.layer_ep_fwd_s or c.layer_ep_bwd_s or len(set(c.stage_layers)) > 1:
-        return (f"execution: got cp={e.cp}, ep={e.ep}, stage layers {sorted(set(c.stage_layers))}; the "
-                "engine lowers TP/PP/DP with even pipeline stages only (no context-parallel K/V exchange, "
-                "expert all-to-all or uneven split yet): use the analytical model for this record")
-    if e.zero >= 3 or e.cpu_optimizer or e.offload_tier != "host":
-        return (f"execution.zero: got {e.zero} (cpu_optimizer={e.cpu_optimizer}, offload_tier="
-                f"{e.offload_tier}); the engine lowers ZeRO 0-2 with host offload only (no ZeRO-3 per-layer "
-                "gathers, CPU optimizer or NVMe tier yet): use the analytical model for this record")
+    if e.cp > 1 or e.ep > 1 or c.layer_ep_fwd_s or c.layer_ep_bwd_s:
+        return (f"execution: got cp={e.cp}, ep={e.ep}; the engine lowers TP/PP/DP only (no context-parallel "
+                "K/V exchange or expert all-to-all yet): use the analytical model for this record")
     return None
 
 
@@ -228,7 +227,6 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     cluster = cluster.for_gpus(e.gpus)
     layout = ParallelDims.of(e)
     p, v, m = e.pp, e.virtual_stages, e.micro_batches
-    n = c.layers_per_stage // v
     k = cluster.gpus_per_node
 
     def rank(t: int, x: int, s: int, d: int = 0) -> int:
@@ -252,6 +250,15 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     def device(g: int) -> str:
         return names[where[g // k] * k + g % k]
 
+    nvme: NvmeMemories | None = None
+    if uses_nvme(e):
+        if any(g // k != r // k for r in simulated for g in peers[r]):
+            raise ConfigError(f"execution.offload_tier: got 'nvme' with the replicas of a rank on other nodes "
+                              f"(dp={e.dp} over {len(used)} nodes); the engine folds the NVMe tier within a node "
+                              "only: use replicas='all' or the analytical model for this record")
+        system, nvme = with_nvme(cluster, system)
+    zero3 = zero3_traffic(spec, e, precision_of(precision).element_bytes) if e.zero >= 3 else None
+
     programs: list[RankProgram] = []
     mirrors: dict[int, tuple[str, ...]] = {}
     for d in replica_ids:
@@ -259,15 +266,21 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
             order = pipeline_order(p, m, v, s)
             for x in range(e.cp):
                 group = tuple(rank(t, x, s, d) for t in range(e.tp))
-                fwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes, 2 * n)
-                bwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes,
-                                            (4 if e.recompute == "full" else 2) * n)
+                colls = {(n, forward): _tp_collectives(e, cluster, group, traffic.activation_bytes,
+                                                       (2 if forward or e.recompute != "full" else 4) * n)
+                         for n in set(c.chunk_layers[s]) for forward in (True, False)}
                 for t in range(e.tp):
                     r = rank(t, x, s, d)
                     pool = system.pools.get(device(r), ())
-                    dp_colls = _dp_collectives(e, cluster, layout.group("dp", r), traffic) if every else None
-                    ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, fwd_colls, bwd_colls, dp_colls,
+                    dp_colls = None if not every else (zero3_step_collectives(cluster, zero3, r) if zero3 is not None
+                                                       else _dp_collectives(e, cluster, layout.group("dp", r), traffic))
+                    fsdp = fsdp_ops(e, cluster, zero3, r, collectives=every) if zero3 is not None else None
+                    weights_from = (nvme.of(device(r))[0],) if nvme is not None else pool
+                    ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, weights_from, colls, dp_colls, fsdp,
                                     peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
+                    ops += step_ops(e, cluster, system, device(r), pool, tail=ops[-1].name,
+                                    last_backward=_last_backward_waits(ops), optimizer_bytes=traffic.optimizer_bytes,
+                                    optimizer_s=c.optimizer_s, precision=precision, nvme=nvme)
                     programs.append(RankProgram(rank=r, ops=tuple(ops), fold=fold))
                     if fold > 1:
                         mirrors[r] = tuple(device(g) for g in peers[r])
@@ -302,14 +315,15 @@ def _receives(s: int, p: int, m: int, v: int) -> list[tuple[int, str]]:
 
 
 def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v: int, c: StageCosts,
-              e: Execution, traffic: RankTraffic, pool: Sequence[str], fwd_colls: list[tuple[Collective, float]],
-              bwd_colls: list[tuple[Collective, float]], dp_colls: list[Collective] | None, *,
-              peer: Callable[[int], int]) -> list[Op]:
-    """The ops of rank ``r`` on stage ``s`` (NOTE [LLM lowering]); ``peer(stage)``: the same TP x CP slot there;
-    ``dp_colls``: the data-parallel reduction as collectives, or None to run its closed-form exposed time."""
+              e: Execution, traffic: RankTraffic, pool: Sequence[str], weights_from: Sequence[str],
+              colls: dict[tuple[int, bool], list[tuple[Collective, float]]], dp_colls: list[Collective] | None,
+              fsdp: FsdpOps | None, *, peer: Callable[[int], int]) -> list[Op]:
+    """The ops of rank ``r`` on stage ``s`` up to its optimizer step (NOTE [LLM lowering]); ``peer(stage)``: the
+    same TP x CP slot there; ``weights_from``: the memories offloaded weights are fetched from; ``colls``: the TP
+    collectives of a chunk of ``n`` layers by ``(n, forward)``; ``dp_colls``: the data-parallel reduction as
+    collectives, or None to run its closed-form exposed time; ``fsdp``: ZeRO-3's per-layer ops, or None."""
     b = _RankBuilder(r)
-    n = c.layers_per_stage // v
-    q = len(pool)
+    per_layer_bytes = traffic.stage_activation_bytes / c.layers_per_stage
     recv_of: dict[str, str] = {}
     last_backward = next((mb, ch) for forward, mb, ch in reversed(order) if not forward)
     reduce_waits: tuple[str, ...] = ()
@@ -317,30 +331,33 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         recv_of[tag] = b.add(Recv(name=f"recv-{tag}", stream=f"recv-{src}", peer=peer(src), nbytes=traffic.p2p_bytes))
     for forward, mb, ch in order:
         tag = _tag(forward, mb, ch)
+        n = c.chunk_layers[s][ch]
         last_chunk = s == p - 1 and ch == v - 1
         dst = _links(s, p, v, forward, ch)[1]
         waits = tuple(w for w in (b.last, *b.copies, recv_of.get(tag)) if w)
-        colls = fwd_colls if forward else bwd_colls
-        if forward:
-            seconds = n * c.layer_fwd_s + (c.last_fwd_s if last_chunk else 0.0)
-        else:
-            seconds = n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last_chunk else 0.0)
-        seconds += sum(lat for _coll, lat in colls)  # the other calls' latencies, spread over the layers
+        chunk_colls = colls[(n, forward)]
+        layer_s = c.layer_fwd_s if forward else c.layer_bwd_s + c.layer_recompute_s
+        other_s = (c.last_fwd_s if forward else c.last_bwd_s) if last_chunk else 0.0
+        other_s += sum(lat for _coll, lat in chunk_colls)  # the other calls' latencies, spread over the layers
         if dp_colls and e.dp_overlap and not forward and (mb, ch) == last_backward:  # starts with the last backward
             reduce_waits = tuple(waits)
-        compute = b.add(Compute(name=f"compute-{tag}", seconds=seconds, waits=tuple(waits)))
+        if fsdp is None:
+            compute = b.add(Compute(name=f"compute-{tag}", seconds=n * layer_s + other_s, waits=tuple(waits)))
+        else:
+            compute = fsdp_chunk(b.ops, tag, waits, n, layer_s, other_s, fsdp, backward=not forward)
         copies: list[str] = []
-        moves: list[tuple[type[Offload] | type[Prefetch], float]] = []
+        moves: list[tuple[type[Offload] | type[Prefetch], float, Sequence[str]]] = []
         if e.offload_activations:
-            moves.append((Offload if forward else Prefetch, traffic.stage_activation_bytes / v))
+            moves.append((Offload if forward else Prefetch, n * per_layer_bytes, pool))
         if e.offload_weights:
-            moves.append((Prefetch, traffic.weight_bytes / v))
-        for j, (kind, nbytes) in enumerate(moves):
-            for mem in pool:
-                copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem, nbytes=nbytes / q,
-                                         stream=f"{kind.__name__.lower()}{j}-{mem}", waits=tuple(waits))))
+            moves.append((Prefetch, traffic.weight_bytes / v, weights_from))
+        for j, (kind, nbytes, memories) in enumerate(moves):
+            for mem in memories:
+                copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem,
+                                         nbytes=nbytes / len(memories), stream=f"{kind.__name__.lower()}{j}-{mem}",
+                                         waits=tuple(waits))))
         done = compute
-        for i, (coll, _latency_s) in enumerate(colls):
+        for i, (coll, _latency_s) in enumerate(chunk_colls):
             done = b.add(CollectiveOp(name=f"tp{i}-{tag}", collective=coll, waits=(done,)))
         b.copies = copies
         if p == 1:
@@ -354,20 +371,16 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         done = reduce_waits if e.dp_overlap else (tail,)
         for i, coll in enumerate(dp_colls):
             done = (b.add(CollectiveOp(name=f"dp{i}", stream="dp", collective=coll, waits=done)),)
-        tail = b.add(Compute(name="dp-end", seconds=0.0, waits=(tail, *done)))
+        b.add(Compute(name="dp-end", seconds=0.0, waits=(tail, *done)))
     elif c.dp_full_s > 0:
-        tail = b.add(Compute(name="dp-reduce", seconds=c.dp_exposed_s, waits=(tail,)))
-    fetched: list[str] = []
-    if e.offload_optimizer:
-        for mem in pool:
-            fetched.append(b.add(Prefetch(name=f"optimizer-in-{mem}", stream=f"optimizer-{mem}", memory=mem,
-                                          nbytes=traffic.optimizer_bytes / q, waits=(tail,))))
-    step = b.add(Compute(name="adam", seconds=c.optimizer_s, waits=(tail, *fetched)))
-    if e.offload_optimizer:
-        for mem in pool:
-            b.add(Offload(name=f"optimizer-out-{mem}", stream=f"optimizer-{mem}", memory=mem,
-                          nbytes=traffic.optimizer_bytes / q, waits=(step,)))
+        b.add(Compute(name="dp-reduce", seconds=c.dp_exposed_s, waits=(tail,)))
     return b.ops
+
+
+def _last_backward_waits(ops: Sequence[Op]) -> tuple[str, ...]:
+    """What the rank's last backward waits for (its first op's waits): the CPU optimizer's gradients go out from
+    there."""
+    return next(op.waits for op in reversed(ops) if op.name.startswith("compute-b"))
 
 
 def engine_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
