@@ -69,17 +69,6 @@ def test_every_replica_runs_the_data_parallel_reduction_as_collectives() -> None
     assert kinds == ["all-reduce"] and groups == {(1, 5)}
 
 
-@pytest.mark.parametrize("fields", [dict(zero=3), dict(zero=1, offload_optimizer=True, cpu_optimizer=True),
-                                    dict(zero=1, offload_optimizer=True, offload_tier="nvme")])
-def test_engine_refuses_zero3_cpu_optimizer_and_nvme_in_one_line(fields: dict[str, object]) -> None:
-    """ZeRO-3's per-layer gathers, the CPU optimizer and the NVMe tier are priced by the analytical model only:
-    the lowering refuses them in one line rather than leaving their traffic out."""
-    e = Execution(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, **fields)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"the engine lowers ZeRO 0-2 with host offload only") as err:
-        lower(_GPT3, e, load_cluster("dgx-h100").for_gpus(16))
-    assert "\n" not in str(err.value)
-
-
 def test_bad_replicas_is_one_line() -> None:
     e = Execution(gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=1)
     with pytest.raises(ConfigError, match=r"replicas: got 'some'; must be one of auto, fold, all"):
