@@ -19,7 +19,9 @@ NOTE [LLM lowering]
 * Each rank runs :func:`mcdla.sim.llm_ranks.pipeline_order`. One chunk's forward of one micro-batch is: wait
   for the input (a :class:`~mcdla.sim.ir.Recv` from the previous stage; a rank posts all its receives up front,
   one stream per peer in the order the peer sends, so receives never hold it), the chunk's compute (its
-  layers, plus logits and loss on the last chunk of the last stage), then its TP collectives: the ``2 n``
+  layers, each stage's and chunk's own count under an uneven split, plus logits and loss on the last chunk of
+  the last stage; under ZeRO-3 one op per layer with its gathers and reduce-scatters, NOTE [ZeRO lowering] in
+  :mod:`mcdla.sim.llm_lower_zero`), then its TP collectives: the ``2 n``
   all-reduces (all-gather + reduce-scatter with sequence parallelism) of ``n`` layers as one collective of
   ``2 n`` times the bytes, the latency terms of the ``2 n - 1`` others charged with the compute they are spread
   over (a collective's closed form is its bytes' term plus a latency, so this is exact on an idle fabric), then
@@ -36,11 +38,13 @@ NOTE [LLM lowering]
   transfer.
 * ``replicas="all"`` (``"auto"`` up to :data:`ALL_REPLICAS_UP_TO` GPUs) simulates every replica instead, unfolded,
   and runs the data-parallel reduction as collectives on the DP group's fabric dimensions (an all-reduce of the
-  gradients, ZeRO-1/2 moving the same bytes; ZeRO-3 adds an all-gather of the weights): after the rank's
+  gradients, ZeRO-1/2 moving the same bytes; ZeRO-3's once-per-iteration collectives): after the rank's
   pipeline, or with ``dp_overlap`` from the start of its last backward, sharing the links with it. With one
   pipeline (``"fold"``) the replicas on other nodes have no programs, so a rank runs the reduction's exposed
-  part by its closed form (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer state,
-  runs the Adam step and writes the state back.
+  part by its closed form (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer state
+  (from the node's drives on the ``nvme`` tier), runs the Adam step and writes the state back; with
+  ``cpu_optimizer`` its gradients go out, the CPU's Adam runs and the parameters come back (NOTE [ZeRO
+  lowering]).
 * CP adds no traffic of its own: the cost source splits the compute over ``tp * cp`` and prices no ring
   exchange.
 
