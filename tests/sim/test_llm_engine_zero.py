@@ -211,12 +211,16 @@ def test_zero3_gathers_share_the_x16_with_the_activation_offload_by_hand(llm_clu
 
 def test_nvme_with_replicas_across_nodes_is_refused_in_one_line() -> None:
     """Twelve GPUs over two DGX H100 nodes, DP6 x PP2 folded into one pipeline: the second stage's replicas
-    straddle the nodes, whose drives the fold cannot mirror, so the lowering refuses in one line."""
+    straddle the nodes, whose drives the fold cannot mirror, so the lowering refuses in one line, and
+    lowering_rejection says so beforehand; with every replica simulated it lowers."""
     e = Execution(gpus=12, pp=2, dp=6, micro_batch=1, global_batch=12, zero=1, offload_optimizer=True,
                   offload_tier="nvme")
     with pytest.raises(ConfigError, match=r"offload_tier: got 'nvme' with the replicas of a rank on other") as err:
         lower(_SPEC, e, load_cluster("dgx-h100").for_gpus(12), replicas="fold")
     assert "\n" not in str(err.value)
+    cluster = load_cluster("dgx-h100").for_gpus(12)
+    assert lowering_rejection(_SPEC, e, cluster, replicas="fold") == str(err.value)  # the search passes it over
+    assert lowering_rejection(_SPEC, e, cluster, replicas="all") is None
 
 
 def test_zero3_cpu_optimizer_nvme_and_uneven_splits_are_lowered() -> None:

@@ -67,8 +67,8 @@ from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgr
 from mcdla.sim.ir_engine import execute
 from mcdla.sim.llm import (DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, precision_of, rank_traffic,
                            stage_costs, zero3_traffic)
-from mcdla.sim.llm_lower_zero import (FsdpOps, NvmeMemories, fsdp_chunk, fsdp_ops, step_ops, uses_nvme, with_nvme,
-                                      zero3_step_collectives)
+from mcdla.sim.llm_lower_zero import (FsdpOps, NvmeMemories, fsdp_chunk, fsdp_ops, nvme_rejection, step_ops, uses_nvme,
+                                      with_nvme, zero3_step_collectives)
 from mcdla.sim.llm_ranks import pipeline_order
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
@@ -199,6 +199,33 @@ def _dp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], traf
     return [Collective(kind="all-reduce", nbytes=traffic.gradient_bytes, group=group, levels=levels, algorithm=algs)]
 
 
+def _folded_peers(e: Execution, layout: ParallelDims, k: int, simulated: Sequence[int], every: bool,
+                  ) -> tuple[dict[int, list[int]], int]:
+    """The replicas each simulated rank stands for and the fold: those that share its node (the others share no
+    finite resource with it), or all ``dp`` when replicas straddle nodes unevenly; none with every replica
+    simulated."""
+    stride = layout.stride("dp")
+    peers = {r: [] if every else [r + d * stride for d in range(1, e.dp) if (r + d * stride) // k == r // k]
+             for r in simulated}
+    fold = 1 + len(peers[simulated[0]])
+    if any(len(ps) != fold - 1 for ps in peers.values()):  # replicas straddle nodes unevenly: fold them all
+        peers = {r: [r + d * stride for d in range(1, e.dp)] for r in simulated}
+        fold = e.dp
+    return peers, fold
+
+
+def _nvme_unlowered(e: Execution, cluster: Cluster, every: bool) -> str | None:
+    """Why the NVMe tier of ``e`` cannot be lowered on ``cluster`` (sized for ``e``), or None."""
+    layout, k = ParallelDims.of(e), cluster.gpus_per_node
+    simulated = [layout.rank(tp=t, cp=x, dp=0, pp=s) for s in range(e.pp) for x in range(e.cp) for t in range(e.tp)]
+    peers, _fold = _folded_peers(e, layout, k, simulated, every)
+    if any(g // k != r // k for r in simulated for g in peers[r]):
+        return (f"execution.offload_tier: got 'nvme' with the replicas of a rank on other nodes (dp={e.dp}, "
+                f"{k} GPUs per node); the engine folds the NVMe tier within a node only: use replicas='all' or "
+                "the analytical model for this record")
+    return nvme_rejection(cluster)
+
+
 def _unlowered(e: Execution, c: StageCosts) -> str | None:
     """Why the engine cannot lower ``e`` (its traffic would be left out), in one line; None when it can."""
     if e.cp > 1 or e.ep > 1 or c.layer_ep_fwd_s or c.layer_ep_bwd_s:
@@ -208,10 +235,15 @@ def _unlowered(e: Execution, c: StageCosts) -> str | None:
 
 
 def lowering_rejection(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
-                       precision: str = DEFAULT_PRECISION) -> str | None:
-    """The one-line reason :func:`lower` refuses ``execution``, or None when the engine lowers it (ConfigError
-    as :func:`stage_costs` for a record the model itself refuses)."""
-    return _unlowered(execution, stage_costs(spec, execution, cluster, precision=precision))
+                       precision: str = DEFAULT_PRECISION, replicas: str = "auto") -> str | None:
+    """The one-line reason :func:`lower` refuses ``execution`` (with ``replicas``), or None when the engine lowers
+    it (ConfigError as :func:`stage_costs` for a record the model itself refuses)."""
+    why = _unlowered(execution, stage_costs(spec, execution, cluster, precision=precision))
+    if why is None and uses_nvme(execution):
+        e = execution
+        why = _nvme_unlowered(e, cluster.for_gpus(e.gpus), replicas == "all" or (
+            replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO))
+    return why
 
 
 def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, precision: str = DEFAULT_PRECISION,
@@ -238,13 +270,7 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
 
     replica_ids = range(e.dp) if every else range(1)
     simulated = [rank(t, x, s, d) for d in replica_ids for s in range(p) for x in range(e.cp) for t in range(e.tp)]
-    # the replicas a rank stands for that share its node (the others share no finite resource with it)
-    peers = {r: [] if every else [r + d * layout.stride("dp") for d in range(1, e.dp)
-                                  if (r + d * layout.stride("dp")) // k == r // k] for r in simulated}
-    fold = 1 + len(peers[simulated[0]])
-    if any(len(ps) != fold - 1 for ps in peers.values()):  # replicas straddle nodes unevenly: fold them all
-        peers = {r: [r + d * layout.stride("dp") for d in range(1, e.dp)] for r in simulated}
-        fold = e.dp
+    peers, fold = _folded_peers(e, layout, k, simulated, every)
     used = sorted({g // k for r in simulated for g in (r, *peers[r])})
     system = _nics_behind_pcie(cluster, cluster.with_nodes(len(used)).expand() if cluster.scale_out is not None
                                else cluster.expand())
@@ -256,10 +282,9 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
 
     nvme: NvmeMemories | None = None
     if uses_nvme(e):
-        if any(g // k != r // k for r in simulated for g in peers[r]):
-            raise ConfigError(f"execution.offload_tier: got 'nvme' with the replicas of a rank on other nodes "
-                              f"(dp={e.dp} over {len(used)} nodes); the engine folds the NVMe tier within a node "
-                              "only: use replicas='all' or the analytical model for this record")
+        why = _nvme_unlowered(e, cluster, every)
+        if why is not None:
+            raise ConfigError(why)
         system, nvme = with_nvme(cluster, system)
     zero3 = zero3_traffic(spec, e, precision_of(precision).element_bytes) if e.zero >= 3 else None
 

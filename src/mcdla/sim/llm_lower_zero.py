@@ -48,7 +48,7 @@ from mcdla.sim.llm_offload import cpu_adam_s
 from mcdla.workload.execution import Execution
 
 __all__ = ["FsdpOps", "NvmeMemories", "fsdp_ops", "fsdp_chunk", "zero3_step_collectives", "step_ops", "uses_nvme",
-           "with_nvme"]
+           "nvme_rejection", "with_nvme"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,25 +154,40 @@ def uses_nvme(e: Execution) -> bool:
     return e.offload_tier == "nvme" and (e.offload_weights or (e.offload_optimizer and not e.cpu_optimizer))
 
 
-def with_nvme(cluster: Cluster, system: System) -> tuple[System, NvmeMemories]:
-    """``system`` with each node's NVMe drives as the two memories of NOTE [ZeRO lowering]; one-line ConfigError
-    when the cluster has no drives or its nodes have no CPU socket to hang them on."""
-    nvme = cluster.nvme
-    if nvme is None:
-        raise ConfigError(f"execution.offload_tier: got 'nvme'; {cluster.name} has no node.nvme drives")
+def _sockets(system: System) -> dict[str, set[str]]:
+    """The CPU sockets of each node (by ``n{j}`` prefix): the switches its host memories hang on."""
     hosts = {m.name for m in system.memories if m.kind is MemoryKind.HOST}
+    switches = {sw.name for sw in system.switches}
     sockets: dict[str, set[str]] = {}
     for lk in system.links:
         for mem, other in ((lk.a, lk.b), (lk.b, lk.a)):
-            if mem in hosts and other in {s.name for s in system.switches}:
+            if mem in hosts and other in switches:
                 sockets.setdefault(_node_of(mem), set()).add(other)
-    if not sockets:
-        raise ConfigError(f"execution.offload_tier: got 'nvme'; the engine hangs the drives of {cluster.name} on "
-                          "its CPU sockets and its nodes have none (use the analytical model for this record)")
+    return sockets
+
+
+def nvme_rejection(cluster: Cluster) -> str | None:
+    """Why :func:`with_nvme` cannot add ``cluster``'s drives (none, or no CPU socket to hang them on), or None."""
+    if cluster.nvme is None:
+        return f"execution.offload_tier: got 'nvme'; {cluster.name} has no node.nvme drives"
+    if not _sockets(cluster.node_system()):
+        return (f"execution.offload_tier: got 'nvme'; the engine hangs the drives of {cluster.name} on its CPU "
+                "sockets and its nodes have none: use the analytical model for this record")
+    return None
+
+
+def with_nvme(cluster: Cluster, system: System) -> tuple[System, NvmeMemories]:
+    """``system`` (expanded from ``cluster``) with each node's NVMe drives as the two memories of NOTE [ZeRO
+    lowering]; one-line ConfigError as :func:`nvme_rejection`."""
+    why = nvme_rejection(cluster)
+    if why is not None:
+        raise ConfigError(why)
+    nvme = cluster.nvme
+    assert nvme is not None
     memories, links = list(system.memories), list(system.links)
     read: dict[str, str] = {}
     write: dict[str, str] = {}
-    for node, cpus in sorted(sockets.items()):
+    for node, cpus in sorted(_sockets(system).items()):
         prefix = f"{node}." if node else ""
         for label, rate, names in (("read", nvme.read_bytes_per_s, read), ("write", nvme.write_bytes_per_s, write)):
             name = names[node] = f"{prefix}nvme-{label}"
