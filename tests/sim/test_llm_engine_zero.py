@@ -5,6 +5,8 @@ cases computed by hand."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import load_cluster
@@ -230,3 +232,23 @@ def test_zero3_cpu_optimizer_nvme_and_uneven_splits_are_lowered() -> None:
                    dict(zero=1, offload_optimizer=True, offload_tier="nvme"), dict(layers_first_stage=8)):
         e = Execution(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, **fields)  # type: ignore[arg-type]
         assert lowering_rejection(_SPEC, e, cluster) is None
+
+
+@settings(max_examples=30, deadline=None,  # ~0.5 s: small programs
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(layers=st.sampled_from([1, 3, 8]), dp=st.sampled_from([2, 4]), per_node=st.sampled_from([1, 2]),
+       prefetch=st.integers(0, 4), m=st.sampled_from([1, 3]), recompute=st.sampled_from(["none", "selective", "full"]),
+       hsdp=st.booleans(), peak=st.sampled_from([1e13, 1e14, 1e15]), net=st.sampled_from([1e9, 1e10, 1e11]))
+def test_zero3_engine_equals_the_analytical_model_sweep(llm_cluster, layers: int, dp: int, per_node: int,
+                                                        prefetch: int, m: int, recompute: str, hsdp: bool,
+                                                        peak: float, net: float) -> None:
+    """The same agreement over a sweep of small ZeRO-3 executions (one pipeline stage, so nothing but the shard
+    group's collectives crosses the rails and the NVLink) whose compute ranges from hiding every collective to
+    hiding none, every replica simulated."""
+    spec = TransformerSpec(name="s", layers=layers, hidden=1024, heads=16, vocab=1, seq_len=1024)
+    cluster = llm_cluster(gpus_per_node=per_node, nodes=dp // per_node, peak_flops_per_s=peak,
+                          hbm_bytes_per_s=2e12, nvlink_bytes_per_s=10 * net, network_bytes_per_s=net)
+    e = Execution(gpus=dp, dp=dp, micro_batch=1, global_batch=dp * m, zero=3, fsdp_prefetch=prefetch,
+                  recompute=recompute, hsdp_shard=per_node if hsdp and per_node > 1 else 0)  # type: ignore[arg-type]
+    got = engine_step(spec, e, cluster, replicas="all")
+    assert got.iteration_s == pytest.approx(llm_step(spec, e, cluster).iteration_s, rel=1e-9)
