@@ -264,3 +264,23 @@ def test_an_execution_record_with_a_330_digit_degree_is_one_short_line(run_cli, 
     code, out, err = run_cli("llm-predict", "--model", "gpt3-175b", "--execution", str(path))
     assert code == 2 and not out and err.count("\n") == 1 and len(err) < 300
     assert "execution.pp" in err and str(2**31 - 1) in err
+
+
+def test_llm_predict_splits_a_partial_offload_between_device_and_tier(run_cli, tmp_path):
+    """With ``offload_num_layers``, the memory table keeps the other layers' activations on the GPU: 10 of
+    Llama-3 8B's 32 layers offloaded leave 22/32 of the activations on the device; a count past the layers is one
+    line naming the field."""
+    path = tmp_path / "e.yaml"
+    path.write_text("gpus: 8\ndp: 8\nzero: 1\nmicro_batch: 1\nglobal_batch: 64\noffload_activations: true\n"
+                    "offload_num_layers: 10\n")
+    code, out, err = run_cli("llm-predict", "--model", "llama3-8b", "--execution", str(path), "--system", "gh200",
+                             "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    on_device, tier = data["memory_per_gpu_bytes"]["activations"], data["memory_per_gpu_bytes"]["offloaded"]
+    assert on_device == pytest.approx(data["activation_bytes"] * 22 / 32, rel=1e-12)
+    assert tier["second_tier"]["activations"] == pytest.approx(data["activation_bytes"] * 10 / 32, rel=1e-12)
+    path.write_text("gpus: 8\ndp: 8\nmicro_batch: 1\nglobal_batch: 64\noffload_activations: true\n"
+                    "offload_num_layers: 33\n")
+    code, out, err = run_cli("llm-predict", "--model", "llama3-8b", "--execution", str(path), "--system", "gh200")
+    assert code == 2 and err.count("\n") == 1 and "execution.offload_num_layers: got 33" in err

@@ -92,3 +92,41 @@ def test_llm_predict_engine_zero3_with_offload_reports_pcie_contention(run_cli, 
     want = engine_step(preset("megatron-1.7b"), e, load_cluster("dgx-h100").for_gpus(16))
     assert data["iteration_s"] == want.iteration_s and data["contention_by_class_s"] == want.contention_by_class_s
     assert set(data["contention_by_class_s"]) == {"pcie"} and data["contention_s"] > 0
+
+
+def test_llm_predict_engine_runs_context_and_expert_parallel_records(run_cli, tmp_path):
+    """--engine lowers a CP record (Llama 3.1 405B, TP8 PP3 CP2 on 48 GPUs, the ring's K/V exchange) and an EP
+    record (Mixtral 8x7B, TP2 DP8 EP8, the all-to-alls) and reports the iteration engine_step gives for them,
+    equal to the closed form here (no link carries two classes at once but the optimizer's round trip, whose
+    two copy latencies the closed form leaves out)."""
+    records = {"llama3-405b": dict(gpus=48, tp=8, pp=3, cp=2, micro_batch=1, global_batch=2, sequence_parallel=True,
+                                   recompute="full", offload_optimizer=True),
+               "mixtral-8x7b": dict(gpus=16, tp=2, dp=8, ep=8, micro_batch=1, global_batch=8, zero=2,
+                                    sequence_parallel=True, recompute="full")}
+    for model, fields in records.items():
+        path = tmp_path / f"{model}.yaml"
+        path.write_text("".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}\n" for k, v in fields.items()))
+        code, out, err = run_cli("llm-predict", "--model", model, "--execution", str(path), "--system", "dgx-h100",
+                                 "--engine", "--json")
+        assert code == 0, err
+        data = json.loads(out)
+        cluster = load_cluster("dgx-h100").for_gpus(fields["gpus"])
+        want = engine_step(preset(model), Execution(**fields), cluster)
+        assert data["iteration_s"] == want.iteration_s and data["contention_s"] == 0.0
+        latency = 2 * cluster.offload.latency_s if fields.get("offload_optimizer") else 0.0
+        assert data["iteration_s"] == pytest.approx(data["analytical_iteration_s"] + latency, rel=1e-9)
+
+
+def test_search_engine_top_reranks_context_and_expert_parallel_rows(run_cli):
+    """--engine-top runs the search's CP and EP rows on the engine (they are no longer passed over): each row's
+    engine time is engine_step's for its execution."""
+    code, out, err = run_cli("search", "--model", "mixtral-8x7b", "--system", "dgx-h100", "--gpus", "16",
+                             "--global-batch", "64", "--ep", "1,8", "--cp", "1,2", "--zero", "1", "--tp", "1",
+                             "--pp", "1,2", "--recompute", "none", "--max-virtual-stages", "1", "--quiet",
+                             "--workers", "1", "--json", "--top", "5", "--engine-top", "3")
+    assert code == 0, err
+    rows = json.loads(out)["engine_top"]
+    assert len(rows) == 3 and any(r["execution"]["cp"] > 1 for r in rows) and all(r["execution"]["ep"] > 1 for r in rows)
+    spec, cluster = preset("mixtral-8x7b"), load_cluster("dgx-h100").for_gpus(16)
+    for r in rows:
+        assert r["engine"]["iteration_s"] == engine_step(spec, Execution(**r["execution"]), cluster).iteration_s

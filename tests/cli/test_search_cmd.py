@@ -72,6 +72,8 @@ def test_memory_limit_is_respected(run_cli):
     (("--memory-limit", "1TiB"), "--memory-limit: got '1TiB'; must be at most the memory of"),
     (("--system", "nosuch"), "cluster: got 'nosuch'; must be a preset"),
     (("--workers", "0"), "--workers: got 0; must be >= 1"),
+    (("--recompute-layers", "all,-1"), "--recompute-layers: got 'all,-1'; must be a comma-separated list of layer"),
+    (("--offload-layers", "two"), "--offload-layers: got 'two'; must be a comma-separated list of layer counts"),
 ])
 def test_bad_input_is_one_line(run_cli, args, message):
     argv = list(SMALL)
@@ -355,3 +357,21 @@ def test_tiers_and_cpu_optimizer_options_reach_the_search(run_cli):
     assert any(e.offload_tier == "nvme" and e.cpu_optimizer for e in expected.enumeration.executions)
     code, _, stderr = run_cli("search", *small, "--tiers", "disk")
     assert code == 2 and stderr.count("\n") == 1 and "--tiers: got 'disk'" in stderr
+
+
+def test_layer_count_options_reach_the_search(run_cli):
+    """--recompute-layers and --offload-layers search the same space as the library with those counts (all =
+    every layer), and the table names a count."""
+    small = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", "8", "--global-batch", "8",
+             "--max-virtual-stages", "1", "--quiet", "--workers", "1")
+    code, stdout, stderr = run_cli("search", *small, "--json", "--recompute-layers", "all,2", "--offload-layers",
+                                   "all,4")
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    expected = search(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8, global_batch=8,
+                      max_virtual_stages=1, recompute_layers=(None, 2), offload_layers=(None, 4))
+    assert data["valid"] == len(expected.enumeration.executions)
+    assert any(e.recompute_num_layers == 2 for e in expected.enumeration.executions)
+    code, stdout, stderr = run_cli("search", *small, "--recompute", "full", "--recompute-layers", "2", "--top", "1",
+                                   "--no-offload")
+    assert code == 0 and "full block 2" in stdout, stderr

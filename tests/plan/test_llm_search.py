@@ -241,3 +241,27 @@ def test_tier_and_cpu_optimizer_dimensions_multiply_the_offloading_candidates(ll
         assert ("nvme" in tiers_ok) != any("has no node.nvme drives" in r for r in en.rejected)
     with pytest.raises(ConfigError, match="search.tiers: got 'disk'"):
         enumerate_executions(SPEC, cluster(llm_cluster), gpus=GPUS, global_batch=BATCH, tiers=("disk",))
+
+
+def test_layer_count_dimensions_multiply_the_recomputing_and_offloading_candidates(llm_cluster):
+    """Each default candidate with full recompute is tried with every recompute count, each that offloads
+    activations or weights with every offload count; a count past a model chunk's layers (6 / (pp v)) or both
+    counts at once is rejected, and ``count_candidates`` still equals the enumeration's candidates."""
+    c = cluster(llm_cluster)
+    space = dict(recompute_layers=(None, 0, 1, 3), offload_layers=(None, 2))
+    default = enumerate_executions(SPEC, c, gpus=GPUS, global_batch=BATCH)
+    en = enumerate_executions(SPEC, c, gpus=GPUS, global_batch=BATCH, **space)
+    expect = set()
+    for e in default.executions:
+        chunk = SPEC.layers // (e.pp * e.virtual_stages)
+        for rn in (None, 0, 1, 3) if e.recompute == "full" else (None,):
+            for on in (None, 2) if e.offload_activations or e.offload_weights else (None,):
+                if (rn is None or rn <= chunk) and (on is None or on <= chunk) and (rn is None or on is None):
+                    expect.add(key(e) + (rn, on))
+    got = [key(e) + (e.recompute_num_layers, e.offload_num_layers) for e in en.executions]
+    assert len(got) == len(set(got)) and set(got) == expect
+    assert en.candidates == len(got) + en.n_rejected == count_candidates(SPEC, c, gpus=GPUS, global_batch=BATCH,
+                                                                         **space)
+    assert any("must be at most the N layers of each model chunk" in r for r in en.rejected)
+    with pytest.raises(ConfigError, match=r"^search\.recompute_layers: got -1; must be an integer >= 0"):
+        count_candidates(SPEC, c, gpus=GPUS, global_batch=BATCH, recompute_layers=(-1,))

@@ -28,7 +28,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     for name in ("tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
                  "expert-model-parallel-size", "virtual-pipeline-model-parallel-size", "micro-batch-size",
-                 "global-batch-size", "seq-length", "recompute-num-layers"):
+                 "global-batch-size", "seq-length", "recompute-num-layers", "cpu-offloading-num-layers"):
         p.add_argument(f"--{name}", type=int)
     for name in ("recompute-granularity", "recompute-method", "fp8-format", "fp8-recipe"):
         p.add_argument(f"--{name}")
@@ -80,3 +80,63 @@ def test_torchtitan_toml_is_the_execution(e, precision):
     offloaded = e.offload_activations or e.offload_weights or e.offload_optimizer
     assert ("# not expressed: offloads" in text) is offloaded
 
+
+
+PARTIAL = dict(gpus=8, dp=8, micro_batch=1, global_batch=64)
+
+
+@pytest.mark.parametrize("method, n", [("block", 5), ("block", 24), ("uniform", 3)])
+def test_megatron_recompute_layer_count(method, n):
+    """A recompute count is ``--recompute-method`` with ``--recompute-num-layers`` of the execution."""
+    e = Execution(**PARTIAL, recompute="full", recompute_method=method, recompute_num_layers=n)
+    a = megatron_parser().parse_args(shlex.split(megatron_file(e, SPEC, "bf16"), comments=True))
+    assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", method, n)
+
+
+def test_megatron_block_of_zero_layers_writes_no_recompute():
+    e = Execution(**PARTIAL, recompute="full", recompute_num_layers=0)
+    a = megatron_parser().parse_args(shlex.split(megatron_file(e, SPEC, "bf16"), comments=True))
+    assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == (None, None, None)
+
+
+def test_megatron_cpu_offloading_num_layers_where_megatron_core_takes_it():
+    """``--cpu-offloading-num-layers`` N without a pipeline or recompute and with N < layers; a pipeline, a
+    recompute or every layer is a note instead (Megatron-Core refuses them)."""
+    ok = Execution(**PARTIAL, offload_activations=True, offload_num_layers=10)
+    text = megatron_file(ok, SPEC, "bf16")
+    assert megatron_parser().parse_args(shlex.split(text, comments=True)).cpu_offloading_num_layers == 10
+    assert "# not expressed" not in text
+    for e, why in ((Execution(gpus=8, pp=2, dp=4, micro_batch=1, global_batch=64, offload_activations=True,
+                              offload_num_layers=10), "pipeline parallelism"),
+                   (Execution(**PARTIAL, offload_activations=True, offload_num_layers=10, recompute="selective"),
+                    "recomputation"),
+                   (Execution(**PARTIAL, offload_activations=True, offload_num_layers=24), "< 24")):
+        text = megatron_file(e, SPEC, "bf16")
+        assert megatron_parser().parse_args(shlex.split(text, comments=True)).cpu_offloading_num_layers is None
+        assert "# not expressed: offloads activations" in text and why in text
+
+
+@pytest.mark.parametrize("n", [6, 8, 12])
+def test_torchtitan_block_count_is_every_f_th_layer(n):
+    """Block recompute of N of the 24 layers: torchtitan's every-f-th-layer checkpointing of as many layers,
+    with a note that they are spread."""
+    e = Execution(**PARTIAL, recompute="full", recompute_num_layers=n)
+    text = torchtitan_toml(e, SPEC, "bf16")
+    ac = tomllib.loads(text)["activation_checkpoint"]
+    assert ac["mode"] == "selective" and SPEC.layers // int(ac["selective_ac_option"]) == n
+    assert "# not expressed: block recompute" in text
+
+
+def test_torchtitan_block_count_counts_per_model_chunk():
+    """With pp 2 x v 2, a chunk holds 6 of the 24 layers: N = 2 is every 3rd layer of each chunk."""
+    e = Execution(gpus=8, pp=2, dp=4, virtual_stages=2, micro_batch=1, global_batch=64, recompute="full",
+                  recompute_num_layers=2)
+    ac = tomllib.loads(torchtitan_toml(e, SPEC, "bf16"))["activation_checkpoint"]
+    assert ac == {"mode": "selective", "selective_ac_option": "3"}
+
+
+def test_torchtitan_block_count_without_an_every_f_th_equivalent_is_full_with_a_note():
+    """24 // f is never 5: written as full, said so."""
+    text = torchtitan_toml(Execution(**PARTIAL, recompute="full", recompute_num_layers=5), SPEC, "bf16")
+    assert tomllib.loads(text)["activation_checkpoint"]["mode"] == "full"
+    assert "no every-f-th-layer count gives 5" in text

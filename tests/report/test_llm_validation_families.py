@@ -47,3 +47,23 @@ def test_all_is_every_family_in_order():
 def test_every_published_row_is_a_record():
     """The family holds one record per published row."""
     assert {(r.system, r.model) for r in BRIDGE_FP8_RUNS} == set(PUBLISHED) and len(BRIDGE_FP8_RUNS) == 8
+
+
+# Megatron-Bridge v0.2.1 (the 25.11 container's) scripts/performance/configs/llama3/workload_base_configs.py: the
+# FP8-CS recipes that count layers; set_recompute_overrides makes recompute_num_layers a full, block recompute and
+# cpu_offloading_num_layers an activation offload (weights kept). The other rows' recipes count none.
+RECIPE_COUNTS = {("dgx-h100", "llama3-8b"): ("full", "block", 5, None),
+                 ("gb200-nvl72", "llama3-70b"): ("none", "block", None, 40)}
+
+
+@pytest.mark.parametrize("run", BRIDGE_FP8_RUNS, ids=lambda r: r.name)
+def test_bridge_records_carry_their_recipes_layer_counts(run):
+    """The two recipes that recompute or offload only some layers are recorded with those counts (and say so in
+    their choices); the others recompute and offload no layer count."""
+    e = run.execution
+    want = RECIPE_COUNTS.get((run.system, run.model), ("none", "block", None, None))
+    assert (e.recompute, e.recompute_method, e.recompute_num_layers, e.offload_num_layers) == want
+    assert e.offload_activations is (want[3] is not None) and not e.offload_weights
+    for count in want[2:]:
+        if count is not None:
+            assert f"_num_layers={count}" in run.choices

@@ -97,3 +97,19 @@ def test_per_rank_schedule_agrees_with_the_closed_form(llm_cluster):
     assert fast.cp_comm_s > 0
     assert ranks.iteration_s == pytest.approx(fast.iteration_s, rel=1e-9)
     assert ranks.cp_comm_s == pytest.approx(fast.cp_comm_s, rel=1e-12)
+
+
+def test_the_slowest_hop_paces_the_ring(llm_cluster):
+    """A CP group of 4 over two GPUs per node crosses NVLink (0-1, 2-3) and the network (1-2, 3-0). With NVLink
+    the slower of the two here (10 GB/s against 1 TB/s), every ring step waits for the NVLink hops: the send
+    is 1 us + block / 10 GB/s, not the network's 5 us + block / 1 TB/s."""
+    cp, m = 4, 2
+    cluster = llm_cluster(gpus_per_node=2, nodes=2, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF,
+                          nvlink_bytes_per_s=10e9, nvlink_latency_s=1e-6, network_bytes_per_s=1e12,
+                          network_latency_s=5e-6)
+    e = Execution(gpus=4, tp=1, cp=cp, micro_batch=1, global_batch=m, attention="materialized")
+    send = 1e-6 + _block_bytes(1, 1, cp) / 10e9
+    assert send > 5e-6 + _block_bytes(1, 1, cp) / 1e12
+    exposed = (cp - 1) * max(0.0, send - _attention_s(1, 1, cp) / cp)
+    assert exposed > 0
+    assert llm_step(SPEC, e, cluster).cp_comm_s == pytest.approx(m * SPEC.layers * 3 * exposed, rel=1e-9)

@@ -28,6 +28,8 @@ _NO_SHARED_LINK = [
     ("dgx-h100", dict(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, dp_overlap=True, zero=1)),
     ("dgx-h100", dict(gpus=16, tp=8, pp=1, dp=2, micro_batch=1, global_batch=4, zero=2)),
     ("gh200", dict(gpus=4, tp=1, pp=4, dp=1, micro_batch=1, global_batch=4)),
+    ("dgx-h100", dict(gpus=32, tp=8, pp=2, dp=2, micro_batch=1, global_batch=8, virtual_stages=2,
+                      recompute="full", recompute_num_layers=5)),  # block: 5 of each chunk's 24 layers
 ]
 
 
@@ -114,6 +116,8 @@ _SMALL = [
                    offload_weights=True)),
     ("gh200", dict(gpus=1, tp=1, pp=1, dp=1, micro_batch=8, global_batch=8, offload_activations=True,
                    offload_weights=True)),
+    ("gh200", dict(gpus=1, tp=1, pp=1, dp=1, micro_batch=8, global_batch=8, offload_activations=True,
+                   offload_weights=True, offload_num_layers=10)),  # the first 10 of 24 layers
     pytest.param("gb200-nvl72-memnode", dict(gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=2,
                                              offload_activations=True, offload_weights=True),
                  marks=pytest.mark.slow),  # ~2 s: a 72-GPU rack, 36 memory-nodes
@@ -257,17 +261,3 @@ def test_overlapped_reduction_floor_by_hand_on_dgx_h100() -> None:
     backward = n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_tp_bwd_s) + c.offload_bwd_s
     assert busiest > backward  # the floor binds
     assert link_floors(e, cluster, c, t).dp_exposed_s == pytest.approx(busiest - backward, rel=1e-12)
-
-
-def test_engine_refuses_what_it_does_not_lower(llm_cluster):
-    """A record with a context-parallel K/V exchange (cp 2 across nodes) is one ConfigError naming cp, not an
-    engine time that silently leaves the exchange out."""
-    from mcdla.errors import ConfigError
-    from mcdla.sim.llm_lower import engine_step
-    from mcdla.workload.execution import Execution
-    from mcdla.workload.transformer import preset
-
-    cluster = llm_cluster(gpus_per_node=8, nodes=2, nvlink_bytes_per_s=100e9, network_bytes_per_s=1e9)
-    e = Execution(gpus=16, tp=8, cp=2, micro_batch=1, global_batch=2)
-    with pytest.raises(ConfigError, match=r"cp=2.*engine lowers TP/PP/DP"):
-        engine_step(preset("gpt3-175b"), e, cluster)

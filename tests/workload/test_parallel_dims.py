@@ -82,3 +82,25 @@ def test_bad_rank_and_dimension_are_one_line_errors() -> None:
         dims.groups("xp")
     with pytest.raises(ConfigError, match=r"rank: dp got 2"):
         dims.rank(dp=2)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_strided_reduction_groups_by_brute_force(shape) -> None:
+    """The gradient reduction groups as sizes and strides: ``dp cp`` ranks ``tp`` apart are the ranks whose tp and
+    pp coordinates agree; ``dp cp / ep`` ranks ``tp ep`` apart are those that also share the ep index (hold the
+    same experts), by brute force over the nested loops."""
+    dims = ParallelDims(**shape)
+    order = _nested(shape)
+    tp, cp, dp, ep = (shape.get(k, 1) for k in ("tp", "cp", "dp", "ep"))
+    for r in range(dims.world_size):
+        t, c, x, p = order[r]
+        replicas = tuple(b for b, (t2, _c2, _x2, p2) in enumerate(order) if (t2, p2) == (t, p))
+        experts = tuple(b for b in replicas if (order[b][1] + cp * order[b][2]) % ep == (c + cp * x) % ep)
+        assert dims.strided(r, dp * cp, tp) == replicas
+        assert dims.strided(r, dp * cp // ep, tp * ep) == experts
+
+
+def test_strided_groups_that_do_not_tile_the_world_are_one_line_errors() -> None:
+    with pytest.raises(ConfigError, match=r"parallel_dims.strided: got size 3, stride 1; must be integers >= 1 "
+                                          r"whose product divides the 4 ranks"):
+        ParallelDims(tp=2, dp=2).strided(0, 3, 1)

@@ -42,7 +42,10 @@ def validate_llm_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows and the summary as JSON.")] = False,
     family: Annotated[str, typer.Option(
         help="Published runs: megatron-a100 (Korthikanti Table 5, SC21 Table 1), megatron-bridge-fp8 "
-             "(Megatron-Bridge 25.11 FP8 on H100/GB200, each on its own preset) or all.")] = "megatron-a100",
+             "(Megatron-Bridge 25.11 FP8 on H100/GB200, each on its own preset), torchtitan-fsdp2 (torchtitan's "
+             "FSDP2 runs on A100 and Grand Teton H100), pytorch-fsdp (IBM fms-fsdp's FSDP runs of Llama 2), "
+             "megatron-bridge-moe (Megatron-Bridge 25.11 Qwen3 MoE) "
+             "or all.")] = "megatron-a100",
 ) -> None:
     """Predict published runs (by default Korthikanti et al. 2022 Table 5 and SC21 Table 1, 1.7B-18.4B) and print
     the error per family; then each held-out family (DeepSpeed ZeRO-3, SC21 Table 2), never fitted, with its own."""
@@ -78,11 +81,11 @@ def _prediction(step: LlmStep, record: Execution, spec: TransformerSpec, *, syst
                 peak_flops_per_s: float, offload_tier: str | None, train_tokens: float | None) -> dict[str, Any]:
     """Everything ``llm-predict`` prints, as plain data (bytes, seconds, FLOP/s): the step, the memory one GPU
     holds by kind, throughput per GPU and the time to train ``train_tokens`` tokens."""
-    kinds = {"weights": (step.weight_bytes, record.offload_weights), "gradients": (step.gradient_bytes, False),
-             "optimizer_state": (step.optimizer_bytes, record.offload_optimizer),
-             "activations": (step.activation_bytes, record.offload_activations)}
-    on_device = {k: 0.0 if off else b for k, (b, off) in kinds.items()}
-    offloaded = {k: b for k, (b, off) in kinds.items() if off}
+    kinds = {"weights": (step.weight_bytes, step.offloaded_weight_bytes), "gradients": (step.gradient_bytes, 0.0),
+             "optimizer_state": (step.optimizer_bytes, step.optimizer_bytes if record.offload_optimizer else 0.0),
+             "activations": (step.activation_bytes, step.offloaded_activation_bytes)}
+    on_device = {k: b - off for k, (b, off) in kinds.items()}
+    offloaded = {k: off for k, (b, off) in kinds.items() if off}
     tokens_per_iteration = record.global_batch * spec.seq_len
     tokens_per_s_per_gpu = tokens_per_iteration / step.iteration_s / record.gpus
     return {

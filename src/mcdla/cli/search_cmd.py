@@ -36,6 +36,23 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
+def _count_list(text: str | None, option: str) -> list[int | None] | None:
+    """A comma list of layer counts (integers >= 0, or ``all`` for every layer; None: not asked), else one line."""
+    if text is None:
+        return None
+    values: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part == "all":
+            values.append(None)
+        elif part.isdigit() and int(part) <= 2**31 - 1:
+            values.append(int(part))
+        else:
+            fail(f"{option}: got {brief(text)}; must be a comma-separated list of layer counts (integers >= 0) "
+                 "or all, e.g. all,2,4")
+    return values
+
+
 def _choice_list(text: str | None, option: str, allowed: tuple[str, ...]) -> list[str] | None:
     """A comma list of names from ``allowed`` (None: no constraint), else one line naming ``option``."""
     if text is None:
@@ -47,9 +64,17 @@ def _choice_list(text: str | None, option: str, allowed: tuple[str, ...]) -> lis
 
 
 def _offload_tag(e: Any) -> str:
+    """``act+wts+opt`` for what is offloaded, ``:N`` when only N layers of each model chunk offload theirs."""
     tags = [name for name, on in (("act", e.offload_activations), ("wts", e.offload_weights),
                                   ("opt", e.offload_optimizer)) if on]
-    return "+".join(tags) or "-"
+    count = "" if e.offload_num_layers is None else f":{e.offload_num_layers}"
+    return "+".join(tags) + count if tags else "-"
+
+
+def _recompute_tag(e: Any) -> str:
+    """The recompute choice, with ``block N`` / ``uniform N`` when a layer count is given."""
+    n = e.recompute_num_layers
+    return e.recompute if n is None else f"{e.recompute} {e.recompute_method} {n}"
 
 
 @dataclasses.dataclass
@@ -149,7 +174,7 @@ def _ranked_table(rows: list[Any], fitting: int, seq_len: int, train_tokens: flo
         table.add_row(str(i), str(e.global_batch), f"{s.iteration_s:.3f}", f"{rate:,.0f}", f"{100 * s.mfu:.1f}%",
                       *train, format_bytes(s.device_bytes), str(e.tp), str(e.pp), str(e.virtual_stages), str(e.dp),
                       str(e.cp), str(e.ep), str(e.micro_batch), "on" if e.sequence_parallel else "-", str(e.zero),
-                      e.recompute, _offload_tag(e))
+                      _recompute_tag(e), _offload_tag(e))
     return table
 
 
@@ -187,6 +212,12 @@ def search_cmd(
     zero: Annotated[Optional[str], typer.Option(help="ZeRO stages to try, of 0,1,2,3 (default: all).")] = None,
     recompute: Annotated[Optional[str], typer.Option(
         help="Recompute choices to try, of none,selective,full (default: all).")] = None,
+    recompute_layers: Annotated[Optional[str], typer.Option(
+        help="Layer counts per model chunk to try for full recompute (Megatron's block method), comma-separated, "
+             "all = every layer (default: all).")] = None,
+    offload_layers: Annotated[Optional[str], typer.Option(
+        help="Layer counts per model chunk to try for activation/weight offload, comma-separated, all = every "
+             "layer (default: all).")] = None,
     train_tokens: Annotated[Optional[str], typer.Option(
         help="Report the time to train this many tokens per row (e.g. 1T, 300G, 2e12).")] = None,
     export_megatron: Annotated[Optional[Path], typer.Option(
@@ -243,6 +274,11 @@ def search_cmd(
         narrowing["zero"] = [int(z) for z in _choice_list(zero, "--zero", ("0", "1", "2", "3")) or ()]
     if recompute is not None:
         narrowing["recompute"] = _choice_list(recompute, "--recompute", RECOMPUTE_CHOICES)
+    for option, text, key in (("--recompute-layers", recompute_layers, "recompute_layers"),
+                              ("--offload-layers", offload_layers, "offload_layers")):
+        counts = _count_list(text, option)
+        if counts is not None:
+            narrowing[key] = counts
     for name, value in (("--gpus", gpus), ("--top", top), ("--seq", seq),
                         ("--workers", workers), ("--chunk-size", chunk_size),
                         ("--max-virtual-stages", max_virtual_stages), ("--max-configurations", max_configurations),
@@ -375,14 +411,14 @@ def search_cmd(
     if reranked is not None:
         again = Table(title=f"the {len(reranked)} fastest re-ranked on the contention-aware engine")
         for column in ("#", "search #", "engine s", "analytical s", "contention s", "by link class", "tp", "pp",
-                       "v", "dp", "mb", "recompute", "offload"):
+                       "v", "dp", "cp", "ep", "mb", "recompute", "offload"):
             again.add_column(column, justify="left" if column in ("by link class", "recompute", "offload") else "right")
         for i, r in enumerate(reranked, 1):
             e, run = r.row.execution, r.engine
             classes = ", ".join(f"{cls} {sec:.3g}" for cls, sec in run.contention_by_class_s.items()) or "-"
             again.add_row(str(i), str(r.analytical_rank), f"{run.iteration_s:.3f}", f"{r.row.step.iteration_s:.3f}",
                           f"{run.contention_s:.3g}", classes, str(e.tp), str(e.pp), str(e.virtual_stages), str(e.dp),
-                          str(e.micro_batch), e.recompute, _offload_tag(e))
+                          str(e.cp), str(e.ep), str(e.micro_batch), _recompute_tag(e), _offload_tag(e))
         console.print(again)
     if out is not None:
         console.print(f"  all {valid} configurations: {out}")

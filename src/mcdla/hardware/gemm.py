@@ -22,9 +22,11 @@ of ``docs/llm.md`` "Kernel times" found none on the published runs)."""
 DEFAULT_BACKWARD_RATIO = 2.0
 """Backward over forward time of a GEMM (its dgrad and wgrad, twice the FLOPs) at the same efficiency."""
 
-DEFAULT_FP8_FRACTION = 0.76
+DEFAULT_FP8_FRACTION = 0.74
 """Fraction of the bf16 curve's efficiency an fp8 GEMM reaches against the fp8 peak: the least-squares fit on
-Megatron-Bridge's FP8 runs (``validate-llm --family megatron-bridge-fp8``, ``docs/llm.md`` "Kernel times")."""
+Megatron-Bridge 25.11's FP8 runs (``validate-llm --family megatron-bridge-fp8``; the H100 8B and GB200 70B runs
+with their recipes' partial recompute and offload) by ``python -m benchmarks.bench_llm_kernel_fit``
+(``benchmarks/RESULTS.md``, ``docs/llm.md`` "Kernel times")."""
 
 
 def _check(name: str, value: object, low: float, high: float = math.inf, low_open: bool = False) -> float:

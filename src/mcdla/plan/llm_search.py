@@ -10,9 +10,11 @@ Two steps, usable apart (``mcdla search`` and ``mcdla reproduce --modern`` share
   span nodes), PP over the divisors of what is left, DP the rest, EP from ``ep`` (default 1; inside
   ``dp x cp``, so it adds no GPUs); virtual stages over the divisors of the layer count (``pp > 1`` only);
   micro-batch sizes dividing the per-replica batch; recompute none/selective/full; SP on/off when TP > 1;
-  ZeRO 0-3; offload of activations/weights/optimizer on/off when the cluster has a second tier. Each choice
-  can be narrowed (``tp``, ``micro_batch``, ``virtual_stages``, ``sequence_parallel``, ``zero``, ``offloads``,
-  ``max_pp``, ``pp``), which is how ``reproduce --modern`` searches its grid.
+  ZeRO 0-3; offload of activations/weights/optimizer on/off when the cluster has a second tier; with
+  ``recompute_layers`` the layer counts of a partial (``block``) full recompute, with ``offload_layers`` those
+  of a partial activation/weight offload (default: every layer; NOTE [partial recompute and offload]). Each
+  choice can be narrowed (``tp``, ``micro_batch``, ``virtual_stages``, ``sequence_parallel``, ``zero``,
+  ``offloads``, ``max_pp``, ``pp``), which is how ``reproduce --modern`` searches its grid.
 * :func:`evaluate_executions` runs :func:`llm_step` (the fast path) on each in chunks, in this process
   (``backend="serial"``), a local process pool (``"process"``) or a Ray cluster (``"ray"``); the results are
   identical whatever the backend (each configuration is a pure function of its inputs, reassembled in
@@ -160,6 +162,16 @@ class _Space:
     dp_overlap: bool
     tiers: tuple[str, ...] = ("host",)
     cpu_optimizer: tuple[bool, ...] = (False,)
+    recompute_layers: tuple[int | None, ...] = (None,)
+    offload_layers: tuple[int | None, ...] = (None,)
+
+    def recompute_counts(self, recompute: str) -> tuple[int | None, ...]:
+        """The ``recompute_num_layers`` tried with one recompute choice (only ``full`` takes a count)."""
+        return self.recompute_layers if recompute == "full" else (None,)
+
+    def offload_counts(self, activations: bool, weights: bool) -> tuple[int | None, ...]:
+        """The ``offload_num_layers`` tried with one offload choice (only activations or weights take one)."""
+        return self.offload_layers if activations or weights else (None,)
 
     def variants(self, weights: bool, optimizer: bool) -> list[dict[str, Any]]:
         """The (tier, CPU optimizer) settings one offload choice is tried with, as Execution fields beyond the
@@ -173,8 +185,10 @@ class _Space:
 
     @property
     def tail(self) -> int:
-        """Candidates per structure: recompute choices x offload choices with their tier variants."""
-        return len(self.recompute) * sum(len(self.variants(w, o)) for _, w, o in self.offload_sets)
+        """Candidates per structure: recompute choices with their layer counts x offload choices with their layer
+        counts and tier variants."""
+        return (sum(len(self.recompute_counts(r)) for r in self.recompute)
+                * sum(len(self.offload_counts(a, w)) * len(self.variants(w, o)) for a, w, o in self.offload_sets))
 
 
 def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int, cp: Sequence[int] = (1,),
@@ -184,7 +198,8 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
            virtual_stages: Sequence[int] | None = None, sequence_parallel: Sequence[bool] = (False, True),
            offloads: Sequence[tuple[bool, bool, bool]] | None = None, max_pp: int | None = None,
            ep: Sequence[int] = (1,), pp: Sequence[int] | None = None, tiers: Sequence[str] = ("host",),
-           cpu_optimizer: Sequence[bool] = (False,)) -> _Space:
+           cpu_optimizer: Sequence[bool] = (False,), recompute_layers: Sequence[int | None] = (None,),
+           offload_layers: Sequence[int | None] = (None,)) -> _Space:
     """Check the search arguments (the options of :func:`enumerate_executions`) into a :class:`_Space`."""
     _positive("gpus", gpus)
     _positive("global_batch", global_batch)
@@ -217,6 +232,12 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
     for cpu in cpu_optimizer:
         if not isinstance(cpu, bool):
             raise ConfigError(f"search.cpu_optimizer: got {brief(cpu)}; must be true or false")
+    for name, counts in (("recompute_layers", recompute_layers), ("offload_layers", offload_layers)):
+        if not counts:
+            raise ConfigError(f"search.{name}: got none; must list layer counts (integers >= 0) or all")
+        for n in counts:
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+                raise ConfigError(f"search.{name}: got {brief(n)}; must be an integer >= 0 or all (None)")
     no_tier = cluster.offload is None
     use_offload = not no_tier if offload is None else offload
     tried = tuple(offloads) if offloads is not None else OFFLOAD_CHOICES
@@ -227,7 +248,9 @@ def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: 
                   max_pp=max_pp, pp_only=pp_only, v_choices=v_choices, v_one=v_only is None or 1 in v_only,
                   sp_tp=tuple(dict.fromkeys(sequence_parallel)), zero=tuple(zero), recompute=tuple(recompute),
                   offload_sets=tried if use_offload else _OFFLOAD_OFF, no_tier=no_tier, dp_overlap=dp_overlap,
-                  tiers=tuple(tiers), cpu_optimizer=tuple(cpu_optimizer))
+                  tiers=tuple(tiers), cpu_optimizer=tuple(cpu_optimizer),
+                  recompute_layers=tuple(dict.fromkeys(recompute_layers)),
+                  offload_layers=tuple(dict.fromkeys(offload_layers)))
 
 
 def _structures(cluster: Cluster, sp: _Space) -> Iterator[tuple[int, int, int, int, tuple[int, ...], list[int]]]:
@@ -282,11 +305,19 @@ def iter_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, globa
                         continue
                     for r in sp.recompute:
                         for act, wts, opt in sp.offload_sets:
-                            for variant in sp.variants(wts, opt):
-                                e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
-                                              offload_weights=wts, offload_optimizer=opt, **variant)
+                            for rn, on, variant in itertools.product(sp.recompute_counts(r),
+                                                                     sp.offload_counts(act, wts),
+                                                                     sp.variants(wts, opt)):
+                                try:
+                                    e = Execution(**base, recompute=r, offload_activations=act,  # type: ignore[arg-type]
+                                                  offload_weights=wts, offload_optimizer=opt,
+                                                  recompute_num_layers=rn, offload_num_layers=on, **variant)
+                                except ConfigError as exc:  # both layer counts at once
+                                    rejected[_reason(str(exc))] += 1
+                                    continue
+                                counted = rn is not None or on is not None
                                 why = (execution_rejection(spec, e, cluster)
-                                       if (sp.no_tier and (act or wts or opt)) or variant else None)
+                                       if (sp.no_tier and (act or wts or opt)) or variant or counted else None)
                                 if why is not None:
                                     rejected[_reason(why)] += 1
                                 else:
@@ -305,7 +336,10 @@ def enumerate_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, 
     without), ``offloads`` as (activations, weights, optimizer) switches in the order to try, ``pp`` depths,
     and ``max_pp`` the deepest pipeline. ``tiers`` (``host``, ``nvme``) are tried for every candidate that
     offloads weights or optimizer state, and ``cpu_optimizer`` settings (ZeRO-Offload's Adam on the CPU) for every
-    one that offloads optimizer state; the defaults keep the host tier and the GPU's Adam.
+    one that offloads optimizer state; the defaults keep the host tier and the GPU's Adam. ``recompute_layers``
+    (layer counts per model chunk, None = every layer) are tried for every ``full`` recompute (Megatron's
+    ``block`` method), ``offload_layers`` for every candidate that offloads activations or weights; a count past
+    a chunk's layers, or both counts at once, is a rejected candidate.
     """
     rejected: Counter[str] = Counter()
     valid = tuple(iter_executions(spec, cluster, gpus=gpus, global_batch=global_batch, rejected=rejected, **space))

@@ -12,7 +12,11 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   ``--seq-length``.
 - ``recompute``: ``selective`` is ``--recompute-granularity selective`` (the attention core); ``full`` is
   ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` (every layer from its
-  input).
+  input); with ``recompute_num_layers`` N, ``--recompute-method block|uniform --recompute-num-layers N`` (block
+  with N = 0 recomputes nothing and writes no recompute argument).
+- ``offload_num_layers`` N with ``offload_activations``: ``--cpu-offloading-num-layers N``, where Megatron-Core
+  accepts it: ``0 < N < layers``, no pipeline parallelism, no recomputation, weights kept (its
+  ``cpu_offloading_weights`` has no argument); otherwise a ``#`` note says which condition fails.
 - ``zero``: 1 is ``--use-distributed-optimizer`` (optimizer state sharded over the data-parallel group); 2 is
   the same argument, the nearest Megatron has (its distributed optimizer reduce-scatters gradients but keeps a
   full gradient buffer); 3 is ``--use-torch-fsdp2``.
@@ -22,7 +26,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   ``delayed``.
 
 Not expressible in Megatron-LM's arguments, written as ``#`` comment lines of the file: offloading
-activations, weights or optimizer state to a second memory tier, and ZeRO-2's sharded gradient buffer.
+activations of every layer, weights or optimizer state to a second memory tier, and ZeRO-2's sharded gradient
+buffer.
 
 torchtitan (``[job]``-style TOML sections):
 
@@ -36,10 +41,15 @@ torchtitan (``[job]``-style TOML sections):
   rank runs per optimizer step with a pipeline (``global_batch / dp``, split into micro-batches by the
   schedule) and the micro-batch without one (torchtitan then accumulates ``global_batch / (micro_batch * dp)``
   gradient steps); ``mixed_precision_param`` ``bfloat16`` (or ``float32`` for fp32).
-- ``[activation_checkpoint]`` ``mode``: ``none``, ``selective`` (``selective_ac_option = "op"``) or ``full``.
+- ``[activation_checkpoint]`` ``mode``: ``none``, ``selective`` (``selective_ac_option = "op"``) or ``full``;
+  ``block`` recompute of N of a model chunk's ``L`` layers is ``selective`` with ``selective_ac_option = "f"``,
+  torchtitan's checkpoint of every f-th layer of each model part (its counter restarts with each part's
+  ``apply_ac``), for an ``f`` with ``floor(L / f) = N`` (the same number of layers, spread over the chunk instead
+  of its first N; a ``#`` note says so, and says when no ``f`` exists).
 - fp8: ``[model] converters = ["float8"]`` with ``[float8] recipe_name = "tensorwise"``.
 
-Not expressible in torchtitan's TOML, written as ``#`` comments: offloading to a second tier, sequence
+Not expressible in torchtitan's TOML, written as ``#`` comments: offloading to a second tier (by layer count or
+not), ``uniform`` recompute groups of more than one layer (written as ``full``), sequence
 parallelism off with TP > 1 (torchtitan's TP always shards the norms along the sequence), ZeRO-1's replicated
 gradients, fp8 delayed scaling, and ``dp_overlap`` off (FSDP2 always overlaps its reduce-scatter); torchtitan's
 selective checkpointing saves chosen ops' outputs, not exactly Megatron's attention-core recompute.
@@ -56,7 +66,43 @@ __all__ = ["megatron_args", "megatron_file", "torchtitan_toml"]
 def _offload_notes(e: Execution) -> list[str]:
     kinds = [k for k, on in (("activations", e.offload_activations), ("weights", e.offload_weights),
                              ("optimizer state", e.offload_optimizer)) if on]
-    return [f"offloads {', '.join(kinds)} to the second memory tier"] if kinds else []
+    if not kinds:
+        return []
+    count = "" if e.offload_num_layers is None else f" (activations/weights of the first {e.offload_num_layers} " \
+                                                    "layers of each model chunk)"
+    return [f"offloads {', '.join(kinds)} to the second memory tier{count}"]
+
+
+def _megatron_recompute(e: Execution) -> list[str]:
+    """``--recompute-*`` arguments (module docstring)."""
+    if e.recompute == "selective":
+        return ["--recompute-granularity", "selective"]
+    if e.recompute != "full":
+        return []
+    if e.recompute_num_layers is None:
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if e.recompute_method == "block" and e.recompute_num_layers == 0:
+        return []
+    return ["--recompute-granularity", "full", "--recompute-method", e.recompute_method,
+            "--recompute-num-layers", str(e.recompute_num_layers)]
+
+
+def _megatron_offload(e: Execution, spec: TransformerSpec) -> tuple[list[str], list[str]]:
+    """``--cpu-offloading-num-layers`` where Megatron-Core accepts the count (module docstring), and the notes."""
+    n = e.offload_num_layers
+    if n is None or not e.offload_activations:
+        return [], _offload_notes(e)
+    why = [text for text, bad in (
+        (f"Megatron-Core needs 0 < cpu_offloading_num_layers < {spec.layers}", not 0 < n < spec.layers),
+        ("Megatron-Core refuses CPU offloading with pipeline parallelism", e.pp > 1),
+        ("Megatron-Core refuses CPU offloading with recomputation", e.recompute != "none"))
+        if bad]
+    if why:
+        return [], [f"{_offload_notes(e)[0]}: {'; '.join(why)}"]
+    rest = [k for k, on in (("weights", e.offload_weights), ("optimizer state", e.offload_optimizer)) if on]
+    notes = [f"offloads {', '.join(rest)} to the second memory tier (--cpu-offloading-num-layers moves activations "
+             "only)"] if rest else []
+    return ["--cpu-offloading-num-layers", str(n)], notes
 
 
 def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[list[str], list[str]]:
@@ -71,11 +117,9 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
         args.append("--tp-comm-overlap")
     args += ["--micro-batch-size", str(e.micro_batch), "--global-batch-size", str(e.global_batch),
              "--seq-length", str(spec.seq_len)]
-    if e.recompute == "selective":
-        args += ["--recompute-granularity", "selective"]
-    elif e.recompute == "full":
-        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    notes = _offload_notes(e)
+    args += _megatron_recompute(e)
+    offload, notes = _megatron_offload(e, spec)
+    args += offload
     if e.zero in (1, 2):
         args.append("--use-distributed-optimizer")
         if e.zero == 2:
@@ -109,6 +153,31 @@ def _toml_value(value: object) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _torchtitan_checkpoint(e: Execution, spec: TransformerSpec) -> tuple[dict[str, object], list[str]]:
+    """The ``[activation_checkpoint]`` table (module docstring) and the notes on what it does not express."""
+    n = e.recompute_num_layers
+    if e.recompute == "selective":
+        return {"mode": "selective", "selective_ac_option": "op"}, []
+    if e.recompute != "full" or n is None:
+        return {"mode": e.recompute}, []
+    if e.recompute_method == "uniform":
+        notes = [] if n == 1 else [f"uniform recompute in groups of {n} layers: written as full (every layer)"]
+        return {"mode": "full"}, notes
+    layers = spec.layers // (e.pp * e.virtual_stages)  # one model chunk's (a layer count needs an even split)
+    if n == 0:
+        return {"mode": "none"}, []
+    if n == layers:
+        return {"mode": "full"}, []
+    every = [f for f in range(1, layers + 1) if layers // f == n]
+    if not every:
+        return {"mode": "full"}, [f"block recompute of {n} of each model chunk's {layers} layers: no every-f-th-layer "
+                                  f"count gives {n}, written as full"]
+    f = every[0]
+    return ({"mode": "selective", "selective_ac_option": str(f)},
+            [f"block recompute of the first {n} layers of each model chunk: torchtitan checkpoints every {f}-th "
+             f"layer of it instead ({layers // f} layers, spread over the chunk)"])
+
+
 def torchtitan_toml(e: Execution, spec: TransformerSpec, precision: str) -> str:
     """A torchtitan job TOML for ``e`` (module docstring), the unexpressed fields as ``#`` comments."""
     notes = _offload_notes(e)
@@ -134,9 +203,8 @@ def torchtitan_toml(e: Execution, spec: TransformerSpec, precision: str) -> str:
         "local_batch_size": e.global_batch // e.dp if e.pp > 1 else e.micro_batch,
         "global_batch_size": e.global_batch, "seq_len": spec.seq_len,
         "mixed_precision_param": "float32" if precision == "fp32" else "bfloat16"}
-    checkpoint: dict[str, object] = {"mode": e.recompute}
-    if e.recompute == "selective":
-        checkpoint["selective_ac_option"] = "op"
+    checkpoint, recompute_notes = _torchtitan_checkpoint(e, spec)
+    notes += recompute_notes
     sections: list[tuple[str, dict[str, object]]] = [("parallelism", parallelism), ("training", training),
                                                      ("activation_checkpoint", checkpoint)]
     if precision == "fp8":

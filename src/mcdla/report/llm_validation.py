@@ -24,6 +24,9 @@ A second family, ``megatron-bridge-fp8`` (:data:`BRIDGE_FP8_RUNS`): Megatron-Bri
 (tokens/s/GPU x GPUs)``. Every unpublished field is stated in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused
 attention), ``precision="fp8"``.
 
+Three more families, each record with its source and choices, live in :mod:`mcdla.report.llm_validation_runs`
+(``torchtitan-fsdp2``, ``pytorch-fsdp``, ``megatron-bridge-moe``) and are registered in :data:`FAMILIES`.
+
 Held out (:data:`HELD_OUT_FAMILIES`, reported apart, never fitted): DeepSpeed ZeRO-3 on DGX A100, SC21 Table 2
 (:data:`ZERO3_SC21_RUNS`), with ZeRO-3 as run (per-layer gathers and reduce-scatters).
 """
@@ -37,6 +40,8 @@ from rich.table import Table
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster, load_cluster
+from mcdla.report.llm_records import MeasuredRun
+from mcdla.report.llm_validation_runs import SOURCED_FAMILIES
 from mcdla.sim.llm import LlmStep, llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, hardware_flops_per_iteration, preset
@@ -47,21 +52,6 @@ __all__ = ["MeasuredRun", "ValidationRow", "RUNS", "BRIDGE_FP8_RUNS", "FAMILIES"
 
 VALIDATION_SYSTEM = "dgx-a100"
 """The preset the published runs ran on (Selene: DGX A100 80 GB nodes on HDR InfiniBand)."""
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MeasuredRun:
-    """A published run: model, execution and the measured seconds per iteration with their source."""
-
-    name: str
-    model: str
-    execution: Execution
-    measured_s: float
-    source: str
-    system: str = "dgx-a100"
-    precision: str = "bf16"
-    choices: str = ""
-    family: str = "megatron-a100"
-
 
 def _korthikanti(model: str, tp: int, pp: int, batch: int, mb: int, v: int, full_s: float, sel_s: float,
                  ) -> list[MeasuredRun]:
@@ -100,6 +90,8 @@ RUNS: tuple[MeasuredRun, ...] = (
 
 
 _BRIDGE = "Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Megatron-Bridge), FP8-CS, seq 8192"
+_RECIPES = ("Megatron-Bridge v0.2.1, the 25.11 container's, scripts/performance/configs/llama3/"
+            "workload_base_configs.py and utils/helpers.py")
 _BRIDGE_COMMON = ("distributed optimizer (Megatron-Bridge's recipes: use_distributed_optimizer) as ZeRO-1, "
                   "or FSDP=1 as ZeRO-3; flash attention; no dp_overlap")
 
@@ -124,16 +116,21 @@ def _bridge(system: str, model: str, gpus: int, gbs: int, tokens_per_s_per_gpu: 
 
 
 BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
-    _bridge("dgx-h100", "llama3-8b", 8, 128, 14451, "FSDP=1 -> zero=3 over dp 8; the recipe's recompute of 5 of "
-            "32 layers is not expressible and left out (recompute=none)", dp=8, zero=3, micro_batch=1),
+    _bridge("dgx-h100", "llama3-8b", 8, 128, 14451, "FSDP=1 -> zero=3 over dp 8; full recompute of the first 5 "
+            f"of the 32 layers, recompute_method block, recompute_num_layers 5 ({_RECIPES}: "
+            "LLAMA3_8B_H100_FP8_CS_BASE_CONFIG recompute_num_layers=5, which set_recompute_overrides turns into "
+            "recompute_granularity full, recompute_method block)", dp=8, zero=3, micro_batch=1, recompute="full",
+            recompute_method="block", recompute_num_layers=5),
     _bridge("dgx-h100", "llama3-70b", 64, 128, 1602, "TP4 PP8 VP5 -> dp 2, zero=1; sequence_parallel and "
             "tp_comm_overlap on (the Llama 3 70B recipe's)", tp=4, pp=8, dp=2, virtual_stages=5,
             sequence_parallel=True, zero=1, micro_batch=1, tp_comm_overlap=True),
     _bridge("gb200-nvl72", "llama3-8b", 8, 128, 31508, "FSDP=0 -> zero=1 over dp 8; CUDA graphs not modelled",
             dp=8, zero=1, micro_batch=2),
-    _bridge("gb200-nvl72", "llama3-70b", 64, 256, 4312, "FSDP=1 -> zero=3 over dp 64; the recipe offloads 40 "
-            "of 80 layers' activations to Grace memory, taken as offload_activations (all layers)",
-            dp=64, zero=3, micro_batch=2, offload_activations=True),
+    _bridge("gb200-nvl72", "llama3-70b", 64, 256, 4312, "FSDP=1 -> zero=3 over dp 64; activations of the first "
+            f"40 of the 80 layers offloaded to Grace memory, weights kept, offload_num_layers 40 ({_RECIPES}: "
+            "LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG cpu_offloading_num_layers=40, which set_recompute_overrides "
+            "turns into cpu_offloading on, cpu_offloading_weights off)",
+            dp=64, zero=3, micro_batch=2, offload_activations=True, offload_num_layers=40),
     _bridge("dgx-h100", "llama3-405b", 1024, 512, 292, f"TP8 PP8 CP2 VP8 -> dp 8, zero=1; {_SPLIT_405B}",
             tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **_RECIPE_405B),
     _bridge("b200", "llama3-405b", 128, 64, 661, f"TP4 PP8 CP2 VP8 -> dp 2, zero=1; {_SPLIT_405B}",
@@ -144,8 +141,10 @@ BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
             tp=2, pp=8, cp=2, dp=8, virtual_stages=4, **_RECIPE_405B),
 )
 
-FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS}
-"""The validation families by name: the published A100 Megatron-LM runs and Megatron-Bridge's FP8 runs."""
+FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS,
+                                                 **SOURCED_FAMILIES}
+"""The validation families by name: the published A100 Megatron-LM runs, Megatron-Bridge's FP8 runs and the
+families of :mod:`mcdla.report.llm_validation_runs` (torchtitan FSDP2, PyTorch FSDP, Megatron-Bridge MoE)."""
 
 
 def family_runs(family: str) -> tuple[MeasuredRun, ...]:

@@ -16,7 +16,10 @@ NOTE [time model] (also ``docs/llm.md``):
   its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``: NOTE [flash
   attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x.
-  Recompute adds a forward (``full``) or the attention core with its softmax and dropout (``selective``).
+  Recompute adds a forward (``full``) or the attention core with its softmax and dropout (``selective``); with
+  ``recompute_num_layers`` (and ``offload_num_layers``) a layer's figures are the mean over its model chunk of
+  the recomputed (offloaded) and the plain layers (NOTE [partial recompute and offload] in
+  :mod:`mcdla.workload.layer_counts`).
 * Tensor parallelism: two all-reduces of the layer's ``b s h`` activation per forward and two per backward
   (with sequence parallelism an all-gather plus a reduce-scatter, the same ring traffic), on the TP group's
   dimensions (the NVLink domain, in-network where the switch reduces);
@@ -65,11 +68,12 @@ from dataclasses import asdict, dataclass, replace
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
-from mcdla.sim.llm_cp import cp_exchange
+from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
 from mcdla.sim.llm_floor import link_floors
-from mcdla.sim.llm_moe import ParamGroup, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
+from mcdla.sim.llm_moe import ParamGroup, all_to_all_bytes, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
+from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
                                         attention_bwd_flops_ratio, flash_attention_bytes, fp8_cast_bytes_per_layer,
@@ -191,9 +195,15 @@ class LlmStep:
     optimizer_bytes: float
     """Optimizer state: master weights and both Adam moments."""
     activation_bytes: float
-    """Activations saved for backward by the micro-batches in flight."""
+    """Activations saved for backward by the micro-batches in flight (with ``uniform`` recompute, plus one
+    group's while it recomputes)."""
     cp_comm_s: float = 0.0
     ep_comm_s: float = 0.0
+    offloaded_activation_bytes: float = 0.0
+    """The part of ``activation_bytes`` in the second tier (all of it but a ``uniform`` group's, or
+    ``offload_num_layers``' share)."""
+    offloaded_weight_bytes: float = 0.0
+    """The part of ``weight_bytes`` in the second tier (the stored copy, or ``offload_num_layers``' layers)."""
     contention_s: float = 0.0
     """Time the shared links add over the same iteration on idle links (the per-link floor's stretch, NOTE [link
     floor]; counted inside ``offload_s``, not a separate part of the sum)."""
@@ -437,6 +447,8 @@ class StageCosts:
     layer_cp_bwd_s: float = 0.0  # and in its backward (+ the recomputed attention's)
     layer_ep_fwd_s: float = 0.0  # MoE all-to-alls in one (mean) layer's forward
     layer_ep_bwd_s: float = 0.0  # and in its backward (+ the recomputed forward's with full recompute)
+    recomputed_share: float = 0.0  # share of the layers fully recomputed (the TP calls their backward repeats)
+    layer_attention_fwd_s: float = 0.0  # the attention core's forward in one layer (what a CP ring send overlaps)
 
     @property
     def layer_comm_fwd_s(self) -> float:
@@ -526,18 +538,24 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd
     layer_bwd = (gemm_bwd_ratio * gemm_f + 2 * block_f + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd
                  + cast_bwd)
-    layer_recompute = {"none": 0.0, "selective": attn_f + core_fwd, "full": layer_fwd}[e.recompute]
+    shares = layer_shares(e, spec)
+    full = shares.recomputed  # the mean layer of a chunk under partial recompute (NOTE [partial recompute and offload])
+    if e.recompute == "full":
+        layer_recompute = full * layer_fwd
+    else:
+        layer_recompute = attn_f + core_fwd if e.recompute == "selective" else 0.0
     cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)
     ep_fwd, ep_bwd = ep_all_to_all_s(spec, e, cluster)
 
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
     tp_one = _tp_allreduce_s(cluster, layout, e.sequence_parallel, act_bytes)
-    tp_fwd = 2 * tp_one
-    tp_bwd = 2 * tp_one + (2 * tp_one if e.recompute == "full" else 0.0)
+    tp_fwd, tp_bwd_plain, tp_bwd_full = 2 * tp_one, 2 * tp_one, 4 * tp_one
     if e.tp_comm_overlap:
         # each collective overlaps the GEMM it pairs with (userbuffers): hidden up to the GEMMs' time
         tp_fwd = max(0.0, tp_fwd - gemm_f)
-        tp_bwd = max(0.0, tp_bwd - gemm_bwd_ratio * gemm_f - (gemm_f if e.recompute == "full" else 0.0))
+        tp_bwd_plain = max(0.0, tp_bwd_plain - gemm_bwd_ratio * gemm_f)
+        tp_bwd_full = max(0.0, tp_bwd_full - gemm_bwd_ratio * gemm_f - gemm_f)
+    tp_bwd = full * tp_bwd_full + (1.0 - full) * tp_bwd_plain if full else tp_bwd_plain
 
     split_layers = stage_layers(e, spec)
     n_layers = max(split_layers)
@@ -550,11 +568,11 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     act_stage = n_layers * _activation_bytes(spec, e, prec)
     groups = _param_groups(spec, e)
     if e.offload_activations:
-        move = act_stage / offload_bytes_per_s
+        move = shares.offloaded * act_stage / offload_bytes_per_s
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * (layer_bwd + layer_recompute))
     if e.offload_weights:  # under ZeRO-3 each rank fetches its shard, the all-gathers bring the rest
-        stored = _sharded(groups, e, e.zero >= 3)
+        stored = _offloaded_weight_params(spec, e, groups, n_layers)
         move = prec.element_bytes * stored / tier_bytes_per_s(cluster, e.offload_tier)[1]
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * layer_bwd)
@@ -593,7 +611,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         offload_bwd_s=off_bwd, fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=optimizer,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec),
-        layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd)
+        layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
+        recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd)
 
 
 def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
@@ -604,9 +623,38 @@ def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
 
 
 def _activation_bytes(spec: TransformerSpec, e: Execution, prec: Precision) -> float:
-    """One layer's stashed bytes per micro-batch on one rank under ``e`` and ``prec``."""
-    return activation_bytes_per_layer(spec, e.micro_batch, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
-                                      recompute=e.recompute, attention=e.attention, fp8_gemm_inputs=prec.fp8)
+    """One (mean) layer's stashed bytes per micro-batch on one rank under ``e`` and ``prec``: with a recompute
+    count, the chunk's stored inputs and its plain layers' activations over its layers (NOTE [partial recompute
+    and offload])."""
+    def per_layer(recompute: str) -> float:
+        return activation_bytes_per_layer(spec, e.micro_batch, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
+                                          recompute=recompute, attention=e.attention,  # type: ignore[arg-type]
+                                          fp8_gemm_inputs=prec.fp8)
+    if e.recompute_num_layers is None:
+        return per_layer(e.recompute)
+    shares = layer_shares(e, spec)
+    return shares.stored_inputs * per_layer("full") + (1.0 - shares.recomputed) * per_layer("none")
+
+
+def _recompute_group_bytes(spec: TransformerSpec, e: Execution, prec: Precision) -> float:
+    """Activations ``uniform`` recompute holds beyond full recompute's while one group runs its backward: the
+    group's other ``N - 1`` layers' (one micro-batch; full recompute's one live layer is not counted either)."""
+    if e.recompute_num_layers is None or e.recompute_method != "uniform":
+        return 0.0
+    plain = activation_bytes_per_layer(spec, e.micro_batch, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
+                                       recompute="none", attention=e.attention, fp8_gemm_inputs=prec.fp8)
+    return (layer_shares(e, spec).group - 1) * plain
+
+
+def _offloaded_weight_params(spec: TransformerSpec, e: Execution, groups: tuple[ParamGroup, ...],
+                             n_layers: int) -> float:
+    """Parameters of the rank's stored weights that ``offload_weights`` keeps in the second tier: all of them
+    (its shard under ZeRO-3), or with ``offload_num_layers`` only those layers' (NOTE [partial recompute and
+    offload])."""
+    if e.offload_num_layers is None:
+        return _sharded(groups, e, e.zero >= 3)
+    layers = layer_shares(e, spec).offloaded * n_layers
+    return layers * _sharded(_layer_groups(spec, e), e, e.zero >= 3)
 
 
 def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, mode: str = "fast",
@@ -680,6 +728,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
     n_layers = c.layers_per_stage
     groups = _param_groups(spec, e)
     act_stage = n_layers * _activation_bytes(spec, e, prec)
+    offloaded_share = layer_shares(e, spec).offloaded
     dp_exposed, optimizer = c.dp_exposed_s, c.optimizer_s
     model_flops = model_flops_per_iteration(spec, e.global_batch)
 
@@ -689,8 +738,9 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         per_layer = act_stage / n_layers
         activations = per_layer * max(n * min(m, e.pp - s) * in_flight / min(m, e.pp)
                                       for s, n in enumerate(c.stage_layers))
+    group_bytes = _recompute_group_bytes(spec, e, prec)
     weight_bytes = prec.element_bytes + prec.fp8_weight_bytes  # with Transformer Engine's fp8 copy
-    weights = stored_weights = weight_bytes * _sharded(groups, e, e.zero >= 3)
+    weights = weight_bytes * _sharded(groups, e, e.zero >= 3)
     grads = prec.element_bytes * _sharded(groups, e, e.zero >= 2)
     if e.zero >= 3:  # the layer computing and the ones prefetched, whole, with their gradients
         gathered = min(e.fsdp_prefetch + 1, n_layers) * sum(g.params for g in _layer_groups(spec, e))
@@ -698,9 +748,11 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         grads += prec.element_bytes * gathered
     opt = prec.optimizer_bytes * _sharded(groups, e, e.zero >= 1)
     # offloaded weights: the stored copy (the shard); the gathered layers are in HBM while they compute
-    on_tier = (stored_weights if e.offload_weights else 0.0) + (opt if e.offload_optimizer else 0.0)
-    offloaded = (activations if e.offload_activations else 0.0) + on_tier
-    device_bytes = activations + weights + grads + opt - offloaded
+    offloaded_weights = weight_bytes * _offloaded_weight_params(spec, e, groups, n_layers)
+    on_tier = (offloaded_weights if e.offload_weights else 0.0) + (opt if e.offload_optimizer else 0.0)
+    offloaded_activations = offloaded_share * activations if e.offload_activations else 0.0
+    offloaded = offloaded_activations + on_tier
+    device_bytes = activations + group_bytes + weights + grads + opt - offloaded
     pool_bytes = 0.0 if cluster.offload is None else cluster.offload.pool_bytes
     in_pool = offloaded - (on_tier if e.offload_tier == "nvme" else 0.0)
     nvme = cluster.nvme
@@ -718,7 +770,8 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         optimizer_s=optimizer,
         offload_s=offload_s,
         model_flops=model_flops,
-        hardware_flops=hardware_flops_per_iteration(spec, e.global_batch, e.recompute, attention=e.attention),
+        hardware_flops=hardware_flops_per_iteration(spec, e.global_batch, e.recompute, attention=e.attention,
+                                                    recompute_share=layer_shares(e, spec).recomputed),
         mfu=model_flops / (e.gpus * flops_per_s * iteration),
         device_bytes=device_bytes,
         offloaded_bytes=offloaded,
@@ -726,9 +779,11 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         weight_bytes=weights,
         gradient_bytes=grads,
         optimizer_bytes=opt,
-        activation_bytes=activations,
+        activation_bytes=activations + group_bytes,
         cp_comm_s=cp_comm_s,
         ep_comm_s=ep_comm_s,
+        offloaded_activation_bytes=offloaded_activations,
+        offloaded_weight_bytes=offloaded_weights if e.offload_weights else 0.0,
     )
 
 
@@ -742,7 +797,15 @@ class RankTraffic:
     ``weight_bytes``: the rank's stored weights (its shard under ZeRO-3; fetched for each forward and backward
     when offloaded);
     ``optimizer_bytes``: its optimizer-state shard (crosses the offload link twice per step); ``gradient_bytes``:
-    the buffer of the data-parallel reduction.
+    the buffer of the data-parallel reduction, ``gradient_groups`` the same bytes by reduction group, ``(bytes,
+    size, stride)`` each (:func:`~mcdla.sim.llm_moe.rank_param_groups`: the dense gradients over the ``dp x cp``
+    replicas, the routed experts' over the ``dp cp / ep`` ranks holding them); ``offload_activation_bytes`` and
+    ``offload_weight_bytes``: what ``offload_activations`` and ``offload_weights`` move per micro-batch (all of
+    ``stage_activation_bytes`` and ``weight_bytes``, or ``offload_num_layers``' share of them); ``kv_block_bytes``:
+    one layer's K/V block a context-parallel rank exchanges (:func:`~mcdla.sim.llm_cp.kv_block_bytes`);
+    ``all_to_all_bytes``: one MoE dispatch's (or combine's) send buffer
+    (:func:`~mcdla.sim.llm_moe.all_to_all_bytes`), run ``moe_layer_share`` times per mean layer (the share of the
+    model's layers that are MoE layers).
     """
 
     activation_bytes: float
@@ -751,6 +814,12 @@ class RankTraffic:
     weight_bytes: float
     optimizer_bytes: float
     gradient_bytes: float
+    offload_activation_bytes: float = 0.0
+    offload_weight_bytes: float = 0.0
+    gradient_groups: tuple[tuple[float, int, int], ...] = ()
+    kv_block_bytes: float = 0.0
+    all_to_all_bytes: float = 0.0
+    moe_layer_share: float = 0.0
 
 
 def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = DEFAULT_PRECISION) -> RankTraffic:
@@ -762,9 +831,18 @@ def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = D
     act = spec.bytes_per_element * e.micro_batch * spec.seq_len / e.cp * spec.hidden
     groups = _param_groups(spec, e)
     params_rank = _stage_params(spec, e)
+    n_layers = max(stage_layers(e, spec))
+    stage_act = n_layers * _activation_bytes(spec, e, prec)
     return RankTraffic(
         activation_bytes=act, p2p_bytes=act / e.tp,
-        stage_activation_bytes=max(stage_layers(e, spec)) * _activation_bytes(spec, e, prec),
+        stage_activation_bytes=stage_act,
         weight_bytes=prec.element_bytes * _sharded(groups, e, e.zero >= 3),
         optimizer_bytes=prec.optimizer_bytes * _sharded(groups, e, e.zero >= 1),
-        gradient_bytes=prec.element_bytes * params_rank)
+        gradient_bytes=prec.element_bytes * params_rank,
+        offload_activation_bytes=layer_shares(e, spec).offloaded * stage_act if e.offload_activations else 0.0,
+        offload_weight_bytes=(prec.element_bytes * _offloaded_weight_params(spec, e, groups, n_layers)
+                              if e.offload_weights else 0.0),
+        kv_block_bytes=kv_block_bytes(spec, e.micro_batch, tp=e.tp, cp=e.cp) if e.cp > 1 else 0.0,
+        gradient_groups=tuple((prec.element_bytes * g.params, g.size, g.stride) for g in groups),
+        all_to_all_bytes=all_to_all_bytes(spec, e) if e.ep > 1 and spec.moe_layers else 0.0,
+        moe_layer_share=spec.moe_layers / spec.layers)

@@ -10,8 +10,10 @@ NOTE [context parallel exchange] (also ``docs/llm.md``):
   elements (:func:`kv_block_bytes`).
 * ``cp_comm="p2p"`` (Transformer Engine's ring, Megatron-Core's default): the forward runs ``cp`` attention
   steps, one per block, and sends the K/V block on around the ring ``cp - 1`` times, each send overlapped with
-  the attention of the block it already holds. A send crosses the slowest dimension of the ring (the
-  outermost one the group spans) at the point-to-point cost ``a + n / B``. Causal attention is load balanced
+  the attention of the block it already holds. Every dimension the group spans carries some of the ring's
+  hops, and the ranks step together, so the slowest hop paces every step: a send costs the largest
+  point-to-point cost ``a + n / B`` over those dimensions (the outermost one on a real fabric, where the
+  network is slower than NVLink). Causal attention is load balanced
   as Megatron does it (the sequence cut into ``2 cp`` chunks, rank ``i`` holding chunks ``i`` and
   ``2 cp - 1 - i``), which gives every step the same share of the rank's attention: ``attention / cp``. So
   the exposed time is ``(cp - 1) max(0, send - attention / cp)`` in forward. The backward sends K/V and their
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.workload.execution import Execution
+from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
@@ -61,7 +64,7 @@ def cp_exchange(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     dims = cluster.group_dims(e.cp, layout.stride("cp"))
     block = kv_block_bytes(spec, e.micro_batch, tp=e.tp, cp=e.cp)
     if e.cp_comm == "p2p":
-        send = p2p_time(block, dims[-1])
+        send = max(p2p_time(block, d) for d in dims)  # the slowest hop paces the ring
         step_compute = attention_fwd_s / e.cp
         fwd_comm, fwd_exposed = (e.cp - 1) * send, (e.cp - 1) * max(0.0, send - step_compute)
         bwd_comm, bwd_exposed = 2 * fwd_comm, 2 * fwd_exposed
@@ -69,6 +72,7 @@ def cp_exchange(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         gathered = e.cp * block
         fwd_comm = fwd_exposed = collective_time("all-gather", gathered, dims)
         bwd_comm = bwd_exposed = fwd_comm + collective_time("reduce-scatter", gathered, dims)
-    if e.recompute != "none":
-        bwd_comm, bwd_exposed = bwd_comm + fwd_comm, bwd_exposed + fwd_exposed
+    again = layer_shares(e, spec).attention_recomputed  # the recomputed attentions' exchange, in backward
+    if again:
+        bwd_comm, bwd_exposed = bwd_comm + again * fwd_comm, bwd_exposed + again * fwd_exposed
     return CpExchange(fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm, fwd_exposed_s=fwd_exposed, bwd_exposed_s=bwd_exposed)

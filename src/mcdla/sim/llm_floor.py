@@ -18,7 +18,14 @@ Per micro-batch and phase (forward, backward), one GPU of a stage moves, each wa
   port's bandwidth), and the pipeline sends and receives when neighbouring
   stages share a node;
 * ``scale-out``: the pipeline's ``v`` sends and ``v`` receives per phase when neighbouring stages are on other
-  nodes.
+  nodes;
+* context parallelism: the ring's K/V sends and receives (``cp - 1`` per layer in the forward, ``2 (cp - 1)``
+  in the backward, ``cp - 1`` more with a recomputed attention) on the class of the CP group's outermost
+  dimension (a GPU whose hop leaves the node sends them through its NIC), or the all-gathers and
+  reduce-scatter per fabric dimension;
+  expert parallelism: the all-to-alls' bytes per fabric dimension of the EP group (NOTE [collective closed
+  forms]: the traffic whose highest differing level is that dimension), ``2`` per mean MoE layer in the
+  forward, ``2`` (``4`` with full recompute) in the backward.
 
 A resource crossed by ``g`` GPUs of the node, each sending the fraction ``f`` of a class through it, is busy
 ``bytes g f / capacity`` per class (NOTE [symmetric closed form] in :mod:`mcdla.hardware.traffic`); a link's two
@@ -27,7 +34,7 @@ its busiest resource's; :func:`mcdla.sim.llm.llm_step` stretches a stage's micro
 stretch as exposed offload.
 
 The data-parallel reduction runs once per iteration. Overlapped with the last backward (``dp_overlap``), it shares
-that backward's resources: its bytes (per fabric dimension of the DP group, :func:`reduction_bytes`) join the
+that backward's resources: its bytes (per fabric dimension of each reduction group, :func:`reduction_bytes`) join the
 backward's, and what the busiest resource then needs beyond the backward's closed-form time is the least the
 reduction exposes (``LinkFloors.dp_exposed_s``; a DGX H100's x16 carries the prefetch and the NIC's all-reduce).
 """
@@ -64,8 +71,7 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         got[1] += inward
 
     if cluster.offload is not None:
-        act = traffic.stage_activation_bytes if e.offload_activations else 0.0
-        weights = traffic.weight_bytes if e.offload_weights else 0.0
+        act, weights = traffic.offload_activation_bytes, traffic.offload_weight_bytes
         add("forward", "offload", act, weights)
         add("backward", "offload", 0.0, act + weights)
     layout = ParallelDims.of(e)
@@ -73,7 +79,7 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
     if dims:
         kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
         per_call_bytes = traffic.activation_bytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds)
-        for phase, calls in (("forward", 2), ("backward", 4 if e.recompute == "full" else 2)):
+        for phase, calls in (("forward", 2.0), ("backward", 2 + 2 * costs.recomputed_share)):
             tp_bytes = costs.layers_per_stage * calls * per_call_bytes
             add(phase, "scale-up", tp_bytes, tp_bytes)
     if e.pp > 1:
@@ -81,6 +87,27 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         within = layout.stride("pp") < cluster.gpus_per_node and cluster.scale_up is not None
         for phase in ("forward", "backward"):
             add(phase, "scale-up" if within else "scale-out", sends, sends)
+    n, recomputes = costs.layers_per_stage, e.recompute != "none"
+    calls: list[tuple[str, str, float, tuple[FabricDim, ...]]] = []  # (phase, kind, bytes, dimensions)
+    if e.cp > 1:
+        dims = cluster.group_dims(e.cp, layout.stride("cp"))
+        if e.cp_comm == "p2p":
+            for phase, steps in (("forward", e.cp - 1), ("backward", (e.cp - 1) * (3 if recomputes else 2))):
+                ring = n * steps * traffic.kv_block_bytes
+                add(phase, _dim_class(cluster, dims[-1]), ring, ring)
+        else:
+            gathered = n * e.cp * traffic.kv_block_bytes
+            calls += [("forward", "all-gather", gathered, dims),
+                      ("backward", "all-gather", gathered * (2 if recomputes else 1), dims),
+                      ("backward", "reduce-scatter", gathered, dims)]
+    if e.ep > 1 and traffic.all_to_all_bytes:
+        dims = cluster.group_dims(e.ep, layout.stride("ep"))
+        per_layer = n * traffic.moe_layer_share * traffic.all_to_all_bytes
+        calls += [("forward", "all-to-all", 2 * per_layer, dims),
+                  ("backward", "all-to-all", (4 if e.recompute == "full" else 2) * per_layer, dims)]
+    for phase, kind, nbytes, dims in calls:
+        for cls, moved_bytes in _dims_bytes(cluster, kind, nbytes, dims).items():
+            add(phase, cls, moved_bytes, moved_bytes)
     return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
 
 
@@ -126,10 +153,11 @@ def _busiest_s(cluster: Cluster, moved: dict[str, tuple[float, float]]) -> float
 
 
 def _phase_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
-    """The closed form's time of one micro-batch's forward and backward on a stage."""
+    """The closed form's time of one micro-batch's forward and backward on a stage (its layers' compute and
+    TP, CP and EP communication, the pipeline transfers, the exposed offload)."""
     c, n, v = costs, costs.layers_per_stage, execution.virtual_stages
-    return {"forward": n * (c.layer_fwd_s + c.layer_tp_fwd_s) + v * c.p2p_s + c.offload_fwd_s,
-            "backward": n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_tp_bwd_s) + v * c.p2p_s
+    return {"forward": n * (c.layer_fwd_s + c.layer_comm_fwd_s) + v * c.p2p_s + c.offload_fwd_s,
+            "backward": n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_comm_bwd_s) + v * c.p2p_s
             + c.offload_bwd_s}
 
 
@@ -142,18 +170,29 @@ def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traf
 
 
 def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic) -> dict[str, float]:
-    """Bytes one GPU moves each way per traffic class in the data-parallel reduction: per fabric dimension of
-    the DP group, the bandwidth term of its collectives (their time less their time at twice the bandwidth,
-    doubled) times the dimension's bandwidth."""
-    e = execution
-    layout = ParallelDims.of(e)
-    dims = cluster.group_dims(layout.dp, layout.stride("dp"))
+    """Bytes one GPU moves each way per traffic class in the data-parallel reduction: per reduction group
+    (:attr:`~mcdla.sim.llm.RankTraffic.gradient_groups`) and fabric dimension it spans, the all-reduce's bytes
+    there (:func:`_dims_bytes`)."""
     moved: dict[str, float] = {}
+    for nbytes, size, stride in traffic.gradient_groups:
+        for cls, got in _dims_bytes(cluster, "all-reduce", nbytes, cluster.group_dims(size, stride)).items():
+            moved[cls] = moved.get(cls, 0.0) + got
+    return moved
+
+
+def _dim_class(cluster: Cluster, dim: FabricDim) -> str:
+    """The traffic class of a fabric dimension: ``scale-up`` for the NVLink domain, ``scale-out`` beyond."""
     up = cluster.scale_up
-    for i, dim in enumerate(dims):
-        cls = "scale-up" if up is not None and dim.name == up.name else "scale-out"
-        per_byte = _level_bytes_per_byte("all-reduce", dims)[i]
-        moved[cls] = moved.get(cls, 0.0) + traffic.gradient_bytes * per_byte
+    return "scale-up" if up is not None and dim.name == up.name else "scale-out"
+
+
+def _dims_bytes(cluster: Cluster, kind: str, nbytes: float, dims: tuple[FabricDim, ...]) -> dict[str, float]:
+    """Bytes one GPU moves each way per traffic class in a ``kind`` collective of ``nbytes`` on ``dims``: per
+    dimension, the bandwidth term of the collective (:func:`_level_bytes_per_byte`) in that dimension's class."""
+    moved: dict[str, float] = {}
+    for dim, per_byte in zip(dims, _level_bytes_per_byte(kind, dims) if dims else ()):
+        cls = _dim_class(cluster, dim)
+        moved[cls] = moved.get(cls, 0.0) + nbytes * per_byte
     return moved
 
 
@@ -195,7 +234,7 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     by_phase = class_bytes_per_micro_batch(e, cluster, costs, traffic)
     stage = sum(max(phase_s[phase], _busiest_s(cluster, by_phase[phase])) for phase in phase_s)
     dp_exposed = 0.0
-    if e.dp_overlap and e.dp > 1 and e.zero < 3:  # ZeRO-3's reduction is per layer (fsdp_comm_s)
+    if e.dp_overlap and e.dp * e.cp > 1 and e.zero < 3:  # ZeRO-3's reduction is per layer (fsdp_comm_s)
         moved = dict(by_phase["backward"])
         for cls, nbytes in reduction_bytes(e, cluster, traffic).items():
             out, inward = moved.get(cls, (0.0, 0.0))

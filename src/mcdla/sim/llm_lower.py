@@ -8,13 +8,15 @@ the cost source of the analytical model, so the two differ only in how the links
 
 NOTE [LLM lowering]
 
-* Ranks: one pipeline, the TP x CP ranks of every stage of data-parallel replica 0, in Megatron's rank order
-  (:class:`~mcdla.workload.parallel_dims.ParallelDims`). The other ``dp - 1`` replicas run the same program at
-  the same time. Those on the rank's node are folded into it with their devices as mirrors (NOTE [folded
+* Ranks: one pipeline, the TP x CP ranks of every stage of data-parallel replica 0 (of the replicas that hold
+  whole EP groups when an EP group leaves the replica, NOTE [CP and EP lowering] in
+  :mod:`mcdla.sim.llm_lower_cpep`), in Megatron's rank order
+  (:class:`~mcdla.workload.parallel_dims.ParallelDims`). The other replicas run the same program at the same
+  time. Those on the rank's node are folded into it with their devices as mirrors (NOTE [folded
   ranks]), so the node's other GPUs, PCIe switches, host memory and memory-node links carry their traffic;
   those on other nodes share no finite resource with it (every GPU has its own rail into a non-blocking
   scale-out switch; pools are per node) and are left out. Should replicas straddle nodes unevenly, all
-  ``dp`` are folded. Only the nodes that hold a simulated rank or a mirror are expanded (the nodes are
+  of them are folded. Only the nodes that hold a simulated rank or a mirror are expanded (the nodes are
   identical), each rank on its GPU slot of its node.
 * Each rank runs :func:`mcdla.sim.llm_ranks.pipeline_order`. One chunk's forward of one micro-batch is: wait
   for the input (a :class:`~mcdla.sim.ir.Recv` from the previous stage; a rank posts all its receives up front,
@@ -25,7 +27,9 @@ NOTE [LLM lowering]
   all-reduces (all-gather + reduce-scatter with sequence parallelism) of ``n`` layers as one collective of
   ``2 n`` times the bytes, the latency terms of the ``2 n - 1`` others charged with the compute they are spread
   over (a collective's closed form is its bytes' term plus a latency, so this is exact on an idle fabric), then
-  the send of the activation to the next stage. A backward is the same with the backward compute (and the
+  the send of the activation to the next stage. Context and expert parallelism add their work between the
+  compute and the TP collectives: the ring's K/V sends beside the attention steps or the CP all-gathers, and
+  the MoE all-to-alls (NOTE [CP and EP lowering]). A backward is the same with the backward compute (and the
   recomputation), ``2 n`` collectives (``4 n`` with full recomputation) and the gradient sent back.
 * Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
   while its backward runs; with ``offload_weights`` the chunk's weights are fetched for each forward and each
@@ -37,16 +41,15 @@ NOTE [LLM lowering]
   0) the rank is held for the transfer's time, as the analytical model charges every forward and backward one
   transfer.
 * ``replicas="all"`` (``"auto"`` up to :data:`ALL_REPLICAS_UP_TO` GPUs) simulates every replica instead, unfolded,
-  and runs the data-parallel reduction as collectives on the DP group's fabric dimensions (an all-reduce of the
-  gradients, ZeRO-1/2 moving the same bytes; ZeRO-3's once-per-iteration collectives): after the rank's
-  pipeline, or with ``dp_overlap`` from the start of its last backward, sharing the links with it. With one
-  pipeline (``"fold"``) the replicas on other nodes have no programs, so a rank runs the reduction's exposed
-  part by its closed form (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer state
-  (from the node's drives on the ``nvme`` tier), runs the Adam step and writes the state back; with
-  ``cpu_optimizer`` its gradients go out, the CPU's Adam runs and the parameters come back (NOTE [ZeRO
-  lowering]).
-* CP adds no traffic of its own: the cost source splits the compute over ``tp * cp`` and prices no ring
-  exchange.
+  and runs the data-parallel reduction as collectives, one all-reduce per parameter group on its reduction
+  group's fabric dimensions (the ``dp x cp`` replicas, the ``dp cp / ep`` holding the same experts; ZeRO-1/2
+  move the same bytes; ZeRO-3's once-per-iteration collectives instead, NOTE [ZeRO lowering]): after the
+  rank's pipeline, or with ``dp_overlap`` from the start of its last backward, sharing the links with it (so
+  the backward's collectives, not only its compute, run beside it). With one pipeline (``"fold"``) the
+  replicas on other nodes have no programs, so a rank runs the reduction's exposed part by its closed form
+  (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer state (from the node's drives on
+  the ``nvme`` tier), runs the Adam step and writes the state back; with ``cpu_optimizer`` its gradients go
+  out, the CPU's Adam runs and the parameters come back (NOTE [ZeRO lowering]).
 
 On an idle fabric the programs take the per-rank schedule's time (:func:`mcdla.sim.llm_ranks.simulate_ranks`)
 whenever the offload is hidden by the compute; an exposed offload is shorter here, since the TP collectives
@@ -62,11 +65,13 @@ from dataclasses import dataclass, field
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.hardware.model import Link, LinkKind, Switch, System
-from mcdla.sim.collective_models import Collective, collective_time
+from mcdla.sim.collective_models import Collective
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
 from mcdla.sim.ir_engine import execute
 from mcdla.sim.llm import (DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, precision_of, rank_traffic,
                            stage_costs, zero3_traffic)
+from mcdla.sim.llm_lower_cpep import (PassExchange, batched_collectives, gradient_collectives, pass_exchanges,
+                                      replica_unit)
 from mcdla.sim.llm_lower_zero import (FsdpOps, NvmeMemories, fsdp_chunk, fsdp_ops, nvme_rejection, step_ops, uses_nvme,
                                       with_nvme, zero3_step_collectives)
 from mcdla.sim.llm_ranks import pipeline_order
@@ -169,56 +174,41 @@ class _RankBuilder:
         return op.name
 
 
-def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbytes: float, count: int,
+def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbytes: float, count: float,
                     ) -> list[tuple[Collective, float]]:
-    """``count`` TP all-reduces (or all-gather + reduce-scatter pairs) of ``nbytes`` as collectives of ``count``
-    times the bytes, each with what the ``count`` calls take beyond the one (their latency terms, NOTE [LLM
-    lowering])."""
-    if len(group) == 1 or count == 0:
-        return []
+    """``count`` TP all-reduces (or all-gather + reduce-scatter pairs) of ``nbytes``, batched
+    (:func:`~mcdla.sim.llm_lower_cpep.batched_collectives`, NOTE [LLM lowering])."""
     layout = ParallelDims.of(e)
-    dims = cluster.group_dims(layout.tp, layout.stride("tp"))
-    levels = tuple(d.size for d in dims)
-    algs = tuple(d.algorithm for d in dims)
     kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
-    return [(Collective(kind=k, nbytes=count * nbytes, group=group, levels=levels, algorithm=algs),
-             max(0.0, count * collective_time(k, nbytes, dims) - collective_time(k, count * nbytes, dims)))
-            for k in kinds]
+    return batched_collectives(kinds, nbytes, count, group, cluster.group_dims(layout.tp, layout.stride("tp")))
 
 
-def _dp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], traffic: RankTraffic,
-                    ) -> list[Collective]:
-    """The data-parallel reduction of one rank's gradients as :func:`mcdla.sim.llm.stage_costs` prices it: an
-    all-reduce on the DP group's fabric dimensions (ZeRO-1/2 move the same bytes; ZeRO-3's are
-    :func:`~mcdla.sim.llm_lower_zero.zero3_step_collectives`)."""
-    if len(group) == 1:
-        return []
-    layout = ParallelDims.of(e)
-    dims = cluster.group_dims(layout.dp, layout.stride("dp"))
-    levels, algs = tuple(d.size for d in dims), tuple(d.algorithm for d in dims)
-    return [Collective(kind="all-reduce", nbytes=traffic.gradient_bytes, group=group, levels=levels, algorithm=algs)]
-
-
-def _folded_peers(e: Execution, layout: ParallelDims, k: int, simulated: Sequence[int], every: bool,
+def _folded_peers(e: Execution, layout: ParallelDims, k: int, simulated: Sequence[int], unit: int,
                   ) -> tuple[dict[int, list[int]], int]:
-    """The replicas each simulated rank stands for and the fold: those that share its node (the others share no
-    finite resource with it), or all ``dp`` when replicas straddle nodes unevenly; none with every replica
-    simulated."""
-    stride = layout.stride("dp")
-    peers = {r: [] if every else [r + d * stride for d in range(1, e.dp) if (r + d * stride) // k == r // k]
-             for r in simulated}
+    """The replicas each simulated rank stands for, ``unit`` replicas being simulated, and the fold: those that
+    share its node (the others share no finite resource with it), or all of them when replicas straddle nodes
+    unevenly; none with every replica simulated."""
+    step = unit * layout.stride("dp")
+    peers = {r: [r + d * step for d in range(1, e.dp // unit) if (r + d * step) // k == r // k] for r in simulated}
     fold = 1 + len(peers[simulated[0]])
     if any(len(ps) != fold - 1 for ps in peers.values()):  # replicas straddle nodes unevenly: fold them all
-        peers = {r: [r + d * stride for d in range(1, e.dp)] for r in simulated}
-        fold = e.dp
+        peers = {r: [r + d * step for d in range(1, e.dp // unit)] for r in simulated}
+        fold = e.dp // unit
     return peers, fold
 
 
-def _nvme_unlowered(e: Execution, cluster: Cluster, every: bool) -> str | None:
-    """Why the NVMe tier of ``e`` cannot be lowered on ``cluster`` (sized for ``e``), or None."""
+def _simulated(e: Execution, layout: ParallelDims, unit: int) -> list[int]:
+    """The ranks of the first ``unit`` replicas, replica by replica, stage by stage, in Megatron's order."""
+    return [layout.rank(tp=t, cp=x, dp=d, pp=s) for d in range(unit) for s in range(e.pp) for x in range(e.cp)
+            for t in range(e.tp)]
+
+
+def _nvme_unlowered(e: Execution, cluster: Cluster, unit: int) -> str | None:
+    """Why the NVMe tier of ``e`` cannot be lowered on ``cluster`` (sized for ``e``) with ``unit`` replicas
+    simulated, or None."""
     layout, k = ParallelDims.of(e), cluster.gpus_per_node
-    simulated = [layout.rank(tp=t, cp=x, dp=0, pp=s) for s in range(e.pp) for x in range(e.cp) for t in range(e.tp)]
-    peers, _fold = _folded_peers(e, layout, k, simulated, every)
+    simulated = _simulated(e, layout, unit)
+    peers, _fold = _folded_peers(e, layout, k, simulated, unit)
     if any(g // k != r // k for r in simulated for g in peers[r]):
         return (f"execution.offload_tier: got 'nvme' with the replicas of a rank on other nodes (dp={e.dp}, "
                 f"{k} GPUs per node); the engine folds the NVMe tier within a node only: use replicas='all' or "
@@ -226,24 +216,20 @@ def _nvme_unlowered(e: Execution, cluster: Cluster, every: bool) -> str | None:
     return nvme_rejection(cluster)
 
 
-def _unlowered(e: Execution, c: StageCosts) -> str | None:
-    """Why the engine cannot lower ``e`` (its traffic would be left out), in one line; None when it can."""
-    if e.cp > 1 or e.ep > 1 or c.layer_ep_fwd_s or c.layer_ep_bwd_s:
-        return (f"execution: got cp={e.cp}, ep={e.ep}; the engine lowers TP/PP/DP only (no context-parallel "
-                "K/V exchange or expert all-to-all yet): use the analytical model for this record")
-    return None
+def _unit(e: Execution, replicas: str) -> int:
+    """How many replicas :func:`lower` simulates: every one (``all``, or ``auto`` up to
+    :data:`ALL_REPLICAS_UP_TO` GPUs) or the fewest that hold whole EP groups."""
+    every = replicas == "all" or (replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO)
+    return e.dp if every else replica_unit(e)  # NOTE [CP and EP lowering]
 
 
 def lowering_rejection(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
                        precision: str = DEFAULT_PRECISION, replicas: str = "auto") -> str | None:
     """The one-line reason :func:`lower` refuses ``execution`` (with ``replicas``), or None when the engine lowers
     it (ConfigError as :func:`stage_costs` for a record the model itself refuses)."""
-    why = _unlowered(execution, stage_costs(spec, execution, cluster, precision=precision))
-    if why is None and uses_nvme(execution):
-        e = execution
-        why = _nvme_unlowered(e, cluster.for_gpus(e.gpus), replicas == "all" or (
-            replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO))
-    return why
+    e = execution
+    stage_costs(spec, e, cluster, precision=precision)
+    return _nvme_unlowered(e, cluster.for_gpus(e.gpus), _unit(e, replicas)) if uses_nvme(e) else None
 
 
 def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, precision: str = DEFAULT_PRECISION,
@@ -256,9 +242,6 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     e = execution
     every = replicas == "all" or (replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO)
     c = stage_costs(spec, e, cluster, precision=precision)
-    why = _unlowered(e, c)
-    if why is not None:
-        raise ConfigError(why)
     traffic = rank_traffic(spec, e, precision)
     cluster = cluster.for_gpus(e.gpus)
     layout = ParallelDims.of(e)
@@ -268,9 +251,10 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     def rank(t: int, x: int, s: int, d: int = 0) -> int:
         return layout.rank(tp=t, cp=x, dp=d, pp=s)
 
-    replica_ids = range(e.dp) if every else range(1)
-    simulated = [rank(t, x, s, d) for d in replica_ids for s in range(p) for x in range(e.cp) for t in range(e.tp)]
-    peers, fold = _folded_peers(e, layout, k, simulated, every)
+    unit = _unit(e, replicas)
+    replica_ids = range(unit)
+    simulated = _simulated(e, layout, unit)
+    peers, fold = _folded_peers(e, layout, k, simulated, unit)
     used = sorted({g // k for r in simulated for g in (r, *peers[r])})
     system = _nics_behind_pcie(cluster, cluster.with_nodes(len(used)).expand() if cluster.scale_out is not None
                                else cluster.expand())
@@ -282,12 +266,11 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
 
     nvme: NvmeMemories | None = None
     if uses_nvme(e):
-        why = _nvme_unlowered(e, cluster, every)
+        why = _nvme_unlowered(e, cluster, unit)
         if why is not None:
             raise ConfigError(why)
         system, nvme = with_nvme(cluster, system)
     zero3 = zero3_traffic(spec, e, precision_of(precision).element_bytes) if e.zero >= 3 else None
-
     programs: list[RankProgram] = []
     mirrors: dict[int, tuple[str, ...]] = {}
     for d in replica_ids:
@@ -295,18 +278,24 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
             order = pipeline_order(p, m, v, s)
             for x in range(e.cp):
                 group = tuple(rank(t, x, s, d) for t in range(e.tp))
+                sizes = set(c.chunk_layers[s])  # layers of the stage's chunks (one size unless the split is uneven)
                 colls = {(n, forward): _tp_collectives(e, cluster, group, traffic.activation_bytes,
-                                                       (2 if forward or e.recompute != "full" else 4) * n)
-                         for n in set(c.chunk_layers[s]) for forward in (True, False)}
+                                                       (2 if forward else 2 + 2 * c.recomputed_share) * n)
+                         for n in sizes for forward in (True, False)}
                 for t in range(e.tp):
                     r = rank(t, x, s, d)
                     pool = system.pools.get(device(r), ())
-                    dp_colls = None if not every else (zero3_step_collectives(cluster, zero3, r) if zero3 is not None
-                                                       else _dp_collectives(e, cluster, layout.group("dp", r), traffic))
+                    if not every:
+                        dp_colls = None
+                    elif zero3 is not None:
+                        dp_colls = zero3_step_collectives(e, cluster, zero3, r)
+                    else:
+                        dp_colls = gradient_collectives(e, cluster, traffic, r)
+                    exchanges = {n: pass_exchanges(e, cluster, c, traffic, r, n) for n in sizes}
                     fsdp = fsdp_ops(e, cluster, zero3, r, collectives=every) if zero3 is not None else None
                     weights_from = (nvme.of(device(r))[0],) if nvme is not None else pool
-                    ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, weights_from, colls, dp_colls, fsdp,
-                                    peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
+                    ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, weights_from, colls, dp_colls, exchanges,
+                                    fsdp, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
                     ops += step_ops(e, cluster, system, device(r), pool, tail=ops[-1].name,
                                     last_backward=_last_backward_waits(ops), optimizer_bytes=traffic.optimizer_bytes,
                                     optimizer_s=c.optimizer_s, precision=precision, nvme=nvme)
@@ -346,13 +335,14 @@ def _receives(s: int, p: int, m: int, v: int) -> list[tuple[int, str]]:
 def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v: int, c: StageCosts,
               e: Execution, traffic: RankTraffic, pool: Sequence[str], weights_from: Sequence[str],
               colls: dict[tuple[int, bool], list[tuple[Collective, float]]], dp_colls: list[Collective] | None,
-              fsdp: FsdpOps | None, *, peer: Callable[[int], int]) -> list[Op]:
+              exchanges: dict[int, tuple[PassExchange, PassExchange]], fsdp: FsdpOps | None, *,
+              peer: Callable[[int], int]) -> list[Op]:
     """The ops of rank ``r`` on stage ``s`` up to its optimizer step (NOTE [LLM lowering]); ``peer(stage)``: the
     same TP x CP slot there; ``weights_from``: the memories offloaded weights are fetched from; ``colls``: the TP
     collectives of a chunk of ``n`` layers by ``(n, forward)``; ``dp_colls``: the data-parallel reduction as
-    collectives, or None to run its closed-form exposed time; ``fsdp``: ZeRO-3's per-layer ops, or None."""
+    collectives, or None to run its closed-form exposed time; ``exchanges``: the CP and EP work of a forward and a
+    backward pass of ``n`` layers (NOTE [CP and EP lowering]); ``fsdp``: ZeRO-3's per-layer ops, or None."""
     b = _RankBuilder(r)
-    per_layer_bytes = traffic.stage_activation_bytes / c.layers_per_stage
     recv_of: dict[str, str] = {}
     last_backward = next((mb, ch) for forward, mb, ch in reversed(order) if not forward)
     reduce_waits: tuple[str, ...] = ()
@@ -361,31 +351,38 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
     for forward, mb, ch in order:
         tag = _tag(forward, mb, ch)
         n = c.chunk_layers[s][ch]
+        share = n / c.layers_per_stage  # of the (largest) stage's copies
         last_chunk = s == p - 1 and ch == v - 1
         dst = _links(s, p, v, forward, ch)[1]
         waits = tuple(w for w in (b.last, *b.copies, recv_of.get(tag)) if w)
         chunk_colls = colls[(n, forward)]
+        exchange = exchanges[n][0 if forward else 1]
         layer_s = c.layer_fwd_s if forward else c.layer_bwd_s + c.layer_recompute_s
         other_s = (c.last_fwd_s if forward else c.last_bwd_s) if last_chunk else 0.0
-        other_s += sum(lat for _coll, lat in chunk_colls)  # the other calls' latencies, spread over the layers
+        # the other calls' latencies; ring attention moved out of the layers into the ring steps
+        other_s += sum(lat for _coll, lat in chunk_colls) + exchange.compute_s
         if dp_colls and e.dp_overlap and not forward and (mb, ch) == last_backward:  # starts with the last backward
             reduce_waits = tuple(waits)
         if fsdp is None:
             compute = b.add(Compute(name=f"compute-{tag}", seconds=n * layer_s + other_s, waits=tuple(waits)))
-        else:
-            compute = fsdp_chunk(b.ops, tag, waits, n, layer_s, other_s, fsdp, backward=not forward)
+        else:  # a negative rest (the ring's attention) comes off the layers
+            spread = min(0.0, other_s) / n
+            compute = fsdp_chunk(b.ops, tag, waits, n, layer_s + spread, max(0.0, other_s), fsdp,
+                                 backward=not forward)
         copies: list[str] = []
         moves: list[tuple[type[Offload] | type[Prefetch], float, Sequence[str]]] = []
         if e.offload_activations:
-            moves.append((Offload if forward else Prefetch, n * per_layer_bytes, pool))
+            moves.append((Offload if forward else Prefetch, share * traffic.offload_activation_bytes, pool))
         if e.offload_weights:
-            moves.append((Prefetch, traffic.weight_bytes / v, weights_from))
+            moves.append((Prefetch, traffic.offload_weight_bytes / v, weights_from))
         for j, (kind, nbytes, memories) in enumerate(moves):
             for mem in memories:
                 copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem,
                                          nbytes=nbytes / len(memories), stream=f"{kind.__name__.lower()}{j}-{mem}",
                                          waits=tuple(waits))))
         done = compute
+        for op in exchange.ops(tag, compute):
+            done = b.add(op)
         for i, (coll, _latency_s) in enumerate(chunk_colls):
             done = b.add(CollectiveOp(name=f"tp{i}-{tag}", collective=coll, waits=(done,)))
         b.copies = copies

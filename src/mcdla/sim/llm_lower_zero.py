@@ -46,6 +46,7 @@ from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch
 from mcdla.sim.llm import ShardCollective, Zero3Traffic, precision_of
 from mcdla.sim.llm_offload import cpu_adam_s
 from mcdla.workload.execution import Execution
+from mcdla.workload.parallel_dims import ParallelDims
 
 __all__ = ["FsdpOps", "NvmeMemories", "fsdp_ops", "fsdp_chunk", "zero3_step_collectives", "step_ops", "uses_nvme",
            "nvme_rejection", "with_nvme"]
@@ -61,12 +62,11 @@ class FsdpOps:
     prefetch: int
 
 
-def _collective(c: ShardCollective, cluster: Cluster, rank: int) -> Collective:
-    """``c`` as the collective of ``rank``'s group (``c.size`` ranks ``c.stride`` apart, as
-    :meth:`~mcdla.workload.parallel_dims.ParallelDims.group` numbers them)."""
-    first = rank - ((rank // c.stride) % c.size) * c.stride
+def _collective(c: ShardCollective, e: Execution, cluster: Cluster, rank: int) -> Collective:
+    """``c`` as the collective of ``rank``'s group (``c.size`` ranks ``c.stride`` apart,
+    :meth:`~mcdla.workload.parallel_dims.ParallelDims.strided`)."""
     dims = cluster.group_dims(c.size, c.stride)
-    return Collective(kind=c.kind, nbytes=c.nbytes, group=tuple(first + i * c.stride for i in range(c.size)),
+    return Collective(kind=c.kind, nbytes=c.nbytes, group=ParallelDims.of(e).strided(rank, c.size, c.stride),
                       levels=tuple(d.size for d in dims), algorithm=tuple(d.algorithm for d in dims))
 
 
@@ -77,15 +77,15 @@ def _alone_s(c: ShardCollective, cluster: Cluster) -> float:
 def fsdp_ops(e: Execution, cluster: Cluster, traffic: Zero3Traffic, rank: int, *, collectives: bool) -> FsdpOps:
     """The per-layer ops of :class:`FsdpOps` for ``rank`` (NOTE [ZeRO lowering])."""
     def one(c: ShardCollective) -> Collective | float:
-        return _collective(c, cluster, rank) if collectives else _alone_s(c, cluster)
+        return _collective(c, e, cluster, rank) if collectives else _alone_s(c, cluster)
 
     return FsdpOps(gathers=tuple(one(c) for c in traffic.gathers if c.size > 1),
                    reduces=tuple(one(c) for c in traffic.reduces if c.size > 1), prefetch=e.fsdp_prefetch)
 
 
-def zero3_step_collectives(cluster: Cluster, traffic: Zero3Traffic, rank: int) -> list[Collective]:
+def zero3_step_collectives(e: Execution, cluster: Cluster, traffic: Zero3Traffic, rank: int) -> list[Collective]:
     """ZeRO-3's once-per-iteration reduction of ``rank`` as collectives (NOTE [ZeRO lowering])."""
-    return [_collective(c, cluster, rank) for c in traffic.step]
+    return [_collective(c, e, cluster, rank) for c in traffic.step]
 
 
 def _op(name: str, item: Collective | float, waits: tuple[str, ...]) -> Op:

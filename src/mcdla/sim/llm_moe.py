@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time
 from mcdla.workload.execution import Execution
+from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
@@ -53,7 +54,8 @@ def all_to_all_bytes(spec: TransformerSpec, execution: Execution) -> float:
 
 def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluster) -> tuple[float, float]:
     """The all-to-all time of one mean layer's forward and backward (seconds, per micro-batch): two
-    all-to-alls per MoE layer each way, two more in backward with full recomputation, weighted by the share of
+    all-to-alls per MoE layer each way, two more in backward with full recomputation (in the recomputed share
+    of the layers, NOTE [partial recompute and offload]), weighted by the share of
     MoE layers (the mean layer, as the FLOP counts are). Zero without expert parallelism."""
     e = execution
     if e.ep == 1 or spec.moe_layers == 0:
@@ -61,7 +63,7 @@ def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluste
     layout = ParallelDims.of(e)
     dims = cluster.group_dims(e.ep, layout.stride("ep"))
     one = collective_time("all-to-all", all_to_all_bytes(spec, e), dims) * spec.moe_layers / spec.layers
-    return 2 * one, (4 if e.recompute == "full" else 2) * one
+    return 2 * one, (2 + 2 * layer_shares(e, spec).recomputed) * one
 
 
 def capacity_extra_flops(spec: TransformerSpec, execution: Execution) -> float:

@@ -30,10 +30,13 @@ from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, field_path
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
 
-__all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "Execution", "check_execution", "chunk_layers", "stage_layers",
-           "execution_from_dict", "load_execution", "execution_to_dict"]
+__all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "RECOMPUTE_METHODS", "Execution", "check_execution", "chunk_layers",
+           "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_METHODS = ("block", "uniform")
+"""Megatron-LM's ``--recompute-method`` with a layer count (NOTE [partial recompute and offload] in
+:mod:`mcdla.workload.layer_counts`)."""
 OFFLOAD_TIERS = ("host", "nvme")
 """Second tiers offloaded state can live in: host memory (ZeRO-Offload) or NVMe (ZeRO-Infinity)."""
 OffloadTier = Literal["host", "nvme"]
@@ -59,6 +62,12 @@ class Execution:
         zero: ZeRO stage over the DP group: 0 none, 1 optimizer state, 2 + gradients, 3 + weights (FSDP).
         micro_batch: samples per micro-batch; global_batch: samples per iteration over all replicas.
         recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input).
+        recompute_method, recompute_num_layers: with ``full``, Megatron-LM's ``--recompute-method block|uniform
+            --recompute-num-layers N`` per model chunk (:mod:`mcdla.workload.layer_counts`); None recomputes
+            every layer from its own input.
+        offload_num_layers: with ``offload_activations`` or ``offload_weights``, only the first N layers of each
+            model chunk offload theirs (Megatron-Core/Transformer Engine's ``--cpu-offloading-num-layers``);
+            None offloads every layer's.
         offload_activations, offload_weights, offload_optimizer: keep these in the second memory tier.
         dp_overlap: overlap the gradient reduction with backward (else it runs after the last backward).
         attention: ``flash`` (fused FlashAttention-2, no stored scores) or ``materialized`` (the ``s x s``
@@ -113,6 +122,9 @@ class Execution:
     ep: int = 1
     capacity_factor: float = 1.0
     cp_comm: Literal["p2p", "all_gather"] = "p2p"
+    recompute_method: Literal["block", "uniform"] = "block"
+    recompute_num_layers: int | None = None
+    offload_num_layers: int | None = None
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -148,6 +160,7 @@ class Execution:
             raise ConfigError(f"execution.fp8_scaling: got {brief(self.fp8_scaling)}; "
                               f"must be one of {', '.join(FP8_SCALINGS)}")
         self._check_zero_options()
+        self._check_layer_counts()
         for name in ("layers_first_stage", "layers_last_stage"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -197,6 +210,26 @@ class Execution:
         if self.delayed_param_update and not self.cpu_optimizer:
             raise ConfigError("execution.delayed_param_update: got true with cpu_optimizer=false; the delayed "
                               "update overlaps the CPU's Adam step, set cpu_optimizer")
+
+    def _check_layer_counts(self) -> None:
+        """Partial recompute and offload: counts >= 0 (>= 1 for ``uniform``), each only with what it counts."""
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            raise ConfigError(f"execution.recompute_method: got {brief(self.recompute_method)}; must be one of "
+                              f"{', '.join(RECOMPUTE_METHODS)}")
+        low = 1 if self.recompute_method == "uniform" else 0
+        for name, least in (("recompute_num_layers", low), ("offload_num_layers", 0)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= {least} or absent")
+        if self.recompute_num_layers is not None and self.recompute != "full":
+            raise ConfigError(f"execution.recompute_num_layers: got {self.recompute_num_layers} with recompute="
+                              f"{self.recompute}; it counts fully recomputed layers, needs recompute=full")
+        if self.offload_num_layers is not None and not (self.offload_activations or self.offload_weights):
+            raise ConfigError(f"execution.offload_num_layers: got {self.offload_num_layers} with neither "
+                              "offload_activations nor offload_weights; it counts offloaded layers")
+        if self.offload_num_layers is not None and self.recompute_num_layers is not None:
+            raise ConfigError("execution.offload_num_layers: got it with recompute_num_layers; Megatron-LM refuses "
+                              "CPU offloading with recomputation, choose one layer count")
 
     @property
     def shard_ranks(self) -> int:
@@ -291,6 +324,10 @@ def check_execution(execution: Execution, spec: TransformerSpec) -> None:
     ``cp`` (and over ``tp`` with sequence parallelism), the experts over ``ep``."""
     e = execution
     stage_layers(e, spec)
+    if e.recompute_num_layers is not None or e.offload_num_layers is not None:
+        from mcdla.workload.layer_counts import layer_shares  # built on this module's chunk_layers
+
+        layer_shares(e, spec)
     if e.ep > 1 and (spec.experts == 1 or spec.experts % e.ep):
         raise ConfigError(f"execution.ep: got {e.ep}; must divide the {spec.experts} experts of {spec.name}"
                           + (" (a dense model: ep must be 1)" if spec.experts == 1 else ""))
@@ -344,6 +381,9 @@ class _ExecutionFile(BaseModel):
     ep: int = Field(default=1, ge=1, le=_MAX_COUNT)
     capacity_factor: float = Field(default=1.0, gt=0, le=1000.0)  # 1000 pads past any expert count's need
     cp_comm: Literal["p2p", "all_gather"] = "p2p"
+    recompute_method: Literal["block", "uniform"] = "block"
+    recompute_num_layers: int | None = Field(default=None, ge=0, le=_MAX_COUNT)
+    offload_num_layers: int | None = Field(default=None, ge=0, le=_MAX_COUNT)
 
 
 def _one_line(exc: ValidationError, source: str) -> str:

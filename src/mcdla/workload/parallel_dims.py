@@ -107,8 +107,19 @@ class ParallelDims:
 
     def group(self, dim: Dimension, rank: int) -> tuple[int, ...]:
         """The ranks of ``rank``'s group of ``dim``, ascending."""
+        return self.strided(rank, self.size(dim), self.stride(dim))
+
+    def strided(self, rank: int, size: int, stride: int) -> tuple[int, ...]:
+        """The ``size`` ranks ``stride`` apart that hold ``rank`` (ascending): a group given by its size and
+        stride, as :meth:`~mcdla.hardware.cluster.Cluster.group_dims` takes one, such as the ``dp x cp``
+        replicas (``dp cp`` ranks ``tp`` apart) or the expert-data-parallel group (``dp cp / ep``, ``tp ep``
+        apart) that reduce the gradients. ConfigError when the blocks of ``size * stride`` ranks do not tile
+        the world."""
         self._check_rank(rank)
-        size, stride = self.size(dim), self.stride(dim)
+        if (isinstance(size, bool) or isinstance(stride, bool) or not isinstance(size, int)
+                or not isinstance(stride, int) or size < 1 or stride < 1 or self.world_size % (size * stride)):
+            raise ConfigError(f"parallel_dims.strided: got size {brief(size)}, stride {brief(stride)}; must be "
+                              f"integers >= 1 whose product divides the {self.world_size} ranks")
         index = (rank // stride) % size
         first = rank - index * stride
         return tuple(first + i * stride for i in range(size))

@@ -384,12 +384,14 @@ def model_flops_per_iteration(spec: TransformerSpec, global_batch: int) -> float
 
 
 def hardware_flops_per_iteration(spec: TransformerSpec, global_batch: int, recompute: Recompute, *,
-                                 attention: Attention = "materialized") -> float:
-    """FLOPs the devices execute, recomputation included: ``full`` re-runs every layer's forward, ``selective``
-    only the attention core (Korthikanti et al. 2022, sec. 5); with ``attention="flash"`` the core is the
-    kernel's (causal halving, a 2.5x backward: NOTE [flash attention])."""
+                                 attention: Attention = "materialized", recompute_share: float = 1.0) -> float:
+    """FLOPs the devices execute, recomputation included: ``full`` re-runs every layer's forward (the
+    ``recompute_share`` of the layers that a recompute count leaves recomputed), ``selective`` only the attention
+    core (Korthikanti et al. 2022, sec. 5); with ``attention="flash"`` the core is the kernel's (causal halving, a
+    2.5x backward: NOTE [flash attention])."""
     layer = layer_fwd_flops(spec, global_batch, attention=attention)
-    extra = {"none": 0.0, "selective": layer["attention"], "full": layer["gemm"] + layer["attention"]}[recompute]
+    extra = {"none": 0.0, "selective": layer["attention"],
+             "full": recompute_share * (layer["gemm"] + layer["attention"])}[recompute]
     per_layer = 3.0 * layer["gemm"] + (1.0 + attention_bwd_flops_ratio(attention)) * layer["attention"]
     return spec.layers * (per_layer + extra) + 3.0 * logits_fwd_flops(spec, global_batch)
 
@@ -469,6 +471,15 @@ _MIXTRAL = ("Mixtral of Experts (Jiang et al. 2024), its config.json (examples/h
 _DEEPSEEK_V3 = ("DeepSeek-V3 Technical Report (DeepSeek-AI 2024), its config.json (examples/hf-deepseek-v3.json): "
                 "256 routed experts top-8 + 1 shared, 3 dense leading layers, MLA (run as expanded multi-head "
                 "attention, MlaAttention), no MTP module; pre-training sequence 4096 (report, sec. 4.2)")
+_QWEN3_MOE = ("Qwen3 MoE as Megatron-Bridge defines it (NVIDIA-NeMo/Megatron-Bridge "
+              "src/megatron/bridge/models/qwen/qwen_provider.py, Qwen3MoEModelProvider, commit 5776a6d90b4d): 128 "
+              "experts top-8, head dim 128, QK-norm, vocab 151936, untied; pre-training sequence 4096 (its "
+              "performance-summary.md)")
+_LLAMA2 = ("Llama 2 as fms-fsdp trains it (foundation-model-stack/fms-fsdp fms_fsdp/utils/config_utils.py, "
+           "commit 4ffb9bdf: 13B 5120 x 40 heads x 40 layers, FFN 13824; 34B and 70B 8192 x 64 heads, 8 kv-heads, 48 "
+           "and 80 layers, FFN 22016 and 28672; 7B the LLaMAConfig defaults 4096 x 32 x 32, FFN 11008 [Llama 2 "
+           "paper, Touvron et al. 2023, not re-read]); SwiGLU, RoPE, vocab 32000, untied; sequence 4096 (its "
+           "train_config.seq_length)")
 PRESETS: dict[str, TransformerSpec] = {
     s.name: s for s in (
         _spec(name="gpt3-175b", layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048,
@@ -501,6 +512,13 @@ PRESETS: dict[str, TransformerSpec] = {
         _spec(name="llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, mlp="swiglu",
               vocab=128256, seq_len=8192, dropout=False, bias=False, position="rope", tied_embeddings=False,
               source=_LLAMA3),
+        *(_spec(name=f"llama2-{size}", layers=layers, hidden=hidden, heads=heads, kv_heads=kv, ffn_hidden=ffn,
+                mlp="swiglu", vocab=32000, seq_len=4096, dropout=False, bias=False, position="rope",
+                tied_embeddings=False, source=_LLAMA2)
+          for size, layers, hidden, heads, kv, ffn in (("7b", 32, 4096, 32, None, 11008),
+                                                      ("13b", 40, 5120, 40, None, 13824),
+                                                      ("34b", 48, 8192, 64, 8, 22016),
+                                                      ("70b", 80, 8192, 64, 8, 28672))),
         _spec(name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, mlp="swiglu",
               experts=8, top_k=2, vocab=32000, seq_len=4096, dropout=False, bias=False, position="rope",
               tied_embeddings=False, source=_MIXTRAL),
@@ -509,6 +527,12 @@ PRESETS: dict[str, TransformerSpec] = {
               seq_len=4096, dropout=False, bias=False, position="rope", tied_embeddings=False,
               mla=MlaAttention(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                                q_lora_rank=1536), source=_DEEPSEEK_V3),
+        _spec(name="qwen3-30b-a3b", layers=48, hidden=2048, heads=32, kv_heads=4, attention_head_dim=128,
+              ffn_hidden=768, mlp="swiglu", experts=128, top_k=8, qk_norm=True, vocab=151936, seq_len=4096,
+              dropout=False, bias=False, position="rope", tied_embeddings=False, source=_QWEN3_MOE),
+        _spec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, attention_head_dim=128,
+              ffn_hidden=1536, mlp="swiglu", experts=128, top_k=8, qk_norm=True, vocab=151936, seq_len=4096,
+              dropout=False, bias=False, position="rope", tied_embeddings=False, source=_QWEN3_MOE),
     )
 }
 

@@ -1,0 +1,158 @@
+"""Published runs of the families beyond Megatron-LM: torchtitan's FSDP2 runs, IBM's PyTorch FSDP runs (fms-fsdp)
+and Megatron-Bridge's MoE runs.
+
+Each record is copied from its source with the repository, path and commit, and states every field the source
+does not publish (``choices``), chosen before comparing. Measured seconds per iteration are the source's
+tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s/GPU x GPUs)``.
+
+* ``torchtitan-fsdp2``: torchtitan (PyTorch's reference trainer, FSDP2 = per-parameter ZeRO-3) on Llama 3,
+  bf16, eager mode (no ``torch.compile``), no Float8: the rows of its published tables run that way. Three
+  rows on 64 A100 80 GB (``docs/performance.md`` at torchtitan commit 4d88a8a4, "Llama 3 performance numbers"
+  and the 405B row of "Llama 3.1 performance numbers"), three on Grand Teton H100
+  (``benchmarks/llama3_h100_202412_torchtitan.md`` at commit 820504e2, Tables 1 and 3). The rows with
+  ``torch.compile``, Float8 or async TP are left out: none of the three is modelled.
+* ``pytorch-fsdp``: IBM's PyTorch FSDP (FSDP1) runs of Llama 2, eager mode, batch 2 per GPU, the throughput
+  table of foundation-model-stack/fms-fsdp ``README.md`` at commit 4ffb9bdf (before it was re-measured with
+  ``torch.compile``): 7B HSDP without AC, 34B and 70B FSDP with full AC on 128 A100 and on 96 H100. The 13B rows
+  ("Selective AC": every k-th block checkpointed, k not published) are left out: a partial recompute is not
+  expressible.
+* ``megatron-bridge-moe``: Megatron-Bridge 25.11's ``performance-summary.md`` (NVIDIA-NeMo/Megatron-Bridge,
+  commit 5776a6d9), the Qwen3 MoE rows the execution record expresses as published. Left out, with the reason:
+  DeepSeek-V3 (61 layers over PP x VP chunks needs the recipe's unpublished layout), GPT-OSS 120B (alternating
+  sliding-window attention is not modelled), Qwen3-235B on H100 (EP 32 over TP x DP, expert-parallel folding,
+  is not expressible: EP must divide DP x CP), and the FP8-MX rows on H100 (none).
+
+Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so): the
+``grand-teton-h100`` preset's on torchtitan's three H100 rows (their 500 W clock is not published) and the
+``fms-h100-800g`` preset's on fms-fsdp's three H100 rows (``dgx-h100`` has no fitted bf16 curve).
+"""
+
+from __future__ import annotations
+
+from mcdla.report.llm_records import MeasuredRun
+from mcdla.workload.execution import Execution
+
+__all__ = ["TORCHTITAN_RUNS", "FMS_FSDP_RUNS", "BRIDGE_MOE_RUNS", "SOURCED_FAMILIES"]
+
+_TITAN_A100 = ("pytorch/torchtitan docs/performance.md (commit 4d88a8a44fe4), \"Llama 3 performance numbers\" "
+               "(FSDP2 on 64 A100 80GB)")
+_TITAN_405B = ("pytorch/torchtitan docs/performance.md (commit 4d88a8a44fe4), \"Llama 3.1 performance numbers\" "
+               "(128 H100, FSDP2 + TP), Optimizations None")
+_TITAN_H100 = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 820504e20d11), Grand Teton "
+               "H100, torchtitan 9dec370")
+_TITAN_COMMON = ("seq 8192, bf16 with fp32 gradient reduction (torchtitan's mixed_precision_reduce default; reduced "
+                 "as bf16 here); fsdp_prefetch 1 (FSDP2's forward prefetch of the next layer); flash attention "
+                 "(SDPA); eager mode, each PyTorch op a kernel (the model counts Megatron's fused kernels)")
+_SAC = ("the recipe's selective AC (op policy: saves attention and every other matmul output, recomputes the "
+        "rest) taken as recompute=selective, which recomputes only the attention core")
+
+
+def _torchtitan(name: str, model: str, system: str, gpus: int, local_batch: int, tokens_per_s_per_gpu: float,
+                source: str, choices: str, *, tp: int = 1, **execution: object) -> MeasuredRun:
+    """A torchtitan row: FSDP2 (ZeRO-3) over ``gpus / tp`` ranks, global batch = local batch x FSDP ranks."""
+    dp = gpus // tp
+    gbs = local_batch * dp
+    seconds = gbs * 8192 / (tokens_per_s_per_gpu * gpus)
+    return MeasuredRun(
+        name=name, model=model, system=system, measured_s=seconds, family="torchtitan-fsdp2",
+        source=f"{source}: {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} GPUs, local batch {local_batch}",
+        choices=f"{choices}; {_TITAN_COMMON}",
+        execution=Execution(gpus=gpus, tp=tp, dp=dp, zero=3, fsdp_prefetch=1, micro_batch=local_batch,
+                            global_batch=gbs, **execution))  # type: ignore[arg-type]
+
+
+TORCHTITAN_RUNS: tuple[MeasuredRun, ...] = (
+    _torchtitan("llama3-8b A100 selective op", "llama3-8b", "dgx-a100", 64, 1, 2973, _TITAN_A100,
+                f"the A100 cluster is not described: the dgx-a100 preset; {_SAC}", recompute="selective"),
+    _torchtitan("llama3-8b A100 selective layer", "llama3-8b", "dgx-a100", 64, 1, 2904, _TITAN_A100,
+                "the A100 cluster is not described: the dgx-a100 preset; selective layer AC (every second layer "
+                "fully recomputed) taken as recompute=selective", recompute="selective"),
+    _torchtitan("llama3-70b A100 full", "llama3-70b", "dgx-a100", 64, 1, 331, _TITAN_A100,
+                "the A100 cluster is not described: the dgx-a100 preset; full AC", recompute="full"),
+    _torchtitan("llama3-8b H100 8 GPUs", "llama3-8b", "grand-teton-h100", 8, 2, 5762, f"{_TITAN_H100}, Table 1 FSDP",
+                _SAC, recompute="selective"),
+    _torchtitan("llama3-8b H100 128 GPUs", "llama3-8b", "grand-teton-h100", 128, 2, 5605,
+                f"{_TITAN_H100}, Table 3 FSDP", _SAC, recompute="selective"),
+    _torchtitan("llama3-405b H100 FSDP16 TP8", "llama3-405b", "grand-teton-h100", 128, 2, 109, _TITAN_405B,
+                "the 128 H100 of the 405B row are taken as the Grand Teton hosts of the later tables; full AC; TP "
+                "with sequence parallelism (torchtitan's SequenceParallel norms), no async TP",
+                tp=8, recompute="full", sequence_parallel=True),
+)
+"""torchtitan's eager bf16 FSDP2 runs on A100 and Grand Teton H100."""
+
+_FMS = ("foundation-model-stack/fms-fsdp README.md (commit 4ffb9bdf), \"Training throughput benchmarks\" (PyTorch "
+        "FSDP, eager, batch size 2 per GPU, seq 4096)")
+_FMS_COMMON = ("bf16 parameters and reductions (fms-fsdp's bfSixteen policy); fsdp_prefetch 1 (FSDP's default "
+               "backward prefetch, limit_all_gathers); flash attention (SDPA); eager mode, each PyTorch op a kernel")
+
+
+def _fms(model: str, system: str, gpus: int, tokens_per_s_per_gpu: float, strategy: str,
+         recompute: str) -> MeasuredRun:
+    """An fms-fsdp row: FSDP (ZeRO-3 over all GPUs) or HSDP (sharded in the 8-GPU node, replicated across),
+    batch 2 per GPU."""
+    seconds = 2 * gpus * 4096 / (tokens_per_s_per_gpu * gpus)
+    size = model.removeprefix("llama2-")
+    gpu = "A100" if "a100" in system else "H100"
+    ac = {"none": "No AC", "full": "Full AC"}[recompute]
+    return MeasuredRun(
+        name=f"{model} {gpu} {strategy.upper()}", model=model, system=system, measured_s=seconds,
+        family="pytorch-fsdp",
+        source=f"{_FMS}: {size} {strategy.upper()} {ac}, {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} {gpu}",
+        choices=f"{strategy.upper()} -> zero=3{', hsdp_shard=8' if strategy == 'hsdp' else ''}; {_FMS_COMMON}",
+        execution=Execution(gpus=gpus, dp=gpus, zero=3, fsdp_prefetch=1, hsdp_shard=8 if strategy == "hsdp" else 0,
+                            micro_batch=2, global_batch=2 * gpus, recompute=recompute))  # type: ignore[arg-type]
+
+
+FMS_FSDP_RUNS: tuple[MeasuredRun, ...] = (
+    _fms("llama2-7b", "fms-a100-400g", 128, 3700, "hsdp", "none"),
+    _fms("llama2-34b", "fms-a100-400g", 128, 700, "fsdp", "full"),
+    _fms("llama2-70b", "fms-a100-400g", 128, 370, "fsdp", "full"),
+    _fms("llama2-7b", "fms-h100-800g", 96, 7500, "hsdp", "none"),
+    _fms("llama2-34b", "fms-h100-800g", 96, 1550, "fsdp", "full"),
+    _fms("llama2-70b", "fms-h100-800g", 96, 800, "fsdp", "full"),
+)
+"""IBM's PyTorch FSDP runs of Llama 2 on 128 A100 and 96 H100 (fms-fsdp), eager mode."""
+
+_BRIDGE_SUMMARY = ("Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Megatron-Bridge, commit "
+                   "5776a6d90b4d), seq 4096")
+_MOE_COMMON = ("distributed optimizer as ZeRO-1; no recompute (the performance scripts set recompute_granularity "
+               "None); experts balanced, token-dropless (the table's note): capacity_factor 1; flash attention; "
+               "CUDA graphs, the flex dispatcher and a2a overlap not modelled")
+
+
+def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mbs: int, tp: int, pp: int,
+                vp: int, ep: int, tokens_per_s_per_gpu: float, choices: str, **execution: object) -> MeasuredRun:
+    seconds = gbs * 4096 / (tokens_per_s_per_gpu * gpus)
+    return MeasuredRun(
+        name=f"{model} {system}", model=model, system=system, precision=precision, measured_s=seconds,
+        family="megatron-bridge-moe",
+        source=f"{_BRIDGE_SUMMARY}: {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} GPUs, GBS {gbs}, MBS {mbs}, "
+               f"TP{tp} PP{pp} VP{vp} EP{ep}",
+        choices=f"{choices}; {_MOE_COMMON}",
+        execution=Execution(gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), virtual_stages=vp, ep=ep, zero=1,
+                            micro_batch=mbs, global_batch=gbs, sequence_parallel=tp > 1,
+                            **execution))  # type: ignore[arg-type]
+
+
+_MX = "FP8-MX (MXFP8, 32-element block scales) taken as fp8: its GEMMs at the fp8 peak"
+_SPLIT_235B = ("94 layers split with the embedding and the loss counted as layers (the Qwen3-235B-A22B recipe's "
+               "account_for_*_in_pipeline_split)")
+
+BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
+    _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 2, 1, 2, 24, 8, 5275, "FP8-CS as fp8"),
+    _bridge_moe("b200", "qwen3-30b-a3b", 8, "fp8", 512, 1, 1, 1, 1, 8, 9299, _MX),
+    _bridge_moe("gb200-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 23766, _MX),
+    _bridge_moe("gb300-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 28934, _MX),
+    _bridge_moe("gb200-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 1, 1, 8, 3, 32, 4916, _SPLIT_235B,
+                account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
+    _bridge_moe("gb300-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 2, 1, 4, 12, 16, 6131, _SPLIT_235B,
+                account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
+)
+"""Megatron-Bridge 25.11's Qwen3 MoE runs (30B-A3B on H100, B200, GB200, GB300; 235B-A22B on GB200, GB300)."""
+
+SOURCED_FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {
+    "torchtitan-fsdp2": TORCHTITAN_RUNS,
+    "pytorch-fsdp": FMS_FSDP_RUNS,
+    "megatron-bridge-moe": BRIDGE_MOE_RUNS,
+}
+"""The families of this module by name, registered into :data:`mcdla.report.llm_validation.FAMILIES`."""

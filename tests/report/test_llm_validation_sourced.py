@@ -1,0 +1,123 @@
+"""The torchtitan FSDP2, PyTorch FSDP (fms-fsdp) and Megatron-Bridge MoE families: records against the published
+tables, the one fitted figure of the grand-teton-h100 and fms-h100-800g presets against a re-run of its grid."""
+
+import math
+
+import pytest
+
+from mcdla.hardware.cluster import load_cluster
+from mcdla.report.llm_validation import FAMILIES, family_runs
+from mcdla.report.llm_validation_runs import BRIDGE_MOE_RUNS, FMS_FSDP_RUNS, SOURCED_FAMILIES, TORCHTITAN_RUNS
+from mcdla.sim.llm import llm_step
+from mcdla.workload.transformer import preset
+
+# torchtitan docs/performance.md (4d88a8a4) and benchmarks/llama3_h100_202412_torchtitan.md (820504e2), as
+# published: name -> (GPUs, TP, local batch, activation checkpointing, tokens/s/GPU); sequence 8192.
+TORCHTITAN = {"llama3-8b A100 selective op": (64, 1, 1, "selective", 2973),
+              "llama3-8b A100 selective layer": (64, 1, 1, "selective", 2904),
+              "llama3-70b A100 full": (64, 1, 1, "full", 331),
+              "llama3-8b H100 8 GPUs": (8, 1, 2, "selective", 5762),
+              "llama3-8b H100 128 GPUs": (128, 1, 2, "selective", 5605),
+              "llama3-405b H100 FSDP16 TP8": (128, 8, 2, "full", 109)}
+# fms-fsdp README.md (4ffb9bdf), as published: (model, system) -> GPUs, sharding, AC, tokens/s/GPU; batch 2 per
+# GPU, sequence 4096.
+FMS = {("llama2-7b", "fms-a100-400g"): (128, "hsdp", "none", 3700),
+       ("llama2-34b", "fms-a100-400g"): (128, "fsdp", "full", 700),
+       ("llama2-70b", "fms-a100-400g"): (128, "fsdp", "full", 370),
+       ("llama2-7b", "fms-h100-800g"): (96, "hsdp", "none", 7500),
+       ("llama2-34b", "fms-h100-800g"): (96, "fsdp", "full", 1550),
+       ("llama2-70b", "fms-h100-800g"): (96, "fsdp", "full", 800)}
+# Megatron-Bridge 25.11 performance-summary.md (5776a6d9): (system, model) -> GPUs, GBS, MBS, TP, PP, VP, EP,
+# tokens/s/GPU, precision as run here; sequence 4096.
+MOE = {("dgx-h100", "qwen3-30b-a3b"): (16, 512, 2, 1, 2, 24, 8, 5275, "fp8"),
+       ("b200", "qwen3-30b-a3b"): (8, 512, 1, 1, 1, 1, 8, 9299, "fp8"),
+       ("gb200-nvl72", "qwen3-30b-a3b"): (8, 512, 4, 1, 1, 1, 8, 23766, "fp8"),
+       ("gb300-nvl72", "qwen3-30b-a3b"): (8, 512, 4, 1, 1, 1, 8, 28934, "fp8"),
+       ("gb200-nvl72", "qwen3-235b-a22b"): (256, 8192, 1, 1, 8, 3, 32, 4916, "bf16"),
+       ("gb300-nvl72", "qwen3-235b-a22b"): (256, 8192, 2, 1, 4, 12, 16, 6131, "bf16")}
+
+
+def test_every_published_row_is_a_record_once():
+    """Each family holds one record per row copied, no more; both are registered under their names."""
+    assert [r.name for r in TORCHTITAN_RUNS] == list(TORCHTITAN)
+    assert sorted((r.model, r.system) for r in FMS_FSDP_RUNS) == sorted(FMS)
+    assert sorted((r.system, r.model) for r in BRIDGE_MOE_RUNS) == sorted(MOE)
+    for name, runs in SOURCED_FAMILIES.items():
+        assert FAMILIES[name] is runs and family_runs(name) is runs and {r.family for r in runs} == {name}
+
+
+@pytest.mark.parametrize("run", TORCHTITAN_RUNS, ids=lambda r: r.name)
+def test_torchtitan_records_match_the_published_rows(run):
+    """FSDP2 = ZeRO-3 over GPUs / TP ranks, global batch = local batch x FSDP ranks, seconds = global batch x 8192
+    tokens over (tokens/s/GPU x GPUs); bf16, the source and every unpublished choice stated."""
+    gpus, tp, local, recompute, tokens = TORCHTITAN[run.name]
+    e = run.execution
+    assert (e.gpus, e.tp, e.dp, e.zero, e.micro_batch, e.recompute) == (gpus, tp, gpus // tp, 3, local, recompute)
+    assert e.global_batch == local * gpus // tp
+    assert run.measured_s == pytest.approx(local * (gpus // tp) * 8192 / (tokens * gpus), rel=1e-12)
+    assert preset(run.model).seq_len == 8192 and run.precision == "bf16" and "torchtitan" in run.source
+    assert run.choices and f"{tokens:,}" in run.source
+
+
+@pytest.mark.parametrize("run", FMS_FSDP_RUNS, ids=lambda r: r.name)
+def test_fms_records_match_the_published_rows(run):
+    """ZeRO-3 over every GPU (HSDP: sharded in the 8-GPU node), batch 2 per GPU, seconds = 2 x GPUs x 4096 over
+    (tokens/s/GPU x GPUs)."""
+    gpus, sharding, recompute, tokens = FMS[(run.model, run.system)]
+    e = run.execution
+    assert (e.gpus, e.dp, e.zero, e.micro_batch, e.global_batch, e.recompute) == (gpus, gpus, 3, 2, 2 * gpus, recompute)
+    assert e.hsdp_shard == (8 if sharding == "hsdp" else 0)
+    assert run.measured_s == pytest.approx(2 * gpus * 4096 / (tokens * gpus), rel=1e-12)
+    assert preset(run.model).seq_len == 4096 and "fms-fsdp" in run.source and run.choices
+
+
+@pytest.mark.parametrize("run", BRIDGE_MOE_RUNS, ids=lambda r: r.name)
+def test_moe_records_match_the_published_rows(run):
+    """GPUs, batches, TP/PP/VP/EP as in the table; seconds = GBS x 4096 over (tokens/s/GPU x GPUs)."""
+    gpus, gbs, mbs, tp, pp, vp, ep, tokens, precision = MOE[(run.system, run.model)]
+    e = run.execution
+    assert (e.gpus, e.global_batch, e.micro_batch, e.tp, e.pp, e.virtual_stages, e.ep) == (gpus, gbs, mbs, tp, pp,
+                                                                                            vp, ep)
+    assert run.measured_s == pytest.approx(gbs * 4096 / (tokens * gpus), rel=1e-12)
+    assert preset(run.model).seq_len == 4096 and preset(run.model).experts == 128
+    assert run.precision == precision and run.choices and "Megatron-Bridge 25.11" in run.source
+
+
+def test_grand_teton_preset_carries_the_sourced_figures():
+    """96 GB HBM2e at 2.4 TB/s and a 50 GB/s (400 Gb/s) rail per GPU, the torchtitan benchmark's figures."""
+    c = load_cluster("grand-teton-h100")
+    gpu = c.device
+    assert gpu.hbm_bytes == 96e9 and gpu.hbm_bytes_per_s == pytest.approx(2.4e12)
+    assert c.for_gpus(16).dims[-1].bytes_per_s == pytest.approx(400e9 / 8)
+
+
+@pytest.mark.parametrize("family, system", [("torchtitan-fsdp2", "grand-teton-h100"),
+                                            ("pytorch-fsdp", "fms-h100-800g")])
+def test_fitted_peak_fraction_is_the_grid_minimum(family, system):
+    """The preset's fitted peak fraction is the 0.01 grid point (0.30-0.80) with the least RMS relative error
+    over its family's runs on it, re-run here through llm_step."""
+    runs = [r for r in FAMILIES[family] if r.system == system]
+    base = load_cluster(system)
+
+    def rms(fraction: float) -> float:
+        from dataclasses import replace
+
+        c = base.with_gemm_efficiency(replace(base.gemm_efficiency, peak_fraction=fraction))
+        errors = [llm_step(preset(r.model), r.execution, c.for_gpus(r.execution.gpus)).iteration_s / r.measured_s - 1
+                  for r in runs]
+        return math.sqrt(sum(e * e for e in errors) / len(errors))
+
+    best = min((i / 100 for i in range(30, 81)), key=rms)
+    assert base.gemm_efficiency.peak_fraction == pytest.approx(best)
+
+
+@pytest.mark.parametrize("name, total, active", [("qwen3-30b-a3b", 30.5e9, 3.3e9), ("qwen3-235b-a22b", 235e9, 22e9),
+                                                 ("llama2-7b", 6.7e9, None), ("llama2-13b", 13.0e9, None),
+                                                 ("llama2-34b", 33.7e9, None), ("llama2-70b", 69.0e9, None)])
+def test_presets_have_their_published_parameter_counts(name, total, active):
+    """Parameters in total (and active per token for MoE) within 1 % of the published counts: Qwen3 30.5B / 3.3B
+    and 235B / 22B (Qwen3 model names and cards), Llama 2 6.7B, 13.0B, 69.0B and Code Llama 34B's 33.7B (their
+    papers) [not re-read]."""
+    spec = preset(name)
+    assert spec.params() == pytest.approx(total, rel=0.01)
+    assert spec.active_params() == pytest.approx(active if active is not None else spec.params(), rel=0.02)
