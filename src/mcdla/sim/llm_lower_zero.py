@@ -10,8 +10,9 @@ NOTE [ZeRO lowering]
   gather is issued when the layer before it ends; a reduce-scatter when its layer's compute ends. A full
   recompute runs inside the layer's backward op and uses the backward's gather. The chunk's other compute (the
   logits and loss, the TP collectives' latency terms) runs before the backward's layers and after the forward's,
-  and its TP collectives after the last layer and its reduce-scatter, so the layers' exposure is the closed
-  form's (:func:`mcdla.sim.llm.fsdp_exposed_s`). Bytes, groups and order come from
+  and its TP collectives (and CP/EP exchanges) after the last layer and its reduce-scatter, so the layers'
+  exposure is the closed form's (:func:`mcdla.sim.llm.fsdp_exposed_s`); the attention the CP ring runs beside
+  its sends comes off the layer ops evenly. Bytes, groups and order come from
   :func:`mcdla.sim.llm.zero3_traffic`. With every replica simulated the gathers and reduce-scatters are
   collectives on the shard group's fabric dimensions (HSDP: the shard group inside ``hsdp_shard``) and the
   once-per-iteration reduction (the embedding's reduce-scatter and gather, HSDP's all-reduce of each shard
@@ -28,7 +29,8 @@ NOTE [ZeRO lowering]
   memories, ``nvme-read`` at the node's read bandwidth and ``nvme-write`` at its write bandwidth, each behind
   every CPU socket of the node over a link that never binds, so every GPU reaches them through its own PCIe
   path and the node's GPUs share the drives (two memories since a drive's sequential read and write figures
-  differ; the lowering never reads and writes them at once). Offloaded weights are fetched from
+  differ; where reads and writes overlap, a stage writing its optimizer state while another still fetches its
+  weights, each direction keeps its full figure, an optimistic simplification). Offloaded weights are fetched from
   ``nvme-read``; a GPU optimizer's state is read from ``nvme-read`` and written back to ``nvme-write``.
 """
 
