@@ -14,10 +14,14 @@ def figures_cluster(*, gpus_per_node: int = 8, nodes: int = 1, peak_flops_per_s:
                     hbm_bytes_per_s: float = math.inf, nvlink_bytes_per_s: float = math.inf,
                     network_bytes_per_s: float = math.inf, nvlink_latency_s: float = 0.0,
                     network_latency_s: float = 0.0, offload_bytes_per_s: float = 0.0,
-                    pool_bytes_per_gpu: float = 1e15) -> Cluster:
+                    pool_bytes_per_gpu: float = 1e15, host_dram_bytes_per_s: float = math.inf,
+                    nvme_read_bytes_per_s: float = 0.0, nvme_write_bytes_per_s: float = 0.0,
+                    via_gpu_link: bool = False) -> Cluster:
     """A generated cluster with the given figures (bytes, bytes/s, s): ``nodes`` nodes of ``gpus_per_node`` GPUs
     on one NVLink switch and a network rail per GPU; with ``offload_bytes_per_s`` each GPU has its own socket
-    link to ``pool_bytes_per_gpu`` of host memory whose DRAM never binds."""
+    link to ``pool_bytes_per_gpu`` of host memory whose DRAM (``host_dram_bytes_per_s``) never binds by default;
+    with ``nvme_read_bytes_per_s`` a node's NVMe drives (one drive of those figures); with ``via_gpu_link`` the
+    network rail behind the GPU's socket link (a NIC on the GPU's PCIe switch)."""
     def bw(value: float) -> float | str:
         return "inf" if math.isinf(value) else value  # an idealised link that never binds
 
@@ -31,12 +35,16 @@ def figures_cluster(*, gpus_per_node: int = 8, nodes: int = 1, peak_flops_per_s:
         node["scale_up"] = {"bandwidth": bw(nvlink_bytes_per_s), "latency": nvlink_latency_s, "source": "test"}
     if offload_bytes_per_s > 0:
         node["sockets"] = {"count": gpus_per_node, "source": "test",
-                           "memory": {"kind": "host", "capacity": pool_bytes_per_gpu, "dram_bandwidth": "inf",
-                                      "source": "test"},
+                           "memory": {"kind": "host", "capacity": pool_bytes_per_gpu,
+                                      "dram_bandwidth": bw(host_dram_bytes_per_s), "source": "test"},
                            "gpu_link": {"kind": "pcie", "bandwidth": bw(offload_bytes_per_s), "source": "test"}}
+    if nvme_read_bytes_per_s > 0:
+        node["nvme"] = {"drives": 1, "capacity": 1e15, "read_bandwidth": nvme_read_bytes_per_s,
+                        "write_bandwidth": nvme_write_bytes_per_s, "source": "test"}
     data = {"format": "mcdla-system/1", "name": "figures", "node": node,
             "scale_out": {"name": "net", "nodes": nodes, "bandwidth": bw(network_bytes_per_s),
-                          "latency": network_latency_s, "source": "test"}}
+                          "latency": network_latency_s, "source": "test",
+                          **({"via_gpu_link": True} if via_gpu_link else {})}}
     return cluster_from_dict(data, "test cluster")
 
 

@@ -71,17 +71,6 @@ def test_every_replica_runs_the_data_parallel_reduction_as_collectives() -> None
     assert kinds == ["all-reduce"] and groups == {(1, 5)}
 
 
-@pytest.mark.parametrize("fields", [dict(zero=3), dict(zero=1, offload_optimizer=True, cpu_optimizer=True),
-                                    dict(zero=1, offload_optimizer=True, offload_tier="nvme")])
-def test_engine_refuses_zero3_cpu_optimizer_and_nvme_in_one_line(fields: dict[str, object]) -> None:
-    """ZeRO-3's per-layer gathers, the CPU optimizer and the NVMe tier are priced by the analytical model only:
-    the lowering refuses them in one line rather than leaving their traffic out."""
-    e = Execution(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, **fields)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"the engine lowers ZeRO 0-2 with host offload only") as err:
-        lower(_GPT3, e, load_cluster("dgx-h100").for_gpus(16))
-    assert "\n" not in str(err.value)
-
-
 def test_bad_replicas_is_one_line() -> None:
     e = Execution(gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=1)
     with pytest.raises(ConfigError, match=r"replicas: got 'some'; must be one of auto, fold, all"):
@@ -272,18 +261,3 @@ def test_overlapped_reduction_floor_by_hand_on_dgx_h100() -> None:
     backward = n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_tp_bwd_s) + c.offload_bwd_s
     assert busiest > backward  # the floor binds
     assert link_floors(e, cluster, c, t).dp_exposed_s == pytest.approx(busiest - backward, rel=1e-12)
-
-
-def test_engine_refuses_what_it_does_not_lower(llm_cluster):
-    """A record with an uneven pipeline split (40 and 56 layers) is one ConfigError naming the stage layers, not
-    an engine time that runs every stage as the longest."""
-    from mcdla.errors import ConfigError
-    from mcdla.sim.llm_lower import engine_step
-    from mcdla.workload.execution import Execution
-    from mcdla.workload.transformer import preset
-
-    cluster = llm_cluster(gpus_per_node=8, nodes=2, nvlink_bytes_per_s=100e9, network_bytes_per_s=1e9)
-    e = Execution(gpus=16, tp=8, pp=2, micro_batch=1, global_batch=2, layers_first_stage=40)
-    with pytest.raises(ConfigError, match=r"stage layers \[40, 56\].*engine lowers even pipeline stages") as err:
-        engine_step(preset("gpt3-175b"), e, cluster)
-    assert "\n" not in str(err.value)

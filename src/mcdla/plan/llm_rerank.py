@@ -33,9 +33,9 @@ class RerankedRow:
 
 def rerank(spec: TransformerSpec, cluster: Cluster, ranked: Sequence[SearchRow], k: int) -> tuple[RerankedRow, ...]:
     """The first ``k`` of ``ranked`` (a search's fitting rows, fastest first) that the engine lowers
-    (:func:`~mcdla.sim.lowering_rejection`: rows it refuses, such as ZeRO-3's, are passed over) run on
-    the engine and ordered by its iteration time, ties by the analytical rank. One-line ConfigError for ``k``
-    below 1."""
+    (:func:`~mcdla.sim.lowering_rejection`: rows it refuses, such as an NVMe tier it cannot fold, are passed
+    over) run on the engine and ordered by its iteration time, ties by the analytical rank. One-line ConfigError
+    for ``k`` below 1."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"rerank.k: got {brief(k)}; must be an integer >= 1")
     lowered = [(i, row) for i, row in enumerate(ranked, 1) if lowering_rejection(spec, row.execution, cluster) is None]

@@ -81,8 +81,9 @@ from mcdla.workload.transformer import (Attention, TransformerSpec, activation_b
                                         model_flops_per_iteration)
 
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
-           "LlmStep", "RankTraffic", "StageCosts", "cluster_rejection", "elementwise_bytes_per_layer",
-           "fsdp_exposed_s", "llm_step", "pacing_stage_parts", "rank_traffic", "stage_costs", "step_record"]
+           "LlmStep", "RankTraffic", "ShardCollective", "StageCosts", "Zero3Traffic", "cluster_rejection",
+           "elementwise_bytes_per_layer", "fsdp_exposed_s", "llm_step", "pacing_stage_parts", "rank_traffic",
+           "stage_costs", "step_record", "zero3_traffic"]
 
 DEFAULT_PRECISION = "bf16"
 """The number format of the GEMMs (a run choice, not hardware): the key of the device's ``peak_flops_per_s``."""
@@ -258,20 +259,52 @@ def _dp_reduce_s(cluster: Cluster, groups: tuple[ParamGroup, ...], grad_bytes: f
                for g in groups)
 
 
-def _zero3_step_s(cluster: Cluster, groups: tuple[ParamGroup, ...], e: Execution, other_params: float,
-                  grad_bytes: float) -> float:
-    """What ZeRO-3 reduces once per iteration: the dense parameters outside the layers (embedding;
-    ``other_params``) reduce-scattered and gathered back over their shard group, and under HSDP the all-reduce
-    of each rank's gradient shard of every group across that group's replicas; ``grad_bytes`` per parameter."""
-    total = 0.0
+@dataclass(frozen=True, slots=True)
+class ShardCollective:
+    """One ZeRO-3 collective: ``kind`` of ``nbytes`` (the whole buffer, as :func:`collective_time` takes it) over
+    the group of ``size`` ranks ``stride`` apart in rank order (:meth:`Cluster.group_dims`' arguments)."""
+
+    kind: str
+    nbytes: float
+    size: int
+    stride: int
+
+
+@dataclass(frozen=True, slots=True)
+class Zero3Traffic:
+    """What ZeRO-3 runs (NOTE [ZeRO-3 as run]): per layer, micro-batch and pass the weights' all-gathers
+    (``gathers``, one per parameter group) and in the backward the gradients' reduce-scatters (``reduces``);
+    once per iteration ``step``: the non-layer parameters reduce-scattered and gathered back over their shard
+    group, then under HSDP each gradient shard all-reduced across the replicas (groups of one rank left out).
+    The analytical model prices these, the engine lowering (:mod:`mcdla.sim.llm_lower_zero`) runs them."""
+
+    gathers: tuple[ShardCollective, ...]
+    reduces: tuple[ShardCollective, ...]
+    step: tuple[ShardCollective, ...]
+
+
+def zero3_traffic(spec: TransformerSpec, execution: Execution, element_bytes: int) -> Zero3Traffic:
+    """The collectives of :class:`Zero3Traffic` for ``execution`` (``zero=3``) with ``element_bytes`` per
+    parameter (the run's precision)."""
+    e = execution
+    layer = _layer_groups(spec, e)
+    gathers = tuple(ShardCollective("all-gather", element_bytes * g.params, *_shard_groups(g, e)[0]) for g in layer)
+    reduces = tuple(dataclasses.replace(c, kind="reduce-scatter") for c in gathers)
+    groups = _param_groups(spec, e)
+    other = groups[0].params - max(stage_layers(e, spec)) * layer[0].params  # the embedding
+    step: list[ShardCollective] = []
     for k, g in enumerate(groups):
         shard, replicas = _shard_groups(g, e)
-        if k == 0:
-            dims = cluster.group_dims(*shard)
-            nbytes = grad_bytes * other_params
-            total += collective_time("reduce-scatter", nbytes, dims) + collective_time("all-gather", nbytes, dims)
-        total += collective_time("all-reduce", grad_bytes * g.params / shard[0], cluster.group_dims(*replicas))
-    return total
+        if k == 0 and shard[0] > 1:
+            step += [ShardCollective(kind, element_bytes * other, *shard) for kind in ("reduce-scatter", "all-gather")]
+        if replicas[0] > 1:
+            step.append(ShardCollective("all-reduce", element_bytes * g.params / shard[0], *replicas))
+    return Zero3Traffic(gathers=gathers, reduces=reduces, step=tuple(step))
+
+
+def _collectives_s(cluster: Cluster, collectives: tuple[ShardCollective, ...]) -> float:
+    """The collectives one after the other on their groups' fabric dimensions."""
+    return sum(collective_time(c.kind, c.nbytes, cluster.group_dims(c.size, c.stride)) for c in collectives)
 
 
 def _shard_groups(g: ParamGroup, e: Execution) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -546,18 +579,14 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
 
     fsdp_fwd = fsdp_bwd = 0.0
     if e.zero >= 3:
-        gather = reduce = 0.0
-        for g in _layer_groups(spec, e):
-            dims = cluster.group_dims(*_shard_groups(g, e)[0])
-            gather += collective_time("all-gather", prec.element_bytes * g.params, dims)
-            reduce += collective_time("reduce-scatter", prec.element_bytes * g.params, dims)
+        z3 = zero3_traffic(spec, e, prec.element_bytes)
+        gather, reduce = _collectives_s(cluster, z3.gathers), _collectives_s(cluster, z3.reduces)
         chunk = max(1, n_layers // e.virtual_stages)
         fsdp_fwd = e.virtual_stages * fsdp_exposed_s(gather, reduce, layer_fwd, chunk, prefetch=e.fsdp_prefetch,
                                                      backward=False)
         fsdp_bwd = e.virtual_stages * fsdp_exposed_s(gather, reduce, layer_bwd + layer_recompute, chunk,
                                                      prefetch=e.fsdp_prefetch, backward=True)
-        other = groups[0].params - n_layers * _layer_groups(spec, e)[0].params
-        dp_full = _zero3_step_s(cluster, groups, e, other, prec.element_bytes)
+        dp_full = _collectives_s(cluster, z3.step)
     else:
         dp_full = _dp_reduce_s(cluster, groups, prec.element_bytes)
     hidden_by = n_layers * (layer_bwd + layer_recompute) if e.dp_overlap else 0.0

@@ -21,7 +21,9 @@ NOTE [LLM lowering]
 * Each rank runs :func:`mcdla.sim.llm_ranks.pipeline_order`. One chunk's forward of one micro-batch is: wait
   for the input (a :class:`~mcdla.sim.ir.Recv` from the previous stage; a rank posts all its receives up front,
   one stream per peer in the order the peer sends, so receives never hold it), the chunk's compute (its
-  layers, plus logits and loss on the last chunk of the last stage), then its TP collectives: the ``2 n``
+  layers, each stage's and chunk's own count under an uneven split, plus logits and loss on the last chunk of
+  the last stage; under ZeRO-3 one op per layer with its gathers and reduce-scatters, NOTE [ZeRO lowering] in
+  :mod:`mcdla.sim.llm_lower_zero`), then its TP collectives: the ``2 n``
   all-reduces (all-gather + reduce-scatter with sequence parallelism) of ``n`` layers as one collective of
   ``2 n`` times the bytes, the latency terms of the ``2 n - 1`` others charged with the compute they are spread
   over (a collective's closed form is its bytes' term plus a latency, so this is exact on an idle fabric), then
@@ -41,11 +43,13 @@ NOTE [LLM lowering]
 * ``replicas="all"`` (``"auto"`` up to :data:`ALL_REPLICAS_UP_TO` GPUs) simulates every replica instead, unfolded,
   and runs the data-parallel reduction as collectives, one all-reduce per parameter group on its reduction
   group's fabric dimensions (the ``dp x cp`` replicas, the ``dp cp / ep`` holding the same experts; ZeRO-1/2
-  move the same bytes): after the rank's pipeline, or with ``dp_overlap`` from the start of its last
-  backward, sharing the links with it (so the backward's collectives, not only its compute, run beside it).
-  With one pipeline (``"fold"``) the replicas on other nodes have no programs, so a rank runs the reduction's
-  exposed part by its closed form (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer
-  state, runs the Adam step and writes the state back.
+  move the same bytes; ZeRO-3's once-per-iteration collectives instead, NOTE [ZeRO lowering]): after the
+  rank's pipeline, or with ``dp_overlap`` from the start of its last backward, sharing the links with it (so
+  the backward's collectives, not only its compute, run beside it). With one pipeline (``"fold"``) the
+  replicas on other nodes have no programs, so a rank runs the reduction's exposed part by its closed form
+  (``dp_exposed_s``). Then with ``offload_optimizer`` it fetches its optimizer state (from the node's drives on
+  the ``nvme`` tier), runs the Adam step and writes the state back; with ``cpu_optimizer`` its gradients go
+  out, the CPU's Adam runs and the parameters come back (NOTE [ZeRO lowering]).
 
 On an idle fabric the programs take the per-rank schedule's time (:func:`mcdla.sim.llm_ranks.simulate_ranks`)
 whenever the offload is hidden by the compute; an exposed offload is shorter here, since the TP collectives
@@ -64,9 +68,12 @@ from mcdla.hardware.model import Link, LinkKind, Switch, System
 from mcdla.sim.collective_models import Collective
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch, RankProgram, Recv, Send
 from mcdla.sim.ir_engine import execute
-from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, rank_traffic, stage_costs
+from mcdla.sim.llm import (DEFAULT_PRECISION, LlmStep, RankTraffic, StageCosts, llm_step, precision_of, rank_traffic,
+                           stage_costs, zero3_traffic)
 from mcdla.sim.llm_lower_cpep import (PassExchange, batched_collectives, gradient_collectives, pass_exchanges,
                                       replica_unit)
+from mcdla.sim.llm_lower_zero import (FsdpOps, NvmeMemories, fsdp_chunk, fsdp_ops, nvme_rejection, step_ops, uses_nvme,
+                                      with_nvme, zero3_step_collectives)
 from mcdla.sim.llm_ranks import pipeline_order
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
@@ -176,23 +183,53 @@ def _tp_collectives(e: Execution, cluster: Cluster, group: tuple[int, ...], nbyt
     return batched_collectives(kinds, nbytes, count, group, cluster.group_dims(layout.tp, layout.stride("tp")))
 
 
-def _unlowered(e: Execution, c: StageCosts) -> str | None:
-    """Why the engine cannot lower ``e`` (its traffic would be left out), in one line; None when it can."""
-    if len(set(c.stage_layers)) > 1:
-        return (f"execution: got stage layers {sorted(set(c.stage_layers))}; the engine lowers even pipeline "
-                "stages only (no uneven split yet): use the analytical model for this record")
-    if e.zero >= 3 or e.cpu_optimizer or e.offload_tier != "host":
-        return (f"execution.zero: got {e.zero} (cpu_optimizer={e.cpu_optimizer}, offload_tier="
-                f"{e.offload_tier}); the engine lowers ZeRO 0-2 with host offload only (no ZeRO-3 per-layer "
-                "gathers, CPU optimizer or NVMe tier yet): use the analytical model for this record")
-    return None
+def _folded_peers(e: Execution, layout: ParallelDims, k: int, simulated: Sequence[int], unit: int,
+                  ) -> tuple[dict[int, list[int]], int]:
+    """The replicas each simulated rank stands for, ``unit`` replicas being simulated, and the fold: those that
+    share its node (the others share no finite resource with it), or all of them when replicas straddle nodes
+    unevenly; none with every replica simulated."""
+    step = unit * layout.stride("dp")
+    peers = {r: [r + d * step for d in range(1, e.dp // unit) if (r + d * step) // k == r // k] for r in simulated}
+    fold = 1 + len(peers[simulated[0]])
+    if any(len(ps) != fold - 1 for ps in peers.values()):  # replicas straddle nodes unevenly: fold them all
+        peers = {r: [r + d * step for d in range(1, e.dp // unit)] for r in simulated}
+        fold = e.dp // unit
+    return peers, fold
+
+
+def _simulated(e: Execution, layout: ParallelDims, unit: int) -> list[int]:
+    """The ranks of the first ``unit`` replicas, replica by replica, stage by stage, in Megatron's order."""
+    return [layout.rank(tp=t, cp=x, dp=d, pp=s) for d in range(unit) for s in range(e.pp) for x in range(e.cp)
+            for t in range(e.tp)]
+
+
+def _nvme_unlowered(e: Execution, cluster: Cluster, unit: int) -> str | None:
+    """Why the NVMe tier of ``e`` cannot be lowered on ``cluster`` (sized for ``e``) with ``unit`` replicas
+    simulated, or None."""
+    layout, k = ParallelDims.of(e), cluster.gpus_per_node
+    simulated = _simulated(e, layout, unit)
+    peers, _fold = _folded_peers(e, layout, k, simulated, unit)
+    if any(g // k != r // k for r in simulated for g in peers[r]):
+        return (f"execution.offload_tier: got 'nvme' with the replicas of a rank on other nodes (dp={e.dp}, "
+                f"{k} GPUs per node); the engine folds the NVMe tier within a node only: use replicas='all' or "
+                "the analytical model for this record")
+    return nvme_rejection(cluster)
+
+
+def _unit(e: Execution, replicas: str) -> int:
+    """How many replicas :func:`lower` simulates: every one (``all``, or ``auto`` up to
+    :data:`ALL_REPLICAS_UP_TO` GPUs) or the fewest that hold whole EP groups."""
+    every = replicas == "all" or (replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO)
+    return e.dp if every else replica_unit(e)  # NOTE [CP and EP lowering]
 
 
 def lowering_rejection(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
-                       precision: str = DEFAULT_PRECISION) -> str | None:
-    """The one-line reason :func:`lower` refuses ``execution``, or None when the engine lowers it (ConfigError
-    as :func:`stage_costs` for a record the model itself refuses)."""
-    return _unlowered(execution, stage_costs(spec, execution, cluster, precision=precision))
+                       precision: str = DEFAULT_PRECISION, replicas: str = "auto") -> str | None:
+    """The one-line reason :func:`lower` refuses ``execution`` (with ``replicas``), or None when the engine lowers
+    it (ConfigError as :func:`stage_costs` for a record the model itself refuses)."""
+    e = execution
+    stage_costs(spec, e, cluster, precision=precision)
+    return _nvme_unlowered(e, cluster.for_gpus(e.gpus), _unit(e, replicas)) if uses_nvme(e) else None
 
 
 def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, precision: str = DEFAULT_PRECISION,
@@ -205,29 +242,19 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     e = execution
     every = replicas == "all" or (replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO)
     c = stage_costs(spec, e, cluster, precision=precision)
-    why = _unlowered(e, c)
-    if why is not None:
-        raise ConfigError(why)
     traffic = rank_traffic(spec, e, precision)
     cluster = cluster.for_gpus(e.gpus)
     layout = ParallelDims.of(e)
     p, v, m = e.pp, e.virtual_stages, e.micro_batches
-    n = c.layers_per_stage // v
     k = cluster.gpus_per_node
 
     def rank(t: int, x: int, s: int, d: int = 0) -> int:
         return layout.rank(tp=t, cp=x, dp=d, pp=s)
 
-    unit = e.dp if every else replica_unit(e)  # replicas simulated: whole EP groups (NOTE [CP and EP lowering])
+    unit = _unit(e, replicas)
     replica_ids = range(unit)
-    simulated = [rank(t, x, s, d) for d in replica_ids for s in range(p) for x in range(e.cp) for t in range(e.tp)]
-    # the replicas a rank stands for that share its node (the others share no finite resource with it)
-    step = unit * layout.stride("dp")
-    peers = {r: [r + d * step for d in range(1, e.dp // unit) if (r + d * step) // k == r // k] for r in simulated}
-    fold = 1 + len(peers[simulated[0]])
-    if any(len(ps) != fold - 1 for ps in peers.values()):  # replicas straddle nodes unevenly: fold them all
-        peers = {r: [r + d * step for d in range(1, e.dp // unit)] for r in simulated}
-        fold = e.dp // unit
+    simulated = _simulated(e, layout, unit)
+    peers, fold = _folded_peers(e, layout, k, simulated, unit)
     used = sorted({g // k for r in simulated for g in (r, *peers[r])})
     system = _nics_behind_pcie(cluster, cluster.with_nodes(len(used)).expand() if cluster.scale_out is not None
                                else cluster.expand())
@@ -237,6 +264,13 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     def device(g: int) -> str:
         return names[where[g // k] * k + g % k]
 
+    nvme: NvmeMemories | None = None
+    if uses_nvme(e):
+        why = _nvme_unlowered(e, cluster, unit)
+        if why is not None:
+            raise ConfigError(why)
+        system, nvme = with_nvme(cluster, system)
+    zero3 = zero3_traffic(spec, e, precision_of(precision).element_bytes) if e.zero >= 3 else None
     programs: list[RankProgram] = []
     mirrors: dict[int, tuple[str, ...]] = {}
     for d in replica_ids:
@@ -244,16 +278,27 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
             order = pipeline_order(p, m, v, s)
             for x in range(e.cp):
                 group = tuple(rank(t, x, s, d) for t in range(e.tp))
-                fwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes, 2 * n)
-                bwd_colls = _tp_collectives(e, cluster, group, traffic.activation_bytes,
-                                            (2 + 2 * c.recomputed_share) * n)
+                sizes = set(c.chunk_layers[s])  # layers of the stage's chunks (one size unless the split is uneven)
+                colls = {(n, forward): _tp_collectives(e, cluster, group, traffic.activation_bytes,
+                                                       (2 if forward else 2 + 2 * c.recomputed_share) * n)
+                         for n in sizes for forward in (True, False)}
                 for t in range(e.tp):
                     r = rank(t, x, s, d)
                     pool = system.pools.get(device(r), ())
-                    dp_colls = gradient_collectives(e, cluster, traffic, r) if every else None
-                    exchanges = pass_exchanges(e, cluster, c, traffic, r, n)
-                    ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, fwd_colls, bwd_colls, dp_colls,
-                                    exchanges, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
+                    if not every:
+                        dp_colls = None
+                    elif zero3 is not None:
+                        dp_colls = zero3_step_collectives(e, cluster, zero3, r)
+                    else:
+                        dp_colls = gradient_collectives(e, cluster, traffic, r)
+                    exchanges = {n: pass_exchanges(e, cluster, c, traffic, r, n) for n in sizes}
+                    fsdp = fsdp_ops(e, cluster, zero3, r, collectives=every) if zero3 is not None else None
+                    weights_from = (nvme.of(device(r))[0],) if nvme is not None else pool
+                    ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, weights_from, colls, dp_colls, exchanges,
+                                    fsdp, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
+                    ops += step_ops(e, cluster, system, device(r), pool, tail=ops[-1].name,
+                                    last_backward=_last_backward_waits(ops), optimizer_bytes=traffic.optimizer_bytes,
+                                    optimizer_s=c.optimizer_s, precision=precision, nvme=nvme)
                     programs.append(RankProgram(rank=r, ops=tuple(ops), fold=fold))
                     if fold > 1:
                         mirrors[r] = tuple(device(g) for g in peers[r])
@@ -288,15 +333,16 @@ def _receives(s: int, p: int, m: int, v: int) -> list[tuple[int, str]]:
 
 
 def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v: int, c: StageCosts,
-              e: Execution, traffic: RankTraffic, pool: Sequence[str], fwd_colls: list[tuple[Collective, float]],
-              bwd_colls: list[tuple[Collective, float]], dp_colls: list[Collective] | None,
-              exchanges: tuple[PassExchange, PassExchange], *, peer: Callable[[int], int]) -> list[Op]:
-    """The ops of rank ``r`` on stage ``s`` (NOTE [LLM lowering]); ``peer(stage)``: the same TP x CP slot there;
-    ``dp_colls``: the data-parallel reduction as collectives, or None to run its closed-form exposed time;
-    ``exchanges``: the CP and EP work of a forward and a backward pass (NOTE [CP and EP lowering])."""
+              e: Execution, traffic: RankTraffic, pool: Sequence[str], weights_from: Sequence[str],
+              colls: dict[tuple[int, bool], list[tuple[Collective, float]]], dp_colls: list[Collective] | None,
+              exchanges: dict[int, tuple[PassExchange, PassExchange]], fsdp: FsdpOps | None, *,
+              peer: Callable[[int], int]) -> list[Op]:
+    """The ops of rank ``r`` on stage ``s`` up to its optimizer step (NOTE [LLM lowering]); ``peer(stage)``: the
+    same TP x CP slot there; ``weights_from``: the memories offloaded weights are fetched from; ``colls``: the TP
+    collectives of a chunk of ``n`` layers by ``(n, forward)``; ``dp_colls``: the data-parallel reduction as
+    collectives, or None to run its closed-form exposed time; ``exchanges``: the CP and EP work of a forward and a
+    backward pass of ``n`` layers (NOTE [CP and EP lowering]); ``fsdp``: ZeRO-3's per-layer ops, or None."""
     b = _RankBuilder(r)
-    n = c.layers_per_stage // v
-    q = len(pool)
     recv_of: dict[str, str] = {}
     last_backward = next((mb, ch) for forward, mb, ch in reversed(order) if not forward)
     reduce_waits: tuple[str, ...] = ()
@@ -304,33 +350,40 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         recv_of[tag] = b.add(Recv(name=f"recv-{tag}", stream=f"recv-{src}", peer=peer(src), nbytes=traffic.p2p_bytes))
     for forward, mb, ch in order:
         tag = _tag(forward, mb, ch)
+        n = c.chunk_layers[s][ch]
+        share = n / c.layers_per_stage  # of the (largest) stage's copies
         last_chunk = s == p - 1 and ch == v - 1
         dst = _links(s, p, v, forward, ch)[1]
         waits = tuple(w for w in (b.last, *b.copies, recv_of.get(tag)) if w)
-        colls = fwd_colls if forward else bwd_colls
-        if forward:
-            seconds = n * c.layer_fwd_s + (c.last_fwd_s if last_chunk else 0.0)
-        else:
-            seconds = n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last_chunk else 0.0)
-        exchange = exchanges[0] if forward else exchanges[1]
-        seconds += sum(lat for _coll, lat in colls) + exchange.compute_s  # other calls' latencies; ring attention
+        chunk_colls = colls[(n, forward)]
+        exchange = exchanges[n][0 if forward else 1]
+        layer_s = c.layer_fwd_s if forward else c.layer_bwd_s + c.layer_recompute_s
+        other_s = (c.last_fwd_s if forward else c.last_bwd_s) if last_chunk else 0.0
+        # the other calls' latencies; ring attention moved out of the layers into the ring steps
+        other_s += sum(lat for _coll, lat in chunk_colls) + exchange.compute_s
         if dp_colls and e.dp_overlap and not forward and (mb, ch) == last_backward:  # starts with the last backward
             reduce_waits = tuple(waits)
-        compute = b.add(Compute(name=f"compute-{tag}", seconds=seconds, waits=tuple(waits)))
+        if fsdp is None:
+            compute = b.add(Compute(name=f"compute-{tag}", seconds=n * layer_s + other_s, waits=tuple(waits)))
+        else:  # a negative rest (the ring's attention) comes off the layers
+            spread = min(0.0, other_s) / n
+            compute = fsdp_chunk(b.ops, tag, waits, n, layer_s + spread, max(0.0, other_s), fsdp,
+                                 backward=not forward)
         copies: list[str] = []
-        moves: list[tuple[type[Offload] | type[Prefetch], float]] = []
+        moves: list[tuple[type[Offload] | type[Prefetch], float, Sequence[str]]] = []
         if e.offload_activations:
-            moves.append((Offload if forward else Prefetch, traffic.offload_activation_bytes / v))
+            moves.append((Offload if forward else Prefetch, share * traffic.offload_activation_bytes, pool))
         if e.offload_weights:
-            moves.append((Prefetch, traffic.offload_weight_bytes / v))
-        for j, (kind, nbytes) in enumerate(moves):
-            for mem in pool:
-                copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem, nbytes=nbytes / q,
-                                         stream=f"{kind.__name__.lower()}{j}-{mem}", waits=tuple(waits))))
+            moves.append((Prefetch, traffic.offload_weight_bytes / v, weights_from))
+        for j, (kind, nbytes, memories) in enumerate(moves):
+            for mem in memories:
+                copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem,
+                                         nbytes=nbytes / len(memories), stream=f"{kind.__name__.lower()}{j}-{mem}",
+                                         waits=tuple(waits))))
         done = compute
         for op in exchange.ops(tag, compute):
             done = b.add(op)
-        for i, (coll, _latency_s) in enumerate(colls):
+        for i, (coll, _latency_s) in enumerate(chunk_colls):
             done = b.add(CollectiveOp(name=f"tp{i}-{tag}", collective=coll, waits=(done,)))
         b.copies = copies
         if p == 1:
@@ -344,20 +397,16 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         done = reduce_waits if e.dp_overlap else (tail,)
         for i, coll in enumerate(dp_colls):
             done = (b.add(CollectiveOp(name=f"dp{i}", stream="dp", collective=coll, waits=done)),)
-        tail = b.add(Compute(name="dp-end", seconds=0.0, waits=(tail, *done)))
+        b.add(Compute(name="dp-end", seconds=0.0, waits=(tail, *done)))
     elif c.dp_full_s > 0:
-        tail = b.add(Compute(name="dp-reduce", seconds=c.dp_exposed_s, waits=(tail,)))
-    fetched: list[str] = []
-    if e.offload_optimizer:
-        for mem in pool:
-            fetched.append(b.add(Prefetch(name=f"optimizer-in-{mem}", stream=f"optimizer-{mem}", memory=mem,
-                                          nbytes=traffic.optimizer_bytes / q, waits=(tail,))))
-    step = b.add(Compute(name="adam", seconds=c.optimizer_s, waits=(tail, *fetched)))
-    if e.offload_optimizer:
-        for mem in pool:
-            b.add(Offload(name=f"optimizer-out-{mem}", stream=f"optimizer-{mem}", memory=mem,
-                          nbytes=traffic.optimizer_bytes / q, waits=(step,)))
+        b.add(Compute(name="dp-reduce", seconds=c.dp_exposed_s, waits=(tail,)))
     return b.ops
+
+
+def _last_backward_waits(ops: Sequence[Op]) -> tuple[str, ...]:
+    """What the rank's last backward waits for (its first op's waits): the CPU optimizer's gradients go out from
+    there."""
+    return next(op.waits for op in reversed(ops) if op.name.startswith("compute-b"))
 
 
 def engine_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,

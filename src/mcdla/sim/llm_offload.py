@@ -26,7 +26,8 @@ from mcdla.hardware.cluster import Cluster
 from mcdla.workload.execution import Execution
 
 __all__ = ["ADAM_TRAFFIC_BYTES", "GRAD_BYTES", "OPTIMIZER_BYTES", "WEIGHT_BYTES", "CpuOptimizerStep",
-           "cpu_optimizer_step", "host_dram_bytes_per_s", "nvme_bytes_per_s", "tier_bytes_per_s", "tier_rejection"]
+           "cpu_adam_s", "cpu_optimizer_step", "host_dram_bytes_per_s", "nvme_bytes_per_s", "tier_bytes_per_s",
+           "tier_rejection"]
 
 # Adam with mixed precision, per parameter: fp16/bf16 weight and gradient, fp32 master weight, momentum and
 # variance (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 bytes).
@@ -87,20 +88,28 @@ def cpu_optimizer_step(execution: Execution, cluster: Cluster, params: float, *,
     """
     e = execution
     link = cluster.pool_link()
-    dram = host_dram_bytes_per_s(cluster)
-    assert dram is not None  # tier_rejection refused the execution otherwise
     grads_out = max(0.0, element_bytes * params / link.offload_bytes_per_s - last_backward_s)
     params_in = element_bytes * params / link.prefetch_bytes_per_s
-    step = ADAM_TRAFFIC_BYTES * params / dram
-    if e.offload_tier == "nvme":
-        rates = nvme_bytes_per_s(cluster)
-        assert rates is not None
-        step = max(step, optimizer_bytes * params / rates[0] + optimizer_bytes * params / rates[1])
+    step = cpu_adam_s(e, cluster, params, optimizer_bytes=optimizer_bytes)
     if not e.delayed_param_update:
         return CpuOptimizerStep(optimizer_s=step, transfer_s=grads_out + params_in)
     exposed = max(0.0, step + params_in - iteration_compute_s)
     optimizer = max(0.0, step - iteration_compute_s)
     return CpuOptimizerStep(optimizer_s=optimizer, transfer_s=grads_out + exposed - optimizer)
+
+
+def cpu_adam_s(execution: Execution, cluster: Cluster, params: float, *,
+               optimizer_bytes: int = OPTIMIZER_BYTES) -> float:
+    """Seconds the CPU's Adam takes over ``params`` parameters (module docstring): ``ADAM_TRAFFIC_BYTES`` each at
+    the GPU's share of host DRAM, or with the ``nvme`` tier the drives' read and write of the state if longer."""
+    dram = host_dram_bytes_per_s(cluster)
+    assert dram is not None  # tier_rejection refused the execution otherwise
+    step = ADAM_TRAFFIC_BYTES * params / dram
+    if execution.offload_tier == "nvme":
+        rates = nvme_bytes_per_s(cluster)
+        assert rates is not None
+        step = max(step, optimizer_bytes * params / rates[0] + optimizer_bytes * params / rates[1])
+    return step
 
 
 def tier_bytes_per_s(cluster: Cluster, tier: str) -> tuple[float, float]:
