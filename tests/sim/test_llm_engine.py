@@ -30,6 +30,12 @@ _NO_SHARED_LINK = [
     ("gh200", dict(gpus=4, tp=1, pp=4, dp=1, micro_batch=1, global_batch=4)),
     ("dgx-h100", dict(gpus=32, tp=8, pp=2, dp=2, micro_batch=1, global_batch=8, virtual_stages=2,
                       recompute="full", recompute_num_layers=5)),  # block: 5 of each chunk's 24 layers
+    # TP collectives beside their GEMMs: hidden (micro-batch 4) and exposed (micro-batch 1, sequence parallel)
+    ("dgx-h100", dict(gpus=8, tp=8, pp=1, dp=1, micro_batch=4, global_batch=8, tp_comm_overlap=True)),
+    ("dgx-h100", dict(gpus=16, tp=8, pp=2, dp=1, micro_batch=1, global_batch=4, tp_comm_overlap=True,
+                      sequence_parallel=True, recompute="full")),
+    ("dgx-h100", dict(gpus=32, tp=4, pp=4, dp=2, micro_batch=2, global_batch=16, virtual_stages=2,
+                      tp_comm_overlap=True, recompute="selective")),
 ]
 
 
@@ -261,3 +267,59 @@ def test_overlapped_reduction_floor_by_hand_on_dgx_h100() -> None:
     backward = n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_tp_bwd_s) + c.offload_bwd_s
     assert busiest > backward  # the floor binds
     assert link_floors(e, cluster, c, t).dp_exposed_s == pytest.approx(busiest - backward, rel=1e-12)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("nvlink", [20e9, 200e9, 5e12])
+def test_engine_overlaps_tp_collectives_with_their_gemms_as_the_closed_form(llm_cluster, nvlink: float,
+                                                                           recompute: str) -> None:
+    """With ``tp_comm_overlap`` the engine runs a chunk's TP collectives beside its GEMMs, then the rest of the
+    chunk; per layer that exposes max(0, R - G) like the closed form (R the layer's collectives, G the GEMMs
+    they pair with), whether the collectives hide behind the GEMMs (fast NVLink) or show (slow NVLink), with a
+    pipeline of two stages and every replica simulated. Without the overlap the engine is slower by what the
+    GEMMs hide on each of the m + p - 1 passes of the 1F1B critical path."""
+    from mcdla.workload.transformer import TransformerSpec
+    spec = TransformerSpec(name="g", layers=8, hidden=1024, heads=16, vocab=1000, seq_len=2048)
+    cluster = llm_cluster(gpus_per_node=4, nodes=2, nvlink_bytes_per_s=nvlink, network_bytes_per_s=50e9,
+                          network_latency_s=1e-6)
+    fields = dict(gpus=8, tp=4, pp=2, dp=1, micro_batch=1, global_batch=4, recompute=recompute)
+    plain, overlap = Execution(**fields), Execution(**fields, tp_comm_overlap=True)  # type: ignore[arg-type]
+    got = engine_step(spec, overlap, cluster, replicas="all")
+    assert got.iteration_s == pytest.approx(llm_step(spec, overlap, cluster).iteration_s, rel=1e-9)
+    assert got.contention_s == pytest.approx(0.0, abs=1e-9 * got.iteration_s)
+    c = stage_costs(spec, overlap, cluster)
+    hidden = engine_step(spec, plain, cluster, replicas="all").iteration_s - got.iteration_s
+    tp_plain = stage_costs(spec, plain, cluster)
+    per_mb = c.layers_per_stage * sum(min(full, hide) for full, hide in (
+        (tp_plain.layer_tp_fwd_s, c.layer_tp_hide_fwd_s), (tp_plain.layer_tp_bwd_s, c.layer_tp_hide_bwd_s)))
+    # 1F1B of even stages: m + p - 1 micro-batch passes on the critical path
+    assert hidden == pytest.approx((overlap.micro_batches + overlap.pp - 1) * per_mb, rel=1e-6)
+
+
+def test_engine_refuses_tp_overlap_with_a_partial_recompute() -> None:
+    """A recompute of some layers mixes two per-layer overlap rules in a chunk: refused in one line."""
+    e = Execution(gpus=16, tp=8, pp=2, dp=1, micro_batch=1, global_batch=4, recompute="full",
+                  recompute_num_layers=5, tp_comm_overlap=True)
+    with pytest.raises(ConfigError, match=r"^execution\.tp_comm_overlap: got true") as info:
+        engine_step(_GPT3, e, load_cluster("dgx-h100").for_gpus(16))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(gpus=16, tp=8, pp=1, dp=2, micro_batch=1, global_batch=4, zero=1),
+    dict(gpus=32, tp=8, pp=2, dp=2, micro_batch=1, global_batch=8, zero=1),
+    dict(gpus=32, tp=8, pp=2, dp=2, micro_batch=1, global_batch=8, zero=1, virtual_stages=2),
+    dict(gpus=16, tp=2, pp=1, dp=8, micro_batch=1, global_batch=16, recompute="full"),
+    dict(gpus=16, tp=8, pp=1, dp=2, micro_batch=1, global_batch=4, zero=3, fsdp_prefetch=2),
+    dict(gpus=16, tp=8, pp=1, dp=2, micro_batch=1, global_batch=4, zero=1, tp_comm_overlap=True),
+])
+def test_overlapped_reduction_hides_behind_the_last_pass_in_both_evaluators(fields: dict[str, object]) -> None:
+    """With ``dp_overlap`` the reduction starts with the first stage's last backward pass and hides behind
+    all of it, its TP calls and pipeline hold included (NOTE [overlapped reduction]): the engine's idle-fabric
+    iteration equals the closed form to 1e-9, where the reduction is partly exposed (a pipeline, interleaved
+    chunks, ZeRO-3, TP overlap) or hidden."""
+    e = Execution(**fields, dp_overlap=True)  # type: ignore[arg-type]
+    cluster = load_cluster("dgx-h100").for_gpus(e.gpus)
+    got = engine_step(_GPT3, e, cluster, replicas="all")
+    assert got.idle_iteration_s == pytest.approx(llm_step(_GPT3, e, cluster).iteration_s, rel=1e-9)
+    assert got.iteration_s >= got.idle_iteration_s * (1 - 1e-12)

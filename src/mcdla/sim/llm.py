@@ -42,6 +42,11 @@ NOTE [time model] (also ``docs/llm.md``):
   NVLink and the network when a node holds several members; ZeRO-1/2: reduce-scatter + all-gather, the same
   traffic) after the last backward, or overlapped with the last micro-batch's backward (``dp_overlap``); then
   the Adam step streams the rank's optimizer state through HBM.
+* NOTE [overlapped reduction]: with ``dp_overlap`` the reduction starts with the first stage's last backward
+  pass (the last pass of the pipeline) and hides behind that whole pass: its compute, its TP, CP and EP
+  calls, its pipeline hold and, with one stage and one chunk, the logits' backward. The engine lowers the same
+  rule. With interleaved stages that pass is one chunk's, so the rule is conservative there: Megatron starts each
+  chunk's bucket reduction after that chunk's own last backward.
 * NOTE [ZeRO-3 as run]: the shard group of each parameter group is its reduction group (the ``dp x cp`` replicas
   of the dense parameters, the ``dp cp / ep`` of the routed experts; under HSDP the ``dp / hsdp_shard`` replica
   groups split it, :func:`_shard_groups`). FSDP/ZeRO-3 gathers each layer's 16-bit weights (all-gather over the
@@ -449,6 +454,8 @@ class StageCosts:
     layer_ep_bwd_s: float = 0.0  # and in its backward (+ the recomputed forward's with full recompute)
     recomputed_share: float = 0.0  # share of the layers fully recomputed (the TP calls their backward repeats)
     layer_attention_fwd_s: float = 0.0  # the attention core's forward in one layer (what a CP ring send overlaps)
+    layer_tp_hide_fwd_s: float = 0.0  # GEMM time of one layer's forward its TP collectives overlap (``tp_comm_overlap``)
+    layer_tp_hide_bwd_s: float = 0.0  # and of its backward (+ the recomputed forward's with full recompute)
 
     @property
     def layer_comm_fwd_s(self) -> float:
@@ -550,11 +557,13 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
     tp_one = _tp_allreduce_s(cluster, layout, e.sequence_parallel, act_bytes)
     tp_fwd, tp_bwd_plain, tp_bwd_full = 2 * tp_one, 2 * tp_one, 4 * tp_one
+    hide_fwd = hide_bwd = 0.0
     if e.tp_comm_overlap:
         # each collective overlaps the GEMM it pairs with (userbuffers): hidden up to the GEMMs' time
         tp_fwd = max(0.0, tp_fwd - gemm_f)
         tp_bwd_plain = max(0.0, tp_bwd_plain - gemm_bwd_ratio * gemm_f)
         tp_bwd_full = max(0.0, tp_bwd_full - gemm_bwd_ratio * gemm_f - gemm_f)
+        hide_fwd, hide_bwd = gemm_f, gemm_bwd_ratio * gemm_f + full * gemm_f
     tp_bwd = full * tp_bwd_full + (1.0 - full) * tp_bwd_plain if full else tp_bwd_plain
 
     split_layers = stage_layers(e, spec)
@@ -589,7 +598,13 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         dp_full = _collectives_s(cluster, z3.step)
     else:
         dp_full = _dp_reduce_s(cluster, groups, prec.element_bytes)
-    hidden_by = n_layers * (layer_bwd + layer_recompute) if e.dp_overlap else 0.0
+    hidden_by = 0.0
+    if e.dp_overlap:  # the first stage's last backward pass (NOTE [overlapped reduction])
+        first = chunk_layers(e, spec)[0][0]
+        hidden_by = (first * (layer_bwd + layer_recompute + tp_bwd + cp.bwd_exposed_s + ep_bwd)
+                     + (fsdp_bwd / e.virtual_stages if e.zero >= 3 else 0.0)
+                     + (p2p if e.pp > 1 else 0.0)
+                     + (gemm_bwd_ratio * logits + 2 * loss if e.pp == 1 and e.virtual_stages == 1 else 0.0))
 
     opt_params = _sharded(groups, e, e.zero >= 1)
     offload_step = 0.0
@@ -612,7 +627,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=optimizer,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec),
         layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
-        recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd)
+        recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd, layer_tp_hide_fwd_s=hide_fwd,
+        layer_tp_hide_bwd_s=hide_bwd)
 
 
 def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:

@@ -223,12 +223,27 @@ def _unit(e: Execution, replicas: str) -> int:
     return e.dp if every else replica_unit(e)  # NOTE [CP and EP lowering]
 
 
+def _overlap_unlowered(e: Execution, c: StageCosts) -> str | None:
+    """Why the TP-communication overlap of ``e`` cannot be lowered, or None: the engine overlaps a chunk's TP
+    collectives with its GEMMs as one span, which is the closed form's per-layer rule only when every layer of the
+    chunk is recomputed alike and its layers are not split into ZeRO-3's per-layer ops."""
+    if not (e.tp_comm_overlap and e.tp > 1):
+        return None
+    if e.zero >= 3 or 0.0 < c.recomputed_share < 1.0:
+        return (f"execution.tp_comm_overlap: got true with zero={e.zero}, recompute_num_layers="
+                f"{e.recompute_num_layers}; the engine overlaps TP collectives with ZeRO 0-2 and a recompute of no "
+                "or every layer: use the analytical model for this record")
+    return None
+
+
 def lowering_rejection(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
                        precision: str = DEFAULT_PRECISION, replicas: str = "auto") -> str | None:
     """The one-line reason :func:`lower` refuses ``execution`` (with ``replicas``), or None when the engine lowers
     it (ConfigError as :func:`stage_costs` for a record the model itself refuses)."""
     e = execution
-    stage_costs(spec, e, cluster, precision=precision)
+    why = _overlap_unlowered(e, stage_costs(spec, e, cluster, precision=precision))
+    if why is not None:
+        return why
     return _nvme_unlowered(e, cluster.for_gpus(e.gpus), _unit(e, replicas)) if uses_nvme(e) else None
 
 
@@ -242,6 +257,9 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
     e = execution
     every = replicas == "all" or (replicas == "auto" and e.gpus <= ALL_REPLICAS_UP_TO)
     c = stage_costs(spec, e, cluster, precision=precision)
+    why = _overlap_unlowered(e, c)
+    if why is not None:
+        raise ConfigError(why)
     traffic = rank_traffic(spec, e, precision)
     cluster = cluster.for_gpus(e.gpus)
     layout = ParallelDims.of(e)
@@ -359,11 +377,23 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         exchange = exchanges[n][0 if forward else 1]
         layer_s = c.layer_fwd_s if forward else c.layer_bwd_s + c.layer_recompute_s
         other_s = (c.last_fwd_s if forward else c.last_bwd_s) if last_chunk else 0.0
-        # the other calls' latencies; ring attention moved out of the layers into the ring steps
-        other_s += sum(lat for _coll, lat in chunk_colls) + exchange.compute_s
+        latencies = sum(lat for _coll, lat in chunk_colls)  # the other calls' latencies
+        hide_s = n * (c.layer_tp_hide_fwd_s if forward else c.layer_tp_hide_bwd_s)
+        overlapped = hide_s > 0 and fsdp is None and bool(chunk_colls)
+        # ring attention moved out of the layers into the ring steps
+        other_s += (0.0 if overlapped else latencies) + exchange.compute_s
         if dp_colls and e.dp_overlap and not forward and (mb, ch) == last_backward:  # starts with the last backward
             reduce_waits = tuple(waits)
-        if fsdp is None:
+        if overlapped:  # the TP collectives run beside the GEMMs they pair with, then the rest of the chunk
+            gemms = b.add(Compute(name=f"gemm-{tag}", seconds=hide_s, waits=tuple(waits)))
+            done = b.add(Compute(name=f"tp-latency-{tag}", stream="tp-overlap", seconds=latencies,
+                                 waits=tuple(waits)))
+            for i, (coll, _latency_s) in enumerate(chunk_colls):
+                done = b.add(CollectiveOp(name=f"tp{i}-{tag}", stream="tp-overlap", collective=coll, waits=(done,)))
+            compute = b.add(Compute(name=f"compute-{tag}", seconds=n * layer_s + other_s - hide_s,
+                                    waits=(gemms, done)))
+            chunk_colls = []
+        elif fsdp is None:
             compute = b.add(Compute(name=f"compute-{tag}", seconds=n * layer_s + other_s, waits=tuple(waits)))
         else:  # a negative rest (the ring's attention) comes off the layers
             spread = min(0.0, other_s) / n
@@ -406,7 +436,9 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
 def _last_backward_waits(ops: Sequence[Op]) -> tuple[str, ...]:
     """What the rank's last backward waits for (its first op's waits): the CPU optimizer's gradients go out from
     there."""
-    return next(op.waits for op in reversed(ops) if op.name.startswith("compute-b"))
+    last = next(op for op in reversed(ops) if op.name.startswith("compute-b"))
+    start = f"gemm-{last.name.removeprefix('compute-')}"  # an overlapped pass starts with its GEMMs
+    return next((op.waits for op in ops if op.name == start), last.waits)
 
 
 def engine_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
