@@ -6,7 +6,7 @@ import math
 import pytest
 
 from mcdla.hardware.cluster import load_cluster
-from mcdla.report.llm_validation import FAMILIES, family_runs
+from mcdla.report.llm_validation import FAMILIES, family_runs, run_cluster
 from mcdla.report.llm_validation_runs import BRIDGE_MOE_RUNS, FMS_FSDP_RUNS, SOURCED_FAMILIES, TORCHTITAN_RUNS
 from mcdla.sim.llm import llm_step
 from mcdla.workload.transformer import preset
@@ -81,6 +81,19 @@ def test_moe_records_match_the_published_rows(run):
     assert run.measured_s == pytest.approx(gbs * 4096 / (tokens * gpus), rel=1e-12)
     assert preset(run.model).seq_len == 4096 and preset(run.model).experts == 128
     assert run.precision == precision and run.choices and "Megatron-Bridge 25.11" in run.source
+
+
+def test_moe_235b_jobs_take_the_launchers_segment_of_each_rack():
+    """Megatron-Bridge's launcher (r0.2.0 utils/executors.py) gives a GB job of more than 18 four-GPU trays Slurm's
+    --segment, the largest tray count up to 18 that divides its trays: 64 trays -> 16, 64 GPUs per rack; the
+    records carry it, so every EP group (EP consecutive ranks, TP 1) is priced inside one NVLink domain."""
+    for run in BRIDGE_MOE_RUNS:
+        trays = run.execution.gpus // 4 if run.system.startswith("gb") else 0  # GB nodes: trays of 4 GPUs
+        segment = next(s for s in range(18, 0, -1) if trays % s == 0) if trays > 18 else 0
+        assert run.gpus_per_node == 4 * segment
+        if segment:
+            dims = run_cluster(run, None).group_dims(run.execution.ep, 1)
+            assert [(d.name, d.size) for d in dims] == [("nvlink", run.execution.ep)]
 
 
 def test_grand_teton_preset_carries_the_sourced_figures():

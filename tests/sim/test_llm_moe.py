@@ -55,6 +55,21 @@ def test_all_to_all_on_the_ep_groups_dimensions(ep, nvlink_share, network_share,
     assert llm_step(MOE, e, cluster).ep_comm_s == pytest.approx(m * MOE.layers * 4 * one, rel=1e-9)
 
 
+def test_all_to_all_of_a_job_on_part_of_each_node(llm_cluster):
+    """Nodes of 6 GPUs, 8 ranks, EP 4: packed 6 per node the groups 0-3 and 4-7 are priced with gcd(4, 6) = 2
+    per node over 2 nodes (1/4 of n over NVLink, 1/2 over the network); on 4 GPUs of each node every group is
+    one node's and sends 3/4 of n over NVLink alone."""
+    nv, net, m = 100e9, 25e9, 2
+    cluster = llm_cluster(gpus_per_node=6, nodes=2, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF,
+                          nvlink_bytes_per_s=nv, network_bytes_per_s=net)
+    e = Execution(gpus=8, dp=8, ep=4, micro_batch=1, global_batch=8 * m)
+    n = _a2a_bytes(1, 1, 1.0)
+    packed = n / 4 / nv + n / 2 / net
+    assert llm_step(MOE, e, cluster).ep_comm_s == pytest.approx(m * MOE.layers * 4 * packed, rel=1e-9)
+    placed = cluster.with_gpus_per_node(4).for_gpus(8)
+    assert llm_step(MOE, e, placed).ep_comm_s == pytest.approx(m * MOE.layers * 4 * 3 / 4 * n / nv, rel=1e-9)
+
+
 def test_sequence_parallel_tokens_and_full_recompute(llm_cluster):
     """With TP 2 and SP a rank dispatches b s / 2 tokens; EP ranks are TP 2 apart, so EP 4 spans the 4 nodes;
     full recomputation adds the forward's two all-to-alls: 6 per layer."""
