@@ -4,7 +4,7 @@ scale-up domains, the node's share of sockets, and the bad counts."""
 import pytest
 
 from mcdla.errors import HardwareError
-from mcdla.hardware.cluster import load_cluster
+from mcdla.hardware.cluster import cluster_from_dict, load_cluster
 
 
 def _nodes_of(group: range, per_node: int) -> set[int]:
@@ -50,3 +50,14 @@ def test_bad_gpus_per_node_is_a_one_line_error(gpus: int, message: str) -> None:
     with pytest.raises(HardwareError, match=message) as info:
         load_cluster("gb200-nvl72").with_gpus_per_node(gpus)
     assert "\n" not in str(info.value)
+
+
+def test_placement_equals_the_variant_file_written_by_hand() -> None:
+    """``with_gpus_per_node(64)`` is the ``extends: gb200-nvl72`` variant with 64 GPUs and 32 Grace per node
+    (``docs/hardware-format.md``): the same fabric dimensions, groups and offload figures at 256 GPUs."""
+    by_hand = cluster_from_dict({"format": "mcdla-system/1", "extends": "gb200-nvl72", "name": "segment",
+                                 "node": {"gpus": 64, "sockets": {"count": 32}}}).for_gpus(256)
+    placed = load_cluster("gb200-nvl72").with_gpus_per_node(64).for_gpus(256)
+    assert placed.dims == by_hand.dims and placed.group_dims(16, stride=4) == by_hand.group_dims(16, stride=4)
+    for figure in ("offload_bytes_per_s", "prefetch_bytes_per_s", "pool_bytes", "latency_s"):
+        assert getattr(placed.offload, figure) == getattr(by_hand.offload, figure)
