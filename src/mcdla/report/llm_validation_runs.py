@@ -20,7 +20,10 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
   commit 5776a6d9), the Qwen3 MoE rows the execution record expresses as published. Left out, with the reason:
   DeepSeek-V3 (61 layers over PP x VP chunks needs the recipe's unpublished layout), GPT-OSS 120B (alternating
   sliding-window attention is not modelled), Qwen3-235B on H100 (EP 32 over TP x DP, expert-parallel folding,
-  is not expressible: EP must divide DP x CP), and the FP8-MX rows on H100 (none).
+  is not expressible: EP must divide DP x CP), and the FP8-MX rows on H100 (none). Unpublished fields come from
+  the 25.11 container's performance scripts (Megatron-Bridge r0.2.0), each named in the record's ``choices``;
+  the 256-GPU GB jobs take 64 GPUs per NVL72 rack, as the launcher's Slurm segment places them
+  (``MeasuredRun.gpus_per_node``).
 
 Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so): the
 ``grand-teton-h100`` preset's on torchtitan's three H100 rows (their 500 W clock is not published) and the
@@ -147,22 +150,30 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
 
 _MX = "FP8-MX (MXFP8, 32-element block scales) taken as fp8: its GEMMs at the fp8 peak"
 _SPLIT_235B = ("94 layers split with the embedding and the loss counted as layers (the Qwen3-235B-A22B recipe's "
-               "account_for_*_in_pipeline_split); 64 GPUs per NVL72 rack: the launcher (utils/executors.py) asks "
-               "Slurm for --segment 16 on a 64-tray GB job, the largest tray count up to 18 that divides it, so "
-               "each rack holds 16 of its 18 four-GPU trays' GPUs of the job")
+               "account_for_*_in_pipeline_split)")
+_RACK_64 = ("64 GPUs per NVL72 rack: the launcher (utils/executors.py) asks Slurm for --segment 16 on a 64-tray GB "
+            "job, the largest tray count up to 18 that divides it, so each rack holds 16 of its 18 four-GPU trays' "
+            "GPUs of the job")
+
+_SPLIT_RACK = f"{_SPLIT_235B}; {_RACK_64}"
+_SPLIT_KW = dict(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
 
 BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
-    _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 2, 1, 2, 24, 8, 5275, "FP8-CS as fp8; the all-to-all's overlap with "
-                "compute (moe_a2a_overlap True in the H100 configs) not modelled"),
+    _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 2, 1, 2, 24, 8, 5275,
+                "FP8-CS as fp8; the all-to-all's overlap with compute (moe_a2a_overlap True in the H100 configs) "
+                "not modelled"),
     _bridge_moe("b200", "qwen3-30b-a3b", 8, "fp8", 512, 1, 1, 1, 1, 8, 9299, _MX),
     _bridge_moe("gb200-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 23766, _MX),
     _bridge_moe("gb300-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 28934, _MX),
-    _bridge_moe("gb200-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 1, 1, 8, 3, 32, 4916, _SPLIT_235B,
-                gpus_per_node=64, account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
-    _bridge_moe("gb300-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 2, 1, 4, 12, 16, 6131, _SPLIT_235B,
-                gpus_per_node=64, account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
+    _bridge_moe("gb200-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 1, 1, 8, 3, 32, 4916, _SPLIT_RACK,
+                gpus_per_node=64, **_SPLIT_KW),
+    _bridge_moe("gb300-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 2, 1, 4, 12, 16, 6131, _SPLIT_RACK,
+                gpus_per_node=64, **_SPLIT_KW),
+    _bridge_moe("b200", "qwen3-235b-a22b", 64, "fp8", 1024, 1, 1, 8, 2, 8, 3269,
+                f"{_MX}; {_SPLIT_235B}; the all-to-all's overlap with compute (moe_a2a_overlap True in the B200 "
+                "configs) not modelled", **_SPLIT_KW),
 )
-"""Megatron-Bridge 25.11's Qwen3 MoE runs (30B-A3B on H100, B200, GB200, GB300; 235B-A22B on GB200, GB300)."""
+"""Megatron-Bridge 25.11's Qwen3 MoE runs (30B-A3B on H100, B200, GB200, GB300; 235B-A22B on GB200, GB300, B200)."""
 
 SOURCED_FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {
     "torchtitan-fsdp2": TORCHTITAN_RUNS,
