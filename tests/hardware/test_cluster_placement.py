@@ -34,7 +34,8 @@ def test_a_placed_node_keeps_its_share_of_sockets_and_its_figures() -> None:
     bandwidths and its peak are the full rack's."""
     rack = load_cluster("gb200-nvl72")
     placed = rack.with_gpus_per_node(64)
-    assert placed._spec.node.sockets.count == 32
+    node = placed.node_system()
+    assert (len(node.devices), len(node.memories)) == (64, 32)  # 64 GPUs, 32 Grace memories
     for figure in ("offload_bytes_per_s", "prefetch_bytes_per_s", "pool_bytes"):
         assert getattr(placed.offload, figure) == pytest.approx(getattr(rack.offload, figure))
     assert placed.dims[0].bytes_per_s == rack.dims[0].bytes_per_s and placed.device == rack.device
