@@ -18,14 +18,15 @@ PUBLISHED_RATE = {"llama3-8b A100 selective op": 2973, "llama3-8b A100 selective
                   "llama2-70b A100 FSDP": 370, "llama2-7b H100 HSDP": 7500, "llama2-34b H100 FSDP": 1550,
                   "llama2-70b H100 FSDP": 800, "qwen3-30b-a3b dgx-h100": 5275, "qwen3-30b-a3b b200": 9299,
                   "qwen3-30b-a3b gb200-nvl72": 23766, "qwen3-30b-a3b gb300-nvl72": 28934,
-                  "qwen3-235b-a22b gb200-nvl72": 4916, "qwen3-235b-a22b gb300-nvl72": 6131}
+                  "qwen3-235b-a22b gb200-nvl72": 4916, "qwen3-235b-a22b gb300-nvl72": 6131,
+                  "qwen3-235b-a22b b200": 3269}
 
 
 @pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f == "megatron-bridge-moe" else f
                                     for f in SOURCED_FAMILIES])  # the MoE family takes ~4 s
 def test_family_errors_follow_from_measured_and_predicted(run_cli, family):
     """Each row: measured = GBS x seq / (rate x GPUs) from the published rate, predicted = llm_step on the run's
-    own preset; the reported error is their ratio less one and the summary their mean and max |error|."""
+    own preset (on the GPUs per node its job took); the reported error is their ratio less one and the summary their mean and max |error|."""
     code, out, _ = run_cli("validate-llm", "--family", family, "--json")
     assert code == 0
     data = json.loads(out)
@@ -36,7 +37,10 @@ def test_family_errors_follow_from_measured_and_predicted(run_cli, family):
         run = records[row["run"]]
         spec, e = preset(run.model), run.execution
         measured = e.global_batch * spec.seq_len / (PUBLISHED_RATE[row["run"]] * e.gpus)
-        predicted = llm_step(spec, e, load_cluster(run.system).for_gpus(e.gpus), precision=run.precision).iteration_s
+        cluster = load_cluster(run.system)
+        if run.gpus_per_node:  # the GPUs of each node the run's job took
+            cluster = cluster.with_gpus_per_node(run.gpus_per_node)
+        predicted = llm_step(spec, e, cluster.for_gpus(e.gpus), precision=run.precision).iteration_s
         assert row["measured_s"] == pytest.approx(measured, rel=1e-12)
         assert row["error"] == pytest.approx(predicted / measured - 1, rel=1e-9, abs=1e-12)
         errors.append(abs(predicted / measured - 1))

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from mcdla.hardware.cluster import load_cluster
-from mcdla.report.llm_validation import FAMILIES, family_runs
+from mcdla.report.llm_validation import FAMILIES, family_runs, run_cluster
 from mcdla.report.llm_validation_runs import BRIDGE_MOE_RUNS, FMS_FSDP_RUNS, SOURCED_FAMILIES, TORCHTITAN_RUNS
 from mcdla.sim.llm import llm_step
 from mcdla.workload.transformer import preset
@@ -34,7 +34,8 @@ MOE = {("dgx-h100", "qwen3-30b-a3b"): (16, 512, 2, 1, 2, 24, 8, 5275, "fp8"),
        ("gb200-nvl72", "qwen3-30b-a3b"): (8, 512, 4, 1, 1, 1, 8, 23766, "fp8"),
        ("gb300-nvl72", "qwen3-30b-a3b"): (8, 512, 4, 1, 1, 1, 8, 28934, "fp8"),
        ("gb200-nvl72", "qwen3-235b-a22b"): (256, 8192, 1, 1, 8, 3, 32, 4916, "bf16"),
-       ("gb300-nvl72", "qwen3-235b-a22b"): (256, 8192, 2, 1, 4, 12, 16, 6131, "bf16")}
+       ("gb300-nvl72", "qwen3-235b-a22b"): (256, 8192, 2, 1, 4, 12, 16, 6131, "bf16"),
+       ("b200", "qwen3-235b-a22b"): (64, 1024, 1, 1, 8, 2, 8, 3269, "fp8")}
 
 
 def test_every_published_row_is_a_record_once():
@@ -81,6 +82,19 @@ def test_moe_records_match_the_published_rows(run):
     assert run.measured_s == pytest.approx(gbs * 4096 / (tokens * gpus), rel=1e-12)
     assert preset(run.model).seq_len == 4096 and preset(run.model).experts == 128
     assert run.precision == precision and run.choices and "Megatron-Bridge 25.11" in run.source
+
+
+def test_moe_235b_jobs_take_the_launchers_segment_of_each_rack():
+    """Megatron-Bridge's launcher (r0.2.0 utils/executors.py) gives a GB job of more than 18 four-GPU trays Slurm's
+    --segment, the largest tray count up to 18 that divides its trays: 64 trays -> 16, 64 GPUs per rack; the
+    records carry it, so every EP group (EP consecutive ranks, TP 1) is priced inside one NVLink domain."""
+    for run in BRIDGE_MOE_RUNS:
+        trays = run.execution.gpus // 4 if run.system.startswith("gb") else 0  # GB nodes: trays of 4 GPUs
+        segment = next(s for s in range(18, 0, -1) if trays % s == 0) if trays > 18 else 0
+        assert run.gpus_per_node == 4 * segment
+        if segment:
+            dims = run_cluster(run, None).group_dims(run.execution.ep, 1)
+            assert [(d.name, d.size) for d in dims] == [("nvlink", run.execution.ep)]
 
 
 def test_grand_teton_preset_carries_the_sourced_figures():

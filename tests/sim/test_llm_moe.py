@@ -3,12 +3,15 @@ their reduction per rank (sim/llm_moe.py, NOTE [expert parallelism]), against ha
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
 from mcdla.errors import ConfigError
+from mcdla.hardware.gemm import GemmEfficiency
 from mcdla.sim.llm import llm_step
+from mcdla.sim.llm_moe import tokens_per_local_expert
 from mcdla.workload.execution import Execution
 from mcdla.workload.hf_config import load_hf_config
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -52,6 +55,21 @@ def test_all_to_all_on_the_ep_groups_dimensions(ep, nvlink_share, network_share,
     assert llm_step(MOE, e, cluster).ep_comm_s == pytest.approx(m * MOE.layers * 4 * one, rel=1e-9)
 
 
+def test_all_to_all_of_a_job_on_part_of_each_node(llm_cluster):
+    """Nodes of 6 GPUs, 8 ranks, EP 4: packed 6 per node the groups 0-3 and 4-7 are priced with gcd(4, 6) = 2
+    per node over 2 nodes (1/4 of n over NVLink, 1/2 over the network); on 4 GPUs of each node every group is
+    one node's and sends 3/4 of n over NVLink alone."""
+    nv, net, m = 100e9, 25e9, 2
+    cluster = llm_cluster(gpus_per_node=6, nodes=2, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF,
+                          nvlink_bytes_per_s=nv, network_bytes_per_s=net)
+    e = Execution(gpus=8, dp=8, ep=4, micro_batch=1, global_batch=8 * m)
+    n = _a2a_bytes(1, 1, 1.0)
+    packed = n / 4 / nv + n / 2 / net
+    assert llm_step(MOE, e, cluster).ep_comm_s == pytest.approx(m * MOE.layers * 4 * packed, rel=1e-9)
+    placed = cluster.with_gpus_per_node(4).for_gpus(8)
+    assert llm_step(MOE, e, placed).ep_comm_s == pytest.approx(m * MOE.layers * 4 * 3 / 4 * n / nv, rel=1e-9)
+
+
 def test_sequence_parallel_tokens_and_full_recompute(llm_cluster):
     """With TP 2 and SP a rank dispatches b s / 2 tokens; EP ranks are TP 2 apart, so EP 4 spans the 4 nodes;
     full recomputation adds the forward's two all-to-alls: 6 per layer."""
@@ -73,6 +91,39 @@ def test_capacity_factor_scales_the_routed_expert_flops(llm_cluster):
     padded = llm_step(MOE, Execution(**kw, capacity_factor=1.5), cluster).compute_s
     routed = 3 * 2 * 1 * MOE.seq_len * MOE.hidden * MOE.top_k * int(MOE.ffn_hidden)
     assert padded - base == pytest.approx(2 * MOE.layers * 3 * 0.5 * routed / (PEAK * EFF), rel=1e-9)
+
+
+def test_tokens_per_local_expert_by_hand():
+    """Qwen3-30B-A3B on EP 8 (128 experts, top-8, sequence 4096): 8 ranks x MBS x 4096 tokens x 8 over 128
+    experts = 2048 x MBS per expert; capacity 1.25 pads each to 1.25 x; CP 2 halves each rank's tokens."""
+    spec = preset("qwen3-30b-a3b")
+    for b in (1, 4):
+        e = Execution(gpus=8, dp=8, ep=8, micro_batch=b, global_batch=8 * b)
+        assert tokens_per_local_expert(spec, e) == pytest.approx(2048 * b, rel=1e-12)
+    e = Execution(gpus=16, dp=8, cp=2, ep=8, micro_batch=1, global_batch=8, capacity_factor=1.25)
+    assert tokens_per_local_expert(spec, e) == pytest.approx(4096 / 2 * 8 * 1.25 * 8 / 128, rel=1e-12)
+    assert tokens_per_local_expert(preset("llama3-8b"), Execution(gpus=1, micro_batch=1, global_batch=1)) == math.inf
+
+
+def test_routed_expert_gemms_run_at_their_own_token_count(llm_cluster):
+    """With ``half_tokens`` H the dense GEMMs (and the core and logits) run at ``t / (t + H)`` of the curve for
+    ``t = b s`` tokens, the routed experts' grouped GEMMs for their own ``b s top_k ep / experts`` tokens: EP 2,
+    micro-batch 2, 8 experts top-2 gives 2048 dense and 1024 expert tokens. The routed part, by hand, is
+    ``m l 3 x 3 x 2 b s h top_k f / (P e)`` (forward + twice it backward), and every other kernel is
+    compute-bound at the dense point, so the run with H is the run without it, its dense part slowed by
+    ``e0 / eD`` and its routed part by ``e0 / eE``."""
+    m, b, big_h = 2, 2, 1024.0
+    base = llm_cluster(gpus_per_node=1, nodes=4, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
+    curved = base.with_gemm_efficiency(GemmEfficiency(peak_fraction=EFF, half_width=0.0, half_tokens=big_h))
+    e = Execution(gpus=4, dp=4, ep=2, micro_batch=b, global_batch=4 * b * m)
+    dense_tokens, expert_tokens = b * MOE.seq_len, b * MOE.seq_len * MOE.top_k * 2 / MOE.experts
+    assert (dense_tokens, expert_tokens) == (2048, 1024)
+    e_dense = EFF * dense_tokens / (dense_tokens + big_h)
+    e_expert = EFF * expert_tokens / (expert_tokens + big_h)
+    routed = m * MOE.layers * 3 * (3 * 2 * b * MOE.seq_len * MOE.hidden * MOE.top_k * int(MOE.ffn_hidden)) / (PEAK * EFF)
+    flat = llm_step(MOE, e, base).compute_s
+    expected = (flat - routed) * EFF / e_dense + routed * EFF / e_expert
+    assert llm_step(MOE, e, curved).compute_s == pytest.approx(expected, rel=1e-9)
 
 
 def test_expert_weights_and_sharded_state_per_rank(llm_cluster):

@@ -240,6 +240,36 @@ class Cluster:
         nodes = self.nodes_for(gpus, field=f"cluster {self.name!r}.gpus")
         return self if nodes == self.nodes else self.with_nodes(nodes)
 
+    def with_gpus_per_node(self, gpus: int) -> Cluster:
+        """The cluster as a job that takes ``gpus`` GPUs of every node sees it: nodes of ``gpus`` GPUs with
+        their share of the node's sockets and memory-nodes, the same GPU, curve and fabrics, named
+        ``"<name> (<gpus> GPUs per node)"``.
+
+        Ranks fill a job's nodes in order (NOTE [generated names]), so where a job leaves part of each node to
+        others, its parallel groups map onto the scale-up domains differently (:meth:`group_dims`): a
+        scheduler that allocates whole trays per rack (Slurm ``--segment``, which Megatron-Bridge's launcher
+        asks for on GB200 jobs beyond one rack: 16 of an NVL72 rack's 18 four-GPU trays for a 64-tray job)
+        puts 64 consecutive ranks in each 72-GPU NVLink domain. One-line HardwareError for a count outside
+        ``1..gpus_per_node`` or one that splits a socket or a memory-node's share between GPUs."""
+        node = self._spec.node
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= node.gpus:
+            raise HardwareError(f"cluster {self.name!r}.gpus_per_node: got {brief(gpus)}; must be an integer in "
+                                f"1..{node.gpus} (the GPUs of one node)")
+        if gpus == node.gpus:
+            return self
+        update: dict[str, Any] = {"gpus": gpus}
+        for part in ("sockets", "memory_nodes"):
+            group = getattr(node, part)
+            if group is None:
+                continue
+            if (group.count * gpus) % node.gpus:
+                raise HardwareError(f"cluster {self.name!r}.gpus_per_node: got {gpus}; must keep whole {part} "
+                                    f"({group.count} per {node.gpus} GPUs)")
+            update[part] = group.model_copy(update={"count": group.count * gpus // node.gpus})
+        spec = self._spec.model_copy(update={"node": node.model_copy(update=update),
+                                             "name": f"{self.name} ({gpus} GPUs per node)"})
+        return _cluster(spec, self._where, self.device)
+
     def without_offload(self) -> Cluster:
         """The same hardware with no pool (``node.pool: []``): the "no offload, recompute instead" variant,
         named ``"<name> (no offload)"``."""

@@ -17,7 +17,9 @@ DEFAULT_HALF_WIDTH = 150.0
 
 DEFAULT_HALF_TOKENS = 0.0
 """Tokens per GEMM at which efficiency is half its peak along the token dimension; 0 = no dependence (the fit
-of ``docs/llm.md`` "Kernel times" found none on the published runs)."""
+of ``docs/llm.md`` "Kernel times" found none on the published dense runs, and no value helps the MoE runs'
+small expert GEMMs without breaking the dense families: ``python -m benchmarks.bench_moe_half_tokens``,
+``docs/llm.md`` "Megatron-Bridge MoE")."""
 
 DEFAULT_BACKWARD_RATIO = 2.0
 """Backward over forward time of a GEMM (its dgrad and wgrad, twice the FLOPs) at the same efficiency."""
@@ -40,7 +42,8 @@ def _check(name: str, value: object, low: float, high: float = math.inf, low_ope
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GemmEfficiency:
     """Fraction of peak a GEMM reaches as a function of its per-rank width ``x = hidden / tp`` (elements) and the
-    tokens it multiplies ``t = micro_batch * seq / cp``: ``peak_fraction * x / (x + half_width) * t / (t +
+    tokens it multiplies ``t`` (``micro_batch * seq / cp`` for a dense GEMM, the tokens of one local expert for
+    a routed expert's grouped GEMM): ``peak_fraction * x / (x + half_width) * t / (t +
     half_tokens)``; its backward takes ``backward_ratio`` x its forward; in fp8 it reaches ``fp8_fraction`` of
     that efficiency against the fp8 peak.
 

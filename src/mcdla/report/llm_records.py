@@ -15,7 +15,9 @@ __all__ = ["MeasuredRun"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MeasuredRun:
-    """A published run: model, execution and the measured seconds per iteration with their source."""
+    """A published run: model, execution and the measured seconds per iteration with their source;
+    ``gpus_per_node``: the GPUs of each node of ``system`` the run's job took when the scheduler left the rest
+    of every node to others (0 = all of them; :meth:`~mcdla.hardware.cluster.Cluster.with_gpus_per_node`)."""
 
     name: str
     model: str
@@ -26,3 +28,4 @@ class MeasuredRun:
     precision: str = "bf16"
     choices: str = ""
     family: str = "megatron-a100"
+    gpus_per_node: int = 0

@@ -160,11 +160,13 @@ def family_runs(family: str) -> tuple[MeasuredRun, ...]:
 
 def run_cluster(run: MeasuredRun, system: str | Cluster | None) -> Cluster:
     """The cluster a run is predicted on, sized to its GPUs: ``system`` for the A100 family when given, else the
-    run's preset."""
+    run's preset, with the GPUs per node the run's job took (``MeasuredRun.gpus_per_node``)."""
     if system is not None and run.system == VALIDATION_SYSTEM:
         cluster = system if isinstance(system, Cluster) else load_cluster(system)
     else:
         cluster = load_cluster(run.system)
+    if run.gpus_per_node:
+        cluster = cluster.with_gpus_per_node(run.gpus_per_node)
     return cluster.for_gpus(run.execution.gpus)
 
 

@@ -20,7 +20,10 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
   commit 5776a6d9), the Qwen3 MoE rows the execution record expresses as published. Left out, with the reason:
   DeepSeek-V3 (61 layers over PP x VP chunks needs the recipe's unpublished layout), GPT-OSS 120B (alternating
   sliding-window attention is not modelled), Qwen3-235B on H100 (EP 32 over TP x DP, expert-parallel folding,
-  is not expressible: EP must divide DP x CP), and the FP8-MX rows on H100 (none).
+  is not expressible: EP must divide DP x CP), and the FP8-MX rows on H100 (none). Unpublished fields come from
+  the 25.11 container's performance scripts (Megatron-Bridge r0.2.0), each named in the record's ``choices``;
+  the 256-GPU GB jobs take 64 GPUs per NVL72 rack, as the launcher's Slurm segment places them
+  (``MeasuredRun.gpus_per_node``).
 
 Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so): the
 ``grand-teton-h100`` preset's on torchtitan's three H100 rows (their 500 W clock is not published) and the
@@ -115,20 +118,31 @@ FMS_FSDP_RUNS: tuple[MeasuredRun, ...] = (
 
 _BRIDGE_SUMMARY = ("Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Megatron-Bridge, commit "
                    "5776a6d90b4d), seq 4096")
-_MOE_COMMON = ("distributed optimizer as ZeRO-1; no recompute (the performance scripts set recompute_granularity "
-               "None); experts balanced, token-dropless (the table's note): capacity_factor 1; flash attention; "
-               "CUDA graphs, the flex dispatcher and a2a overlap not modelled")
+_BRIDGE_RECIPES = ("the 25.11 container's performance scripts (Megatron-Bridge r0.2.0, tag v0.2.0 at commit 7af9601c9da7, "
+                   "scripts/performance: configs/qwen3/qwen3_llm_pretrain.py, configs/qwen3/workload_base_configs.py, "
+                   "utils/executors.py; src/megatron/bridge/models/qwen/qwen_provider.py)")
+_MOE_COMMON = ("distributed optimizer as ZeRO-1; no recompute (set_qwen3_common_configs sets recompute_granularity "
+               "None over the 30B recipe's uniform full recompute); grouped GEMM (the provider's moe_grouped_gemm "
+               "True), permute fusion and router fusion (moe_router_fusion True) not modelled apart; token-dropless "
+               "with forced balance (moe_router_force_load_balancing True, no moe_expert_capacity_factor): every "
+               "expert at its mean load, capacity_factor 1; expert TP 1 (expert_tensor_parallel_size 1, = TP here); "
+               "flash attention; CUDA graphs of the router and preprocess not modelled; " + _BRIDGE_RECIPES)
+_ALLTOALL = "token dispatcher alltoall (the provider's default; no flex backend in the B200 and H100 configs)"
+_HYBRIDEP = ("token dispatcher flex with the HybridEP backend (moe_flex_dispatcher_backend hybridep in the GB200 and "
+             "GB300 configs) priced as the all-to-all")
 
 
 def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mbs: int, tp: int, pp: int,
-                vp: int, ep: int, tokens_per_s_per_gpu: float, choices: str, **execution: object) -> MeasuredRun:
+                vp: int, ep: int, tokens_per_s_per_gpu: float, choices: str, *, gpus_per_node: int = 0,
+                **execution: object) -> MeasuredRun:
     seconds = gbs * 4096 / (tokens_per_s_per_gpu * gpus)
+    dispatcher = _HYBRIDEP if system.startswith("gb") else _ALLTOALL
     return MeasuredRun(
         name=f"{model} {system}", model=model, system=system, precision=precision, measured_s=seconds,
-        family="megatron-bridge-moe",
+        family="megatron-bridge-moe", gpus_per_node=gpus_per_node,
         source=f"{_BRIDGE_SUMMARY}: {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} GPUs, GBS {gbs}, MBS {mbs}, "
                f"TP{tp} PP{pp} VP{vp} EP{ep}",
-        choices=f"{choices}; {_MOE_COMMON}",
+        choices=f"{choices}; {dispatcher}; {_MOE_COMMON}",
         execution=Execution(gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), virtual_stages=vp, ep=ep, zero=1,
                             micro_batch=mbs, global_batch=gbs, sequence_parallel=tp > 1,
                             **execution))  # type: ignore[arg-type]
@@ -137,18 +151,29 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
 _MX = "FP8-MX (MXFP8, 32-element block scales) taken as fp8: its GEMMs at the fp8 peak"
 _SPLIT_235B = ("94 layers split with the embedding and the loss counted as layers (the Qwen3-235B-A22B recipe's "
                "account_for_*_in_pipeline_split)")
+_RACK_64 = ("64 GPUs per NVL72 rack: the launcher (utils/executors.py) asks Slurm for --segment 16 on a 64-tray GB "
+            "job, the largest tray count up to 18 that divides it, so each rack holds 16 of its 18 four-GPU trays' "
+            "GPUs of the job")
+
+_SPLIT_RACK = f"{_SPLIT_235B}; {_RACK_64}"
+_SPLIT_KW = dict(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
 
 BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
-    _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 2, 1, 2, 24, 8, 5275, "FP8-CS as fp8"),
+    _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 2, 1, 2, 24, 8, 5275,
+                "FP8-CS as fp8; the all-to-all's overlap with compute (moe_a2a_overlap True in the H100 configs) "
+                "not modelled"),
     _bridge_moe("b200", "qwen3-30b-a3b", 8, "fp8", 512, 1, 1, 1, 1, 8, 9299, _MX),
     _bridge_moe("gb200-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 23766, _MX),
     _bridge_moe("gb300-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 28934, _MX),
-    _bridge_moe("gb200-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 1, 1, 8, 3, 32, 4916, _SPLIT_235B,
-                account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
-    _bridge_moe("gb300-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 2, 1, 4, 12, 16, 6131, _SPLIT_235B,
-                account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True),
+    _bridge_moe("gb200-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 1, 1, 8, 3, 32, 4916, _SPLIT_RACK,
+                gpus_per_node=64, **_SPLIT_KW),
+    _bridge_moe("gb300-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 2, 1, 4, 12, 16, 6131, _SPLIT_RACK,
+                gpus_per_node=64, **_SPLIT_KW),
+    _bridge_moe("b200", "qwen3-235b-a22b", 64, "fp8", 1024, 1, 1, 8, 2, 8, 3269,
+                f"{_MX}; {_SPLIT_235B}; the all-to-all's overlap with compute (moe_a2a_overlap True in the B200 "
+                "configs) not modelled", **_SPLIT_KW),
 )
-"""Megatron-Bridge 25.11's Qwen3 MoE runs (30B-A3B on H100, B200, GB200, GB300; 235B-A22B on GB200, GB300)."""
+"""Megatron-Bridge 25.11's Qwen3 MoE runs (30B-A3B on H100, B200, GB200, GB300; 235B-A22B on GB200, GB300, B200)."""
 
 SOURCED_FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {
     "torchtitan-fsdp2": TORCHTITAN_RUNS,

@@ -12,9 +12,10 @@ NOTE [time model] (also ``docs/llm.md``):
 * Per layer and micro-batch on one rank: GEMM FLOPs (projections, FFN) and attention-core FLOPs (``QK^T``,
   ``xV``) divided by ``tp * cp``, at ``peak * gemm_efficiency(h / tp, b s / cp)`` (the GEMMs at the precision's
   GEMM peak, times the curve's ``fp8_fraction`` in fp8; the core and the logits at its other peak: NOTE
-  [precision]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and softmax and
-  its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``: NOTE [flash
-  attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts;
+  [precision]; the routed experts' grouped GEMMs at the curve's point for their own tokens per local expert,
+  NOTE [expert parallelism]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and
+  softmax and its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``:
+  NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x.
   Recompute adds a forward (``full``) or the attention core with its softmax and dropout (``selective``); with
   ``recompute_num_layers`` (and ``offload_num_layers``) a layer's figures are the mean over its model chunk of
@@ -75,7 +76,8 @@ from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
 from mcdla.sim.llm_floor import link_floors
-from mcdla.sim.llm_moe import ParamGroup, all_to_all_bytes, capacity_extra_flops, ep_all_to_all_s, rank_param_groups
+from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, rank_param_groups, routed_expert_flops,
+                               tokens_per_local_expert)
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import layer_shares
@@ -523,13 +525,18 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     hbm_per_s = dev.hbm_bytes_per_s * dev.memory_efficiency
     curve = cluster.gemm_efficiency
     efficiency = curve.at(spec.hidden / e.tp, tokens=b * spec.seq_len / e.cp)
-    gemm_rate = dev.flops_per_s(prec.gemm_peak) * efficiency * (curve.fp8_fraction if prec.fp8 else 1.0)
+    gemm_peak = dev.flops_per_s(prec.gemm_peak) * (curve.fp8_fraction if prec.fp8 else 1.0)
+    gemm_rate = gemm_peak * efficiency
+    # the routed experts' grouped GEMMs, each over its own expert's tokens (NOTE [expert parallelism])
+    expert_rate = gemm_peak * curve.at(spec.hidden / e.tp, tokens=tokens_per_local_expert(spec, e))
     other_rate = dev.flops_per_s(prec.other_peak) * efficiency
     gemm_bwd_ratio = curve.backward_ratio
 
     flops = layer_fwd_flops(spec, b, attention=e.attention)
     ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, attention=e.attention)
-    gemm_f = (flops["gemm"] + capacity_extra_flops(spec, e)) / split / gemm_rate
+    routed = routed_expert_flops(spec, e)
+    dense_gemm = flops["gemm"] - routed / e.capacity_factor
+    gemm_f = dense_gemm / split / gemm_rate + (routed / split / expert_rate if routed else 0.0)
     attn_f = flops["attention"] / split / other_rate
     if e.attention == "flash":
         kernel = flash_attention_bytes(spec, b, tp=e.tp, cp=e.cp)

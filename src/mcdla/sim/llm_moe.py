@@ -12,8 +12,12 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   recomputation (:func:`all_to_all_bytes`). Not overlapped.
 * The capacity factor ``C`` pads (``C > 1``) or drops (``C < 1``) every expert's tokens to ``C`` times its
   mean load, so a rank's routed expert GEMMs run ``C`` times the routed tokens: the routed FFN FLOPs scale by
-  ``C`` (:func:`capacity_extra_flops`, the part beyond the ``C = 1`` count of
-  :func:`~mcdla.workload.transformer.layer_fwd_flops`). Shared experts and dense layers are not routed.
+  ``C`` (:func:`routed_expert_flops`). Shared experts and dense layers are not routed.
+* The routed experts run as grouped GEMMs (Megatron-Core's ``moe_grouped_gemm``), one per local expert, each
+  over its own tokens, ``b s / cp x top_k x C x ep / experts`` per micro-batch
+  (:func:`tokens_per_local_expert`): far fewer than a dense GEMM's ``b s / cp`` when experts are many and
+  small (Qwen3-30B-A3B on EP 8: ``b s / 2``), so the GEMM curve's token term
+  (:meth:`~mcdla.hardware.gemm.GemmEfficiency.at`) prices them at their own count.
 * Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
   (:func:`rank_param_groups`); the expert gradients are reduced, and with ZeRO the expert optimizer state
   sharded, over the ``dp cp / ep`` ranks that hold the same experts, the rest over all ``dp cp`` replicas.
@@ -30,8 +34,8 @@ from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["ParamGroup", "all_to_all_bytes", "capacity_extra_flops", "ep_all_to_all_s", "expert_params_per_layer",
-           "rank_param_groups"]
+__all__ = ["ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "expert_params_per_layer", "rank_param_groups",
+           "routed_expert_flops", "tokens_per_local_expert"]
 
 
 def expert_params_per_layer(spec: TransformerSpec) -> int:
@@ -66,16 +70,30 @@ def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluste
     return 2 * one, (2 + 2 * layer_shares(e, spec).recomputed) * one
 
 
-def capacity_extra_flops(spec: TransformerSpec, execution: Execution) -> float:
-    """Forward FLOPs one mean layer adds for a micro-batch (before the TP x CP split) because each expert runs
-    ``capacity_factor`` times its mean load: ``(C - 1)`` times the routed FFN FLOPs (negative when ``C < 1``
-    drops tokens)."""
+def routed_expert_flops(spec: TransformerSpec, execution: Execution) -> float:
+    """Forward FLOPs of one mean layer's routed expert GEMMs for a micro-batch (before the TP x CP split), with
+    each expert running ``capacity_factor`` times its mean load: ``C x top_k x ffn_matrices x 2 b s h f``
+    over the share of MoE layers; 0 for a dense model. The rest of
+    :func:`~mcdla.workload.transformer.layer_fwd_flops`' GEMMs (projections, router, shared experts, dense
+    FFNs) is counted there at ``C = 1``."""
     if spec.moe_layers == 0:
         return 0.0
     e = execution
     routed = (spec.ffn_matrices * 2.0 * e.micro_batch * spec.seq_len * spec.hidden * spec.top_k
               * int(spec.ffn_hidden) * spec.moe_layers / spec.layers)  # type: ignore[arg-type]
-    return (e.capacity_factor - 1.0) * routed
+    return e.capacity_factor * routed
+
+
+def tokens_per_local_expert(spec: TransformerSpec, execution: Execution) -> float:
+    """Tokens one routed expert's GEMM multiplies per micro-batch on one rank (NOTE [expert parallelism]): the
+    EP group's ``ep x b s / cp`` tokens, each sent to ``top_k`` experts and padded to ``C`` times the mean
+    load, shared by the ``experts`` experts: ``b s / cp x top_k x C x ep / experts`` (the rank's own
+    ``b s / cp x top_k x C`` routed tokens over its ``experts / ep`` local experts). Expert TP = TP, so the TP
+    ranks of an expert multiply the same tokens. ``inf`` for a dense model (no grouped GEMM)."""
+    if spec.moe_layers == 0:
+        return float("inf")
+    e = execution
+    return e.micro_batch * spec.seq_len / e.cp * spec.top_k * e.capacity_factor * e.ep / spec.experts
 
 
 @dataclass(frozen=True, slots=True)
