@@ -43,11 +43,10 @@ from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief
 from mcdla.hardware.gemm import (DEFAULT_BACKWARD_RATIO, DEFAULT_FP8_FRACTION, DEFAULT_HALF_TOKENS, DEFAULT_HALF_WIDTH,
                                  GemmEfficiency)
-from mcdla.hardware.io import BANDWIDTH_BOUNDS_BYTES_PER_S, CAPACITY_BOUNDS_BYTES, LATENCY_BOUNDS_S, within_bounds
+from mcdla.hardware.io import bandwidth_figure, capacity_figure, latency_figure
 from mcdla.hardware.model import Device, LinkKind, System
 from mcdla.hardware.pool_link import PoolLink
 from mcdla.hardware.traffic import TrafficPath, node_paths, offload_link
-from mcdla.units import parse_bytes, parse_bytes_per_s, parse_seconds
 
 __all__ = ["ALGORITHMS", "FabricDim", "Cluster", "NvmeTier", "cluster_from_dict", "load_cluster", "is_generated"]
 
@@ -170,13 +169,12 @@ class _FabricSpec(_Spec):
     @classmethod
     def _bw(cls, v: _Quantity) -> float:
         # inf: an idealised fabric that never binds (a test's or a what-if's figure; it adds no time)
-        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
-                             allow_inf=True)
+        return bandwidth_figure(v, "bandwidth", allow_inf=True)
 
     @field_validator("latency")
     @classmethod
     def _lat(cls, v: _Quantity) -> float:
-        return within_bounds(parse_seconds(v, "latency"), "latency", LATENCY_BOUNDS_S, "s", allow_inf=False)
+        return latency_figure(v)
 
 
 class _ScaleUpSpec(_FabricSpec):
@@ -235,13 +233,12 @@ class _NvmeSpec(_Spec):
     @field_validator("capacity")
     @classmethod
     def _cap(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes(v, "capacity"), "capacity", CAPACITY_BOUNDS_BYTES, "B", allow_inf=False)
+        return capacity_figure(v, "capacity", allow_inf=False)
 
     @field_validator("read_bandwidth", "write_bandwidth")
     @classmethod
     def _bw(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
-                             allow_inf=False)
+        return bandwidth_figure(v, "bandwidth", allow_inf=False)
 
 
 class _NodeSpec(_Spec):

@@ -22,7 +22,8 @@ from mcdla.hardware.topology import Topology
 from mcdla.units import parse_bytes, parse_bytes_per_s, parse_flops_per_s, parse_seconds
 
 __all__ = ["BANDWIDTH_BOUNDS_BYTES_PER_S", "CAPACITY_BOUNDS_BYTES", "LATENCY_BOUNDS_S", "PEAK_BOUNDS_FLOPS_PER_S",
-           "preset_names", "load_system", "system_from_dict", "system_to_dict", "save_system", "within_bounds"]
+           "preset_names", "load_system", "system_from_dict", "system_to_dict", "save_system", "within_bounds",
+           "bandwidth_figure", "capacity_figure", "latency_figure"]
 
 _PRESET_PACKAGE = "mcdla.hardware.presets"
 _Quantity = str | float | int
@@ -56,6 +57,22 @@ def within_bounds(value: float, field: str, bounds: tuple[float, float], unit: s
                         "a physical figure")
 
 
+def bandwidth_figure(value: _Quantity, field: str, *, allow_inf: bool) -> float:
+    """A file's bandwidth (``25GB/s``, a number of bytes/s) in bytes/s, within the physical bounds."""
+    return within_bounds(parse_bytes_per_s(value, field), field, BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
+                         allow_inf=allow_inf)
+
+
+def capacity_figure(value: _Quantity, field: str, *, allow_inf: bool) -> float:
+    """A file's memory capacity (``80GiB``, a number of bytes) in bytes, within the physical bounds."""
+    return within_bounds(parse_bytes(value, field), field, CAPACITY_BOUNDS_BYTES, "B", allow_inf=allow_inf)
+
+
+def latency_figure(value: _Quantity, field: str = "latency") -> float:
+    """A file's one-way latency (``2us``, a number of seconds) in seconds, within the physical bounds."""
+    return within_bounds(parse_seconds(value, field), field, LATENCY_BOUNDS_S, "s", allow_inf=False)
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -78,14 +95,13 @@ class _DeviceSpec(_Spec):
     @field_validator("hbm")
     @classmethod
     def _hbm(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes(v, "hbm"), "hbm", CAPACITY_BOUNDS_BYTES, "B", allow_inf=True)
+        return capacity_figure(v, "hbm", allow_inf=True)
 
     @field_validator("hbm_bandwidth")
     @classmethod
     def _hbm_bw(cls, v: _Quantity) -> float:
         # inf: an idealised device whose memory-bound kernels take no time (the oracle's kind of figure)
-        return within_bounds(parse_bytes_per_s(v, "hbm_bandwidth"), "hbm_bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S,
-                             "B/s", allow_inf=True)
+        return bandwidth_figure(v, "hbm_bandwidth", allow_inf=True)
 
 
 class _MemorySpec(_Spec):
@@ -98,13 +114,12 @@ class _MemorySpec(_Spec):
     @field_validator("capacity")
     @classmethod
     def _cap(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes(v, "capacity"), "capacity", CAPACITY_BOUNDS_BYTES, "B", allow_inf=True)
+        return capacity_figure(v, "capacity", allow_inf=True)
 
     @field_validator("dram_bandwidth")
     @classmethod
     def _bw(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes_per_s(v, "dram_bandwidth"), "dram_bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S,
-                             "B/s", allow_inf=True)
+        return bandwidth_figure(v, "dram_bandwidth", allow_inf=True)
 
 
 class _SwitchSpec(_Spec):
@@ -123,13 +138,12 @@ class _LinkSpec(_Spec):
     @field_validator("bandwidth")
     @classmethod
     def _bw(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
-                             allow_inf=True)
+        return bandwidth_figure(v, "bandwidth", allow_inf=True)
 
     @field_validator("latency")
     @classmethod
     def _lat(cls, v: _Quantity) -> float:
-        return within_bounds(parse_seconds(v, "latency"), "latency", LATENCY_BOUNDS_S, "s", allow_inf=False)
+        return latency_figure(v)
 
 
 class _SystemSpec(_Spec):
