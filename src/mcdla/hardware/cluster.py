@@ -37,13 +37,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief
 from mcdla.hardware.gemm import (DEFAULT_BACKWARD_RATIO, DEFAULT_FP8_FRACTION, DEFAULT_HALF_TOKENS, DEFAULT_HALF_WIDTH,
                                  GemmEfficiency)
-from mcdla.hardware.io import bandwidth_figure, capacity_figure, latency_figure
+from mcdla.hardware.io import LINK_BANDWIDTH, LINK_LATENCY, bandwidth_validator, capacity_validator
 from mcdla.hardware.model import Device, LinkKind, System
 from mcdla.hardware.pool_link import PoolLink
 from mcdla.hardware.traffic import TrafficPath, node_paths, offload_link
@@ -165,16 +165,8 @@ class _FabricSpec(_Spec):
     switch_source: str = ""
     source: str
 
-    @field_validator("bandwidth")
-    @classmethod
-    def _bw(cls, v: _Quantity) -> float:
-        # inf: an idealised fabric that never binds (a test's or a what-if's figure; it adds no time)
-        return bandwidth_figure(v, "bandwidth", allow_inf=True)
-
-    @field_validator("latency")
-    @classmethod
-    def _lat(cls, v: _Quantity) -> float:
-        return latency_figure(v)
+    _bw = LINK_BANDWIDTH
+    _lat = LINK_LATENCY
 
 
 class _ScaleUpSpec(_FabricSpec):
@@ -230,15 +222,8 @@ class _NvmeSpec(_Spec):
     write_bandwidth: _Quantity
     source: str
 
-    @field_validator("capacity")
-    @classmethod
-    def _cap(cls, v: _Quantity) -> float:
-        return capacity_figure(v, "capacity", allow_inf=False)
-
-    @field_validator("read_bandwidth", "write_bandwidth")
-    @classmethod
-    def _bw(cls, v: _Quantity) -> float:
-        return bandwidth_figure(v, "bandwidth", allow_inf=False)
+    _cap = capacity_validator("capacity", allow_inf=False)
+    _bw = bandwidth_validator("read_bandwidth", "write_bandwidth", allow_inf=False)
 
 
 class _NodeSpec(_Spec):
