@@ -37,7 +37,11 @@ CASES = [
                                                           account_for_embedding_in_pipeline_split=True,
                                         account_for_loss_in_pipeline_split=True), "bf16"),
     (DENSE, Execution(gpus=8, tp=1, pp=1, dp=8, zero=3, micro_batch=2, global_batch=64, offload_weights=True,
-                      offload_optimizer=True, cpu_optimizer=True), "fp32"),
+                      offload_optimizer=True, cpu_optimizer=True, dp_overlap=True), "fp32"),
+    (DENSE, Execution(gpus=16, tp=4, pp=1, dp=4, zero=3, micro_batch=1, global_batch=32, tp_comm_overlap=True,
+                      dp_overlap=True, fsdp_prefetch=2, recompute="full"), "bf16"),
+    (DENSE, Execution(gpus=8, tp=2, pp=1, dp=4, zero=3, micro_batch=1, global_batch=32, tp_comm_overlap=True), "bf16"),
+    (DENSE, Execution(gpus=8, dp=8, micro_batch=4, global_batch=128, dp_overlap=True), "bf16"),
     (MOE, Execution(gpus=64, tp=2, pp=2, dp=16, ep=8, zero=1, sequence_parallel=True, micro_batch=1,
                     global_batch=256, capacity_factor=1.25, recompute="selective"), "bf16"),
     (MOE, Execution(gpus=32, tp=2, pp=1, dp=16, ep=4, zero=0, sequence_parallel=True, micro_batch=1,
@@ -89,7 +93,7 @@ def execution_from_megatron(a: argparse.Namespace, gpus: int) -> dict[str, objec
         "layers_last_stage": a.decoder_last_pipeline_num_layers,
         "account_for_embedding_in_pipeline_split": bool(a.account_for_embedding_in_pipeline_split),
         "account_for_loss_in_pipeline_split": bool(a.account_for_loss_in_pipeline_split),
-        "sequence_parallel": bool(a.sequence_parallel), "tp_comm_overlap": bool(a.tp_comm_overlap),
+        "sequence_parallel": bool(a.sequence_parallel),
         "micro_batch": a.micro_batch_size, "global_batch": a.global_batch_size,
         "recompute": a.recompute_granularity or "none", "zero": zero[sharding],
         "hsdp_shard": dp // instances if instances > 1 else 0, "dp_overlap": bool(a.overlap_grad_reduce),
@@ -110,6 +114,17 @@ def test_megatron_arguments_parse_back_to_the_execution(spec, e, precision):
     if e.zero >= 2:  # Megatron-FSDP's requirements: its checkpoint format, and the distributed optimizer of v1
         assert a.ckpt_format == "fsdp_dtensor" and a.use_distributed_optimizer
     assert not a.use_torch_fsdp2
+    notes = [line for line in text.splitlines() if line.startswith("# not expressed:")]
+    # Megatron refuses --tp-comm-overlap without --sequence-parallel, and --overlap-param-gather without
+    # --overlap-grad-reduce: the exporter writes what Megatron accepts and notes the rest
+    assert a.tp_comm_overlap is ((e.tp_comm_overlap and e.sequence_parallel) or None)
+    assert any("tp_comm_overlap" in n for n in notes) is (e.tp_comm_overlap and not e.sequence_parallel)
+    if a.tp_comm_overlap:
+        assert a.sequence_parallel
+    assert a.overlap_param_gather is ((e.zero == 3 and e.fsdp_prefetch > 0 and e.dp_overlap) or None)
+    if a.overlap_param_gather:
+        assert a.overlap_grad_reduce
+    assert any("FSDP prefetch" in n for n in notes) is (e.zero == 3 and e.fsdp_prefetch > 0 and not e.dp_overlap)
     assert a.bf16 is ((precision in ("bf16", "fp8")) or None) and a.fp16 is ((precision == "fp16") or None)
     assert a.fp8 == ("hybrid" if precision == "fp8" else None)
     assert a.fp8_recipe == ({"current": "tensorwise", "delayed": "delayed"}[e.fp8_scaling] if precision == "fp8"
@@ -118,7 +133,6 @@ def test_megatron_arguments_parse_back_to_the_execution(spec, e, precision):
                                             else None)
     cpu_step = e.cpu_optimizer and e.offload_tier == "host"
     assert a.optimizer_cpu_offload is (cpu_step or None) and a.use_precision_aware_optimizer is (cpu_step or None)
-    notes = [line for line in text.splitlines() if line.startswith("# not expressed:")]
     unexpressed = e.offload_activations or e.offload_weights or (e.offload_optimizer and not cpu_step)
     assert any("offloads" in n for n in notes) is unexpressed
     assert any("delayed parameter update" in n for n in notes) is e.delayed_param_update
@@ -181,11 +195,16 @@ def test_torchtitan_toml_parses_back_to_the_execution(spec, e, precision):
     shard, replicate = par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]
     assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"],
             par["expert_parallel_degree"], shard * replicate) == (e.tp, e.pp, e.cp, e.ep, e.dp)
-    assert shard == ((e.hsdp_shard or e.dp) if e.zero else 1)
     assert e.tp * e.pp * e.cp * shard * replicate == e.gpus
+    if e.zero:
+        assert shard == (e.hsdp_shard or e.dp)
+    if shard == 1 and e.cp == 1 and replicate > 1:  # torchtitan's DDP: "DDP has not supported > 1D parallelism"
+        assert replicate == e.gpus
+    notes = [line for line in text.splitlines() if line.startswith("# not expressed:")]
+    assert any("ZeRO-0 with TP/PP/CP" in n for n in notes) is (e.zero == 0 and shard > 1)
     if e.ep > 1:  # the experts split over TP as everything else (torchtitan allows ETP = TP or 1)
         assert par["expert_tensor_parallel_degree"] == e.tp
-    if e.zero:  # reshard after forward is what ZeRO-3 adds to ZeRO-2
+    if shard > 1:  # reshard after forward is what ZeRO-3 adds to ZeRO-2
         assert par["fsdp_reshard_after_forward"] == ("always" if e.zero == 3 else "never")
     assert par.get("context_parallel_rotate_method", "allgather" if e.cp_comm == "all_gather" else None) == (
         "allgather" if e.cp_comm == "all_gather" else None)
@@ -198,6 +217,9 @@ def test_torchtitan_toml_parses_back_to_the_execution(spec, e, precision):
             chunk_layers(e, spec)[s][c] for c in range(e.virtual_stages) for s in range(e.pp)]
     else:  # torchtitan accumulates global / (local x dp) micro-batches
         assert train["local_batch_size"] == e.micro_batch
+    assert par.get("enable_async_tensor_parallel", False) is e.tp_comm_overlap
+    if e.tp_comm_overlap:  # torchtitan's async TP refuses to run uncompiled
+        assert job["compile"]["enable"] is True
     assert ac["mode"] == e.recompute
     assert (ac.get("selective_ac_option") == "op") is (e.recompute == "selective")
     assert ("quantize.linear.float8" in job.get("model", {}).get("converters", [])) is (precision == "fp8")

@@ -16,7 +16,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   of Megatron's three interleaving arguments that also works with an uneven split).
 - uneven pipeline: ``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``,
   ``--account-for-embedding-in-pipeline-split``, ``--account-for-loss-in-pipeline-split``.
-- ``sequence_parallel``: ``--sequence-parallel``; ``tp_comm_overlap``: ``--tp-comm-overlap``.
+- ``sequence_parallel``: ``--sequence-parallel``; ``tp_comm_overlap``: ``--tp-comm-overlap`` (which Megatron
+  allows only with sequence parallelism).
 - ``micro_batch``, ``global_batch``, the model's ``seq_len``: ``--micro-batch-size``, ``--global-batch-size``,
   ``--seq-length``.
 - ``recompute``: ``selective`` is ``--recompute-granularity selective`` (its default module, the attention
@@ -27,7 +28,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   ``--num-distributed-optimizer-instances dp / hsdp_shard`` (the weights replicated over that many groups).
   Torch FSDP2 (``--use-torch-fsdp2``) is not used: Megatron refuses it with pipeline or expert parallelism and
   it needs untied embeddings.
-- ``dp_overlap``: ``--overlap-grad-reduce``; ``cpu_optimizer`` on the host: ``--optimizer-cpu-offload
+- ``dp_overlap``: ``--overlap-grad-reduce``, and with ZeRO-3 and ``fsdp_prefetch`` also ``--overlap-param-gather``
+  (Megatron-FSDP's prefetched all-gathers); ``cpu_optimizer`` on the host: ``--optimizer-cpu-offload
   --use-precision-aware-optimizer`` (Megatron's hybrid CPU optimizer needs the second).
 - ``attention``: ``flash`` is ``--attention-backend flash``, ``materialized`` is ``local`` (Megatron-Core's
   attention with the fused softmax over stored scores).
@@ -37,20 +39,22 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   forward, E5M2 backward) with ``--fp8-recipe tensorwise`` (current scaling) or ``delayed``.
 
 Not expressible in Megatron-LM's arguments, written as ``#`` comment lines of the file: offloading activations
-or weights to a second memory tier, optimizer state offloaded but stepped on the GPU, the NVMe tier, and
-ZeRO-Offload's one-step delayed parameter update.
+or weights to a second memory tier, optimizer state offloaded but stepped on the GPU, the NVMe tier,
+ZeRO-Offload's one-step delayed parameter update, TP communication overlap without sequence parallelism and
+FSDP prefetch without ``dp_overlap``.
 
 torchtitan (TOML sections of ``JobConfig``):
 
 - ``[parallelism]``: ``tensor_parallel_degree``, ``pipeline_parallel_degree``, ``context_parallel_degree``
   (``context_parallel_rotate_method = "allgather"`` for ``cp_comm = all_gather``), ``expert_parallel_degree``
   with ``expert_tensor_parallel_degree`` = TP; the data-parallel degree is ``data_parallel_shard_degree`` (FSDP2,
-  ZeRO 1-3) or ``data_parallel_replicate_degree`` (DDP, ZeRO 0), the other being 1, or both with HSDP
-  (``hsdp_shard``); ``fsdp_reshard_after_forward`` is ``never`` for ZeRO 1 and 2 (FSDP2's ZeRO-2) and
-  ``always`` for ZeRO 3. The pipeline schedule is ``1F1B`` or, with virtual stages, ``Interleaved1F1B``, with
+  ZeRO 1-3) or ``data_parallel_replicate_degree`` (DDP, ZeRO 0, which torchtitan runs only without TP, PP or
+  CP: beside them ZeRO 0 is written as ZeRO 2), the other being 1, or both with HSDP (``hsdp_shard``);
+  ``fsdp_reshard_after_forward`` is ``never`` for ZeRO 1 and 2 (FSDP2's ZeRO-2) and ``always`` for ZeRO 3. The pipeline schedule is ``1F1B`` or, with virtual stages, ``Interleaved1F1B``, with
   ``pipeline_parallel_microbatch_size``; the split is ``pipeline_parallel_layers_per_stage`` with
   ``pipeline_parallel_first/last_stage_less_layers`` 1 where the embedding (the loss) counts as a layer and 0
   otherwise, or, for an uneven first/last stage, ``module_fqns_per_model_part`` (torchtitan's module names).
+  ``tp_comm_overlap`` is ``enable_async_tensor_parallel`` with ``[compile] enable = true`` (async TP runs compiled).
 - ``[training]``: ``global_batch_size``, ``seq_len`` and ``local_batch_size``, the samples one data-parallel
   rank runs per optimizer step with a pipeline (``global_batch / dp``, split into micro-batches by the
   schedule) and the micro-batch without one (torchtitan then accumulates ``global_batch / (micro_batch * dp)``
@@ -63,7 +67,7 @@ torchtitan (TOML sections of ``JobConfig``):
 Not expressible in torchtitan's TOML, written as ``#`` comments: other offloading, sequence parallelism off
 with TP > 1 (torchtitan's TP always shards the norms along the sequence), ZeRO-1's replicated gradients, fp8
 delayed scaling, fp16, ``dp_overlap`` off (FSDP2 always overlaps its reduce-scatter), the ring (``p2p``)
-context-parallel exchange, a capacity factor, and expert parallelism wider than the context-parallel group
+context-parallel exchange, a capacity factor, an FSDP prefetch depth other than one layer, and expert parallelism wider than the context-parallel group
 without ZeRO (torchtitan's experts borrow sharded data-parallel ranks); torchtitan's selective checkpointing
 saves chosen ops' outputs, not exactly Megatron's attention-core recompute.
 """
@@ -110,8 +114,11 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
         args.append("--account-for-loss-in-pipeline-split")
     if e.sequence_parallel:
         args.append("--sequence-parallel")
-    if e.tp_comm_overlap:
+    notes: list[str] = []
+    if e.tp_comm_overlap and e.sequence_parallel:
         args.append("--tp-comm-overlap")
+    elif e.tp_comm_overlap:
+        notes.append("tp_comm_overlap without sequence parallelism: Megatron's --tp-comm-overlap needs --sequence-parallel")
     args += ["--micro-batch-size", str(e.micro_batch), "--global-batch-size", str(e.global_batch),
              "--seq-length", str(spec.seq_len)]
     if e.recompute == "selective":
@@ -127,6 +134,11 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
         args += ["--num-distributed-optimizer-instances", str(e.dp // e.hsdp_shard)]
     if e.dp_overlap:
         args.append("--overlap-grad-reduce")
+    if e.zero == 3 and e.fsdp_prefetch:
+        if e.dp_overlap:
+            args.append("--overlap-param-gather")
+        else:
+            notes.append("FSDP prefetch without dp_overlap: Megatron's --overlap-param-gather needs --overlap-grad-reduce")
     cpu_optimizer = _megatron_cpu_optimizer(e)
     if cpu_optimizer:
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
@@ -138,7 +150,7 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
                  "tensorwise" if e.fp8_scaling == "current" else "delayed"]
     elif precision in ("bf16", "fp16"):
         args.append(f"--{precision}")
-    return args, _offload_notes(e, cpu_optimizer)
+    return args, _offload_notes(e, cpu_optimizer) + notes
 
 
 def megatron_file(e: Execution, spec: TransformerSpec, precision: str) -> str:
@@ -174,7 +186,9 @@ def _model_parts(e: Execution, spec: TransformerSpec) -> list[list[str]]:
 
 
 def _torchtitan_parallelism(e: Execution, spec: TransformerSpec, notes: list[str]) -> dict[str, object]:
-    sharded = e.zero > 0
+    # torchtitan's DDP (replicate only) refuses any other parallelism: ZeRO-0 beside TP/PP/CP becomes FSDP2
+    as_fsdp = e.zero == 0 and e.dp > 1 and e.tp * e.pp * e.cp > 1
+    sharded = e.zero > 0 or as_fsdp
     shard = (e.hsdp_shard or e.dp) if sharded else 1
     parallelism: dict[str, object] = {
         "data_parallel_replicate_degree": e.dp // shard, "data_parallel_shard_degree": shard,
@@ -194,6 +208,11 @@ def _torchtitan_parallelism(e: Execution, spec: TransformerSpec, notes: list[str
         parallelism["fsdp_reshard_after_forward"] = "always" if e.zero == 3 else "never"
         if e.zero == 1:
             notes.append("ZeRO-1: FSDP2 shards the gradients too (written as ZeRO-2)")
+        if as_fsdp:
+            notes.append("ZeRO-0 with TP/PP/CP: torchtitan's DDP runs only without other parallelism "
+                         "(written as FSDP2 keeping the gathered weights, ZeRO-2)")
+    elif e.cp > 1:
+        notes.append("ZeRO-0 with context parallelism: torchtitan's FSDP2 shards the weights over the CP group")
     if e.pp > 1:
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if e.virtual_stages > 1 else "1F1B"
         parallelism["pipeline_parallel_microbatch_size"] = e.micro_batch
@@ -214,9 +233,14 @@ def torchtitan_toml(e: Execution, spec: TransformerSpec, precision: str) -> str:
                    and e.offload_tier == "host" and not e.offload_activations)
     notes = [] if cpu_offload else _offload_notes(e, False)
     parallelism = _torchtitan_parallelism(e, spec, notes)
+    sharded = parallelism["data_parallel_shard_degree"] != 1
     if e.tp > 1 and not e.sequence_parallel:
         notes.append("sequence parallelism off: torchtitan's tensor parallelism always shards along the sequence")
-    if not e.dp_overlap and e.dp > 1 and e.zero:
+    if e.tp_comm_overlap:  # torchtitan's async TP, which runs compiled only
+        parallelism["enable_async_tensor_parallel"] = True
+    if e.zero == 3 and e.fsdp_prefetch != 1:
+        notes.append(f"fsdp_prefetch {e.fsdp_prefetch}: FSDP2 prefetches one layer's gather ahead")
+    if not e.dp_overlap and e.dp > 1 and sharded:
         notes.append("dp_overlap off: FSDP2 always overlaps its gradient reduce-scatter")
     if spec.experts > 1 and e.capacity_factor != 1:
         notes.append(f"capacity factor {e.capacity_factor:g}: torchtitan's MoE routing has no capacity option")
@@ -233,6 +257,8 @@ def torchtitan_toml(e: Execution, spec: TransformerSpec, precision: str) -> str:
         checkpoint["selective_ac_option"] = "op"
     sections: list[tuple[str, dict[str, object]]] = [("parallelism", parallelism), ("training", training),
                                                      ("activation_checkpoint", checkpoint)]
+    if e.tp_comm_overlap:
+        sections.append(("compile", {"enable": True}))
     if precision == "fp8":
         sections += [("model", {"converters": ["quantize.linear.float8"]}),
                      ("quantize.linear.float8", {"recipe_name": "tensorwise"})]
