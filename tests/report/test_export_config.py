@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from mcdla.plan.llm_search import enumerate_executions
 from mcdla.report.export_config import megatron_file, torchtitan_toml
 from mcdla.workload.execution import Execution, check_execution, chunk_layers
-from mcdla.workload.transformer import preset
+from mcdla.workload.transformer import TransformerSpec, preset
 
 SPEC = json.loads(Path(__file__).with_name("data").joinpath("framework_args.json").read_text())
 MEGATRON, TORCHTITAN = SPEC["megatron"], SPEC["torchtitan"]
@@ -260,3 +261,54 @@ def test_vendored_spec_names_its_sources():
     for framework, repo in ((MEGATRON, "NVIDIA/Megatron-LM"), (TORCHTITAN, "pytorch/torchtitan")):
         assert framework["repo"] == repo and len(framework["commit"]) == 40
     assert TORCHTITAN["ref"] == "v0.2.2"
+
+
+TINY_DENSE = TransformerSpec(name="tiny", layers=8, hidden=64, heads=4, vocab=128, seq_len=16)
+TINY_MOE = TransformerSpec(name="tiny-moe", layers=4, hidden=64, heads=4, vocab=128, seq_len=16, experts=4, top_k=2)
+PRECISIONS = ("bf16", "fp8", "fp16", "fp32")
+
+
+def _one_of_each(executions: tuple[Execution, ...]) -> list[Execution]:
+    """The first execution of each parallel layout (degrees, interleaving, SP, ZeRO, recompute) and of each
+    ZeRO and offload combination: every kind the exporter maps, a few hundred rather than thousands."""
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for e in executions:
+        layout = (e.tp, e.pp, e.cp, e.ep, e.virtual_stages, e.sequence_parallel, e.zero, e.recompute)
+        state = ("state", e.zero, e.offload_activations, e.offload_weights, e.offload_optimizer, e.cpu_optimizer)
+        if layout not in seen or state not in seen:
+            seen.update((layout, state))
+            out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("spec, space", [
+    (TINY_DENSE, {"cp": (1, 2), "cpu_optimizer": (False, True), "dp_overlap": True}),
+    (TINY_MOE, {"ep": (1, 2, 4), "max_virtual_stages": 2}),
+], ids=["dense", "moe"])
+def test_every_candidate_of_a_search_exports_what_the_parsers_accept(spec, space, llm_cluster):
+    """Each execution the search enumerates (every TP/PP/VP/CP/EP, ZeRO stage, recompute, offload), under each
+    precision in turn: every Megatron option parses with a valid value and every TOML key is torchtitan's, and the
+    degrees read back are the execution's."""
+    cluster = llm_cluster(gpus_per_node=4, nodes=2, offload_bytes_per_s=10e9)
+    every = enumerate_executions(spec, cluster, gpus=8, global_batch=16, **space).executions
+    executions = _one_of_each(every)
+    assert len({(e.tp, e.pp, e.cp, e.ep, e.virtual_stages, e.zero, e.recompute) for e in executions}) > 20
+    parser = vendored_megatron_parser()
+    for i, e in enumerate(executions):
+        precision = PRECISIONS[i % len(PRECISIONS)]
+        text = megatron_file(e, spec, precision)
+        assert all(o in MEGATRON["arguments"] for o in shlex.split(text, comments=True) if o.startswith("--"))
+        a = parser.parse_args(shlex.split(text, comments=True))
+        got = execution_from_megatron(a, e.gpus)
+        assert got == {k: getattr(e, k) for k in got}, e
+        job = tomllib.loads(torchtitan_toml(e, spec, precision))
+        for key, value in _leaves(job).items():
+            assert key in TORCHTITAN["keys"], key
+            _check_toml_value(key, value)
+        par = job["parallelism"]
+        assert (par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] * par["context_parallel_degree"]
+                * par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"]) == e.gpus
+        if e.pp > 1:
+            assert torchtitan_chunk_layers(par, spec.layers) == [
+                chunk_layers(e, spec)[s][c] for c in range(e.virtual_stages) for s in range(e.pp)]
