@@ -134,6 +134,7 @@ def test_megatron_arguments_parse_back_to_the_execution(spec, e, precision):
                                             else None)
     cpu_step = e.cpu_optimizer and e.offload_tier == "host"
     assert a.optimizer_cpu_offload is (cpu_step or None) and a.use_precision_aware_optimizer is (cpu_step or None)
+    assert a.optimizer_offload_fraction == (1.0 if cpu_step else None)  # all of the state on the host
     unexpressed = e.offload_activations or e.offload_weights or (e.offload_optimizer and not cpu_step)
     assert any("offloads" in n for n in notes) is unexpressed
     assert any("delayed parameter update" in n for n in notes) is e.delayed_param_update

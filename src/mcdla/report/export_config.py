@@ -9,9 +9,9 @@ their commits in ``tests/report/data/framework_args.json``; ``docs/llm.md`` name
 Megatron-LM (``pretrain_gpt.py`` arguments):
 
 - ``tp``, ``pp``, ``cp``, ``ep``: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
-  ``--context-parallel-size`` (with ``--cp-comm-type p2p`` or ``all_gather``, the values Transformer Engine takes), ``--expert-model-parallel-size``
-  (the expert TP is Megatron's default, the TP size, as here); the data-parallel degree is what remains of the
-  GPUs, so Megatron has no argument for it.
+  ``--context-parallel-size`` (with ``--cp-comm-type p2p`` or ``all_gather``, the values Transformer Engine
+  takes), ``--expert-model-parallel-size`` (the expert TP is Megatron's default, the TP size, as here); the
+  data-parallel degree is what remains of the GPUs, so Megatron has no argument for it.
 - ``virtual_stages`` > 1: ``--num-virtual-stages-per-pipeline-rank`` (model chunks per pipeline rank; the one
   of Megatron's three interleaving arguments that also works with an uneven split).
 - uneven pipeline: ``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``,
@@ -30,7 +30,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   it needs untied embeddings.
 - ``dp_overlap``: ``--overlap-grad-reduce``, and with ZeRO-3 and ``fsdp_prefetch`` also ``--overlap-param-gather``
   (Megatron-FSDP's prefetched all-gathers); ``cpu_optimizer`` on the host: ``--optimizer-cpu-offload
-  --use-precision-aware-optimizer`` (Megatron's hybrid CPU optimizer needs the second).
+  --optimizer-offload-fraction 1.0 --use-precision-aware-optimizer`` (Megatron-Core's hybrid CPU optimizer, as
+  its ``cpu_offloading`` README sets it).
 - ``attention``: ``flash`` is ``--attention-backend flash``, ``materialized`` is ``local`` (Megatron-Core's
   attention with the fused softmax over stored scores).
 - MoE ``capacity_factor`` other than 1: ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``
@@ -50,11 +51,13 @@ torchtitan (TOML sections of ``JobConfig``):
   with ``expert_tensor_parallel_degree`` = TP; the data-parallel degree is ``data_parallel_shard_degree`` (FSDP2,
   ZeRO 1-3) or ``data_parallel_replicate_degree`` (DDP, ZeRO 0, which torchtitan runs only without TP, PP or
   CP: beside them ZeRO 0 is written as ZeRO 2), the other being 1, or both with HSDP (``hsdp_shard``);
-  ``fsdp_reshard_after_forward`` is ``never`` for ZeRO 1 and 2 (FSDP2's ZeRO-2) and ``always`` for ZeRO 3. The pipeline schedule is ``1F1B`` or, with virtual stages, ``Interleaved1F1B``, with
+  ``fsdp_reshard_after_forward`` is ``never`` for ZeRO 1 and 2 (FSDP2's ZeRO-2) and ``always`` for ZeRO 3.
+  The pipeline schedule is ``1F1B`` or, with virtual stages, ``Interleaved1F1B``, with
   ``pipeline_parallel_microbatch_size``; the split is ``pipeline_parallel_layers_per_stage`` with
   ``pipeline_parallel_first/last_stage_less_layers`` 1 where the embedding (the loss) counts as a layer and 0
   otherwise, or, for an uneven first/last stage, ``module_fqns_per_model_part`` (torchtitan's module names).
-  ``tp_comm_overlap`` is ``enable_async_tensor_parallel`` with ``[compile] enable = true`` (async TP runs compiled).
+  ``tp_comm_overlap`` is ``enable_async_tensor_parallel`` with ``[compile] enable = true`` (async TP runs
+  compiled only).
 - ``[training]``: ``global_batch_size``, ``seq_len`` and ``local_batch_size``, the samples one data-parallel
   rank runs per optimizer step with a pipeline (``global_batch / dp``, split into micro-batches by the
   schedule) and the micro-batch without one (torchtitan then accumulates ``global_batch / (micro_batch * dp)``
@@ -67,8 +70,9 @@ torchtitan (TOML sections of ``JobConfig``):
 Not expressible in torchtitan's TOML, written as ``#`` comments: other offloading, sequence parallelism off
 with TP > 1 (torchtitan's TP always shards the norms along the sequence), ZeRO-1's replicated gradients, fp8
 delayed scaling, fp16, ``dp_overlap`` off (FSDP2 always overlaps its reduce-scatter), the ring (``p2p``)
-context-parallel exchange, a capacity factor, an FSDP prefetch depth other than one layer, and expert parallelism wider than the context-parallel group
-without ZeRO (torchtitan's experts borrow sharded data-parallel ranks); torchtitan's selective checkpointing
+context-parallel exchange, a capacity factor, an FSDP prefetch depth other than one layer, expert parallelism
+wider than the context-parallel group without ZeRO (torchtitan's experts borrow sharded data-parallel ranks),
+ZeRO 0 beside TP/PP/CP and ZeRO 0's unsharded weights beside CP (torchtitan's FSDP2 spans the CP group); torchtitan's selective checkpointing
 saves chosen ops' outputs, not exactly Megatron's attention-core recompute.
 """
 
@@ -118,7 +122,8 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
     if e.tp_comm_overlap and e.sequence_parallel:
         args.append("--tp-comm-overlap")
     elif e.tp_comm_overlap:
-        notes.append("tp_comm_overlap without sequence parallelism: Megatron's --tp-comm-overlap needs --sequence-parallel")
+        notes.append("tp_comm_overlap without sequence parallelism: Megatron's --tp-comm-overlap needs "
+                     "--sequence-parallel")
     args += ["--micro-batch-size", str(e.micro_batch), "--global-batch-size", str(e.global_batch),
              "--seq-length", str(spec.seq_len)]
     if e.recompute == "selective":
@@ -138,10 +143,11 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
         if e.dp_overlap:
             args.append("--overlap-param-gather")
         else:
-            notes.append("FSDP prefetch without dp_overlap: Megatron's --overlap-param-gather needs --overlap-grad-reduce")
+            notes.append("FSDP prefetch without dp_overlap: Megatron's --overlap-param-gather needs "
+                         "--overlap-grad-reduce")
     cpu_optimizer = _megatron_cpu_optimizer(e)
     if cpu_optimizer:
-        args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
     args += ["--attention-backend", "flash" if e.attention == "flash" else "local"]
     if spec.experts > 1 and e.capacity_factor != 1:
         args += ["--moe-expert-capacity-factor", repr(float(e.capacity_factor)), "--moe-pad-expert-input-to-capacity"]
