@@ -98,7 +98,7 @@ def execution_from_megatron(a: argparse.Namespace, gpus: int) -> dict[str, objec
         "micro_batch": a.micro_batch_size, "global_batch": a.global_batch_size,
         "recompute": a.recompute_granularity or "none", "zero": zero[sharding],
         "hsdp_shard": dp // instances if instances > 1 else 0, "dp_overlap": bool(a.overlap_grad_reduce),
-        "attention": {"flash": "flash", "local": "materialized"}[a.attention_backend],
+        "attention": {"flash": "flash", "unfused": "materialized"}[a.attention_backend],
     }
 
 

@@ -32,8 +32,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   (Megatron-FSDP's prefetched all-gathers); ``cpu_optimizer`` on the host: ``--optimizer-cpu-offload
   --optimizer-offload-fraction 1.0 --use-precision-aware-optimizer`` (Megatron-Core's hybrid CPU optimizer, as
   its ``cpu_offloading`` README sets it).
-- ``attention``: ``flash`` is ``--attention-backend flash``, ``materialized`` is ``local`` (Megatron-Core's
-  attention with the fused softmax over stored scores).
+- ``attention``: ``flash`` is ``--attention-backend flash``, ``materialized`` is ``unfused`` (Transformer
+  Engine's attention over stored scores; Megatron takes ``local`` only with its ``--spec local`` layers).
 - MoE ``capacity_factor`` other than 1: ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``
   (every expert runs its full capacity, as modelled); 1 is Megatron's default dropless routing.
 - precision: ``bf16`` is ``--bf16``, ``fp16`` is ``--fp16``, ``fp8`` is ``--bf16 --fp8-format hybrid`` (E4M3
@@ -72,7 +72,8 @@ with TP > 1 (torchtitan's TP always shards the norms along the sequence), ZeRO-1
 delayed scaling, fp16, ``dp_overlap`` off (FSDP2 always overlaps its reduce-scatter), the ring (``p2p``)
 context-parallel exchange, a capacity factor, an FSDP prefetch depth other than one layer, expert parallelism
 wider than the context-parallel group without ZeRO (torchtitan's experts borrow sharded data-parallel ranks),
-ZeRO 0 beside TP/PP/CP and ZeRO 0's unsharded weights beside CP (torchtitan's FSDP2 spans the CP group); torchtitan's selective checkpointing
+ZeRO 0 beside TP/PP/CP and ZeRO 0's unsharded weights beside CP (torchtitan's FSDP2 spans the CP
+group); torchtitan's selective checkpointing
 saves chosen ops' outputs, not exactly Megatron's attention-core recompute.
 """
 
@@ -148,7 +149,7 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
     cpu_optimizer = _megatron_cpu_optimizer(e)
     if cpu_optimizer:
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
-    args += ["--attention-backend", "flash" if e.attention == "flash" else "local"]
+    args += ["--attention-backend", "flash" if e.attention == "flash" else "unfused"]
     if spec.experts > 1 and e.capacity_factor != 1:
         args += ["--moe-expert-capacity-factor", repr(float(e.capacity_factor)), "--moe-pad-expert-input-to-capacity"]
     if precision == "fp8":
