@@ -283,10 +283,11 @@ def _one_of_each(executions: tuple[Execution, ...]) -> list[Execution]:
     return out
 
 
-@pytest.mark.parametrize("spec, space", [
-    (TINY_DENSE, {"cp": (1, 2), "cpu_optimizer": (False, True), "dp_overlap": True}),
-    (TINY_MOE, {"ep": (1, 2, 4), "max_virtual_stages": 2}),
-], ids=["dense", "moe"])
+SEARCH_SPACES = [(TINY_DENSE, {"cp": (1, 2), "cpu_optimizer": (False, True), "dp_overlap": True}),
+                 (TINY_MOE, {"ep": (1, 2, 4), "max_virtual_stages": 2})]
+
+
+@pytest.mark.parametrize("spec, space", SEARCH_SPACES, ids=["dense", "moe"])
 def test_every_candidate_of_a_search_exports_what_the_parsers_accept(spec, space, llm_cluster):
     """Each execution the search enumerates (every TP/PP/VP/CP/EP, ZeRO stage, recompute, offload), under each
     precision in turn: every Megatron option parses with a valid value and every TOML key is torchtitan's, and the
