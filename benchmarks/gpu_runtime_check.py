@@ -19,16 +19,14 @@ unless a plan is given, so pydantic and yaml are not needed).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import math
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from benchmarks._gpu_check import check_parser, pick_device, run_parts, token_batch, write_results
 
 GPT2_MEDIUM = {"layers": 24, "dim": 1024, "heads": 16, "seq": 1024, "vocab": 50257}
 TINY = {"layers": 2, "dim": 64, "heads": 4, "seq": 64, "vocab": 256}
@@ -134,7 +132,7 @@ def _batch_for(cfg: dict[str, int], device: str, state: dict, requested: int | N
     if device != "cuda":
         return 4, {"batch_rule": "tiny"}
     probe = 2
-    data = _data(cfg, probe, device)
+    data = token_batch(cfg, probe, device)
     run = _Runner(cfg, device, probe, state, data)
     per_sample = run.measure(contextlib.nullcontext, 1, 1)["activation_bytes"] / probe
     total = torch.cuda.get_device_properties(0).total_memory
@@ -148,23 +146,12 @@ def _batch_for(cfg: dict[str, int], device: str, state: dict, requested: int | N
                                              "batch_by_device": by_device, "batch_by_host": by_host}
 
 
-def _data(cfg: dict[str, int], batch: int, device: str) -> tuple:
-    import torch
-
-    g = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=g)
-    return idx.to(device), torch.roll(idx, -1, 1).to(device)
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    ap.add_argument("--tiny", action="store_true", help="a tiny model on the CPU (smoke test)")
+    ap = check_parser(__doc__, "a tiny model on the CPU (smoke test)")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--keep", type=float, default=0.55, help="fraction of activation bytes kept on the device")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--max-minutes", type=float, default=8.0, help="skip the remaining modes after this")
     args = ap.parse_args(argv)
 
     import psutil
@@ -173,16 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     import mcdla
     from mcdla.runtime import HostTier
 
-    cuda = torch.cuda.is_available() and not args.tiny
-    if not cuda and not args.tiny:
-        print("gpu_runtime_check: no CUDA device; use --tiny for the CPU smoke test", file=sys.stderr)
+    device = pick_device("gpu_runtime_check", args.tiny)
+    if device is None:
         return 2
-    device = "cuda" if cuda else "cpu"
+    cuda = device == "cuda"
     cfg = TINY if args.tiny else GPT2_MEDIUM
     started = time.perf_counter()
     state = {k: v.clone() for k, v in build_model(cfg).state_dict().items()}
     batch, sizing = _batch_for(cfg, device, state, args.batch)
-    data = _data(cfg, batch, device)
+    data = token_batch(cfg, batch, device)
     steps, warmup = (2, 1) if args.tiny else (args.steps, args.warmup)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
                                "config": cfg, "batch": batch, **sizing, "keep": args.keep}
@@ -216,17 +202,10 @@ def main(argv: list[str] | None = None) -> int:
                     "pack_wait_s": r.pack_wait_s, "fetches_on_demand": r.fetches_on_demand})
         return out
 
-    for mode, run in (("save_on_cpu", soc), ("mcdla_host", lambda: mcdla_mode(args.keep)),
-                      ("mcdla_host_all", lambda: mcdla_mode(0.0))):
-        if time.perf_counter() - started > 60 * args.max_minutes:
-            results[mode] = {"error": f"skipped: past --max-minutes {args.max_minutes}"}
-            continue
-        try:
-            results[mode] = run()
-        except Exception as exc:  # noqa: BLE001 - one mode failing must not lose the others' figures
-            results[mode] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-        if cuda:
-            torch.cuda.empty_cache()
+    modes = (("save_on_cpu", soc), ("mcdla_host", lambda: mcdla_mode(args.keep)),
+             ("mcdla_host_all", lambda: mcdla_mode(0.0)))
+    run_parts(modes, results, started=started, max_minutes=args.max_minutes, cuda=cuda)
+    for mode, _ in modes:
         r = results[mode]
         if "step_s" in r:
             r["slowdown"] = r["step_s"] / base["step_s"] - 1
@@ -236,11 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     m = results["mcdla_host"]
     results["target_met"] = bool(act) and "step_s" in m and m["activation_saved"] >= 0.40 and m["slowdown"] <= 0.05
     results["wall_s"] = time.perf_counter() - started
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_runtime_check.json").write_text(json.dumps(results, indent=2))
-    md = _markdown(results)
-    (args.out / "gpu_runtime_check.md").write_text(md)
-    print(md)
+    write_results(args.out, "gpu_runtime_check", results, _markdown(results))
     return 0
 
 

@@ -25,19 +25,16 @@ Needs torch, numpy and psutil, plus ``src`` on ``PYTHONPATH``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import math
 import os
 import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_runtime_check import _data  # the same token batches (seeded) as the activation check
+from benchmarks._gpu_check import check_parser, pick_device, run_parts, token_batch, write_results
 
 LLAMA_1B = {"layers": 24, "dim": 2048, "heads": 16, "ffn": 5632, "vocab": 32000, "seq": 1024}
 LLAMA_150M = {"layers": 8, "dim": 1024, "heads": 8, "ffn": 2816, "vocab": 32000, "seq": 512}
@@ -120,7 +117,7 @@ def exact_part(device: str, cfg: dict[str, int], scratch: str, steps: int = 3) -
     import mcdla
 
     hyper = {"lr": 1e-3, "weight_decay": 0.1}
-    data = _data(cfg, 2, device)
+    data = token_batch(cfg, 2, device)
 
     def run(kind: str) -> tuple[list[float], list[Any]]:
         model = build_model(cfg).to(device, torch.bfloat16)
@@ -189,7 +186,7 @@ def scale_mode(mode: str, device: str, cfg: dict[str, int], batch: int, steps: i
 
     cuda = device == "cuda"
     model = build_model(cfg).to(device, torch.bfloat16)
-    data = _data(cfg, batch, device)
+    data = token_batch(cfg, batch, device)
     params = None
     if mode == "device":
         masters = [p.detach().float().requires_grad_() for p in model.parameters()]
@@ -232,24 +229,20 @@ def scale_mode(mode: str, device: str, cfg: dict[str, int], batch: int, steps: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU (smoke test)")
+    ap = check_parser(__doc__, "tiny models on the CPU (smoke test)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--scratch", default=None, help="directory of the file tier (default: a temporary one)")
-    ap.add_argument("--max-minutes", type=float, default=8.0, help="skip the remaining parts after this")
     args = ap.parse_args(argv)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: reproducible GEMMs
 
     import torch
 
-    cuda = torch.cuda.is_available() and not args.tiny
-    if not cuda and not args.tiny:
-        print("gpu_state_offload_check: no CUDA device; use --tiny for the CPU smoke test", file=sys.stderr)
+    device = pick_device("gpu_state_offload_check", args.tiny)
+    if device is None:
         return 2
+    cuda = device == "cuda"
     torch.use_deterministic_algorithms(True, warn_only=True)
-    device = "cuda" if cuda else "cpu"
     started = time.perf_counter()
     steps = 1 if args.tiny else args.steps
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__}
@@ -261,16 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             parts.append((f"scale.{mode}", lambda m=mode: scale_mode(m, device, big, args.batch, steps, "host")))
         parts.append(("file", lambda: scale_mode("optimizer_file", device, TINY if args.tiny else LLAMA_150M,
                                                   args.batch, steps, f"file:{scratch}")))
-        for name, part in parts:
-            if time.perf_counter() - started > 60 * args.max_minutes:
-                results[name] = {"error": f"skipped: past --max-minutes {args.max_minutes}"}
-                continue
-            try:
-                results[name] = part()
-            except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others' figures
-                results[name] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-            if cuda:
-                torch.cuda.empty_cache()
+        run_parts(parts, results, started=started, max_minutes=args.max_minutes, cuda=cuda)
     base = results.get("scale.device", {})
     for mode in ("optimizer_host", "params_and_optimizer"):
         r = results.get(f"scale.{mode}", {})
@@ -279,11 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             if "peak_bytes" in r:
                 r["peak_ratio"] = r["peak_bytes"] / base["peak_bytes"]
     results["wall_s"] = time.perf_counter() - started
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_state_offload_check.json").write_text(json.dumps(results, indent=2))
-    md = _markdown(results)
-    (args.out / "gpu_state_offload_check.md").write_text(md)
-    print(md)
+    write_results(args.out, "gpu_state_offload_check", results, _markdown(results))
     return 0
 
 

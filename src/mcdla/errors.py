@@ -6,6 +6,8 @@ and exits 2; nothing below the CLI prints.
 """
 
 import re
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 __all__ = [
     "McdlaError",
@@ -19,6 +21,7 @@ __all__ = [
     "ProfileError",
     "brief",
     "field_path",
+    "validation_line",
 ]
 
 
@@ -102,3 +105,21 @@ def field_path(loc: tuple[object, ...] | list[object], root: str = "") -> str:
         else:
             text += f"[{brief(part)}]"
     return text or "(top level)"
+
+
+def validation_line(err: Mapping[str, Any], source: str, root: str, allowed: Iterable[str]) -> str:
+    """One line for the first problem of a pydantic ``ValidationError`` (``exc.errors()[0]``) in a file:
+    ``source: root.field: ...``; an unknown field lists the ``allowed`` ones, a missing one says so, any
+    other names the value and pydantic's rule.
+
+    It takes the error's dict, not the exception, so that this module needs no pydantic; the file readers of
+    every layer share it, each naming its own root (``model``, ``execution``) and allowed fields.
+    """
+    where = field_path(err["loc"], root)
+    if err["type"] == "extra_forbidden":
+        return f"{source}: {where}: unknown field; allowed: {', '.join(allowed)}"
+    if err["type"] == "missing":
+        return f"{source}: {where}: missing; required"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"{source}: {where}: got {brief(err.get('input'))}; {message[:1].lower()}{message[1:]}"
+

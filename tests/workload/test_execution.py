@@ -72,6 +72,7 @@ def test_yaml_and_json_round_trip(tmp_path):
     ({**GOOD, "zero": 4}, "execution.zero: got 4"),
     ({**GOOD, "recompute": "most"}, "execution.recompute: got 'most'"),
     ({**GOOD, "dp": 2}, "execution.gpus: got 64"),
+    ({k: v for k, v in GOOD.items() if k != "gpus"}, "execution.gpus: missing; required"),
     ([1, 2], "must be a mapping"),
 ])
 def test_bad_file_content_one_line(data, needle):

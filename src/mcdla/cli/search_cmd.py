@@ -223,7 +223,7 @@ def search_cmd(
     export_megatron: Annotated[Optional[Path], typer.Option(
         help="Write the best configuration as Megatron-LM command-line arguments to this file.")] = None,
     export_torchtitan: Annotated[Optional[Path], typer.Option(
-        help="Write the best configuration as a torchtitan TOML to this file.")] = None,
+        help="Write the best configuration as a torchtitan v0.2 job TOML (its --job.config_file) to this file.")] = None,
     max_virtual_stages: Annotated[Optional[int], typer.Option(
         help="Largest interleaving (virtual stages per pipeline rank) to try (default: any divisor of the layers).")] = None,
     offload: Annotated[bool, typer.Option("--offload/--no-offload", help="Try offloading activations, weights "

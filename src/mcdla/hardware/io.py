@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief, field_path
@@ -23,7 +23,8 @@ from mcdla.units import parse_bytes, parse_bytes_per_s, parse_flops_per_s, parse
 
 __all__ = ["BANDWIDTH_BOUNDS_BYTES_PER_S", "CAPACITY_BOUNDS_BYTES", "LATENCY_BOUNDS_S", "PEAK_BOUNDS_FLOPS_PER_S",
            "preset_names", "load_system", "read_system_document", "system_from_dict", "explicit_system",
-           "system_to_dict", "save_system", "within_bounds"]
+           "system_to_dict", "save_system", "within_bounds", "bandwidth_figure", "capacity_figure", "latency_figure",
+           "LINK_BANDWIDTH", "LINK_LATENCY", "bandwidth_validator", "capacity_validator"]
 
 _PRESET_PACKAGE = "mcdla.hardware.presets"
 _Quantity = str | float | int
@@ -57,6 +58,47 @@ def within_bounds(value: float, field: str, bounds: tuple[float, float], unit: s
                         "a physical figure")
 
 
+def bandwidth_figure(value: _Quantity, field: str, *, allow_inf: bool) -> float:
+    """A file's bandwidth (``25GB/s``, a number of bytes/s) in bytes/s, within the physical bounds."""
+    return within_bounds(parse_bytes_per_s(value, field), field, BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
+                         allow_inf=allow_inf)
+
+
+def capacity_figure(value: _Quantity, field: str, *, allow_inf: bool) -> float:
+    """A file's memory capacity (``80GiB``, a number of bytes) in bytes, within the physical bounds."""
+    return within_bounds(parse_bytes(value, field), field, CAPACITY_BOUNDS_BYTES, "B", allow_inf=allow_inf)
+
+
+def latency_figure(value: _Quantity, field: str = "latency") -> float:
+    """A file's one-way latency (``2us``, a number of seconds) in seconds, within the physical bounds."""
+    return within_bounds(parse_seconds(value, field), field, LATENCY_BOUNDS_S, "s", allow_inf=False)
+
+
+def bandwidth_validator(*fields: str, allow_inf: bool) -> Any:
+    """A pydantic validator turning each of ``fields`` into bytes/s (:func:`bandwidth_figure`), for a spec's
+    class body: ``_bw = bandwidth_validator("bandwidth", allow_inf=True)``."""
+    def check(cls: type, v: _Quantity, info: ValidationInfo) -> float:
+        return bandwidth_figure(v, info.field_name or fields[0], allow_inf=allow_inf)
+    return field_validator(*fields)(classmethod(check))  # type: ignore[arg-type]
+
+
+def capacity_validator(*fields: str, allow_inf: bool) -> Any:
+    """The same for memory capacities in bytes (:func:`capacity_figure`)."""
+    def check(cls: type, v: _Quantity, info: ValidationInfo) -> float:
+        return capacity_figure(v, info.field_name or fields[0], allow_inf=allow_inf)
+    return field_validator(*fields)(classmethod(check))  # type: ignore[arg-type]
+
+
+def _latency(cls: type, v: _Quantity) -> float:
+    return latency_figure(v)
+
+
+#: The ``bandwidth`` and ``latency`` validators of a link-like spec (a system file's links, a cluster's fabrics);
+#: inf bandwidth is an idealised link that never binds (a test's or a what-if's figure; it adds no time).
+LINK_BANDWIDTH = bandwidth_validator("bandwidth", allow_inf=True)
+LINK_LATENCY = field_validator("latency")(classmethod(_latency))  # type: ignore[arg-type]
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -76,17 +118,9 @@ class _DeviceSpec(_Spec):
         return {k: within_bounds(parse_flops_per_s(x, f"peak_flops_per_s.{k}"), f"peak_flops_per_s.{k}",
                                  PEAK_BOUNDS_FLOPS_PER_S, "FLOP/s", allow_inf=False) for k, x in v.items()}
 
-    @field_validator("hbm")
-    @classmethod
-    def _hbm(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes(v, "hbm"), "hbm", CAPACITY_BOUNDS_BYTES, "B", allow_inf=True)
-
-    @field_validator("hbm_bandwidth")
-    @classmethod
-    def _hbm_bw(cls, v: _Quantity) -> float:
-        # inf: an idealised device whose memory-bound kernels take no time (the oracle's kind of figure)
-        return within_bounds(parse_bytes_per_s(v, "hbm_bandwidth"), "hbm_bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S,
-                             "B/s", allow_inf=True)
+    _hbm = capacity_validator("hbm", allow_inf=True)
+    # inf: an idealised device whose memory-bound kernels take no time (the oracle's kind of figure)
+    _hbm_bw = bandwidth_validator("hbm_bandwidth", allow_inf=True)
 
 
 class _MemorySpec(_Spec):
@@ -96,16 +130,8 @@ class _MemorySpec(_Spec):
     dram_bandwidth: _Quantity
     source: str
 
-    @field_validator("capacity")
-    @classmethod
-    def _cap(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes(v, "capacity"), "capacity", CAPACITY_BOUNDS_BYTES, "B", allow_inf=True)
-
-    @field_validator("dram_bandwidth")
-    @classmethod
-    def _bw(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes_per_s(v, "dram_bandwidth"), "dram_bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S,
-                             "B/s", allow_inf=True)
+    _cap = capacity_validator("capacity", allow_inf=True)
+    _bw = bandwidth_validator("dram_bandwidth", allow_inf=True)
 
 
 class _SwitchSpec(_Spec):
@@ -121,16 +147,8 @@ class _LinkSpec(_Spec):
     kind: Literal["nvlink", "pcie", "cpu-interconnect", "network", "other"] = "other"
     source: str
 
-    @field_validator("bandwidth")
-    @classmethod
-    def _bw(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
-                             allow_inf=True)
-
-    @field_validator("latency")
-    @classmethod
-    def _lat(cls, v: _Quantity) -> float:
-        return within_bounds(parse_seconds(v, "latency"), "latency", LATENCY_BOUNDS_S, "s", allow_inf=False)
+    _bw = LINK_BANDWIDTH
+    _lat = LINK_LATENCY
 
 
 class _SystemSpec(_Spec):

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from mcdla.errors import HardwareError, brief
 from mcdla.hardware.direct_topology import DIRECT_TOPOLOGIES, expand_direct, gpu_links
 from mcdla.hardware.gemm import DEFAULT_BACKWARD_RATIO, DEFAULT_FP8_FRACTION, DEFAULT_HALF_TOKENS
-from mcdla.hardware.io import (BANDWIDTH_BOUNDS_BYTES_PER_S, CAPACITY_BOUNDS_BYTES, LATENCY_BOUNDS_S, preset_names,
-                               read_system_document, within_bounds)
-from mcdla.units import parse_bytes, parse_bytes_per_s, parse_seconds
+from mcdla.hardware.io import (LINK_BANDWIDTH, LINK_LATENCY, bandwidth_validator, capacity_validator, preset_names,
+                               read_system_document)
 
 __all__ = ["MAX_DEVICES", "is_generated", "resolve_extends", "expand_dict"]
 
@@ -79,17 +78,8 @@ class _FabricSpec(_Spec):
     switch_source: str = ""
     source: str
 
-    @field_validator("bandwidth")
-    @classmethod
-    def _bw(cls, v: _Quantity) -> float:
-        # inf: an idealised fabric that never binds (a test's or a what-if's figure; it adds no time)
-        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
-                             allow_inf=True)
-
-    @field_validator("latency")
-    @classmethod
-    def _lat(cls, v: _Quantity) -> float:
-        return within_bounds(parse_seconds(v, "latency"), "latency", LATENCY_BOUNDS_S, "s", allow_inf=False)
+    _bw = LINK_BANDWIDTH
+    _lat = LINK_LATENCY
 
 
 class _ScaleUpSpec(_FabricSpec):
@@ -158,16 +148,8 @@ class _NvmeSpec(_Spec):
     write_bandwidth: _Quantity
     source: str
 
-    @field_validator("capacity")
-    @classmethod
-    def _cap(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes(v, "capacity"), "capacity", CAPACITY_BOUNDS_BYTES, "B", allow_inf=False)
-
-    @field_validator("read_bandwidth", "write_bandwidth")
-    @classmethod
-    def _bw(cls, v: _Quantity) -> float:
-        return within_bounds(parse_bytes_per_s(v, "bandwidth"), "bandwidth", BANDWIDTH_BOUNDS_BYTES_PER_S, "B/s",
-                             allow_inf=False)
+    _cap = capacity_validator("capacity", allow_inf=False)
+    _bw = bandwidth_validator("read_bandwidth", "write_bandwidth", allow_inf=False)
 
 
 class _NodeSpec(_Spec):

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mcdla._io_safety import read_document
-from mcdla.errors import ConfigError, brief, field_path
+from mcdla.errors import ConfigError, brief, validation_line
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
 
 __all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "RECOMPUTE_METHODS", "Execution", "check_execution", "chunk_layers",
@@ -387,13 +387,7 @@ class _ExecutionFile(BaseModel):
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
-    err = exc.errors()[0]
-    where = field_path(err["loc"])
-    if err["type"] == "extra_forbidden":
-        allowed = ", ".join(_ExecutionFile.model_fields)
-        return f"{source}: execution.{where}: unknown field; allowed: {allowed}"
-    message = str(err["msg"]).removeprefix("Value error, ")
-    return f"{source}: execution.{where}: got {brief(err.get('input'))}; {message[:1].lower()}{message[1:]}"
+    return validation_line(exc.errors()[0], source, "execution", _ExecutionFile.model_fields)
 
 
 def execution_from_dict(data: Any, source: str = "execution") -> Execution:

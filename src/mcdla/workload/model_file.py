@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mcdla._io_safety import read_document
-from mcdla.errors import WorkloadError, brief, field_path
+from mcdla.errors import WorkloadError, brief, validation_line
 from mcdla.workload.hf_config import hf_model_name, is_hf_config, spec_from_hf_config
 from mcdla.workload.transformer import PRESETS, MlaAttention, TransformerSpec, preset_names
 
@@ -68,14 +68,8 @@ class _ModelFile(BaseModel):
 
 def _one_line(exc: ValidationError, source: str) -> str:
     err = exc.errors()[0]
-    where = field_path(err["loc"])
-    if err["type"] == "extra_forbidden":
-        allowed = ", ".join(_MlaFile.model_fields if err["loc"][0] == "mla" else _ModelFile.model_fields)
-        return f"{source}: model.{where}: unknown field; allowed: {allowed}"
-    if err["type"] == "missing":
-        return f"{source}: model.{where}: missing; required"
-    message = str(err["msg"]).removeprefix("Value error, ")
-    return f"{source}: model.{where}: got {brief(err.get('input'))}; {message[:1].lower()}{message[1:]}"
+    allowed = _MlaFile.model_fields if err["loc"][:1] == ("mla",) else _ModelFile.model_fields
+    return validation_line(err, source, "model", allowed)
 
 
 def model_from_dict(data: Any, source: str = "model") -> TransformerSpec:
