@@ -172,3 +172,37 @@ def test_alive_matches_independent_count_during_backward(tmp_path, monkeypatch, 
         # the runtime still holds (those are in ``held``, and the watch sees them only once unpacked)
         assert independent - held <= lingering <= independent
     vm.close()
+
+
+def test_kept_storages_handed_back_are_counted_until_they_die(monkeypatch):
+    """Budget above the step: every storage stays on the device and is handed back to autograd in backward.
+    Those only their record still holds are counted without a weak reference (NOTE [memory honesty]), the
+    caller's x and y with one; at every point the count equals the independent one."""
+    model = _mlp()
+    x = torch.randn(4096, 256)
+    vm = virtualize("host", budget=1 << 40, model=model, min_bytes=MIN)
+    watch = _Watch(monkeypatch)
+    seen = []
+
+    def check(grad):
+        gc.collect()
+        seen.append((vm._last.alive_saved_bytes, watch.live_bytes()))
+        return grad
+
+    hooks = [m.register_forward_hook(lambda m, i, o: (o.register_hook(check), None)[1])
+             for m in model if isinstance(m, nn.Tanh)]
+    with vm:
+        y = model(x)
+        y.sum().backward()
+    for h in hooks:
+        h.remove()
+    gc.collect()
+    report, act = vm.report, x.nbytes
+    assert report.complete and report.offloaded_bytes == 0 and report.managed_bytes == 5 * act
+    assert len(seen) == 4 and all(alive == independent for alive, independent in seen)
+    assert vm.resident_saved_bytes == 0
+    assert vm.alive_saved_bytes == watch.live_bytes() == 2 * act  # x and y, held by this test
+    del y
+    gc.collect()
+    assert vm.alive_saved_bytes == watch.live_bytes() == act  # y's storage died: its count went with it
+    assert report.peak_alive_saved_bytes == 5 * act  # all five before backward, none handed back yet

@@ -95,7 +95,8 @@ class _Lingering:
     """Storages the runtime let go of that are still alive elsewhere (NOTE [memory honesty]).
 
     Thread-safe; the weak-reference callbacks run in whichever thread drops a storage's last reference
-    and only touch this object's counters (never the step's or the report's locks).
+    and only touch this object's counters (never the step's or the report's locks). ``held`` (``hold``,
+    ``unhold``) is changed only under the step's lock, so it takes no lock of its own.
     """
 
     KINDS = ("offloaded", "returned")
@@ -103,7 +104,8 @@ class _Lingering:
     def __init__(self) -> None:
         self._mu = threading.Lock()
         self._watched: dict[int, _Watch] = {}  # id(storage object) -> weak reference with callback
-        self.bytes = 0
+        self.bytes = 0  # watched bytes
+        self.held = 0  # bytes counted by ``hold`` ("returned"); alive in all: ``bytes + held``
         self.by_kind = dict.fromkeys(self.KINDS, 0)
         self._on_gone = self._gone
 
@@ -130,21 +132,13 @@ class _Lingering:
         something else does, ``let_go`` it instead."""
         if _use_count is None or _use_count(storage._cdata) != own or id(storage) in self._watched:
             return False
-        mu = self._mu
-        mu.acquire()
-        self.bytes += nbytes
-        self.by_kind["returned"] += nbytes
-        mu.release()
+        self.held += nbytes
         return True
 
     def unhold(self, storage: Any, nbytes: int) -> None:
         """The record let go of a ``hold``-counted storage (``storage`` is the caller's last reference):
         un-count it, and watch it if something else references it now."""
-        mu = self._mu
-        mu.acquire()
-        self.bytes -= nbytes
-        self.by_kind["returned"] -= nbytes
-        mu.release()
+        self.held -= nbytes
         if _use_count(storage._cdata) > 1:
             self.let_go(storage, nbytes, "returned")
 
@@ -157,4 +151,4 @@ class _Lingering:
 
     def still_alive(self, kind: str) -> int:
         with self._mu:
-            return self.by_kind[kind]
+            return self.by_kind[kind] + (self.held if kind == "returned" else 0)

@@ -98,9 +98,11 @@ class _Record:
         handle's unpack returns while the record holds the bytes (building a view with ``set_`` costs five
         times a ``detach``; autograd gives the unpacked tensor a fresh version counter either way, as
         ``make_variable`` shallow-copies a tensor someone else holds), and whose stride and offset the first
-        handle uses (kept on the record when the alias goes). The weak reference to the storage is made
-        when the record lets go of it (an offload landed), the bytes as a uint8 tensor when an offload
-        starts, and the label when a message or a trace names the tensor.
+        handle uses (kept on the record when the alias goes); the alias shares the saved tensor's version
+        counter, so the unpack's in-place check reads it there. The weak reference to the storage is made
+        when the record lets go of it (an offload landed), the device when first asked or before that, the
+        bytes as a uint8 tensor when an offload starts, and the label when a message or a trace names the
+        tensor.
     """
 
     __slots__ = (
@@ -144,10 +146,10 @@ class _Record:
         self.tier_name = ""
         self.offload_future: Future | None = None
         self.fetch_future: Future | None = None
-        self.handles_live = 0
-        self.pending = 0  # handles not yet unpacked
+        self.handles_live = 1  # the first save's handle (which does not count itself)
+        self.pending = 1  # handles not yet unpacked
         self.error: BaseException | None = None
-        self.counted_resident = False
+        self.counted_resident = True  # a new record is resident, counted by the step
         self.counted_window = False
         self.held = False  # consumed, its bytes counted by ``_Lingering.hold`` (NOTE [memory honesty] in _liveness)
 
@@ -237,8 +239,9 @@ class _Handle:
         self.stride = stride
         self.offset = offset
         self.unpacked = False
-        record.handles_live += 1
-        record.pending += 1
+        if not first:  # the record counts its first handle from the start
+            record.handles_live += 1
+            record.pending += 1
 
     def view_of(self, storage: Any) -> torch.Tensor:
         """This saved tensor as a view into ``storage`` (the record's storage, original or restored)."""

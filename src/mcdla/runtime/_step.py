@@ -27,7 +27,9 @@ NOTE [bytes final]
     exits, or when backward begins. Offloads chosen in a pack wait in ``_deferred`` until then: the first
     pack of the next op starts them, one op later than before. Not every save waits: a tensor an earlier op
     produced (its ``grad_fn`` is numbered before the saving op's node: a Linear's input, say) is final
-    already and starts at once (``_made_earlier``), as vDNN and the engine assume. With ``model=`` a
+    already and starts at once (``_made_earlier``), as vDNN and the engine assume. That is asked only of a
+    storage that leaves at its own pack (offloaded at once, or evicted by its own admission), not of every
+    save; one the same op evicts with a later save waits for the next op like the others (exact either way). With ``model=`` a
     module's forward pre- and post-hooks start the others too: a hook runs between ops, so every op
     numbered below the counter has returned (without them a storage also waited across every op that saves
     nothing). On CUDA the same rule orders the copy after the kernel that writes the bytes, since the
@@ -45,13 +47,19 @@ NOTE [backward twice]
 NOTE [hot path]
     Every saved tensor runs the pack hook, the unpack hook and its handle's death, so their common case (a
     storage the policy keeps, or one already offloaded and fetched ahead) does as little as it can in
-    Python: one section under the step lock in each, no closure, list or dict made per tensor, a record
-    and a handle with ``__slots__`` that compute only what every record needs (NOTE [cheap records] in
-    ``_records``), timeline samples in flat arrays (NOTE [cheap samples] in ``report``), a handle's death
-    run at once through ``_InboxLock.call`` (a posted closure only while the lock is taken or a collection
-    runs), and the unpack checks (abort, failure, second unpack, in-place change) tested together before
-    the call that explains a failure. The general machinery (offloads that became final, waits for a
-    window or a plan's budget, fetches) runs only when its condition holds.
+    Python, where each attribute read or call costs 30-100 ns: the step's own ``pack`` and ``unpack`` are
+    the hooks (the virtualizer sets them at each entry; autograd keeps the pair a tensor was packed with),
+    one section under the step lock in each, whose release is a bare release when nothing was posted; no
+    closure, list or dict made per tensor; a record and a handle with ``__slots__`` that compute only what
+    every record needs (NOTE [cheap records] in ``_records``; the first handle counted by its record from
+    the start); timeline samples in flat arrays (NOTE [cheap samples] in ``report``); a handle's death run
+    at once from its ``__del__`` through ``_InboxLock.call`` (a posted closure only while the lock is taken
+    or a collection runs); the unpack checks (abort, failure, second unpack, in-place change, read from the
+    alias's version counter) tested together before the call that explains a failure; states compared by
+    identity with module constants; a storage handed back to autograd counted without a weak reference
+    when only its record holds it (NOTE [memory honesty] in ``_liveness``). The general machinery (offloads
+    that became final, waits for a window or a plan's budget, fetches, the prefetcher before any offload)
+    runs only when its condition holds. What remains per tensor is measured in ``docs/runtime.md``.
 
 NOTE [forked children]
     A step belongs to the process that entered it. A child made by ``os.fork`` during a step shares its
@@ -150,6 +158,7 @@ class _Step:
         self._inflight: dict[Future, tuple[_Record, str]] = {}  # transfer -> (record, "offload"/"fetch")
         self._resident = 0  # bytes of managed storages held on the device
         self._exited = False
+        self._moved = False  # an offload has started: only then can the prefetcher have work (NOTE [hot path])
         self._finished = False
         self._aborted = False
         self._failure: BaseException | None = None
@@ -180,7 +189,8 @@ class _Step:
 
     def _sample(self) -> None:
         resident = self._resident
-        self.report.sample(resident, resident + self.lingering.bytes)  # NOTE [memory honesty] in ``_liveness``
+        lingering = self.lingering  # NOTE [memory honesty] in ``_liveness``
+        self.report.sample(resident, resident + lingering.bytes + lingering.held)
 
     @property
     def resident_saved_bytes(self) -> int:
@@ -190,20 +200,8 @@ class _Step:
     @property
     def alive_saved_bytes(self) -> int:
         """Bytes of managed saved storages alive now, whoever holds them (NOTE [memory honesty])."""
-        return self._resident + self.lingering.bytes
-
-    def _note_saved(self, seq: int, storage: Any, nbytes: int) -> None:
-        """Account a new managed storage for ``StepReport.not_freed`` (under the lock)."""
-        if self._node_seq == seq:
-            self._node_count += 1
-            self._node_bytes += nbytes
-        else:
-            self._node_seq, self._node_count, self._node_bytes = seq, 1, nbytes
-        report = self.report
-        if self._node_count > report.node_saved_max_count:
-            report.node_saved_max_count, report.node_saved_max_bytes = self._node_count, self._node_bytes
-        if nbytes >= _MIN_CHECKED_BYTES:  # smaller ones are not checked (``untouched_bytes``)
-            report.untouched_bytes += untouched_bytes(storage)
+        lingering = self.lingering
+        return self._resident + lingering.bytes + lingering.held
 
     @property
     def live_records(self) -> int:
@@ -296,15 +294,25 @@ class _Step:
         rec = _Record(next(self._ids), key, self, storage, t.detach(), nbytes, root, version, dtype, size, layer,
                       place.start_tier, place.prefetch_at, place.offload_now, seq)
         self._records[rec.id] = self._by_storage[key] = rec
-        rec.counted_resident = True
         resident = self._resident = self._resident + nbytes
         report = self.report
         report.managed_count += 1
         report.managed_bytes += nbytes
-        self._note_saved(seq, storage, nbytes)
+        # for ``StepReport.not_freed``: the storages of the newest saving node
+        if self._node_seq == seq:
+            count = self._node_count = self._node_count + 1
+            self._node_bytes += nbytes
+        else:
+            self._node_seq, self._node_count, self._node_bytes = seq, 1, nbytes
+            count = 1
+        if count > report.node_saved_max_count:
+            report.node_saved_max_count, report.node_saved_max_bytes = count, self._node_bytes
+        if nbytes >= _MIN_CHECKED_BYTES:  # smaller ones are not checked (``untouched_bytes``)
+            report.untouched_bytes += untouched_bytes(storage)
         evict = policy.admit(rec)
         handle = _Handle(rec, dtype, size, None, 0, True)
-        report.sample(resident, resident + self.lingering.bytes)  # ``_sample``, inline (NOTE [hot path])
+        lingering = self.lingering
+        report.sample(resident, resident + lingering.bytes + lingering.held)  # ``_sample``, inline (NOTE [hot path])
         if evict:
             if rec in evict and _made_earlier(t, seq):  # NOTE [bytes final]: asked only of a storage leaving now
                 rec.saved_seq = -1
@@ -371,6 +379,7 @@ class _Step:
                 self._wait_offload(fut, "window", oldest)
 
     def _begin_offload(self, rec: _Record) -> None:
+        self._moved = True
         index, reserved = self.pool.reserve(rec.nbytes, start=rec.start_tier, label=rec.label)
         rec.state = _State.OFFLOADING
         try:
@@ -464,7 +473,7 @@ class _Step:
                     rec.pending -= 1
                     if rec.pending == 0:
                         self._drop_bytes(rec)
-                if prefetch.may_fetch():
+                if self._moved and prefetch.may_fetch():
                     self._top_up()
                 return view
             if state is _State.OFFLOADED:
@@ -603,8 +612,8 @@ class _Step:
             if rec.counted_window:
                 self.prefetch.give_back(rec)
             self.policy.forget(rec)
-            resident = self._resident
-            self.report.sample(resident, resident + self.lingering.bytes)
+            resident, lingering = self._resident, self.lingering
+            self.report.sample(resident, resident + lingering.bytes + lingering.held)
 
     def _on_handle_dead(self, rec: _Record, unpacked: bool) -> None:
         """A handle of ``rec`` died (``_Handle.__del__``, under the lock; never in a forked child)."""

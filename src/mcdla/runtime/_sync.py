@@ -101,6 +101,10 @@ class _InboxLock:
 
     def release(self) -> None:
         """Run the posted tasks, then release; repeat if a task was posted in between."""
+        if not self._inbox:  # the common case: nothing posted; a post racing the release is seen just after it
+            self._lock.release()
+            if not self._inbox or not self._lock.acquire(blocking=False):
+                return
         while True:
             try:
                 while self._inbox:
