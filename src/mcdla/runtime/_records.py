@@ -46,8 +46,9 @@ _current_autograd_node = torch._C._current_autograd_node
 _is_finalizing = sys.is_finalizing
 
 
-def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> Any:
-    """The storage of a saved tensor if the runtime may move it, else None.
+def managed_storage(t: torch.Tensor, base: torch.Tensor | None, min_bytes: int, param_ptrs: set[int]) -> Any:
+    """The storage of a saved tensor ``t`` (whose ``_base`` is ``base``, read once by the caller, which
+    needs it too) if the runtime may move it, else None.
 
     Not moved: parameters and views of them (leaves that require grad, and any ``nn.Parameter``: a frozen
     one, such as a LoRA base weight, lives as long as the model, so moving it frees nothing and fetches it
@@ -61,7 +62,6 @@ def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> An
         return None
     if t.requires_grad and t.is_leaf:
         return None  # a parameter (or another leaf that is trained)
-    base = t._base
     if base is not None and ((base.requires_grad and base.is_leaf) or isinstance(base, torch.nn.Parameter)):
         return None  # a view of one, e.g. weight.t() (a Parameter itself is not a plain Tensor: refused above)
     storage = t.untyped_storage()

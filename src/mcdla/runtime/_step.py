@@ -141,6 +141,7 @@ class _Step:
         self.foreign = False  # set in a forked child, by the virtualizer's fork hook (NOTE [forked children])
         self.pool = pool
         self.cfg = config
+        self._min_bytes = config.min_bytes
         self.attr = attribution
         self.host_buffers = host_buffers
         self.report = _ReportBuilder(index)
@@ -227,7 +228,8 @@ class _Step:
             self._raise_failure()
         if self._exited or self.foreign:  # a stray save on another thread's stack after exit; NOTE [forked children]
             return t.detach()
-        storage = managed_storage(t, self.cfg.min_bytes, self._param_ptrs)
+        root = t._base
+        storage = managed_storage(t, root, self._min_bytes, self._param_ptrs)
         report = self.report
         seq = _get_sequence_nr()
         if storage is None:
@@ -239,7 +241,6 @@ class _Step:
                 self._start_offload(r)
             return t.detach()
         layer, decided = self.attr.current() if self._attributed else _NO_MODULE
-        root = t._base
         if root is None:
             root = t
         key = id(root)  # NOTE [one version counter] in ``_records``: a record belongs to one view root
