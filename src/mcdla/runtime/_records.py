@@ -230,7 +230,8 @@ class _Handle:
 
     __slots__ = ("record", "dtype", "size", "stride", "offset", "unpacked", "first")
 
-    def __init__(self, record: _Record, dtype: torch.dtype, size: Any, stride: Any, offset: int, first: bool, /) -> None:
+    def __init__(self, record: _Record, dtype: torch.dtype, size: Any, stride: Any, offset: int, first: bool,
+                 /) -> None:
         """Positional arguments, as for ``_Record`` (NOTE [hot path] in ``_step``)."""
         self.record = record
         self.first = first  # the save that made the record: ``record.alias`` is this tensor, with its geometry

@@ -29,10 +29,10 @@ NOTE [bytes final]
     produced (its ``grad_fn`` is numbered before the saving op's node: a Linear's input, say) is final
     already and starts at once (``_made_earlier``), as vDNN and the engine assume. That is asked only of a
     storage that leaves at its own pack (offloaded at once, or evicted by its own admission), not of every
-    save; one the same op evicts with a later save waits for the next op like the others (exact either way). With ``model=`` a
-    module's forward pre- and post-hooks start the others too: a hook runs between ops, so every op
-    numbered below the counter has returned (without them a storage also waited across every op that saves
-    nothing). On CUDA the same rule orders the copy after the kernel that writes the bytes, since the
+    save; one the same op evicts with a later save waits for the next op like the others (exact either way).
+    With ``model=`` a module's forward pre- and post-hooks start the others too: a hook runs between ops, so
+    every op numbered below the counter has returned (without them a storage also waited across every op
+    that saves nothing). On CUDA the same rule orders the copy after the kernel that writes the bytes, since the
     copy's event is recorded when it starts.
 
 NOTE [backward twice]
