@@ -235,7 +235,7 @@ class _Step:
         if storage is None:
             with self._lock:
                 report.saved_count += 1
-                report.saved_bytes += t.nbytes
+                report.saved_bytes += t.numel() * t.element_size()  # not ``t.nbytes``: a sparse tensor has none
                 final = self._take_final(seq) if self._deferred else _NONE
             for r in final:
                 self._start_offload(r)
