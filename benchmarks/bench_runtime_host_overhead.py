@@ -15,6 +15,12 @@ tier copies in the caller's thread), and CPU time is what other jobs on a shared
 
 ``--micro N`` instead times a chain of N ``sin`` on a 64-float tensor (one saved storage per op, nothing else
 to do), main-thread CPU time, fastest of ``--repeats``: the bookkeeping per saved tensor with the least noise.
+It also times a pair of identity hooks (what calling any Python hook pair costs) and "minimal bookkeeping"
+(``_Minimal``: a lower bound, not a runtime: a record, a handle with ``__del__``, a dedupe lookup, a lock per
+hook and two timeline samples per storage, none of mcdla's other guarantees; every unpack returns the first
+save's alias, right for this chain only), and, with ``--split``,
+each of mcdla's three per-tensor parts on the same chain: the pack hook, the unpack hook and the handle's
+death (``perf_counter_ns`` around each call, less the cost of that timing, measured on an empty function).
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import argparse
 import contextlib
 import math
 import statistics
+import threading
 import time
+from array import array
 from collections.abc import Callable
 
 import torch
@@ -89,6 +97,76 @@ def run(repeats: int, dim: int, layers: int, seq: int, batch: int) -> dict[str, 
             "managed": book.report.managed_count, "host_bytes": host.report.offloaded_bytes}
 
 
+class _MinimalRecord:
+    __slots__ = ("key", "step", "nbytes", "version", "source", "alias", "handles", "consumed")
+
+
+class _MinimalHandle:
+    __slots__ = ("rec", "size", "first", "unpacked")
+
+    def __del__(self) -> None:
+        self.rec.step.dead(self.rec)
+
+
+class _Minimal:
+    """The least bookkeeping a record-per-storage hook pair does, for ``--micro`` (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_root: dict[int, _MinimalRecord] = {}
+        self.resident = 0
+        self.times, self.values = array("d"), array("q")
+
+    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def pack(self, t: torch.Tensor) -> object:
+        if type(t) is not torch.Tensor or t.layout is not torch.strided or (t.requires_grad and t.is_leaf):
+            return t.detach()
+        root = t._base
+        if root is None:
+            root = t
+        storage = t.untyped_storage()
+        with self.lock:
+            rec = self.by_root.get(id(root))
+            h = _MinimalHandle()
+            h.size, h.unpacked = t.size(), False
+            if rec is not None and rec.source is storage and rec.version == t._version:
+                rec.handles += 1
+                h.rec, h.first = rec, False
+                return h
+            rec = _MinimalRecord()
+            rec.key, rec.step, rec.nbytes, rec.version = id(root), self, storage.nbytes(), t._version
+            rec.source, rec.alias, rec.handles, rec.consumed = storage, t.detach(), 1, False
+            self.by_root[rec.key] = rec
+            self.resident += rec.nbytes
+            self.times.append(time.perf_counter())
+            self.values.append(self.resident)
+            h.rec, h.first = rec, True
+            return h
+
+    def unpack(self, h: object) -> torch.Tensor:
+        if type(h) is not _MinimalHandle:
+            return h  # type: ignore[return-value]
+        rec = h.rec
+        with self.lock:
+            h.unpacked = True
+            if not rec.consumed:
+                rec.consumed = True
+                self.resident -= rec.nbytes
+                self.times.append(time.perf_counter())
+                self.values.append(self.resident)
+            return rec.alias
+
+    def dead(self, rec: _MinimalRecord) -> None:
+        with self.lock:
+            rec.handles -= 1
+            if rec.handles == 0:
+                rec.source = rec.alias = None
+                if self.by_root.get(rec.key) is rec:
+                    del self.by_root[rec.key]
+
+
 def micro(chain: int, repeats: int) -> dict[str, float]:
     """CPU seconds per saved tensor over the plain step for save_on_cpu and mcdla's bookkeeping (``--micro``)."""
     x = torch.randn(64, requires_grad=True)
@@ -97,6 +175,8 @@ def micro(chain: int, repeats: int) -> dict[str, float]:
         "plain": contextlib.nullcontext,
         "save_on_cpu": lambda: torch.autograd.graph.save_on_cpu(pin_memory=False),
         "mcdla bookkeeping": lambda: book,
+        "identity hooks": lambda: torch.autograd.graph.saved_tensors_hooks(_identity, _identity),
+        "minimal bookkeeping": lambda: _Minimal().hooks(),
     }
     best = dict.fromkeys(modes, math.inf)
     for i in range(repeats + 3):
@@ -109,7 +189,65 @@ def micro(chain: int, repeats: int) -> dict[str, float]:
                 y.sum().backward()
             if i >= 3:
                 best[name] = min(best[name], time.thread_time() - c0)
-    return {m: (best[m] - best["plain"]) / chain for m in ("save_on_cpu", "mcdla bookkeeping")}
+    return {m: (best[m] - best["plain"]) / chain for m in modes if m != "plain"}
+
+
+def split(chain: int, repeats: int) -> dict[str, float]:
+    """Seconds per saved tensor in mcdla's pack hook, unpack hook and handle death (``--split``), fastest of
+    ``repeats`` steps, each less the cost of the timing wrapper."""
+    from mcdla.runtime._records import _Handle
+    from mcdla.runtime._step import _Step
+
+    ns = time.perf_counter_ns
+    spent = {"pack": 0, "unpack": 0, "handle death": 0}
+    parts = ((_Step, "pack", "pack"), (_Step, "unpack", "unpack"), (_Handle, "__del__", "handle death"))
+    real = {key: getattr(cls, name) for cls, name, key in parts}
+
+    def timed(key: str) -> Callable[..., object]:
+        fn = real[key]
+
+        def call(*args: object) -> object:
+            t0 = ns()
+            try:
+                return fn(*args)
+            finally:
+                spent[key] += ns() - t0
+        return call
+
+    def empty(*args: object) -> None:
+        return None
+
+    real["empty"], spent["empty"] = empty, 0
+    probe = timed("empty")
+    for _ in range(20_000):
+        probe(None)
+    wrapper_ns = spent.pop("empty") / 20_000
+    for cls, name, key in parts:
+        setattr(cls, name, timed(key))
+    try:
+        x = torch.randn(64, requires_grad=True)
+        book = virtualize("host", budget=1 << 40, min_bytes=0)
+        best = dict.fromkeys(spent, math.inf)
+        for i in range(repeats + 3):
+            for key in spent:
+                spent[key] = 0
+            with book:
+                y = x
+                for _ in range(chain):
+                    y = y.sin()
+                y.sum().backward()
+            if i >= 3:
+                n = book.report.managed_count
+                for key, total in spent.items():
+                    best[key] = min(best[key], (total / n - wrapper_ns) * 1e-9)
+    finally:
+        for cls, name, key in parts:
+            setattr(cls, name, real[key])
+    return best
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def main() -> None:
@@ -121,13 +259,21 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--micro", type=int, default=0, help="time a chain of this many sin ops instead (see above)")
+    ap.add_argument("--split", action="store_true", help="with --micro: also time pack, unpack and handle death")
     ap.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.micro:
         m = micro(args.micro, args.repeats)
         print(f"CPU per saved tensor over plain: save_on_cpu {1e6 * m['save_on_cpu']:.1f} us, mcdla bookkeeping "
-              f"{1e6 * m['mcdla bookkeeping']:.1f} us ({m['mcdla bookkeeping'] / m['save_on_cpu']:.1f}x)")
+              f"{1e6 * m['mcdla bookkeeping']:.1f} us ({m['mcdla bookkeeping'] / m['save_on_cpu']:.1f}x); "
+              f"identity hooks {1e6 * m['identity hooks']:.1f} us, minimal bookkeeping "
+              f"{1e6 * m['minimal bookkeeping']:.1f} us ({m['minimal bookkeeping'] / m['save_on_cpu']:.1f}x)")
+        if args.split:
+            parts = split(args.micro, args.repeats)
+            print("wall per managed saved tensor inside mcdla's hooks: "
+                  + ", ".join(f"{key} {1e6 * v:.2f} us" for key, v in parts.items())
+                  + f" (sum {1e6 * sum(parts.values()):.2f} us)")
         return
     r = run(args.repeats, args.dim, args.layers, args.seq, args.batch)
     plain, n = r["plain_s"], r["saved_tensors"]

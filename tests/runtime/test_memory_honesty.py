@@ -1,6 +1,6 @@
 """The report counts what is really alive, not only what the runtime holds (NOTE [memory honesty]).
 
-The independent count: the test wraps the virtualizer's pack and unpack hooks and keeps a weak reference to
+The independent count: the test wraps the steps' pack and unpack hooks and keeps a weak reference to
 the storage of every tensor autograd hands to pack and gets back from unpack. A storage's weak reference
 dies exactly when the storage does, whoever held it, so the live ones over min_bytes are the saved bytes
 really in memory. After forward (offloads landed) the runtime's ``alive_saved_bytes`` must equal that count,
@@ -19,27 +19,30 @@ import torch
 from torch import nn
 
 from mcdla.runtime import virtualize
+from mcdla.runtime._step import _Step
 
 MIN = 1 << 20  # managed storages: activations of 4 MiB; weights (256 KiB) stay below
 
 
 class _Watch:
-    """Weak references to every storage packed or unpacked through ``vm``'s hooks."""
+    """Weak references to every storage packed or unpacked through the hooks of the virtualizer's steps (each
+    entry installs its step's own ``pack`` and ``unpack`` as the hooks, so the test wraps those)."""
 
-    def __init__(self, vm) -> None:
+    def __init__(self, monkeypatch) -> None:
         self.refs: list[weakref.ref] = []
-        pack, unpack = vm.pack_hook, vm.unpack_hook
+        pack, unpack = _Step.pack, _Step.unpack
 
-        def watched_pack(t):
+        def watched_pack(step, t):
             self._note(t)
-            return pack(t)
+            return pack(step, t)
 
-        def watched_unpack(h):
-            out = unpack(h)
+        def watched_unpack(step, h):
+            out = unpack(step, h)
             self._note(out)
             return out
 
-        vm.pack_hook, vm.unpack_hook = watched_pack, watched_unpack
+        monkeypatch.setattr(_Step, "pack", watched_pack)
+        monkeypatch.setattr(_Step, "unpack", watched_unpack)
 
     def _note(self, t: torch.Tensor) -> None:
         if t.layout is torch.strided and not (t.requires_grad and t.is_leaf):
@@ -67,9 +70,9 @@ def _forward(vm, fn, x):
     return y
 
 
-def _run(tmp_path, fn, x, model):
+def _run(tmp_path, monkeypatch, fn, x, model):
     vm = virtualize(f"file:{tmp_path}", budget=0, model=model, min_bytes=MIN, window=2)
-    watch = _Watch(vm)
+    watch = _Watch(monkeypatch)
     y = _forward(vm, fn, x)
     after_forward = (vm.alive_saved_bytes, watch.live_bytes(), vm.resident_saved_bytes)
     y.float().sum().backward()
@@ -79,10 +82,10 @@ def _run(tmp_path, fn, x, model):
     return after_forward, report
 
 
-def test_plain_mlp_offload_frees_all_but_the_callers_tensors(tmp_path):
+def test_plain_mlp_offload_frees_all_but_the_callers_tensors(tmp_path, monkeypatch):
     model = _mlp()
     x = torch.randn(4096, 256)
-    (alive, independent, resident), report = _run(tmp_path, model, x, model)
+    (alive, independent, resident), report = _run(tmp_path, monkeypatch, model, x, model)
     act = x.nbytes
     assert report.complete and report.managed_bytes == 5 * act  # x and the four Tanh outputs
     assert resident == 0  # the runtime holds nothing after forward...
@@ -94,13 +97,13 @@ def test_plain_mlp_offload_frees_all_but_the_callers_tensors(tmp_path):
     assert "not freed:" in report.summary()
 
 
-def test_compiled_mlp_saves_everything_at_once(tmp_path):
+def test_compiled_mlp_saves_everything_at_once(tmp_path, monkeypatch):
     model = _mlp()
     compiled = torch.compile(model, backend="aot_eager")
     x = torch.randn(4096, 256)
     compiled(x).sum().backward()  # compile outside the measured step
     model.zero_grad(set_to_none=True)
-    (alive, independent, resident), report = _run(tmp_path, compiled, x, model)
+    (alive, independent, resident), report = _run(tmp_path, monkeypatch, compiled, x, model)
     act = x.nbytes
     assert report.complete and report.managed_bytes == 5 * act
     assert resident == 0
@@ -114,7 +117,7 @@ def test_compiled_mlp_saves_everything_at_once(tmp_path):
     assert any("one autograd node" in line for line in report.not_freed)
 
 
-def test_cpu_lstm(tmp_path):
+def test_cpu_lstm(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = nn.LSTM(256, 256, num_layers=2, batch_first=True)
     x = torch.randn(16, 256, 256)  # 4 MiB input
@@ -122,7 +125,7 @@ def test_cpu_lstm(tmp_path):
     def fn(inp):
         return model(inp)[0]
 
-    (alive, independent, resident), report = _run(tmp_path, fn, x, model)
+    (alive, independent, resident), report = _run(tmp_path, monkeypatch, fn, x, model)
     assert report.complete
     assert resident == 0
     assert alive == independent  # x at least (held by the caller)
@@ -139,13 +142,13 @@ def test_cpu_lstm(tmp_path):
 
 
 @pytest.mark.parametrize("pool", ["host", "file"])
-def test_alive_matches_independent_count_during_backward(tmp_path, pool):
+def test_alive_matches_independent_count_during_backward(tmp_path, monkeypatch, pool):
     """In backward, what the runtime let go of but autograd still holds is counted (host tier: inline copies)."""
     model = _mlp()
     x = torch.randn(4096, 256)
     spec = "host" if pool == "host" else f"file:{tmp_path}"
     vm = virtualize(spec, budget=0, model=model, min_bytes=MIN, window=1)
-    watch = _Watch(vm)
+    watch = _Watch(monkeypatch)
     seen = []
 
     def check(grad):
@@ -169,3 +172,37 @@ def test_alive_matches_independent_count_during_backward(tmp_path, pool):
         # the runtime still holds (those are in ``held``, and the watch sees them only once unpacked)
         assert independent - held <= lingering <= independent
     vm.close()
+
+
+def test_kept_storages_handed_back_are_counted_until_they_die(monkeypatch):
+    """Budget above the step: every storage stays on the device and is handed back to autograd in backward.
+    Those only their record still holds are counted without a weak reference (NOTE [memory honesty]), the
+    caller's x and y with one; at every point the count equals the independent one."""
+    model = _mlp()
+    x = torch.randn(4096, 256)
+    vm = virtualize("host", budget=1 << 40, model=model, min_bytes=MIN)
+    watch = _Watch(monkeypatch)
+    seen = []
+
+    def check(grad):
+        gc.collect()
+        seen.append((vm._last.alive_saved_bytes, watch.live_bytes()))
+        return grad
+
+    hooks = [m.register_forward_hook(lambda m, i, o: (o.register_hook(check), None)[1])
+             for m in model if isinstance(m, nn.Tanh)]
+    with vm:
+        y = model(x)
+        y.sum().backward()
+    for h in hooks:
+        h.remove()
+    gc.collect()
+    report, act = vm.report, x.nbytes
+    assert report.complete and report.offloaded_bytes == 0 and report.managed_bytes == 5 * act
+    assert len(seen) == 4 and all(alive == independent for alive, independent in seen)
+    assert vm.resident_saved_bytes == 0
+    assert vm.alive_saved_bytes == watch.live_bytes() == 2 * act  # x and y, held by this test
+    del y
+    gc.collect()
+    assert vm.alive_saved_bytes == watch.live_bytes() == act  # y's storage died: its count went with it
+    assert report.peak_alive_saved_bytes == 5 * act  # all five before backward, none handed back yet

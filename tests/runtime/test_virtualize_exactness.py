@@ -5,6 +5,8 @@ Reference: the same model (a deep copy, same seed) trained on the same batches w
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -198,3 +200,46 @@ def test_views_sharing_a_record_come_back_with_their_own_geometry(budget):
             _SaveTwoViews.seen, expected, strict=True):
         assert (shape, stride, offset) == (tuple(e_shape), e_stride, e_offset)
         assert torch.equal(values, e_values)
+
+
+def test_each_step_unpacks_its_own_tensors():
+    """The hooks are the step's own: a graph saved in one step and backpropagated inside the next step's
+    context is unpacked by the step that saved it; both steps finish and the gradients are those of the
+    same two steps without mcdla."""
+    ref_model, model = twin("mlp")
+    batches = [make_batch("mlp", 8, seed=s) for s in range(2)]
+    vm = virtualize("host", min_bytes=512, model=model)
+
+    def two_steps(net, ctx, check=lambda: None):
+        torch.manual_seed(1)
+        with ctx():
+            first = F.cross_entropy(net(batches[0][0]), batches[0][1])
+        with ctx():
+            second = F.cross_entropy(net(batches[1][0]), batches[1][1])
+            first.backward()  # the first step's tensors, unpacked while the second step is the active one
+            check()
+            second.backward()
+        return [p.grad for p in net.parameters()]
+
+    def first_step_finished() -> None:
+        assert [s.index for s in vm._live] == [1]
+
+    ref = two_steps(ref_model, contextlib.nullcontext)
+    got = two_steps(model, lambda: vm, first_step_finished)
+    assert vm.report.complete and vm.report.offloaded_bytes > 0 and vm.live_steps == 0
+    for a, b in zip(ref, got, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_save_after_exit_is_left_alone():
+    """A pack hook called after its step's context exited (a stray save on another thread's stack) returns
+    the tensor itself, detached, and leaves the finished step's report as it was."""
+    vm = virtualize("host", min_bytes=0)
+    x = torch.randn(64, requires_grad=True)
+    with vm:
+        x.sin().sum().backward()
+    pack, saved = vm.pack_hook, vm.report.saved_count
+    t = x * 2
+    packed = pack(t)
+    assert type(packed) is torch.Tensor and packed.grad_fn is None and packed.data_ptr() == t.data_ptr()
+    assert saved == vm.report.saved_count == 1

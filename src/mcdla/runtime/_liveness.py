@@ -14,6 +14,14 @@ NOTE [memory honesty]
     a tensor, autograd, a compiled graph) and counts its bytes until it dies. resident + lingering is then
     the bytes of managed storages alive in memory, which the report's ``peak_alive_saved_bytes`` tracks.
 
+    A storage handed back to autograd is still referenced by its record until the record's handles die (NOTE
+    [backward twice] in ``_step``). When the record's own references (the storage object and the alias of
+    the first save) are the only ones at that moment (``torch._C._storage_Use_Count``), nothing else can
+    start holding it except through the tensor autograd was handed, so it is counted with a plain counter
+    (``hold``) instead of a weak reference, and looked at again when the record lets go (``unhold``): a
+    weak reference is made then only if something else holds it. The counts are the same as with a weak
+    reference from the start; a weak reference and its callback cost more than the rest of the unpack.
+
     Two more effects the runtime cannot undo are reported with a reason (``StepReport.not_freed``):
       - one autograd node saving several storages (a ``torch.compile`` graph saves every activation of its
         forward at its end, CPU ``nn.LSTM``'s mkldnn layer saves input, output and workspace at once): they
@@ -31,6 +39,8 @@ import sys
 import threading
 import weakref
 from typing import Any
+
+import torch
 
 __all__: list[str] = []
 
@@ -53,6 +63,9 @@ def _load_mincore() -> Any:
 
 
 _mincore = _load_mincore()
+# references to a storage (its C++ use count; private, present in the pinned torch). Without it every
+# storage handed back is watched with a weak reference (NOTE [memory honesty]).
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def untouched_bytes(storage: Any) -> int:
@@ -82,7 +95,8 @@ class _Lingering:
     """Storages the runtime let go of that are still alive elsewhere (NOTE [memory honesty]).
 
     Thread-safe; the weak-reference callbacks run in whichever thread drops a storage's last reference
-    and only touch this object's counters (never the step's or the report's locks).
+    and only touch this object's counters (never the step's or the report's locks). ``held`` (``hold``,
+    ``unhold``) is changed only under the step's lock, so it takes no lock of its own.
     """
 
     KINDS = ("offloaded", "returned")
@@ -90,7 +104,8 @@ class _Lingering:
     def __init__(self) -> None:
         self._mu = threading.Lock()
         self._watched: dict[int, _Watch] = {}  # id(storage object) -> weak reference with callback
-        self.bytes = 0
+        self.bytes = 0  # watched bytes
+        self.held = 0  # bytes counted by ``hold`` ("returned"); alive in all: ``bytes + held``
         self.by_kind = dict.fromkeys(self.KINDS, 0)
         self._on_gone = self._gone
 
@@ -111,6 +126,22 @@ class _Lingering:
             self.bytes += nbytes
             self.by_kind[kind] += nbytes
 
+    def hold(self, storage: Any, nbytes: int, own: int) -> bool:
+        """Count ``storage`` ("returned"), still referenced by its record through ``own`` references, without
+        a weak reference if nothing else references it (NOTE [memory honesty]); False (nothing counted):
+        something else does, ``let_go`` it instead."""
+        if _use_count is None or _use_count(storage._cdata) != own or id(storage) in self._watched:
+            return False
+        self.held += nbytes
+        return True
+
+    def unhold(self, storage: Any, nbytes: int) -> None:
+        """The record let go of a ``hold``-counted storage (``storage`` is the caller's last reference):
+        un-count it, and watch it if something else references it now."""
+        self.held -= nbytes
+        if _use_count(storage._cdata) > 1:
+            self.let_go(storage, nbytes, "returned")
+
     def _gone(self, ref: _Watch) -> None:
         with self._mu:
             if self._watched.get(ref.key) is ref:
@@ -120,4 +151,4 @@ class _Lingering:
 
     def still_alive(self, kind: str) -> int:
         with self._mu:
-            return self.by_kind[kind]
+            return self.by_kind[kind] + (self.held if kind == "returned" else 0)

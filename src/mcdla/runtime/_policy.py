@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +112,9 @@ class _Policy:
         self.cfg = config
         self._kept: OrderedDict[int, _Record] = OrderedDict()  # record id -> kept record, oldest first
         self._kept_bytes = 0
+        # the placement of every storage when it does not depend on the module (no plan), else None
+        self.fixed: _Placement | None = None if config.planned else (_OFFLOAD if config.budget_bytes is None
+                                                                       else _KEEP)
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -124,15 +127,17 @@ class _Policy:
             return _KEEP
         return _OFFLOAD if self.cfg.budget_bytes is None else _KEEP
 
-    def admit(self, rec: _Record) -> list[_Record]:
+    def admit(self, rec: _Record) -> Sequence[_Record]:
         """Records to offload now that ``rec`` was saved (itself, or the oldest kept beyond the budget)."""
         if rec.offload_now:
-            return [rec]
+            return (rec,)
         budget = self.cfg.budget_bytes
         if self.cfg.planned or budget is None:
-            return []
+            return ()
         self._kept[rec.id] = rec
         self._kept_bytes += rec.nbytes
+        if self._kept_bytes <= budget:
+            return ()  # the common case: nothing evicted, no list made
         evict = []
         while self._kept_bytes > budget and self._kept:
             _, old = self._kept.popitem(last=False)

@@ -43,10 +43,12 @@ __all__: list[str] = []
 
 _Tensor, _STRIDED = torch.Tensor, torch.strided
 _current_autograd_node = torch._C._current_autograd_node
+_is_finalizing = sys.is_finalizing
 
 
-def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> Any:
-    """The storage of a saved tensor if the runtime may move it, else None.
+def managed_storage(t: torch.Tensor, base: torch.Tensor | None, min_bytes: int, param_ptrs: set[int]) -> Any:
+    """The storage of a saved tensor ``t`` (whose ``_base`` is ``base``, read once by the caller, which
+    needs it too) if the runtime may move it, else None.
 
     Not moved: parameters and views of them (leaves that require grad, and any ``nn.Parameter``: a frozen
     one, such as a LoRA base weight, lives as long as the model, so moving it frees nothing and fetches it
@@ -60,7 +62,6 @@ def managed_storage(t: torch.Tensor, min_bytes: int, param_ptrs: set[int]) -> An
         return None
     if t.requires_grad and t.is_leaf:
         return None  # a parameter (or another leaf that is trained)
-    base = t._base
     if base is not None and ((base.requires_grad and base.is_leaf) or isinstance(base, torch.nn.Parameter)):
         return None  # a view of one, e.g. weight.t() (a Parameter itself is not a plain Tensor: refused above)
     storage = t.untyped_storage()
@@ -97,18 +98,20 @@ class _Record:
         handle's unpack returns while the record holds the bytes (building a view with ``set_`` costs five
         times a ``detach``; autograd gives the unpacked tensor a fresh version counter either way, as
         ``make_variable`` shallow-copies a tensor someone else holds), and whose stride and offset the first
-        handle uses (kept on the record when the alias goes). The weak reference to the storage is made
-        when the record lets go of it (an offload landed), the bytes as a uint8 tensor when an offload
-        starts, and the label when a message or a trace names the tensor.
+        handle uses (kept on the record when the alias goes); the alias shares the saved tensor's version
+        counter, so the unpack's in-place check reads it there. The weak reference to the storage is made
+        when the record lets go of it (an offload landed), the device when first asked or before that, the
+        bytes as a uint8 tensor when an offload starts, and the label when a message or a trace names the
+        tensor.
     """
 
     __slots__ = (
-        "id", "key", "step", "device", "nbytes", "storage_ref", "root_ref", "version", "saved_seq", "layer", "dtype",
+        "id", "key", "step", "_device", "nbytes", "storage_ref", "root_ref", "version", "saved_seq", "layer", "dtype",
         "shape", "start_tier",
         "prefetch_at", "_label",
         "offload_now", "state", "source", "alias", "first_stride", "first_offset", "restored", "event", "block",
         "tier_name", "offload_future", "fetch_future", "handles_live", "pending", "error", "counted_resident",
-        "counted_window",
+        "counted_window", "held",
     )
 
     def __init__(self, rid: int, key: Any, step: _Step, storage: Any, alias: torch.Tensor, nbytes: int,
@@ -119,7 +122,7 @@ class _Record:
         self.id = rid
         self.key = key
         self.step = step
-        self.device = storage.device
+        self._device: torch.device | None = None  # read from the storage when first asked (``device``)
         self.nbytes = nbytes
         self.storage_ref: weakref.ref | None = None  # set when ``source`` is dropped
         self.root_ref = weakref.ref(root)
@@ -143,11 +146,23 @@ class _Record:
         self.tier_name = ""
         self.offload_future: Future | None = None
         self.fetch_future: Future | None = None
-        self.handles_live = 0
-        self.pending = 0  # handles not yet unpacked
+        self.handles_live = 1  # the first save's handle (which does not count itself)
+        self.pending = 1  # handles not yet unpacked
         self.error: BaseException | None = None
-        self.counted_resident = False
+        self.counted_resident = True  # a new record is resident, counted by the step
         self.counted_window = False
+        self.held = False  # consumed, its bytes counted by ``_Lingering.hold`` (NOTE [memory honesty] in _liveness)
+
+    @property
+    def device(self) -> torch.device:
+        """The storage's device (``storage.device`` costs a tenth of a record, so it is read on first use, and
+        before the record lets go of the storage)."""
+        device = self._device
+        if device is None:
+            held = self.source
+            assert held is not None, "a record's device is read while it holds its storage"
+            device = self._device = held.device
+        return device
 
     @property
     def label(self) -> str:
@@ -164,6 +179,8 @@ class _Record:
         alias = self.alias
         if alias is not None:
             self.first_stride, self.first_offset = alias.stride(), alias.storage_offset()
+        if self._device is None and self.source is not None:
+            self._device = self.source.device
         storage, self.source, self.alias = self.source, None, None
         if storage is not None and self.storage_ref is None:
             self.storage_ref = weakref.ref(storage)
@@ -185,6 +202,16 @@ class _Record:
             held = self.storage_ref() if self.storage_ref is not None else None
         return held is storage and self.root_ref() is root and self.version == version
 
+    def current_version(self) -> int:
+        """The version counter of the saved tensors now, which any in-place change through any view of the
+        root bumps: read from ``alias`` while held (a ``detach`` shares its tensor's counter, and a view its
+        base's), else from the root; the saved version when neither is alive (nothing can change it then)."""
+        alias = self.alias
+        if alias is not None:
+            return alias._version
+        root = self.root_ref()
+        return self.version if root is None else root._version
+
     def bytes_now(self) -> Any:
         """The device storage available without a fetch (the source, or the restored bytes), if any."""
         if self.source is not None:
@@ -197,28 +224,25 @@ class _Handle:
     """What autograd stores in place of a managed saved tensor: a view description plus its record.
 
     Its root and version are the record's: a handle is made only for a tensor with the record's view root
-    at the record's version (``_Record.same_storage``).
+    at the record's version (``_Record.same_storage``). The first handle of a record (``first``) describes
+    the record's ``alias``, so it stores no stride or offset of its own.
     """
 
     __slots__ = ("record", "dtype", "size", "stride", "offset", "unpacked", "first")
 
-    def __init__(self, record: _Record, tensor: torch.Tensor, size: Any, *, first: bool = False) -> None:
+    def __init__(self, record: _Record, dtype: torch.dtype, size: Any, stride: Any, offset: int, first: bool,
+                 /) -> None:
+        """Positional arguments, as for ``_Record`` (NOTE [hot path] in ``_step``)."""
         self.record = record
         self.first = first  # the save that made the record: ``record.alias`` is this tensor, with its geometry
-        self.dtype = tensor.dtype
+        self.dtype = dtype
         self.size = size
-        if first:
-            self.stride, self.offset = None, 0
-        else:
-            self.stride = tensor.stride()
-            self.offset = tensor.storage_offset()
+        self.stride = stride
+        self.offset = offset
         self.unpacked = False
-        record.handles_live += 1
-        record.pending += 1
-
-    @property
-    def version(self) -> int:
-        return self.record.version
+        if not first:  # the record counts its first handle from the start
+            record.handles_live += 1
+            record.pending += 1
 
     def view_of(self, storage: Any) -> torch.Tensor:
         """This saved tensor as a view into ``storage`` (the record's storage, original or restored)."""
@@ -235,15 +259,11 @@ class _Handle:
         out = torch.empty(0, dtype=self.dtype, device=self.record.device)
         return out.set_(storage, offset, self.size, stride)
 
-    def modified_version(self) -> int | None:
-        """The saved tensor's current version if it was modified in place (through any view) since it was saved."""
-        rec = self.record
-        origin = rec.root_ref()
-        if origin is not None and origin._version != rec.version:
-            return origin._version
-        return None
-
     def __del__(self) -> None:
-        if sys.is_finalizing():
+        """Tell the record's step, under its lock (at once when the lock is free, NOTE [locking] in ``_sync``)."""
+        if _is_finalizing():
             return
-        self.record.step._handle_dead(self.record, self.unpacked)
+        rec = self.record
+        step = rec.step
+        if not step.foreign:  # NOTE [forked children] in ``_step``
+            step._lock.call(step._on_handle_dead, rec, self.unpacked)

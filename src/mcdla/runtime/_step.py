@@ -27,10 +27,12 @@ NOTE [bytes final]
     exits, or when backward begins. Offloads chosen in a pack wait in ``_deferred`` until then: the first
     pack of the next op starts them, one op later than before. Not every save waits: a tensor an earlier op
     produced (its ``grad_fn`` is numbered before the saving op's node: a Linear's input, say) is final
-    already and starts at once (``_made_earlier``), as vDNN and the engine assume. With ``model=`` a
-    module's forward pre- and post-hooks start the others too: a hook runs between ops, so every op
-    numbered below the counter has returned (without them a storage also waited across every op that saves
-    nothing). On CUDA the same rule orders the copy after the kernel that writes the bytes, since the
+    already and starts at once (``_made_earlier``), as vDNN and the engine assume. That is asked only of a
+    storage that leaves at its own pack (offloaded at once, or evicted by its own admission), not of every
+    save; one the same op evicts with a later save waits for the next op like the others (exact either way).
+    With ``model=`` a module's forward pre- and post-hooks start the others too: a hook runs between ops, so
+    every op numbered below the counter has returned (without them a storage also waited across every op
+    that saves nothing). On CUDA the same rule orders the copy after the kernel that writes the bytes, since the
     copy's event is recorded when it starts.
 
 NOTE [backward twice]
@@ -45,13 +47,19 @@ NOTE [backward twice]
 NOTE [hot path]
     Every saved tensor runs the pack hook, the unpack hook and its handle's death, so their common case (a
     storage the policy keeps, or one already offloaded and fetched ahead) does as little as it can in
-    Python: one section under the step lock in each, no closure, list or dict made per tensor, a record
-    and a handle with ``__slots__`` that compute only what every record needs (NOTE [cheap records] in
-    ``_records``), timeline samples in flat arrays (NOTE [cheap samples] in ``report``), a handle's death
-    run at once through ``_InboxLock.call`` (a posted closure only while the lock is taken or a collection
-    runs), and the unpack checks (abort, failure, second unpack, in-place change) tested together before
-    the call that explains a failure. The general machinery (offloads that became final, waits for a
-    window or a plan's budget, fetches) runs only when its condition holds.
+    Python, where each attribute read or call costs 30-100 ns: the step's own ``pack`` and ``unpack`` are
+    the hooks (the virtualizer sets them at each entry; autograd keeps the pair a tensor was packed with),
+    one section under the step lock in each, whose release is a bare release when nothing was posted; no
+    closure, list or dict made per tensor; a record and a handle with ``__slots__`` that compute only what
+    every record needs (NOTE [cheap records] in ``_records``; the first handle counted by its record from
+    the start); timeline samples in flat arrays (NOTE [cheap samples] in ``report``); a handle's death run
+    at once from its ``__del__`` through ``_InboxLock.call`` (a posted closure only while the lock is taken
+    or a collection runs); the unpack checks (abort, failure, second unpack, in-place change, read from the
+    alias's version counter) tested together before the call that explains a failure; states compared by
+    identity with module constants; a storage handed back to autograd counted without a weak reference
+    when only its record holds it (NOTE [memory honesty] in ``_liveness``). The general machinery (offloads
+    that became final, waits for a window or a plan's budget, fetches, the prefetcher before any offload)
+    runs only when its condition holds. What remains per tensor is measured in ``docs/runtime.md``.
 
 NOTE [forked children]
     A step belongs to the process that entered it. A child made by ``os.fork`` during a step shares its
@@ -108,7 +116,9 @@ def _made_earlier(t: torch.Tensor, seq: int) -> bool:
     return seq > 0 and fn is not None and fn._sequence_nr() < seq - 1
 
 _LIVE = frozenset({_State.RESIDENT, _State.OFFLOADING, _State.OFFLOADED, _State.FETCHING, _State.READY})
-_ON_DEVICE = frozenset({_State.RESIDENT, _State.READY, _State.CONSUMED})  # unpacked without a fetch
+# the states as module constants: ``rec.state is _RESIDENT`` skips the enum class's attribute lookup (NOTE [hot path])
+_RESIDENT, _READY, _CONSUMED, _OFFLOADING = _State.RESIDENT, _State.READY, _State.CONSUMED, _State.OFFLOADING
+_RELEASED = _State.RELEASED
 _NONE: tuple[_Record, ...] = ()  # no records: what the hooks' common case returns, without a new list
 _NO_MODULE = ("", None)  # (layer, decision) without ``model=``
 
@@ -131,6 +141,7 @@ class _Step:
         self.foreign = False  # set in a forked child, by the virtualizer's fork hook (NOTE [forked children])
         self.pool = pool
         self.cfg = config
+        self._min_bytes = config.min_bytes
         self.attr = attribution
         self.host_buffers = host_buffers
         self.report = _ReportBuilder(index)
@@ -147,8 +158,8 @@ class _Step:
         self._offloading: deque[_Record] = deque()  # offloads in flight, oldest first
         self._inflight: dict[Future, tuple[_Record, str]] = {}  # transfer -> (record, "offload"/"fetch")
         self._resident = 0  # bytes of managed storages held on the device
-        self._sampled = -1  # resident bytes at the last timeline sample
         self._exited = False
+        self._moved = False  # an offload has started: only then can the prefetcher have work (NOTE [hot path])
         self._finished = False
         self._aborted = False
         self._failure: BaseException | None = None
@@ -178,14 +189,9 @@ class _Step:
             self._resident += rec.nbytes if resident else -rec.nbytes
 
     def _sample(self) -> None:
-        resident, report = self._resident, self.report
-        alive = resident + self.lingering.bytes  # NOTE [memory honesty] in ``_liveness``
-        if alive > report.peak_alive:
-            report.peak_alive = alive
-        if resident != self._sampled:
-            self._sampled = resident
-            report.sample(resident)
-
+        resident = self._resident
+        lingering = self.lingering  # NOTE [memory honesty] in ``_liveness``
+        self.report.sample(resident, resident + lingering.bytes + lingering.held)
 
     @property
     def resident_saved_bytes(self) -> int:
@@ -195,20 +201,8 @@ class _Step:
     @property
     def alive_saved_bytes(self) -> int:
         """Bytes of managed saved storages alive now, whoever holds them (NOTE [memory honesty])."""
-        return self._resident + self.lingering.bytes
-
-    def _note_saved(self, seq: int, storage: Any, nbytes: int) -> None:
-        """Account a new managed storage for ``StepReport.not_freed`` (under the lock)."""
-        if self._node_seq == seq:
-            self._node_count += 1
-            self._node_bytes += nbytes
-        else:
-            self._node_seq, self._node_count, self._node_bytes = seq, 1, nbytes
-        report = self.report
-        if self._node_count > report.node_saved_max_count:
-            report.node_saved_max_count, report.node_saved_max_bytes = self._node_count, self._node_bytes
-        if nbytes >= _MIN_CHECKED_BYTES:  # smaller ones are not checked (``untouched_bytes``)
-            report.untouched_bytes += untouched_bytes(storage)
+        lingering = self.lingering
+        return self._resident + lingering.bytes + lingering.held
 
     @property
     def live_records(self) -> int:
@@ -232,21 +226,21 @@ class _Step:
         """
         if self._failure is not None:
             self._raise_failure()
-        if self.foreign:
+        if self._exited or self.foreign:  # a stray save on another thread's stack after exit; NOTE [forked children]
             return t.detach()
-        storage = managed_storage(t, self.cfg.min_bytes, self._param_ptrs)
+        root = t._base
+        storage = managed_storage(t, root, self._min_bytes, self._param_ptrs)
         report = self.report
         seq = _get_sequence_nr()
         if storage is None:
             with self._lock:
                 report.saved_count += 1
-                report.saved_bytes += t.numel() * t.element_size()
+                report.saved_bytes += t.numel() * t.element_size()  # not ``t.nbytes``: a sparse tensor has none
                 final = self._take_final(seq) if self._deferred else _NONE
             for r in final:
                 self._start_offload(r)
             return t.detach()
         layer, decided = self.attr.current() if self._attributed else _NO_MODULE
-        root = t._base
         if root is None:
             root = t
         key = id(root)  # NOTE [one version counter] in ``_records``: a record belongs to one view root
@@ -255,7 +249,7 @@ class _Step:
         lock.acquire()  # ``with lock:`` without the frames of ``__enter__`` and ``__exit__`` (NOTE [hot path])
         try:
             report.saved_count += 1
-            report.saved_bytes += t.numel() * t.element_size()
+            report.saved_bytes += t.nbytes
             final = self._take_final(seq) if self._deferred else _NONE
             if self.prefetch.in_backward:
                 self.prefetch.new_forward_phase()
@@ -289,26 +283,40 @@ class _Step:
         size = t.size()
         rec = self._by_storage.get(key)
         if rec is not None and rec.state in _LIVE and rec.same_storage(storage, root, version):
-            return _Handle(rec, t, size), _NONE
+            return _Handle(rec, t.dtype, size, t.stride(), t.storage_offset(), False), _NONE
         nbytes = storage.nbytes()
         if self._cap is not None and not fits(self._resident, nbytes, self._cap):
             blocker = freeing_offload(self._offloading)
             if blocker is not None:
                 return None, blocker
-        place = self.policy.place(decided)
-        rec = _Record(next(self._ids), key, self, storage, t.detach(), nbytes, root, version, t.dtype, size, layer,
-                      place.start_tier, place.prefetch_at, place.offload_now, -1 if _made_earlier(t, seq) else seq)
+        policy = self.policy
+        place = policy.fixed or policy.place(decided)
+        dtype = t.dtype
+        rec = _Record(next(self._ids), key, self, storage, t.detach(), nbytes, root, version, dtype, size, layer,
+                      place.start_tier, place.prefetch_at, place.offload_now, seq)
         self._records[rec.id] = self._by_storage[key] = rec
-        rec.counted_resident = True
-        self._resident += nbytes
+        resident = self._resident = self._resident + nbytes
         report = self.report
         report.managed_count += 1
         report.managed_bytes += nbytes
-        self._note_saved(seq, storage, nbytes)
-        evict = self.policy.admit(rec)
-        handle = _Handle(rec, t, size, first=True)
-        self._sample()
+        # for ``StepReport.not_freed``: the storages of the newest saving node
+        if self._node_seq == seq:
+            count = self._node_count = self._node_count + 1
+            self._node_bytes += nbytes
+        else:
+            self._node_seq, self._node_count, self._node_bytes = seq, 1, nbytes
+            count = 1
+        if count > report.node_saved_max_count:
+            report.node_saved_max_count, report.node_saved_max_bytes = count, self._node_bytes
+        if nbytes >= _MIN_CHECKED_BYTES:  # smaller ones are not checked (``untouched_bytes``)
+            report.untouched_bytes += untouched_bytes(storage)
+        evict = policy.admit(rec)
+        handle = _Handle(rec, dtype, size, None, 0, True)
+        lingering = self.lingering
+        report.sample(resident, resident + lingering.bytes + lingering.held)  # ``_sample``, inline (NOTE [hot path])
         if evict:
+            if rec in evict and _made_earlier(t, seq):  # NOTE [bytes final]: asked only of a storage leaving now
+                rec.saved_seq = -1
             self._deferred.extend(r for r in evict if r.saved_seq >= seq)
             evict = [r for r in evict if r.saved_seq < seq]
         return handle, evict
@@ -372,6 +380,7 @@ class _Step:
                 self._wait_offload(fut, "window", oldest)
 
     def _begin_offload(self, rec: _Record) -> None:
+        self._moved = True
         index, reserved = self.pool.reserve(rec.nbytes, start=rec.start_tier, label=rec.label)
         rec.state = _State.OFFLOADING
         try:
@@ -435,8 +444,10 @@ class _Step:
         self._maybe_finish()
 
     # -- unpack ----------------------------------------------------------------------------------------
-    def unpack(self, h: _Handle) -> torch.Tensor:
-        """The unpack hook: the saved tensor back on its device, bit for bit."""
+    def unpack(self, h: Any) -> torch.Tensor:
+        """The unpack hook: the saved tensor back on its device, bit for bit (a tensor pack left alone: itself)."""
+        if type(h) is not _Handle:
+            return h
         rec = h.record
         if self.foreign:
             raise OffloadError(f"{rec.label}: saved by process {self.pid}; a forked child cannot use the parent's "
@@ -447,23 +458,23 @@ class _Step:
         lock = self._lock
         lock.acquire()  # as in ``pack``
         try:
-            root = rec.root_ref()
+            alias = rec.alias  # ``current_version``, inline for the common case (NOTE [hot path])
             if (self._aborted or self._failure is not None or h.unpacked
-                    or (root is not None and root._version != rec.version)):
+                    or (alias._version if alias is not None else rec.current_version()) != rec.version):
                 self._check_unpack(h)  # raises, except for a second unpack whose bytes are still held
             if not prefetch.in_backward:
                 prefetch.begin_backward()
             state = rec.state
-            if state is _State.OFFLOADING:  # the copy is still running: use the bytes still held
-                rec.state = state = _State.READY
-            if state in _ON_DEVICE:  # NOTE [backward twice]
+            if state is _OFFLOADING:  # the copy is still running: use the bytes still held
+                rec.state = state = _READY
+            if state is _RESIDENT or state is _READY or state is _CONSUMED:  # NOTE [backward twice]
                 view = rec.alias if h.first and rec.alias is not None else self._view(h, rec.bytes_now())
                 if not h.unpacked:  # ``_consume``, inline: the common case of NOTE [hot path]
                     h.unpacked = True
                     rec.pending -= 1
                     if rec.pending == 0:
                         self._drop_bytes(rec)
-                if prefetch.may_fetch():
+                if self._moved and prefetch.may_fetch():
                     self._top_up()
                 return view
             if state is _State.OFFLOADED:
@@ -502,10 +513,9 @@ class _Step:
                 f"{rec.label}: unpacked again (it came from {where}) after the runtime let go of its bytes; "
                 "save the tensors of a graph that is backpropagated twice under keep_resident()"
             )
-        root = rec.root_ref()
-        if root is not None and root._version != rec.version and (version := h.modified_version()) is not None:
+        if (version := rec.current_version()) != rec.version:
             raise OffloadError(
-                f"{rec.label}: modified in place after it was saved (version {h.version} -> {version}); "
+                f"{rec.label}: modified in place after it was saved (version {rec.version} -> {version}); "
                 "the gradient would be wrong"
             )
 
@@ -588,21 +598,26 @@ class _Step:
     def _drop_bytes(self, rec: _Record) -> None:
         """Every live handle was unpacked: autograd holds what it needs; the runtime stops counting the bytes
         as its own but keeps them referenced until the handles die (NOTE [backward twice])."""
-        if rec.state in (_State.RESIDENT, _State.READY):
-            rec.state = _State.CONSUMED
-            self.lingering.let_go(rec.bytes_now(), rec.nbytes, "returned")  # autograd holds it until used
-            self._set_resident(rec, False)
+        state = rec.state
+        if state is _RESIDENT or state is _READY:
+            rec.state = _CONSUMED
+            source, nbytes = rec.source, rec.nbytes
+            # autograd holds it until used; counted while held by the record and the alias, if only by them
+            if source is None or rec.alias is None or not self.lingering.hold(source, nbytes, 2):
+                self.lingering.let_go(rec.bytes_now(), nbytes, "returned")
+            else:
+                rec.held = True
+            if rec.counted_resident:  # ``_set_resident(rec, False)``, inline (NOTE [hot path])
+                rec.counted_resident = False
+                self._resident -= nbytes
             if rec.counted_window:
                 self.prefetch.give_back(rec)
             self.policy.forget(rec)
-            self._sample()
-
-    def _handle_dead(self, rec: _Record, unpacked: bool) -> None:
-        if self.foreign:
-            return
-        self._lock.call(self._on_handle_dead, rec, unpacked)
+            resident, lingering = self._resident, self.lingering
+            self.report.sample(resident, resident + lingering.bytes + lingering.held)
 
     def _on_handle_dead(self, rec: _Record, unpacked: bool) -> None:
+        """A handle of ``rec`` died (``_Handle.__del__``, under the lock; never in a forked child)."""
         rec.handles_live -= 1
         if not unpacked:
             rec.pending -= 1
@@ -615,19 +630,24 @@ class _Step:
         """Every handle of ``rec`` died: drop what it holds and forget it. Resident bytes only go down here
         and the lingering ones do not go up, so the timeline is sampled only when they changed."""
         state = rec.state
-        if state is _State.RELEASED:
+        if state is _RELEASED:
             return
-        rec.state = _State.RELEASED
+        rec.state = _RELEASED
         changed = rec.counted_resident
         if changed:
             rec.counted_resident = False
             self._resident -= rec.nbytes
         if rec.counted_window:
             self.prefetch.give_back(rec)
-        if state is not _State.CONSUMED:  # a consumed record was forgotten when its last handle was unpacked
+        if state is not _CONSUMED:  # a consumed record was forgotten when its last handle was unpacked
             self.policy.forget(rec)
         block, rec.block = rec.block, None
+        source = rec.source
         rec.source = rec.alias = rec.restored = rec.event = None
+        if rec.held:
+            rec.held = False
+            self.lingering.unhold(source, rec.nbytes)
+        del source
         self._records.pop(rec.id, None)
         if self._by_storage.get(rec.key) is rec:
             del self._by_storage[rec.key]
@@ -705,7 +725,12 @@ class _Step:
     def _abort_record(self, rec: _Record, exc: BaseException) -> None:
         """Free what ``rec`` holds and fail it (under the lock); never raises for its block."""
         block, rec.block = rec.block, None
+        source = rec.source
         rec.source = rec.alias = rec.restored = rec.event = None
+        if rec.held:
+            rec.held = False
+            self.lingering.unhold(source, rec.nbytes)
+        del source
         rec.state = _State.FAILED
         rec.error = OffloadError(f"{rec.label}: its step was aborted ({_one_line(exc)})")
         self._set_resident(rec, False)

@@ -83,19 +83,28 @@ class _InboxLock:
         """Run one task under the lock; a failure goes to ``on_error`` (NOTE [interrupted tasks])."""
         try:
             task(*args)
-        except Exception as err:  # noqa: BLE001 - recorded as the step's failure and raised later
-            self._on_error(err)
-        except BaseException as err:  # NOTE [interrupted tasks]
-            self._on_error(RuntimeTierError(
-                f"runtime: a bookkeeping task was interrupted ({type(err).__name__}); "
-                "the step's state is incomplete"))
-            if threading.current_thread() is threading.main_thread():
-                raise
-            # an I/O worker (a transfer's completion callback) keeps draining: raising would
-            # end the executor's thread and strand the tasks queued behind this one
+        except BaseException as err:  # noqa: BLE001 - see ``_failed``
+            self._failed(err)
+
+    def _failed(self, err: BaseException) -> None:
+        """A task raised ``err``: record it; re-raise an interrupt on the main thread (NOTE [interrupted tasks])."""
+        if isinstance(err, Exception):
+            self._on_error(err)  # recorded as the step's failure and raised later
+            return
+        self._on_error(RuntimeTierError(
+            f"runtime: a bookkeeping task was interrupted ({type(err).__name__}); "
+            "the step's state is incomplete"))
+        if threading.current_thread() is threading.main_thread():
+            raise err
+        # an I/O worker (a transfer's completion callback) keeps draining: raising would
+        # end the executor's thread and strand the tasks queued behind this one
 
     def release(self) -> None:
         """Run the posted tasks, then release; repeat if a task was posted in between."""
+        if not self._inbox:  # the common case: nothing posted; a post racing the release is seen just after it
+            self._lock.release()
+            if not self._inbox or not self._lock.acquire(blocking=False):
+                return
         while True:
             try:
                 while self._inbox:
@@ -113,10 +122,14 @@ class _InboxLock:
     def call(self, task: Callable[..., None], *args: Any) -> None:
         """``post(lambda: task(*args))`` without building the closure when the lock is free (the common case:
         a handle dying on the thread that runs backward); tasks already queued keep their turn."""
-        # NOTE [posts during garbage collection]
-        if not self._inbox and not collecting_here() and self._lock.acquire(blocking=False):
+        # NOTE [posts during garbage collection]; ``collecting_here()`` and ``_run``, inline (NOTE [hot path] in
+        # ``_step``: every saved tensor's handle dies through here)
+        if (not self._inbox and (_collecting is None or _collecting != threading.get_ident())
+                and self._lock.acquire(blocking=False)):
             try:
-                self._run(task, *args)
+                task(*args)
+            except BaseException as err:  # noqa: BLE001 - see ``_failed``
+                self._failed(err)
             finally:
                 self.release()
             return

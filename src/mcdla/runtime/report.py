@@ -280,6 +280,7 @@ class _ReportBuilder:
         self.timeline_s = array("d")
         self.timeline_bytes = array("q")
         self.timeline_dropped = 0
+        self._sampled = -1  # resident bytes at the last sample
         self.transfers: list[TransferSpan] = []
         self.waits: list[WaitSpan] = []
         self.aborted = False
@@ -290,16 +291,22 @@ class _ReportBuilder:
     def now_s(self) -> float:
         return time.perf_counter() - self.t0
 
-    def sample(self, resident_bytes: int) -> None:
-        """Record the resident managed bytes now (the caller holds its step's lock).
+    def sample(self, resident_bytes: int, alive_bytes: int) -> None:
+        """Record the resident managed bytes now, and the peak of the alive ones (the caller holds its step's
+        lock; NOTE [memory honesty] in ``_liveness``).
 
         NOTE [cheap samples]
             The step samples at every change of its resident bytes, twice per saved tensor, from its hooks.
             Only the step's lock-holder writes the timeline, so it takes no lock of its own, and the samples
             go into two flat arrays (time, bytes) that the garbage collector never traverses; a snapshot
             copies both (a C-level copy under the GIL, so a reader on another thread sees a consistent
-            prefix) and pairs them.
+            prefix) and pairs them. A call whose resident bytes equal the last sample's adds no sample.
         """
+        if alive_bytes > self.peak_alive:
+            self.peak_alive = alive_bytes
+        if resident_bytes == self._sampled:
+            return
+        self._sampled = resident_bytes
         if resident_bytes > self.peak_resident:
             self.peak_resident = resident_bytes
         if len(self.timeline_bytes) < _MAX_TIMELINE_SAMPLES:

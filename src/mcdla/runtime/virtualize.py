@@ -47,7 +47,6 @@ from torch.autograd.graph import saved_tensors_hooks
 from mcdla.errors import ConfigError, McdlaError
 from mcdla.runtime._modules import _Attribution
 from mcdla.runtime._policy import _Config
-from mcdla.runtime._records import _Handle
 from mcdla.runtime._step import _Step
 from mcdla.runtime.pool import Pool, Tier, as_pool
 from mcdla.runtime.report import StepReport
@@ -124,7 +123,7 @@ class Virtualizer(saved_tensors_hooks):
         self._trace_error: ConfigError | None = None  # NOTE [trace files]
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_forget_in_child(weakref.ref(self)))
-        super().__init__(self._pack, _unpack)
+        super().__init__(_detach, _identity)  # replaced by the step's hooks at every entry
 
     def _forget_parent_steps(self) -> None:
         """In a forked child: the parent's steps are not this process's to finish or close (NOTE [forked children]
@@ -152,6 +151,9 @@ class Virtualizer(saved_tensors_hooks):
             self._live.add(step)
         self._step = self._last = step
         self._attr.install(step.request_prefetch, step.module_boundary)
+        # the step's own methods are the hooks (no frame of ours per saved tensor, NOTE [hot path] in
+        # ``_step``); autograd keeps the pair a tensor was packed with, so it is unpacked by its own step
+        self.pack_hook, self.unpack_hook = step.pack, step.unpack
         super().__enter__()
         return self
 
@@ -172,12 +174,6 @@ class Virtualizer(saved_tensors_hooks):
                 failure.add_note(str(err))
             raise
         self._raise_trace_error()
-
-    def _pack(self, tensor: torch.Tensor) -> Any:
-        step = self._step
-        if step is None:  # a stray save after exit on another thread's stack: leave it alone
-            return tensor.detach()
-        return step.pack(tensor)
 
     def _finished(self, step: _Step) -> None:
         """A step finished (called under its lock, on any thread): forget it, then write its trace."""
@@ -330,12 +326,6 @@ def _as_plan(plan: Any) -> Plan:
     if not isinstance(plan, Plan):
         raise ConfigError(f"virtualize(plan=...): got {type(plan).__name__}; must be a Plan or a plan JSON path")
     return plan
-
-
-def _unpack(packed: Any) -> torch.Tensor:
-    if isinstance(packed, _Handle):
-        return packed.record.step.unpack(packed)
-    return packed
 
 
 def virtualize(
