@@ -10,7 +10,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
 - ``sequence_parallel``: ``--sequence-parallel``; ``tp_comm_overlap``: ``--tp-comm-overlap``.
 - ``micro_batch``, ``global_batch``, the model's ``seq_len``: ``--micro-batch-size``, ``--global-batch-size``,
   ``--seq-length``.
-- ``recompute``: ``selective`` is ``--recompute-granularity selective`` (the attention core); ``full`` is
+- ``recompute``: ``selective`` is ``--recompute-granularity selective`` (the attention core; ``selective-op``,
+  torchtitan's op policy, has no argument: a ``#`` note); ``full`` is
   ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` (every layer from its
   input); with ``recompute_num_layers`` N, ``--recompute-method block|uniform --recompute-num-layers N`` (block
   with N = 0 recomputes nothing and writes no recompute argument).
@@ -41,7 +42,8 @@ torchtitan (``[job]``-style TOML sections):
   rank runs per optimizer step with a pipeline (``global_batch / dp``, split into micro-batches by the
   schedule) and the micro-batch without one (torchtitan then accumulates ``global_batch / (micro_batch * dp)``
   gradient steps); ``mixed_precision_param`` ``bfloat16`` (or ``float32`` for fp32).
-- ``[activation_checkpoint]`` ``mode``: ``none``, ``selective`` (``selective_ac_option = "op"``) or ``full``;
+- ``[activation_checkpoint]`` ``mode``: ``none``, ``selective`` with ``selective_ac_option = "op"`` for
+  ``selective-op`` (and for ``selective``, with a ``#`` note: torchtitan has no attention-core policy) or ``full``;
   ``block`` recompute of N of a model chunk's ``L`` layers is ``selective`` with ``selective_ac_option = "f"``,
   torchtitan's checkpoint of every f-th layer of each model part (its counter restarts with each part's
   ``apply_ac``), for an ``f`` with ``floor(L / f) = N`` (the same number of layers, spread over the chunk instead
@@ -51,8 +53,7 @@ torchtitan (``[job]``-style TOML sections):
 Not expressible in torchtitan's TOML, written as ``#`` comments: offloading to a second tier (by layer count or
 not), ``uniform`` recompute groups of more than one layer (written as ``full``), sequence
 parallelism off with TP > 1 (torchtitan's TP always shards the norms along the sequence), ZeRO-1's replicated
-gradients, fp8 delayed scaling, and ``dp_overlap`` off (FSDP2 always overlaps its reduce-scatter); torchtitan's
-selective checkpointing saves chosen ops' outputs, not exactly Megatron's attention-core recompute.
+gradients, fp8 delayed scaling, and ``dp_overlap`` off (FSDP2 always overlaps its reduce-scatter).
 """
 
 from __future__ import annotations
@@ -119,6 +120,9 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
              "--seq-length", str(spec.seq_len)]
     args += _megatron_recompute(e)
     offload, notes = _megatron_offload(e, spec)
+    if e.recompute == "selective-op":
+        notes.append("recompute selective-op: torchtitan's op policy (every second matrix product) has no Megatron-LM "
+                     "argument, no recompute written")
     args += offload
     if e.zero in (1, 2):
         args.append("--use-distributed-optimizer")
@@ -156,8 +160,12 @@ def _toml_value(value: object) -> str:
 def _torchtitan_checkpoint(e: Execution, spec: TransformerSpec) -> tuple[dict[str, object], list[str]]:
     """The ``[activation_checkpoint]`` table (module docstring) and the notes on what it does not express."""
     n = e.recompute_num_layers
-    if e.recompute == "selective":
+    if e.recompute == "selective-op":
         return {"mode": "selective", "selective_ac_option": "op"}, []
+    if e.recompute == "selective":
+        return {"mode": "selective", "selective_ac_option": "op"}, [
+            "recompute selective (the attention core): torchtitan has no such policy, written as its op policy "
+            "(recompute selective-op)"]
     if e.recompute != "full" or n is None:
         return {"mode": e.recompute}, []
     if e.recompute_method == "uniform":
