@@ -116,3 +116,15 @@ def test_the_execution_file_takes_both_fields_and_refuses_a_wrong_type():
         execution_from_dict({"gpus": 1, "fused_kernels": "no"})
     with pytest.raises(ConfigError, match="recompute_num_layers"):
         Execution(gpus=1, recompute="selective-op", recompute_num_layers=1)
+
+
+def test_the_op_policy_keeps_the_attention_so_cp_does_not_exchange_again(llm_cluster):
+    """SDPA's output is kept: the CP ring runs in forward and backward only, as without recompute, where the
+    attention-core ``selective`` runs it a third time (4 exchanges' worth instead of 3)."""
+    cluster = llm_cluster(gpus_per_node=1, nodes=4, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF,
+                          network_bytes_per_s=1e9, network_latency_s=5e-6)
+    kw = dict(gpus=4, cp=4, micro_batch=1, global_batch=2)
+    none = llm_step(SPEC, Execution(**kw), cluster).cp_comm_s
+    assert none > 0
+    assert llm_step(SPEC, Execution(**kw, recompute="selective-op"), cluster).cp_comm_s == pytest.approx(none)
+    assert llm_step(SPEC, Execution(**kw, recompute="selective"), cluster).cp_comm_s == pytest.approx(4 / 3 * none)

@@ -53,7 +53,7 @@ def layer_shares(execution: Execution, spec: TransformerSpec) -> LayerShares:
     counted = e.recompute_num_layers is not None or e.offload_num_layers is not None
     offloading = e.offload_activations or e.offload_weights
     if not counted:
-        return LayerShares(recomputed=float(full), attention_recomputed=float(e.recompute == "selective"),
+        return LayerShares(recomputed=float(full), attention_recomputed=float(e.recompute in ("selective", "full")),
                            stored_inputs=float(full), group=1, offloaded=float(offloading))
     sizes = {n for row in chunk_layers(e, spec) for n in row}
     field = "recompute_num_layers" if e.recompute_num_layers is not None else "offload_num_layers"
