@@ -101,6 +101,7 @@ def test_a_gelu_ffn_keeps_its_first_product():
     (preset("gpt3-175b"), Execution(gpus=1, recompute="selective-op"), "biased projections"),
     (preset("qwen3-30b-a3b"), Execution(gpus=1, recompute="selective-op"), "MoE layers"),
     (SPEC, Execution(gpus=2, tp=2, recompute="selective-op"), "tp=2"),
+    (SPEC, Execution(gpus=1, recompute="selective-op", attention="materialized"), "attention=materialized"),
 ])
 def test_what_the_op_policy_is_not_modelled_for_is_refused_in_one_line(spec, execution, field):
     with pytest.raises(ConfigError) as err:

@@ -336,7 +336,7 @@ def check_execution(execution: Execution, spec: TransformerSpec) -> None:
 
         layer_shares(e, spec)
     if e.recompute == OP_RECOMPUTE:
-        check_op_recompute(spec, e.tp)
+        check_op_recompute(spec, e.tp, e.attention)
     if e.ep > 1 and (spec.experts == 1 or spec.experts % e.ep):
         raise ConfigError(f"execution.ep: got {e.ep}; must divide the {spec.experts} experts of {spec.name}"
                           + (" (a dense model: ep must be 1)" if spec.experts == 1 else ""))

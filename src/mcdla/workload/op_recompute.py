@@ -19,27 +19,21 @@ memory-bound kernels (their bytes are the time model's). The recomputed layer's 
 during its backward, one layer at a time (full recompute's live layer is not counted either).
 
 Modelled for what torchtitan runs with this policy in its published tables: a dense layer with plain
-(grouped-query) attention, no biases (a biased projection is ``aten.addmm``, off the save list, and MoE layers
+(grouped-query) attention through a fused SDPA kernel (``attention: flash``), no biases (a biased projection is ``aten.addmm``, off the save list, and MoE layers
 add a router and grouped products), and no tensor parallelism (with it the policy also re-runs the TP
 all-gathers or all-reduces, which the time model does not count); anything else is refused in one line.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mcdla.errors import ConfigError
-
-if TYPE_CHECKING:
-    from mcdla.workload.transformer import TransformerSpec
+from mcdla.workload.transformer import _LSE_BYTES, TransformerSpec
 
 __all__ = ["OP_RECOMPUTE", "check_op_recompute", "layer_matmuls", "op_recompute_rejection", "op_recomputed_gemm_flops",
            "op_saved_bytes_per_layer"]
 
 OP_RECOMPUTE = "selective-op"
 """The ``recompute`` value of torchtitan's op policy."""
-
-_LSE_BYTES = 4  # FlashAttention-2's logsumexp, fp32 per head and token
 
 
 def layer_matmuls(spec: TransformerSpec) -> tuple[tuple[str, float, float], ...]:
@@ -74,21 +68,23 @@ def op_saved_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, cp: int
     return tokens * (spec.bytes_per_element * widths + _LSE_BYTES * spec.heads)
 
 
-def op_recompute_rejection(spec: TransformerSpec, tp: int) -> str | None:
-    """Why the op policy is not modelled for ``spec`` at tensor-parallel degree ``tp`` (module docstring), or
-    None."""
+def op_recompute_rejection(spec: TransformerSpec, tp: int, attention: str = "flash") -> str | None:
+    """Why the op policy is not modelled for ``spec`` at tensor-parallel degree ``tp`` with ``attention``
+    (module docstring), or None."""
     why = [text for text, bad in (
         ("MoE layers", spec.experts > 1), ("multi-head latent attention", spec.mla is not None),
-        ("biased projections", spec.bias or spec.qkv_bias), (f"tp={tp} (its re-run TP collectives)", tp > 1))
+        ("biased projections", spec.bias or spec.qkv_bias), (f"tp={tp} (its re-run TP collectives)", tp > 1),
+        (f"attention={attention} (the policy keeps a fused SDPA kernel's output)", attention != "flash"))
         if bad]
     if not why:
         return None
     return (f"execution.recompute: got {OP_RECOMPUTE} for {spec.name} with {', '.join(why)}; torchtitan's op "
-            "policy is modelled for dense layers without biases at tp=1 (use selective or full)")
+            "policy is modelled for dense layers without biases at tp=1 with flash attention (use selective or "
+            "full)")
 
 
-def check_op_recompute(spec: TransformerSpec, tp: int) -> None:
+def check_op_recompute(spec: TransformerSpec, tp: int, attention: str = "flash") -> None:
     """One-line ConfigError when :func:`op_recompute_rejection` refuses."""
-    why = op_recompute_rejection(spec, tp)
+    why = op_recompute_rejection(spec, tp, attention)
     if why is not None:
         raise ConfigError(why)

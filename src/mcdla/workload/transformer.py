@@ -43,7 +43,6 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from mcdla.errors import WorkloadError, brief
-from mcdla.workload.op_recompute import OP_RECOMPUTE, op_recomputed_gemm_flops, op_saved_bytes_per_layer
 
 __all__ = [
     "MlaAttention",
@@ -391,6 +390,8 @@ def hardware_flops_per_iteration(spec: TransformerSpec, global_batch: int, recom
     core (Korthikanti et al. 2022, sec. 5), ``selective-op`` every second matrix product (NOTE [op-level
     selective recompute] in :mod:`mcdla.workload.op_recompute`); with ``attention="flash"`` the core is the kernel's (causal halving, a
     2.5x backward: NOTE [flash attention])."""
+    from mcdla.workload.op_recompute import op_recomputed_gemm_flops  # built on this module
+
     layer = layer_fwd_flops(spec, global_batch, attention=attention)
     extra = {"none": 0.0, "selective": layer["attention"],
              "selective-op": op_recomputed_gemm_flops(spec, global_batch),
@@ -451,9 +452,11 @@ def activation_bytes_per_layer(
     mask = 1.0 if spec.dropout else 0.0
     if recompute == "full":
         return e * sbh / (tp if sp else 1)
-    if recompute == OP_RECOMPUTE:
+    if recompute == "selective-op":
+        from mcdla.workload.op_recompute import op_saved_bytes_per_layer  # built on this module
+
         if tp > 1:
-            raise WorkloadError(f"tp: got {tp} with recompute={OP_RECOMPUTE}; its saved bytes are modelled at tp=1")
+            raise WorkloadError(f"tp: got {tp} with recompute=selective-op; its saved bytes are modelled at tp=1")
         return op_saved_bytes_per_layer(spec, micro_batch, cp=cp)
     # outside the tensor-parallel region: two norm inputs, QKV and fc1 inputs, two dropout masks
     outside = 2 * e * sbh + 2 * g * sbh + 2 * mask * sbh
