@@ -132,3 +132,11 @@ def test_shipped_profiled_workload_is_the_tutorial_model() -> None:
     assert [(l.name, *(getattr(l, f) for f in counted)) for l in shipped.layers] == \
         [(l.name, *(getattr(l, f) for f in counted)) for l in fresh.layers]
     assert shipped.measured_on is not None and shipped.has_measured_times
+
+
+def test_example_torchtitan_execution_is_the_validation_record() -> None:
+    """llama3-8b-torchtitan.yaml is the execution of the torchtitan-fsdp2 record it describes (8 H100)."""
+    from mcdla.report.llm_validation_runs import TORCHTITAN_RUNS
+
+    record = next(r for r in TORCHTITAN_RUNS if r.name == "llama3-8b H100 8 GPUs")
+    assert load_execution(EXAMPLES / "llama3-8b-torchtitan.yaml") == record.execution

@@ -265,3 +265,19 @@ def test_layer_count_dimensions_multiply_the_recomputing_and_offloading_candidat
     assert any("must be at most the N layers of each model chunk" in r for r in en.rejected)
     with pytest.raises(ConfigError, match=r"^search\.recompute_layers: got -1; must be an integer >= 0"):
         count_candidates(SPEC, c, gpus=GPUS, global_batch=BATCH, recompute_layers=(-1,))
+
+
+def test_op_level_recompute_is_searched_only_where_it_is_modelled(llm_cluster):
+    """``selective-op`` is not among the default choices; asked for, it is kept exactly at TP 1 on a bias-free
+    dense model (the brute force with tp = 1 and the one choice) and every TP > 1 candidate is rejected for it."""
+    llama = TransformerSpec(name="tinyllama", layers=6, hidden=96, heads=6, vocab=128, seq_len=12, bias=False,
+                            dropout=False, mlp="swiglu", position="rope")
+    c = cluster(llm_cluster, offload=0.0)
+    default = enumerate_executions(llama, c, gpus=GPUS, global_batch=BATCH)
+    assert {e.recompute for e in default.executions} == {"none", "selective", "full"}
+    en = enumerate_executions(llama, c, gpus=GPUS, global_batch=BATCH, recompute=("selective-op",))
+    want = {k[:8] for k in brute(offload=False) if k[0] == 1 and k[8] == "none"}
+    assert {key(e)[:8] for e in en.executions} == want and {e.recompute for e in en.executions} == {"selective-op"}
+    assert any("op policy is modelled for dense layers without biases at tp=N" in r for r in en.rejected)
+    assert en.candidates == len(en.executions) + en.n_rejected == count_candidates(
+        llama, c, gpus=GPUS, global_batch=BATCH, recompute=("selective-op",))

@@ -373,3 +373,18 @@ def test_torchtitan_block_count_without_an_every_f_th_equivalent_is_full_with_a_
     text = torchtitan_toml(Execution(**PARTIAL, recompute="full", recompute_num_layers=5), DENSE, "bf16")
     assert tomllib.loads(text)["activation_checkpoint"]["mode"] == "full"
     assert "no every-f-th-layer count gives 5" in text
+
+
+def test_op_level_recompute_is_torchtitans_op_policy_and_a_megatron_note():
+    """``selective-op`` is torchtitan's ``selective_ac_option = "op"`` without a note; Megatron-LM has no such
+    argument (a note, no recompute written); the attention-core ``selective`` written for torchtitan says it is
+    the op policy there."""
+    e = Execution(**PARTIAL, recompute="selective-op")
+    text = torchtitan_toml(e, DENSE, "bf16")
+    assert tomllib.loads(text)["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert "recompute selective" not in text
+    megatron = megatron_file(e, DENSE, "bf16")
+    assert vendored_megatron_parser().parse_args(shlex.split(megatron, comments=True)).recompute_granularity is None
+    assert "# not expressed: recompute selective-op" in megatron
+    assert "# not expressed: recompute selective (the attention core)" in torchtitan_toml(
+        Execution(**PARTIAL, recompute="selective"), DENSE, "bf16")

@@ -13,12 +13,16 @@ from mcdla.workload.transformer import preset
 
 # torchtitan docs/performance.md (4d88a8a4) and benchmarks/llama3_h100_202412_torchtitan.md (820504e2), as
 # published: name -> (GPUs, TP, local batch, activation checkpointing, tokens/s/GPU); sequence 8192.
-TORCHTITAN = {"llama3-8b A100 selective op": (64, 1, 1, "selective", 2973),
-              "llama3-8b A100 selective layer": (64, 1, 1, "selective", 2904),
+TORCHTITAN = {"llama3-8b A100 selective op": (64, 1, 1, "selective op", 2973),
+              "llama3-8b A100 selective layer": (64, 1, 1, "selective layer", 2904),
               "llama3-70b A100 full": (64, 1, 1, "full", 331),
               "llama3-8b H100 8 GPUs": (8, 1, 2, "selective", 5762),
               "llama3-8b H100 128 GPUs": (128, 1, 2, "selective", 5605),
               "llama3-405b H100 FSDP16 TP8": (128, 8, 2, "full", 109)}
+# torchtitan's AC modes as execution fields: "selective" is the train config's default op policy, "selective
+# layer" config_manager.py's default frequency 2 (every second of the 32 blocks fully recomputed).
+TORCHTITAN_AC = {"selective op": ("selective-op", None), "selective": ("selective-op", None),
+                 "selective layer": ("full", 16), "full": ("full", None)}
 # fms-fsdp README.md (4ffb9bdf), as published: (model, system) -> GPUs, sharding, AC, tokens/s/GPU; batch 2 per
 # GPU, sequence 4096.
 FMS = {("llama2-7b", "fms-a100-400g"): (128, "hsdp", "none", 3700),
@@ -51,9 +55,11 @@ def test_every_published_row_is_a_record_once():
 def test_torchtitan_records_match_the_published_rows(run):
     """FSDP2 = ZeRO-3 over GPUs / TP ranks, global batch = local batch x FSDP ranks, seconds = global batch x 8192
     tokens over (tokens/s/GPU x GPUs); bf16, the source and every unpublished choice stated."""
-    gpus, tp, local, recompute, tokens = TORCHTITAN[run.name]
+    gpus, tp, local, ac, tokens = TORCHTITAN[run.name]
     e = run.execution
+    recompute, layers = TORCHTITAN_AC[ac]
     assert (e.gpus, e.tp, e.dp, e.zero, e.micro_batch, e.recompute) == (gpus, tp, gpus // tp, 3, local, recompute)
+    assert e.recompute_num_layers == layers and e.recompute_method == "block" and not e.fused_kernels
     assert e.global_batch == local * gpus // tp
     assert run.measured_s == pytest.approx(local * (gpus // tp) * 8192 / (tokens * gpus), rel=1e-12)
     assert preset(run.model).seq_len == 8192 and run.precision == "bf16" and "torchtitan" in run.source

@@ -211,7 +211,7 @@ def search_cmd(
     micro_batch: Annotated[Optional[str], typer.Option(help="Micro-batch sizes to try, e.g. 1 (default: all).")] = None,
     zero: Annotated[Optional[str], typer.Option(help="ZeRO stages to try, of 0,1,2,3 (default: all).")] = None,
     recompute: Annotated[Optional[str], typer.Option(
-        help="Recompute choices to try, of none,selective,full (default: all).")] = None,
+        help="Recompute choices to try, of none,selective,selective-op,full (default: none,selective,full).")] = None,
     recompute_layers: Annotated[Optional[str], typer.Option(
         help="Layer counts per model chunk to try for full recompute (Megatron's block method), comma-separated, "
              "all = every layer (default: all).")] = None,

@@ -9,7 +9,8 @@ Two steps, usable apart (``mcdla search`` and ``mcdla reproduce --modern`` share
   TP over the divisors of the GPU count up to a node's GPUs, CP from ``cp`` (default 1; the CP group may
   span nodes), PP over the divisors of what is left, DP the rest, EP from ``ep`` (default 1; inside
   ``dp x cp``, so it adds no GPUs); virtual stages over the divisors of the layer count (``pp > 1`` only);
-  micro-batch sizes dividing the per-replica batch; recompute none/selective/full; SP on/off when TP > 1;
+  micro-batch sizes dividing the per-replica batch; recompute none/selective/full (``selective-op`` when asked
+  for); SP on/off when TP > 1;
   ZeRO 0-3; offload of activations/weights/optimizer on/off when the cluster has a second tier; with
   ``recompute_layers`` the layer counts of a partial (``block``) full recompute, with ``offload_layers`` those
   of a partial activation/weight offload (default: every layer; NOTE [partial recompute and offload]). Each
@@ -54,10 +55,12 @@ from mcdla.hardware.cluster import Cluster
 from mcdla.plan._parallel_map import RAY_CONNECT_TIMEOUT_S, RAY_INSTALL_HINT, process_map, ray_map
 from mcdla.sim import DEFAULT_PRECISION, LlmStep, cluster_precision, cluster_rejection, llm_step
 from mcdla.workload.execution import OFFLOAD_TIERS, Execution, check_execution
+from mcdla.workload.op_recompute import OP_RECOMPUTE
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["BACKENDS", "DEFAULT_MAX_CONFIGURATIONS", "EXECUTION_FIELDS", "OFFLOAD_CHOICES", "RAY_CONNECT_TIMEOUT_S",
-           "RAY_INSTALL_HINT", "RECOMPUTE_CHOICES", "STEP_FIELDS", "Enumeration", "SearchRow", "SearchResult",
+__all__ = ["BACKENDS", "DEFAULT_MAX_CONFIGURATIONS", "DEFAULT_RECOMPUTE", "EXECUTION_FIELDS", "OFFLOAD_CHOICES",
+           "RAY_CONNECT_TIMEOUT_S", "RAY_INSTALL_HINT", "RECOMPUTE_CHOICES", "STEP_FIELDS", "Enumeration", "SearchRow",
+           "SearchResult",
            "count_candidates", "divisors", "enumerate_executions", "evaluate_executions", "execution_rejection",
            "iter_executions", "rank_rows", "search"]
 
@@ -65,7 +68,11 @@ DEFAULT_MAX_CONFIGURATIONS = 2_000_000
 """Most candidates :func:`search` takes on by default (NOTE [bounded search]): GPT-3 175B on 1,024 GPUs with
 a global batch of 1536 has 843,360 (91,584 valid, evaluated in ~13 s on one core)."""
 
-RECOMPUTE_CHOICES = ("none", "selective", "full")
+RECOMPUTE_CHOICES = ("none", "selective", OP_RECOMPUTE, "full")
+"""Recompute choices a search accepts (``selective-op``, torchtitan's op policy, only where it is modelled:
+NOTE [op-level selective recompute] in :mod:`mcdla.workload.op_recompute`)."""
+DEFAULT_RECOMPUTE = ("none", "selective", "full")
+"""The recompute choices tried unless narrowed: Megatron-LM's."""
 BACKENDS = ("serial", "process", "ray")
 EXECUTION_FIELDS = tuple(f.name for f in fields(Execution))
 """The fields of an execution record, in the order of the CSV columns."""
@@ -186,7 +193,7 @@ class _Space:
 
 
 def _space(spec: TransformerSpec, cluster: Cluster, *, gpus: int, global_batch: int, cp: Sequence[int] = (1,),
-           max_virtual_stages: int | None = None, recompute: Sequence[str] = RECOMPUTE_CHOICES,
+           max_virtual_stages: int | None = None, recompute: Sequence[str] = DEFAULT_RECOMPUTE,
            zero: Sequence[int] = (0, 1, 2, 3), offload: bool | None = None, dp_overlap: bool = False,
            tp: Sequence[int] | None = None, micro_batch: Sequence[int] | None = None,
            virtual_stages: Sequence[int] | None = None, sequence_parallel: Sequence[bool] = (False, True),
@@ -279,8 +286,9 @@ def iter_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, globa
     each rejected candidate is counted in ``rejected`` (by reason) as the iteration passes it."""
     sp = _space(spec, cluster, gpus=gpus, global_batch=global_batch, **space)
     rejected = Counter() if rejected is None else rejected
-    # recompute and offload never decide validity on their own (offload only with no tier, checked per
-    # candidate below when asked for), so a structure rejected counts once per (recompute, offload) choice
+    # recompute and offload rarely decide validity on their own (offload only with no tier, selective-op only
+    # where it is modelled: checked per candidate below), so a structure rejected counts once per (recompute,
+    # offload) choice
     tail = sp.tail
     for t, c, pp, dp, vs, mbs in _structures(cluster, sp):
         for v in vs:
@@ -311,7 +319,8 @@ def iter_executions(spec: TransformerSpec, cluster: Cluster, *, gpus: int, globa
                                     continue
                                 counted = rn is not None or on is not None
                                 why = (execution_rejection(spec, e, cluster)
-                                       if (sp.no_tier and (act or wts or opt)) or variant or counted else None)
+                                       if (sp.no_tier and (act or wts or opt)) or variant or counted
+                                       or r == OP_RECOMPUTE else None)
                                 if why is not None:
                                     rejected[_reason(why)] += 1
                                 else:

@@ -20,10 +20,11 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   allows only with sequence parallelism).
 - ``micro_batch``, ``global_batch``, the model's ``seq_len``: ``--micro-batch-size``, ``--global-batch-size``,
   ``--seq-length``.
-- ``recompute``: ``selective`` is ``--recompute-granularity selective`` (its default module, the attention
-  core); ``full`` is ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` (every
-  layer from its input); with ``recompute_num_layers`` N, ``--recompute-method block|uniform
-  --recompute-num-layers N`` (block with N = 0 recomputes nothing and writes no recompute argument).
+- ``recompute``: ``selective`` is ``--recompute-granularity selective`` (the attention core; ``selective-op``,
+  torchtitan's op policy, has no argument: a ``#`` note); ``full`` is
+  ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` (every layer from its
+  input); with ``recompute_num_layers`` N, ``--recompute-method block|uniform --recompute-num-layers N`` (block
+  with N = 0 recomputes nothing and writes no recompute argument).
 - ``offload_num_layers`` N with ``offload_activations``: ``--cpu-offloading-num-layers N``, where Megatron-Core
   accepts it: ``0 < N < layers``, no pipeline parallelism, no recomputation, weights kept (its
   ``cpu_offloading_weights`` has no argument); otherwise a ``#`` note says which condition fails.
@@ -68,7 +69,8 @@ torchtitan (TOML sections of ``JobConfig``):
   schedule) and the micro-batch without one (torchtitan then accumulates ``global_batch / (micro_batch * dp)``
   gradient steps); ``mixed_precision_param`` ``bfloat16`` (``float32`` for fp32); ``enable_cpu_offload`` for
   ZeRO-3 with weights and optimizer on the host and the CPU optimizer (FSDP2's CPU offload policy).
-- ``[activation_checkpoint]`` ``mode``: ``none``, ``selective`` (``selective_ac_option = "op"``) or ``full``;
+- ``[activation_checkpoint]`` ``mode``: ``none``, ``selective`` with ``selective_ac_option = "op"`` for
+  ``selective-op`` (and for ``selective``, with a ``#`` note: torchtitan has no attention-core policy) or ``full``;
   ``block`` recompute of N of a model chunk's ``L`` layers is ``selective`` with ``selective_ac_option = "f"``,
   torchtitan's checkpoint of every f-th layer of each model part (its counter restarts with each part's
   ``apply_ac``), for an ``f`` with ``floor(L / f) = N`` (the same number of layers, spread over the chunk instead
@@ -83,8 +85,7 @@ delayed scaling, fp16, ``dp_overlap`` off (FSDP2 always overlaps its reduce-scat
 context-parallel exchange, a capacity factor, an FSDP prefetch depth other than one layer, expert parallelism
 wider than the context-parallel group without ZeRO (torchtitan's experts borrow sharded data-parallel ranks),
 ZeRO 0 beside TP/PP/CP and ZeRO 0's unsharded weights beside CP (torchtitan's FSDP2 spans the CP
-group); torchtitan's selective checkpointing
-saves chosen ops' outputs, not exactly Megatron's attention-core recompute.
+group); ``selective``, Megatron's attention-core recompute (written as torchtitan's op policy, noted).
 """
 
 from __future__ import annotations
@@ -175,6 +176,9 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
     args += ["--micro-batch-size", str(e.micro_batch), "--global-batch-size", str(e.global_batch),
              "--seq-length", str(spec.seq_len)]
     args += _megatron_recompute(e)
+    if e.recompute == "selective-op":
+        notes.append("recompute selective-op: torchtitan's op policy (every second matrix product) has no Megatron-LM "
+                     "argument, no recompute written")
     if e.zero:
         args.append("--use-distributed-optimizer")
     if e.zero >= 2:
@@ -283,8 +287,12 @@ def _torchtitan_parallelism(e: Execution, spec: TransformerSpec, notes: list[str
 def _torchtitan_checkpoint(e: Execution, spec: TransformerSpec) -> tuple[dict[str, object], list[str]]:
     """The ``[activation_checkpoint]`` table (module docstring) and the notes on what it does not express."""
     n = e.recompute_num_layers
-    if e.recompute == "selective":
+    if e.recompute == "selective-op":
         return {"mode": "selective", "selective_ac_option": "op"}, []
+    if e.recompute == "selective":
+        return {"mode": "selective", "selective_ac_option": "op"}, [
+            "recompute selective (the attention core): torchtitan has no such policy, written as its op policy "
+            "(recompute selective-op)"]
     if e.recompute != "full" or n is None:
         return {"mode": e.recompute}, []
     if e.recompute_method == "uniform":

@@ -44,10 +44,18 @@ _TITAN_405B = ("pytorch/torchtitan docs/performance.md (commit 4d88a8a44fe4), \"
 _TITAN_H100 = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 820504e20d11), Grand Teton "
                "H100, torchtitan 9dec370")
 _TITAN_COMMON = ("seq 8192, bf16 with fp32 gradient reduction (torchtitan's mixed_precision_reduce default; reduced "
-                 "as bf16 here); fsdp_prefetch 1 (FSDP2's forward prefetch of the next layer); flash attention "
-                 "(SDPA); eager mode, each PyTorch op a kernel (the model counts Megatron's fused kernels)")
-_SAC = ("the recipe's selective AC (op policy: saves attention and every other matmul output, recomputes the "
-        "rest) taken as recompute=selective, which recomputes only the attention core")
+                 "as bf16 here); fsdp_prefetch 1 (FSDP2's forward and backward prefetch of the next layer); "
+                 "dp_overlap off (the root module's reduce-scatter of the embedding, final norm and output runs "
+                 "after the whole backward, its gather before the first layer; the layers' reduce-scatters overlap "
+                 "the backward in the ZeRO-3 model itself); flash attention (SDPA); eager mode: fused_kernels "
+                 "false (torchtitan's RMSNorm, RoPE, repeat_kv and SwiGLU as PyTorch ops, norm_type rmsnorm)")
+_SAC = ("selective AC with selective_ac_option op (the train config's default) as recompute=selective-op, "
+        "torchtitan's op policy: the outputs of wq, wv, w1, w2 and SDPA kept, wk, wo, w3 and the memory-bound "
+        "kernels recomputed (parallelize_llama.py _save_list and _custom_policy, the same at 4d88a8a4 and 9dec370)")
+_LAYER_SAC = ("selective layer AC, its frequency not published: config_manager.py's default selective_ac_option 2 "
+              "(every second block wrapped in a full checkpoint, parallelize_llama.py at 4d88a8a4) as recompute=full "
+              "with recompute_num_layers 16 of the 32 layers, recompute_method block: the same count and totals, the "
+              "first 16 layers instead of every second one")
 
 
 def _torchtitan(name: str, model: str, system: str, gpus: int, local_batch: int, tokens_per_s_per_gpu: float,
@@ -61,21 +69,21 @@ def _torchtitan(name: str, model: str, system: str, gpus: int, local_batch: int,
         source=f"{source}: {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} GPUs, local batch {local_batch}",
         choices=f"{choices}; {_TITAN_COMMON}",
         execution=Execution(gpus=gpus, tp=tp, dp=dp, zero=3, fsdp_prefetch=1, micro_batch=local_batch,
-                            global_batch=gbs, **execution))  # type: ignore[arg-type]
+                            global_batch=gbs, fused_kernels=False, **execution))  # type: ignore[arg-type]
 
 
 TORCHTITAN_RUNS: tuple[MeasuredRun, ...] = (
     _torchtitan("llama3-8b A100 selective op", "llama3-8b", "dgx-a100", 64, 1, 2973, _TITAN_A100,
-                f"the A100 cluster is not described: the dgx-a100 preset; {_SAC}", recompute="selective"),
+                f"the A100 cluster is not described: the dgx-a100 preset; {_SAC}", recompute="selective-op"),
     _torchtitan("llama3-8b A100 selective layer", "llama3-8b", "dgx-a100", 64, 1, 2904, _TITAN_A100,
-                "the A100 cluster is not described: the dgx-a100 preset; selective layer AC (every second layer "
-                "fully recomputed) taken as recompute=selective", recompute="selective"),
+                f"the A100 cluster is not described: the dgx-a100 preset; {_LAYER_SAC}", recompute="full",
+                recompute_num_layers=16),
     _torchtitan("llama3-70b A100 full", "llama3-70b", "dgx-a100", 64, 1, 331, _TITAN_A100,
                 "the A100 cluster is not described: the dgx-a100 preset; full AC", recompute="full"),
     _torchtitan("llama3-8b H100 8 GPUs", "llama3-8b", "grand-teton-h100", 8, 2, 5762, f"{_TITAN_H100}, Table 1 FSDP",
-                _SAC, recompute="selective"),
+                _SAC, recompute="selective-op"),
     _torchtitan("llama3-8b H100 128 GPUs", "llama3-8b", "grand-teton-h100", 128, 2, 5605,
-                f"{_TITAN_H100}, Table 3 FSDP", _SAC, recompute="selective"),
+                f"{_TITAN_H100}, Table 3 FSDP", _SAC, recompute="selective-op"),
     _torchtitan("llama3-405b H100 FSDP16 TP8", "llama3-405b", "grand-teton-h100", 128, 2, 109, _TITAN_405B,
                 "the 128 H100 of the 405B row are taken as the Grand Teton hosts of the later tables; full AC; TP "
                 "with sequence parallelism (torchtitan's SequenceParallel norms), no async TP",

@@ -17,7 +17,11 @@ NOTE [time model] (also ``docs/llm.md``):
   softmax and its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``:
   NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x.
-  Recompute adds a forward (``full``) or the attention core with its softmax and dropout (``selective``); with
+  ``fused_kernels: false`` counts those kernels as eager PyTorch runs them, one per op (NOTE [eager kernels] in
+  :mod:`mcdla.sim.llm_eager`). Recompute adds a forward (``full``), the attention core with its softmax and
+  dropout (``selective``) or torchtitan's op policy's every second matrix product and the memory-bound kernels
+  but the last residual add (``selective-op``, NOTE [op-level selective recompute] in
+  :mod:`mcdla.workload.op_recompute`); with
   ``recompute_num_layers`` (and ``offload_num_layers``) a layer's figures are the mean over its model chunk of
   the recomputed (offloaded) and the plain layers (NOTE [partial recompute and offload] in
   :mod:`mcdla.workload.layer_counts`).
@@ -75,12 +79,14 @@ from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
+from mcdla.sim.llm_eager import eager_block_bytes
 from mcdla.sim.llm_floor import link_floors
 from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, rank_param_groups, routed_expert_flops,
                                tokens_per_local_expert)
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import layer_shares
+from mcdla.workload.op_recompute import OP_RECOMPUTE, op_recomputed_gemm_flops
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
                                         attention_bwd_flops_ratio, flash_attention_bytes, fp8_cast_bytes_per_layer,
@@ -221,14 +227,17 @@ class LlmStep:
 
 
 def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, sp: bool = False,
-                                cp: int = 1, attention: Attention = "materialized") -> dict[str, float]:
+                                cp: int = 1, attention: Attention = "materialized",
+                                fused: bool = True) -> dict[str, float]:
     """HBM bytes of a layer's memory-bound forward kernels on one rank: ``block`` (two norms read and write
     ``b s h``; two bias-dropout-adds read input and residual, write output and a 1-byte mask; the activation
     function reads its input(s) and writes ``b s f``) and ``scores`` (softmax reads and writes the ``a s^2 b``
     scores, their dropout reads, writes and stores a mask). Counted from the kernels Megatron-LM runs (fused
     bias-GELU, fused scale-mask-softmax, fused bias-dropout-add); no fitting. ``attention="flash"`` has no
     score kernels (``scores`` is 0; the fused kernel's traffic is
-    :func:`~mcdla.workload.transformer.flash_attention_bytes`)."""
+    :func:`~mcdla.workload.transformer.flash_attention_bytes`). ``last_add``: the second residual add's part of
+    ``block``. ``fused=False``: ``block`` as eager PyTorch runs it, one kernel per op (NOTE [eager kernels] in
+    :mod:`mcdla.sim.llm_eager`)."""
     e = spec.bytes_per_element
     b, s, h = micro_batch, spec.seq_len / cp, spec.hidden
     mask = 1.0 if spec.dropout else 0.0
@@ -237,7 +246,10 @@ def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: 
     residual = 2 * (3 * e + mask) * sbh
     activation = spec.ffn_matrices * e * s * b * spec.ffn_width_per_token  # GELU: read f, write f; SwiGLU: read 2f
     scores = spec.heads * s * spec.seq_len * b * (2 * e + mask * (2 * e + 1)) if attention == "materialized" else 0.0
-    return {"block": (norms + residual) / (tp if sp else 1) + activation / tp, "scores": scores / tp}
+    if not fused:
+        return {**eager_block_bytes(spec, micro_batch, tp=tp, sp=sp, cp=cp), "scores": scores / tp}
+    return {"block": (norms + residual) / (tp if sp else 1) + activation / tp, "scores": scores / tp,
+            "last_add": residual / 2 / (tp if sp else 1)}
 
 
 def _param_groups(spec: TransformerSpec, e: Execution) -> tuple[ParamGroup, ...]:
@@ -533,7 +545,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     gemm_bwd_ratio = curve.backward_ratio
 
     flops = layer_fwd_flops(spec, b, attention=e.attention)
-    ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, attention=e.attention)
+    ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, attention=e.attention,
+                                     fused=e.fused_kernels)
     routed = routed_expert_flops(spec, e)
     dense_gemm = flops["gemm"] - routed / e.capacity_factor
     gemm_f = dense_gemm / split / gemm_rate + (routed / split / expert_rate if routed else 0.0)
@@ -556,6 +569,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     full = shares.recomputed  # the mean layer of a chunk under partial recompute (NOTE [partial recompute and offload])
     if e.recompute == "full":
         layer_recompute = full * layer_fwd
+    elif e.recompute == OP_RECOMPUTE:  # NOTE [op-level selective recompute]: checkpoint stops before the last add
+        layer_recompute = op_recomputed_gemm_flops(spec, b) / split / gemm_rate + block_f - ew["last_add"] / hbm_per_s
     else:
         layer_recompute = attn_f + core_fwd if e.recompute == "selective" else 0.0
     cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)

@@ -87,7 +87,7 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         within = layout.stride("pp") < cluster.gpus_per_node and cluster.scale_up is not None
         for phase in ("forward", "backward"):
             add(phase, "scale-up" if within else "scale-out", sends, sends)
-    n, recomputes = costs.layers_per_stage, e.recompute != "none"
+    n, recomputes = costs.layers_per_stage, e.recompute in ("selective", "full")
     calls: list[tuple[str, str, float, tuple[FabricDim, ...]]] = []  # (phase, kind, bytes, dimensions)
     if e.cp > 1:
         dims = cluster.group_dims(e.cp, layout.stride("cp"))

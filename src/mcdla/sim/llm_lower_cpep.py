@@ -116,7 +116,7 @@ def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankT
     """The forward and backward :class:`PassExchange` of a chunk of ``layers`` layers on ``rank``
     (NOTE [CP and EP lowering])."""
     layout = ParallelDims.of(e)
-    n, recomputes = layers, e.recompute != "none"
+    n, recomputes = layers, e.recompute in ("selective", "full")
     fwd: list[tuple[Collective, float]] = []
     bwd: list[tuple[Collective, float]] = []
     ring_f = ring_b = None

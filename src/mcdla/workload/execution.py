@@ -28,12 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, validation_line
+from mcdla.workload.op_recompute import OP_RECOMPUTE, check_op_recompute
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
 
 __all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "RECOMPUTE_METHODS", "Execution", "check_execution", "chunk_layers",
            "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
 
-_RECOMPUTE = ("none", "selective", "full")
+_RECOMPUTE = ("none", "selective", "selective-op", "full")
 RECOMPUTE_METHODS = ("block", "uniform")
 """Megatron-LM's ``--recompute-method`` with a layer count (NOTE [partial recompute and offload] in
 :mod:`mcdla.workload.layer_counts`)."""
@@ -61,7 +62,9 @@ class Execution:
         sequence_parallel: split norms and dropouts along the sequence inside the TP group (needs ``tp > 1``).
         zero: ZeRO stage over the DP group: 0 none, 1 optimizer state, 2 + gradients, 3 + weights (FSDP).
         micro_batch: samples per micro-batch; global_batch: samples per iteration over all replicas.
-        recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input).
+        recompute: ``none``, ``selective`` (attention core), ``selective-op`` (torchtitan's op policy: every
+            second matrix product and the memory-bound kernels, NOTE [op-level selective recompute] in
+            :mod:`mcdla.workload.op_recompute`) or ``full`` (every layer from its input).
         recompute_method, recompute_num_layers: with ``full``, Megatron-LM's ``--recompute-method block|uniform
             --recompute-num-layers N`` per model chunk (:mod:`mcdla.workload.layer_counts`); None recomputes
             every layer from its own input.
@@ -70,6 +73,8 @@ class Execution:
             None offloads every layer's.
         offload_activations, offload_weights, offload_optimizer: keep these in the second memory tier.
         dp_overlap: overlap the gradient reduction with backward (else it runs after the last backward).
+        fused_kernels: the memory-bound kernels are fused as Megatron-LM runs them (true) or run as eager
+            PyTorch's one kernel per op (false; NOTE [eager kernels] in :mod:`mcdla.sim.llm_eager`).
         attention: ``flash`` (fused FlashAttention-2, no stored scores) or ``materialized`` (the ``s x s``
             scores in HBM, Megatron's fused softmax of the published A100 runs); NOTE [flash attention] in
             :mod:`mcdla.workload.transformer`.
@@ -125,6 +130,7 @@ class Execution:
     recompute_method: Literal["block", "uniform"] = "block"
     recompute_num_layers: int | None = None
     offload_num_layers: int | None = None
+    fused_kernels: bool = True
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -134,7 +140,7 @@ class Execution:
         for name in ("sequence_parallel", "offload_activations", "offload_weights", "offload_optimizer",
                      "dp_overlap", "tp_comm_overlap", "cpu_optimizer", "delayed_param_update",
                      "account_for_embedding_in_pipeline_split",
-                     "account_for_loss_in_pipeline_split"):
+                     "account_for_loss_in_pipeline_split", "fused_kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
@@ -321,13 +327,16 @@ def chunk_layers(execution: Execution, spec: TransformerSpec) -> tuple[tuple[int
 def check_execution(execution: Execution, spec: TransformerSpec) -> None:
     """Raise one-line ConfigError unless ``execution`` can run ``spec``: layers split into stages of whole
     chunks (:func:`stage_layers`), heads and kv-heads (and experts' FFN) split over ``tp``, the sequence over
-    ``cp`` (and over ``tp`` with sequence parallelism), the experts over ``ep``."""
+    ``cp`` (and over ``tp`` with sequence parallelism), the experts over ``ep``; ``selective-op`` only where it
+    is modelled (:func:`~mcdla.workload.op_recompute.op_recompute_rejection`)."""
     e = execution
     stage_layers(e, spec)
     if e.recompute_num_layers is not None or e.offload_num_layers is not None:
         from mcdla.workload.layer_counts import layer_shares  # built on this module's chunk_layers
 
         layer_shares(e, spec)
+    if e.recompute == OP_RECOMPUTE:
+        check_op_recompute(spec, e.tp, e.attention)
     if e.ep > 1 and (spec.experts == 1 or spec.experts % e.ep):
         raise ConfigError(f"execution.ep: got {e.ep}; must divide the {spec.experts} experts of {spec.name}"
                           + (" (a dense model: ep must be 1)" if spec.experts == 1 else ""))
@@ -361,7 +370,7 @@ class _ExecutionFile(BaseModel):
     zero: Literal[0, 1, 2, 3] = 0
     micro_batch: int = Field(default=1, ge=1, le=_MAX_COUNT)
     global_batch: int = Field(default=1, ge=1, le=_MAX_COUNT)
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Literal["none", "selective", "selective-op", "full"] = "none"
     offload_activations: bool = False
     offload_weights: bool = False
     offload_optimizer: bool = False
@@ -384,6 +393,7 @@ class _ExecutionFile(BaseModel):
     recompute_method: Literal["block", "uniform"] = "block"
     recompute_num_layers: int | None = Field(default=None, ge=0, le=_MAX_COUNT)
     offload_num_layers: int | None = Field(default=None, ge=0, le=_MAX_COUNT)
+    fused_kernels: bool = True
 
 
 def _one_line(exc: ValidationError, source: str) -> str:

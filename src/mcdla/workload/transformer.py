@@ -64,7 +64,7 @@ __all__ = [
     "FP8_SCALINGS",
 ]
 
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "selective-op", "full"]
 Attention = Literal["flash", "materialized"]
 ATTENTIONS: tuple[str, ...] = ("flash", "materialized")
 """``flash``: a fused FlashAttention-2 kernel; ``materialized``: the ``s x s`` scores written to HBM (Megatron's
@@ -387,10 +387,14 @@ def hardware_flops_per_iteration(spec: TransformerSpec, global_batch: int, recom
                                  attention: Attention = "materialized", recompute_share: float = 1.0) -> float:
     """FLOPs the devices execute, recomputation included: ``full`` re-runs every layer's forward (the
     ``recompute_share`` of the layers that a recompute count leaves recomputed), ``selective`` only the attention
-    core (Korthikanti et al. 2022, sec. 5); with ``attention="flash"`` the core is the kernel's (causal halving, a
+    core (Korthikanti et al. 2022, sec. 5), ``selective-op`` every second matrix product (NOTE [op-level
+    selective recompute] in :mod:`mcdla.workload.op_recompute`); with ``attention="flash"`` the core is the kernel's (causal halving, a
     2.5x backward: NOTE [flash attention])."""
+    from mcdla.workload.op_recompute import op_recomputed_gemm_flops  # built on this module
+
     layer = layer_fwd_flops(spec, global_batch, attention=attention)
     extra = {"none": 0.0, "selective": layer["attention"],
+             "selective-op": op_recomputed_gemm_flops(spec, global_batch),
              "full": recompute_share * (layer["gemm"] + layer["attention"])}[recompute]
     per_layer = 3.0 * layer["gemm"] + (1.0 + attention_bwd_flops_ratio(attention)) * layer["attention"]
     return spec.layers * (per_layer + extra) + 3.0 * logits_fwd_flops(spec, global_batch)
@@ -432,7 +436,9 @@ def activation_bytes_per_layer(
     byte each) and output, projection input, dropout mask; FFN block: norm input, fc1 input, activation
     input(s), fc2 input, dropout mask. Tensor parallelism splits what lies between the two collectives by
     ``tp``; sequence parallelism also splits the rest. Context parallelism splits the sequence by ``cp``.
-    ``selective`` drops the ``s x s`` terms (recomputed); ``full`` keeps only the layer input.
+    ``selective`` drops the ``s x s`` terms (recomputed); ``full`` keeps only the layer input; ``selective-op``
+    keeps what torchtitan's op policy saves (:func:`~mcdla.workload.op_recompute.op_saved_bytes_per_layer`, at
+    ``tp=1`` only).
     ``attention="flash"`` stores no ``s x s`` terms but the fp32 logsumexp, ``4 a s b`` bytes (NOTE [flash
     attention]). ``fp8_gemm_inputs``: Transformer Engine saves the fp8 copy of each linear layer's input (QKV,
     projection, fc1, fc2 inputs: 1 byte an element) instead of the bf16 one.
@@ -446,6 +452,12 @@ def activation_bytes_per_layer(
     mask = 1.0 if spec.dropout else 0.0
     if recompute == "full":
         return e * sbh / (tp if sp else 1)
+    if recompute == "selective-op":
+        from mcdla.workload.op_recompute import op_saved_bytes_per_layer  # built on this module
+
+        if tp > 1:
+            raise WorkloadError(f"tp: got {tp} with recompute=selective-op; its saved bytes are modelled at tp=1")
+        return op_saved_bytes_per_layer(spec, micro_batch, cp=cp)
     # outside the tensor-parallel region: two norm inputs, QKV and fc1 inputs, two dropout masks
     outside = 2 * e * sbh + 2 * g * sbh + 2 * mask * sbh
     ffn_width = spec.ffn_width_per_token
