@@ -13,7 +13,7 @@ NOTE [time model] (also ``docs/llm.md``):
   ``xV``) divided by ``tp * cp``, at ``peak * gemm_efficiency(h / tp, b s / cp)`` (the GEMMs at the precision's
   GEMM peak, times the curve's ``fp8_fraction`` in fp8; the core and the logits at its other peak: NOTE
   [precision]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and softmax and
-  its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``: NOTE [flash
+  its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic and its softmax exponentials at the device's ``exp_per_s`` with ``flash``: NOTE [flash
   attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x.
   Recompute adds a forward (``full``) or the attention core with its softmax and dropout (``selective``); with
@@ -76,7 +76,8 @@ from mcdla.workload.execution import Execution, check_execution, chunk_layers, s
 from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
-                                        attention_bwd_flops_ratio, flash_attention_bytes, fp8_cast_bytes_per_layer,
+                                        attention_bwd_flops_ratio, flash_attention_bytes,
+                                        flash_attention_exponentials, fp8_cast_bytes_per_layer,
                                         hardware_flops_per_iteration, layer_fwd_flops, logits_fwd_flops,
                                         model_flops_per_iteration)
 
@@ -494,6 +495,10 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     if e.attention == "flash":
         kernel = flash_attention_bytes(spec, b, tp=e.tp, cp=e.cp)
         core_fwd, core_bwd = kernel["fwd"] / hbm_per_s, kernel["bwd"] / hbm_per_s
+        if dev.exp_per_s:  # the softmax's exponentials on the special-function units (NOTE [flash attention])
+            exps = flash_attention_exponentials(spec, b, tp=e.tp, cp=e.cp)
+            core_fwd += exps["fwd"] / dev.exp_per_s
+            core_bwd += exps["bwd"] / dev.exp_per_s
     else:
         core_fwd = ew["scores"] / hbm_per_s
         core_bwd = 2 * core_fwd
