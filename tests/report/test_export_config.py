@@ -17,6 +17,8 @@ SPEC = preset("megatron-1.7b")
 CASES = [
     (Execution(gpus=64, tp=4, pp=4, dp=4, virtual_stages=2, sequence_parallel=True, zero=1, micro_batch=2,
                global_batch=512, recompute="selective", dp_overlap=True), "fp8"),
+    (Execution(gpus=64, tp=4, pp=4, dp=4, virtual_stages=2, micro_batch=1, global_batch=64, pp_comm_overlap=True),
+     "bf16"),
     (Execution(gpus=16, tp=2, pp=1, dp=8, zero=3, micro_batch=4, global_batch=256, recompute="full",
                offload_activations=True), "bf16"),
     (Execution(gpus=8, tp=1, pp=2, dp=4, zero=0, micro_batch=1, global_batch=64), "fp16"),
@@ -33,7 +35,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     for name in ("recompute-granularity", "recompute-method", "fp8-format", "fp8-recipe"):
         p.add_argument(f"--{name}")
     for name in ("sequence-parallel", "use-distributed-optimizer", "use-torch-fsdp2", "overlap-grad-reduce",
-                 "bf16", "fp16", "tp-comm-overlap"):
+                 "bf16", "fp16", "tp-comm-overlap", "no-overlap-p2p-communication"):
         p.add_argument(f"--{name}", action="store_true")
     return p
 
@@ -45,6 +47,7 @@ def test_megatron_arguments_are_the_execution(e, precision):
     assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size,
             a.expert_model_parallel_size) == (e.tp, e.pp, e.cp, e.ep)
     assert a.virtual_pipeline_model_parallel_size == (e.virtual_stages if e.virtual_stages > 1 else None)
+    assert a.no_overlap_p2p_communication is (e.virtual_stages > 1 and not e.pp_comm_overlap)
     assert (a.micro_batch_size, a.global_batch_size, a.seq_length) == (e.micro_batch, e.global_batch, SPEC.seq_len)
     assert a.sequence_parallel is e.sequence_parallel and a.overlap_grad_reduce is e.dp_overlap
     assert a.recompute_granularity == {"none": None, "selective": "selective", "full": "full"}[e.recompute]

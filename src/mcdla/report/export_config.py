@@ -6,7 +6,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
 - ``tp``, ``pp``, ``cp``, ``ep``: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
   ``--context-parallel-size``, ``--expert-model-parallel-size``; the data-parallel degree is what remains of
   the GPUs, so Megatron has no argument for it.
-- ``virtual_stages`` > 1: ``--virtual-pipeline-model-parallel-size`` (model chunks per pipeline rank).
+- ``virtual_stages`` > 1: ``--virtual-pipeline-model-parallel-size`` (model chunks per pipeline rank), and
+  ``--no-overlap-p2p-communication`` unless ``pp_comm_overlap`` (Megatron-LM overlaps the sends by default).
 - ``sequence_parallel``: ``--sequence-parallel``; ``tp_comm_overlap``: ``--tp-comm-overlap``.
 - ``micro_batch``, ``global_batch``, the model's ``seq_len``: ``--micro-batch-size``, ``--global-batch-size``,
   ``--seq-length``.
@@ -111,6 +112,8 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
             "--context-parallel-size", str(e.cp), "--expert-model-parallel-size", str(e.ep)]
     if e.virtual_stages > 1:
         args += ["--virtual-pipeline-model-parallel-size", str(e.virtual_stages)]
+        if not e.pp_comm_overlap:
+            args.append("--no-overlap-p2p-communication")
     if e.sequence_parallel:
         args.append("--sequence-parallel")
     if e.tp_comm_overlap:

@@ -98,8 +98,7 @@ _BRIDGE_COMMON = ("distributed optimizer (Megatron-Bridge's recipes: use_distrib
                   "overlap_param_gather True, and training/comm_overlap.py turns both on whenever dp > 1 with the "
                   "distributed optimizer); defer_embedding_wgrad_compute off (comm_overlap.py's default); fp8 "
                   "current scaling (utils/helpers.py get_precision_config fp8_cs, first and last layers in fp8 too); "
-                  "overlap_p2p_comm, on with interleaving (comm_overlap.py), not modelled: the pipeline sends stay "
-                  "exposed")
+                  "with interleaving pp_comm_overlap on (comm_overlap.py: overlap_p2p_comm True when vp > 1)")
 
 
 _SPLIT_405B = ("126 layers split with the embedding and the loss counted as layers (Megatron's "
@@ -114,6 +113,7 @@ def _bridge(system: str, model: str, gpus: int, gbs: int, tokens_per_s_per_gpu: 
             **execution: object) -> MeasuredRun:
     seconds = gbs * 8192 / (tokens_per_s_per_gpu * gpus)
     execution.setdefault("dp_overlap", True)
+    execution.setdefault("pp_comm_overlap", int(execution.get("virtual_stages", 1)) > 1)  # type: ignore[call-overload]
     return MeasuredRun(
         name=f"{model} {system}", model=model, system=system, precision="fp8", measured_s=seconds,
         family="megatron-bridge-fp8",

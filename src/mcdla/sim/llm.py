@@ -27,7 +27,8 @@ NOTE [time model] (also ``docs/llm.md``):
   ``tp_comm_overlap``: then hidden behind the GEMMs they pair with, up to those GEMMs' time (TE userbuffers).
 * Pipeline: per micro-batch a stage runs its ``layers / pp`` layers forward and backward plus, per virtual
   chunk, a point-to-point send of the activation and one of its gradient (``b s h / tp`` bytes with
-  Megatron's scatter/gather) over the dimension neighbouring stages are apart on; the last stage adds the vocabulary projection and
+  Megatron's scatter/gather) over the dimension neighbouring stages are apart on (with ``pp_comm_overlap`` only what
+  exceeds one chunk's forward compute); the last stage adds the vocabulary projection and
   the loss. Iteration = ``m * T_last + (p - 1) / v * T_middle``, the exact length of the (interleaved) 1F1B
   schedule of these stages (the bubble ``(p - 1) / (m v)`` when balanced); ``mode="ranks"`` schedules every
   rank instead (``sim/llm_ranks.py``), as does an uneven split (``layers_first_stage``/``layers_last_stage``,
@@ -398,7 +399,7 @@ class StageCosts:
     layer_recompute_s: float  # recomputation in the backward of one layer
     layer_tp_fwd_s: float  # TP collectives in one layer's forward, the part not hidden (``tp_comm_overlap``)
     layer_tp_bwd_s: float  # in its backward (+ the recomputed forward's with full recompute), likewise
-    p2p_s: float  # one point-to-point transfer of a chunk's activation or its gradient
+    p2p_s: float  # one point-to-point transfer of a chunk's activation or its gradient (its exposed part)
     last_fwd_s: float  # logits + loss forward on the last stage, per micro-batch
     last_bwd_s: float  # their backward (2 x)
     offload_fwd_s: float  # exposed offload traffic per micro-batch and stage, forward
@@ -535,6 +536,8 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
     p2p_bytes = act_bytes / e.tp
     p2p = _p2p_s(cluster, layout, p2p_bytes)
+    if e.pp_comm_overlap:  # each send runs while the next chunk computes: exposed past the smallest chunk's forward
+        p2p = max(0.0, p2p - min(n for row in chunk_layers(e, spec) for n in row) * layer_fwd)
 
     off_fwd = off_bwd = 0.0
     act_stage = n_layers * _activation_bytes(spec, e, prec)
