@@ -30,6 +30,11 @@ _NO_SHARED_LINK = [
     ("gh200", dict(gpus=4, tp=1, pp=4, dp=1, micro_batch=1, global_batch=4)),
     ("dgx-h100", dict(gpus=32, tp=8, pp=2, dp=2, micro_batch=1, global_batch=8, virtual_stages=2,
                       recompute="full", recompute_num_layers=5)),  # block: 5 of each chunk's 24 layers
+    # sends beside the next chunk: the receivers still wait for them (fill and drain cross 2 (v p - 1))
+    ("dgx-h100", dict(gpus=32, tp=8, pp=4, dp=1, micro_batch=1, global_batch=8, virtual_stages=2,
+                      sequence_parallel=True, pp_comm_overlap=True)),
+    ("dgx-h100", dict(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, virtual_stages=3,
+                      pp_comm_overlap=True, dp_overlap=True, zero=1)),
 ]
 
 

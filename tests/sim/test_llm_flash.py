@@ -216,3 +216,19 @@ def test_pp_comm_overlap_without_interleaving_is_one_line():
     """The overlap needs a next model chunk: with one chunk per rank it is a one-line ConfigError."""
     with pytest.raises(ConfigError, match=r"^execution\.pp_comm_overlap: got true with virtual_stages=1; "):
         Execution(gpus=4, pp=4, global_batch=8, pp_comm_overlap=True)
+
+
+def test_pp_comm_overlap_fill_and_drain_wait_for_every_hidden_send(llm_cluster):
+    """A send the next chunk hides still delays its receiver: with every send hidden (H = P <= one chunk's
+    forward) the iteration is the no-transfer one plus 2 (v p - 1) H, the sends the fill and the drain wait for,
+    by the closed form and by the per-rank schedule."""
+    p, v, b, m = 4, 2, 1, 8
+    e = dict(gpus=p, pp=p, virtual_stages=v, micro_batch=b, global_batch=b * m, attention="flash")
+    bw = 50e9
+    send = 2 * b * GPT.seq_len * GPT.hidden / bw
+    g, a, _ = _gpt_times(b, PEAK * EFF, PEAK * EFF)
+    assert send < g + a
+    free = llm_step(GPT, Execution(**e), _cluster(llm_cluster))  # infinite links: no transfer time at all
+    for mode in ("fast", "ranks"):
+        got = llm_step(GPT, Execution(**e, pp_comm_overlap=True), _cluster(llm_cluster, nvlink=bw), mode=mode)
+        assert got.iteration_s == pytest.approx(free.iteration_s + 2 * (v * p - 1) * send, rel=1e-9)

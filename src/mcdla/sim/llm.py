@@ -28,7 +28,8 @@ NOTE [time model] (also ``docs/llm.md``):
 * Pipeline: per micro-batch a stage runs its ``layers / pp`` layers forward and backward plus, per virtual
   chunk, a point-to-point send of the activation and one of its gradient (``b s h / tp`` bytes with
   Megatron's scatter/gather) over the dimension neighbouring stages are apart on (with ``pp_comm_overlap`` only what
-  exceeds one chunk's forward compute); the last stage adds the vocabulary projection and
+  exceeds one chunk's forward compute, plus the hidden part on each of the ``2 (v p - 1)`` sends the fill and
+  the drain wait for); the last stage adds the vocabulary projection and
   the loss. Iteration = ``m * T_last + (p - 1) / v * T_middle``, the exact length of the (interleaved) 1F1B
   schedule of these stages (the bubble ``(p - 1) / (m v)`` when balanced); ``mode="ranks"`` schedules every
   rank instead (``sim/llm_ranks.py``), as does an uneven split (``layers_first_stage``/``layers_last_stage``,
@@ -418,6 +419,8 @@ class StageCosts:
     layer_ep_bwd_s: float = 0.0  # and in its backward (+ the recomputed forward's with full recompute)
     recomputed_share: float = 0.0  # share of the layers fully recomputed (the TP calls their backward repeats)
     layer_attention_fwd_s: float = 0.0  # the attention core's forward in one layer (what a CP ring send overlaps)
+    p2p_hidden_s: float = 0.0  # the part of a send the sender's next chunk hides (``pp_comm_overlap``); its
+    # receiver still waits for it, so the fill and the drain of the schedule each cross v p - 1 of them
 
     @property
     def layer_comm_fwd_s(self) -> float:
@@ -536,8 +539,10 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
     p2p_bytes = act_bytes / e.tp
     p2p = _p2p_s(cluster, layout, p2p_bytes)
+    p2p_hidden = 0.0
     if e.pp_comm_overlap:  # each send runs while the next chunk computes: exposed past the smallest chunk's forward
-        p2p = max(0.0, p2p - min(n for row in chunk_layers(e, spec) for n in row) * layer_fwd)
+        p2p_hidden = min(p2p, min(n for row in chunk_layers(e, spec) for n in row) * layer_fwd)
+        p2p -= p2p_hidden
 
     off_fwd = off_bwd = 0.0
     act_stage = n_layers * _activation_bytes(spec, e, prec)
@@ -591,7 +596,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=optimizer,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec),
         layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
-        recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd)
+        recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd, p2p_hidden_s=p2p_hidden)
 
 
 def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
@@ -676,6 +681,9 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     # (p - 1) / v of a middle stage (NOTE [rank schedule] in sim/llm_ranks.py; tested equal to the per-rank
     # schedule in tests/sim/test_llm_ranks.py).
     bubble = (e.pp - 1) / e.virtual_stages * stage_mid
+    # pp_comm_overlap: the hidden part of each send still delays its receiver: the fill passes v p - 1 chunk
+    # boundaries before the last stage runs the last chunk, and the drain as many back (NOTE [rank schedule])
+    bubble += 2 * (e.virtual_stages * e.pp - 1) * c.p2p_hidden_s
     iteration = m * stage_last + bubble + c.dp_exposed_s + dp_stretch + c.optimizer_s + c.offload_step_s
     parts = c.iteration_parts(m, e.virtual_stages)
     parts["offload_s"] += m * stretch + dp_stretch
