@@ -59,8 +59,9 @@ def test_blackwell_presets_load_at_scale(name, gpus, nodes):
 
 # Special-function exponentials per second, from the sources the preset files cite: H100 SXM5 3.9 T
 # (FlashAttention-3), Blackwell 5 T and Blackwell Ultra 10.7 T (NVIDIA's Blackwell Ultra table); H200 has the
-# H100's compute (its preset extends dgx-h100).
-EXP_RATE = {"dgx-h100": 3.9e12, "h200": 3.9e12, "b200": 5e12, "gb200-nvl72": 5e12, "gb300-nvl72": 10.7e12}
+# H100's compute (its preset extends dgx-h100), and GH200's Hopper GPU the same peaks.
+EXP_RATE = {"dgx-h100": 3.9e12, "h200": 3.9e12, "gh200": 3.9e12, "dgx-gh200": 3.9e12, "b200": 5e12, "gb200-nvl72": 5e12,
+            "gb300-nvl72": 10.7e12}
 
 
 @pytest.mark.parametrize("name", sorted(EXP_RATE))
