@@ -13,8 +13,9 @@ NOTE [time model] (also ``docs/llm.md``):
   ``xV``) divided by ``tp * cp``, at ``peak * gemm_efficiency(h / tp, b s / cp)`` (the GEMMs at the precision's
   GEMM peak, times the curve's ``fp8_fraction`` in fp8; the core and the logits at its other peak: NOTE
   [precision]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and softmax and
-  its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic and its softmax exponentials at the device's ``exp_per_s`` with ``flash``: NOTE [flash
-  attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts;
+  its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``: NOTE [flash
+  attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts
+  and, with ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x.
   Recompute adds a forward (``full``) or the attention core with its softmax and dropout (``selective``); with
   ``recompute_num_layers`` (and ``offload_num_layers``) a layer's figures are the mean over its model chunk of
