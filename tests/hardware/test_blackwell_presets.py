@@ -55,3 +55,35 @@ def test_blackwell_presets_load_at_scale(name, gpus, nodes):
     c = load_cluster(name).for_gpus(gpus)
     assert (c.n_devices, c.nodes) == (gpus, nodes)
     assert c.dims[-1].size == nodes
+
+
+# Special-function exponentials per second, from the sources the preset files cite: H100 SXM5 3.9 T
+# (FlashAttention-3), Blackwell 5 T and Blackwell Ultra 10.7 T (NVIDIA's Blackwell Ultra table); H200 has the
+# H100's compute (its preset extends dgx-h100), and GH200's Hopper GPU the same peaks.
+EXP_RATE = {"dgx-h100": 3.9e12, "h200": 3.9e12, "gh200": 3.9e12, "dgx-gh200": 3.9e12, "b200": 5e12, "gb200-nvl72": 5e12,
+            "gb300-nvl72": 10.7e12}
+
+
+@pytest.mark.parametrize("name", sorted(EXP_RATE))
+def test_exp_rate_is_the_sources_figure(name):
+    """Each preset that gives a special-function rate gives its source's, and a generated system keeps it."""
+    assert load_cluster(name).device.exp_per_s == pytest.approx(EXP_RATE[name], rel=1e-12)
+    rates = [d.exp_per_s for d in load_system(name).devices]
+    assert rates and all(r == pytest.approx(EXP_RATE[name], rel=1e-12) for r in rates)
+
+
+def test_exp_rate_round_trips_and_bad_values_are_one_line():
+    """``exp_rate`` survives a system file's round trip; a negative rate or a FLOP/s unit is a one-line
+    HardwareError naming the field; a device without it charges no exponentials (0)."""
+    from mcdla.errors import HardwareError
+    from mcdla.hardware.io import system_from_dict, system_to_dict
+
+    data = system_to_dict(load_system("gb300-nvl72"))
+    assert data["devices"][0]["exp_rate"] == "1.07e+13exp/s"
+    assert {d.exp_per_s for d in system_from_dict(data).devices} == {10.7e12}
+    for bad in ("-1Texp/s", "3.9TFLOP/s"):
+        data["devices"][0]["exp_rate"] = bad
+        with pytest.raises(HardwareError, match=r"exp_rate") as info:
+            system_from_dict(data)
+        assert "\n" not in str(info.value)
+    assert load_cluster("dgx-a100").device.exp_per_s == 0.0

@@ -47,6 +47,8 @@ CASES = [
                     global_batch=256, capacity_factor=1.25, recompute="selective"), "bf16"),
     (MOE, Execution(gpus=32, tp=2, pp=1, dp=16, ep=4, zero=0, sequence_parallel=True, micro_batch=1,
                     global_batch=64, offload_optimizer=True, cpu_optimizer=True, delayed_param_update=True), "bf16"),
+    (DENSE, Execution(gpus=64, tp=4, pp=4, dp=4, virtual_stages=2, micro_batch=1, global_batch=64,
+                      pp_comm_overlap=True), "bf16"),
 ]
 IDS = [f"{s.name}-tp{e.tp}pp{e.pp}v{e.virtual_stages}cp{e.cp}ep{e.ep}z{e.zero}-{e.recompute}-{p}" for s, e, p in CASES]
 
@@ -99,6 +101,8 @@ def execution_from_megatron(a: argparse.Namespace, gpus: int) -> dict[str, objec
         "recompute": a.recompute_granularity or "none", "zero": zero[sharding],
         "hsdp_shard": dp // instances if instances > 1 else 0, "dp_overlap": bool(a.overlap_grad_reduce),
         "attention": {"flash": "flash", "unfused": "materialized"}[a.attention_backend],
+        # Megatron overlaps an interleaved pipeline's sends unless told not to (a store_false, None when absent)
+        "pp_comm_overlap": (a.num_virtual_stages_per_pipeline_rank or 1) > 1 and a.overlap_p2p_comm is not False,
     }
 
 

@@ -36,6 +36,11 @@ _NO_SHARED_LINK = [
                       sequence_parallel=True, recompute="full")),
     ("dgx-h100", dict(gpus=32, tp=4, pp=4, dp=2, micro_batch=2, global_batch=16, virtual_stages=2,
                       tp_comm_overlap=True, recompute="selective")),
+    # sends beside the next chunk: the receivers still wait for them (fill and drain cross 2 (v p - 1))
+    ("dgx-h100", dict(gpus=32, tp=8, pp=4, dp=1, micro_batch=1, global_batch=8, virtual_stages=2,
+                      sequence_parallel=True, pp_comm_overlap=True)),
+    ("dgx-h100", dict(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, virtual_stages=3,
+                      pp_comm_overlap=True, dp_overlap=True, zero=1)),
 ]
 
 

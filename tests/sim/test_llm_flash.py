@@ -165,3 +165,70 @@ def test_bad_curve_fields_are_one_line(field, value, allowed):
     with pytest.raises(HardwareError, match=rf"^gemm_efficiency\.{field}: got {value!r}; must be {allowed}"
                                             .replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
         GemmEfficiency(peak_fraction=0.5, half_width=0, **{field: value})
+
+
+@pytest.mark.parametrize("tp,cp", [(1, 1), (2, 1), (2, 2)])
+def test_flash_softmax_exponentials_add_after_the_products_at_the_devices_rate(tp, cp, llm_cluster):
+    """FLOPs-only with a special-function rate X: each layer adds E = b a s^2 / 2 / (tp cp) exponentials (one per
+    causal score, on this rank's heads and queries) in forward and again in backward, E / X seconds each, after
+    the matrix products: iteration = m (l (3 G + 3.5 A + 2 E / X) + 3 logits), G, A and the logits split over
+    tp cp as well."""
+    m, b, rate = 2, 2, 4e12
+    gpus = tp * cp
+    e = Execution(gpus=gpus, tp=tp, cp=cp, micro_batch=b, global_batch=b * m, attention="flash")
+    c = _cluster(llm_cluster)
+    c = dataclasses.replace(c, device=dataclasses.replace(c.device, exp_per_s=rate))
+    g, a, logits = _gpt_times(b, PEAK * EFF * gpus, PEAK * EFF * gpus)
+    exps = b * GPT.heads * GPT.seq_len ** 2 / 2 / (tp * cp)
+    step = llm_step(GPT, e, c)
+    expected = m * (GPT.layers * (3 * g + 3.5 * a + 2 * exps / rate) + 3 * logits)
+    assert step.iteration_s - step.cp_comm_s - step.tp_comm_s == pytest.approx(expected, rel=1e-12)
+    plain = llm_step(GPT, e, _cluster(llm_cluster))
+    assert step.iteration_s - plain.iteration_s == pytest.approx(m * GPT.layers * 2 * exps / rate, rel=1e-9)
+
+
+def test_materialized_attention_charges_no_exponentials(llm_cluster):
+    """The exponentials belong to the fused kernel: with the scores materialised (a memory-bound softmax kernel)
+    a device's special-function rate changes nothing."""
+    e = Execution(gpus=1, micro_batch=1, global_batch=2, attention="materialized")
+    c = _cluster(llm_cluster)
+    with_rate = dataclasses.replace(c, device=dataclasses.replace(c.device, exp_per_s=1e12))
+    assert llm_step(GPT, e, with_rate).iteration_s == llm_step(GPT, e, c).iteration_s
+
+
+@pytest.mark.parametrize("bw", [2e9, 5e9, 50e9])
+def test_pp_comm_overlap_hides_each_send_up_to_one_chunks_forward(bw, llm_cluster):
+    """PP 4 x 2 chunks of one layer each, FLOPs-only compute: every micro-batch sends 2 v activations or
+    gradients of b s h bf16 elements (P = 2 b s h / B each); overlapped, each exposes max(0, P - (G + A)), one
+    chunk's forward (its GEMMs and causal core)."""
+    p, v, b, m = 4, 2, 1, 8
+    e = dict(gpus=p, pp=p, virtual_stages=v, micro_batch=b, global_batch=b * m, attention="flash")
+    c = _cluster(llm_cluster, nvlink=bw)
+    send = 2 * b * GPT.seq_len * GPT.hidden / bw
+    g, a, _ = _gpt_times(b, PEAK * EFF, PEAK * EFF)
+    plain = llm_step(GPT, Execution(**e), c)
+    overlap = llm_step(GPT, Execution(**e, pp_comm_overlap=True), c)
+    assert plain.pp_comm_s == pytest.approx(m * 2 * v * send, rel=1e-12)
+    assert overlap.pp_comm_s == pytest.approx(m * 2 * v * max(0.0, send - (g + a)), rel=1e-9, abs=1e-15)
+
+
+def test_pp_comm_overlap_without_interleaving_is_one_line():
+    """The overlap needs a next model chunk: with one chunk per rank it is a one-line ConfigError."""
+    with pytest.raises(ConfigError, match=r"^execution\.pp_comm_overlap: got true with virtual_stages=1; "):
+        Execution(gpus=4, pp=4, global_batch=8, pp_comm_overlap=True)
+
+
+def test_pp_comm_overlap_fill_and_drain_wait_for_every_hidden_send(llm_cluster):
+    """A send the next chunk hides still delays its receiver: with every send hidden (H = P <= one chunk's
+    forward) the iteration is the no-transfer one plus 2 (v p - 1) H, the sends the fill and the drain wait for,
+    by the closed form and by the per-rank schedule."""
+    p, v, b, m = 4, 2, 1, 8
+    e = dict(gpus=p, pp=p, virtual_stages=v, micro_batch=b, global_batch=b * m, attention="flash")
+    bw = 50e9
+    send = 2 * b * GPT.seq_len * GPT.hidden / bw
+    g, a, _ = _gpt_times(b, PEAK * EFF, PEAK * EFF)
+    assert send < g + a
+    free = llm_step(GPT, Execution(**e), _cluster(llm_cluster))  # infinite links: no transfer time at all
+    for mode in ("fast", "ranks"):
+        got = llm_step(GPT, Execution(**e, pp_comm_overlap=True), _cluster(llm_cluster, nvlink=bw), mode=mode)
+        assert got.iteration_s == pytest.approx(free.iteration_s + 2 * (v * p - 1) * send, rel=1e-9)

@@ -438,7 +438,8 @@ def cluster_from_dict(data: Any, where: str = "system") -> Cluster:
         raise HardwareError(f"{where}: scale_out.nodes: got {nodes} nodes of {node.gpus} GPUs; must be at most {_MAX_DEVICES} GPUs")
     dev = _DeviceSpec.model_validate({"name": "gpu", **node.gpu})
     device = Device(name="gpu", peak_flops_per_s=dev.peak_flops_per_s, hbm_bytes=dev.hbm, hbm_bytes_per_s=dev.hbm_bandwidth,
-                    compute_efficiency=dev.compute_efficiency, memory_efficiency=dev.memory_efficiency, source=dev.source)
+                    compute_efficiency=dev.compute_efficiency, memory_efficiency=dev.memory_efficiency,
+                    exp_per_s=dev.exp_rate, source=dev.source)
     return _cluster(spec, where, device)
 
 

@@ -19,7 +19,7 @@ from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief, field_path
 from mcdla.hardware.model import Device, Link, LinkKind, Memory, MemoryKind, Switch, System
 from mcdla.hardware.topology import Topology
-from mcdla.units import parse_bytes, parse_bytes_per_s, parse_flops_per_s, parse_seconds
+from mcdla.units import parse_bytes, parse_bytes_per_s, parse_count, parse_flops_per_s, parse_seconds
 
 __all__ = ["BANDWIDTH_BOUNDS_BYTES_PER_S", "CAPACITY_BOUNDS_BYTES", "LATENCY_BOUNDS_S", "PEAK_BOUNDS_FLOPS_PER_S",
            "preset_names", "load_system", "read_system_document", "system_from_dict", "explicit_system",
@@ -45,6 +45,8 @@ LATENCY_BOUNDS_S = (0.0, 1.0)
 CAPACITY_BOUNDS_BYTES = (1024.0, float(2**60))
 #: Peak compute rates a file may give, FLOP/s.
 PEAK_BOUNDS_FLOPS_PER_S = (1e6, 1e18)
+#: Special-function exponential rates a file may give, per second (0: not given; the top as the FLOP/s bound).
+EXP_BOUNDS_PER_S = (0.0, 1e18)
 
 
 def within_bounds(value: float, field: str, bounds: tuple[float, float], unit: str, *, allow_inf: bool) -> float:
@@ -110,7 +112,14 @@ class _DeviceSpec(_Spec):
     hbm_bandwidth: _Quantity
     compute_efficiency: float = Field(default=0.7, allow_inf_nan=False)
     memory_efficiency: float = Field(default=0.8, allow_inf_nan=False)
+    exp_rate: _Quantity = Field(default=0.0, description="special-function exponentials per second, e.g. 3.9Texp/s")
     source: str
+
+    @field_validator("exp_rate")
+    @classmethod
+    def _exp(cls, v: _Quantity) -> float:
+        return within_bounds(parse_count(v, "exp_rate", noun="exp/s"), "exp_rate", EXP_BOUNDS_PER_S, "exp/s",
+                             allow_inf=False)
 
     @field_validator("peak_flops_per_s")
     @classmethod
@@ -213,6 +222,7 @@ def explicit_system(data: Any, where: str = "system") -> System:
                 hbm_bytes_per_s=d.hbm_bandwidth,
                 compute_efficiency=d.compute_efficiency,
                 memory_efficiency=d.memory_efficiency,
+                exp_per_s=d.exp_rate,
                 source=d.source,
             )
             for d in spec.devices
@@ -251,6 +261,7 @@ def system_to_dict(system: System) -> dict[str, Any]:
                 "hbm_bandwidth": _quantity(d.hbm_bytes_per_s, "B/s"),
                 "compute_efficiency": d.compute_efficiency,
                 "memory_efficiency": d.memory_efficiency,
+                **({"exp_rate": _quantity(d.exp_per_s, "exp/s")} if d.exp_per_s else {}),
                 "source": d.source,
             }
             for d in system.devices

@@ -44,6 +44,8 @@ class Device:
         hbm_bytes_per_s: device-memory bandwidth, for the roofline.
         compute_efficiency: fraction of peak FLOP/s a layer reaches (documented assumption).
         memory_efficiency: fraction of HBM bandwidth a layer reaches.
+        exp_per_s: exponentials per second of the special-function units (``MUFU.EX2``), the rate FlashAttention's
+            softmax runs at besides its two matrix products; 0 = not given (no softmax term is charged).
         source: where the figures come from.
     """
 
@@ -53,10 +55,12 @@ class Device:
     hbm_bytes_per_s: float
     compute_efficiency: float = 0.7
     memory_efficiency: float = 0.8
+    exp_per_s: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:
         owner = f"device {self.name!r}"
+        object.__setattr__(self, "exp_per_s", _check_nonnegative(owner, "exp_per_s", self.exp_per_s))
         if not self.peak_flops_per_s:
             raise HardwareError(f"{owner}.peak_flops_per_s: got empty; must give at least one precision")
         object.__setattr__(
@@ -283,6 +287,7 @@ class System:
                     d,
                     peak_flops_per_s={k: v * factor for k, v in d.peak_flops_per_s.items()},
                     hbm_bytes_per_s=d.hbm_bytes_per_s * factor,
+                    exp_per_s=d.exp_per_s * factor,
                 )
                 for d in self.devices
             ),

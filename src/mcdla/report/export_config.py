@@ -13,7 +13,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   takes), ``--expert-model-parallel-size`` (the expert TP is Megatron's default, the TP size, as here); the
   data-parallel degree is what remains of the GPUs, so Megatron has no argument for it.
 - ``virtual_stages`` > 1: ``--num-virtual-stages-per-pipeline-rank`` (model chunks per pipeline rank; the one
-  of Megatron's three interleaving arguments that also works with an uneven split).
+  of Megatron's three interleaving arguments that also works with an uneven split), and
+  ``--no-overlap-p2p-communication`` unless ``pp_comm_overlap`` (Megatron-LM overlaps the sends by default).
 - uneven pipeline: ``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``,
   ``--account-for-embedding-in-pipeline-split``, ``--account-for-loss-in-pipeline-split``.
 - ``sequence_parallel``: ``--sequence-parallel``; ``tp_comm_overlap``: ``--tp-comm-overlap`` (which Megatron
@@ -157,6 +158,8 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
         args += ["--cp-comm-type", e.cp_comm]
     if e.virtual_stages > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(e.virtual_stages)]
+        if not e.pp_comm_overlap:
+            args.append("--no-overlap-p2p-communication")
     for option, value in (("--decoder-first-pipeline-num-layers", e.layers_first_stage),
                           ("--decoder-last-pipeline-num-layers", e.layers_last_stage)):
         if value is not None:

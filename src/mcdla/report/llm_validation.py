@@ -93,7 +93,12 @@ _BRIDGE = "Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Megatron-Br
 _RECIPES = ("Megatron-Bridge v0.2.1, the 25.11 container's, scripts/performance/configs/llama3/"
             "workload_base_configs.py and utils/helpers.py")
 _BRIDGE_COMMON = ("distributed optimizer (Megatron-Bridge's recipes: use_distributed_optimizer) as ZeRO-1, "
-                  "or FSDP=1 as ZeRO-3; flash attention; no dp_overlap")
+                  "or FSDP=1 as ZeRO-3; flash attention (TE fused attention); dp_overlap on (v0.2.1 "
+                  "src/megatron/bridge/recipes/llama/llama3.py _llama3_common: overlap_grad_reduce and "
+                  "overlap_param_gather True, and training/comm_overlap.py turns both on whenever dp > 1 with the "
+                  "distributed optimizer); defer_embedding_wgrad_compute off (comm_overlap.py's default); fp8 "
+                  "current scaling (utils/helpers.py get_precision_config fp8_cs, first and last layers in fp8 too); "
+                  "with interleaving pp_comm_overlap on (comm_overlap.py: overlap_p2p_comm True when vp > 1)")
 
 
 _SPLIT_405B = ("126 layers split with the embedding and the loss counted as layers (Megatron's "
@@ -107,6 +112,8 @@ _RECIPE_405B: dict[str, object] = dict(sequence_parallel=True, zero=1, micro_bat
 def _bridge(system: str, model: str, gpus: int, gbs: int, tokens_per_s_per_gpu: float, choices: str,
             **execution: object) -> MeasuredRun:
     seconds = gbs * 8192 / (tokens_per_s_per_gpu * gpus)
+    execution.setdefault("dp_overlap", True)
+    execution.setdefault("pp_comm_overlap", int(execution.get("virtual_stages", 1)) > 1)  # type: ignore[call-overload]
     return MeasuredRun(
         name=f"{model} {system}", model=model, system=system, precision="fp8", measured_s=seconds,
         family="megatron-bridge-fp8",

@@ -15,7 +15,8 @@ NOTE [time model] (also ``docs/llm.md``):
   [precision]; the routed experts' grouped GEMMs at the curve's point for their own tokens per local expert,
   NOTE [expert parallelism]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and
   softmax and its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``:
-  NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts;
+  NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts
+  and, with ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x.
   ``fused_kernels: false`` counts those kernels as eager PyTorch runs them, one per op (NOTE [eager kernels] in
   :mod:`mcdla.sim.llm_eager`). Recompute adds a forward (``full``), the attention core with its softmax and
@@ -32,7 +33,9 @@ NOTE [time model] (also ``docs/llm.md``):
   ``tp_comm_overlap``: then hidden behind the GEMMs they pair with, up to those GEMMs' time (TE userbuffers).
 * Pipeline: per micro-batch a stage runs its ``layers / pp`` layers forward and backward plus, per virtual
   chunk, a point-to-point send of the activation and one of its gradient (``b s h / tp`` bytes with
-  Megatron's scatter/gather) over the dimension neighbouring stages are apart on; the last stage adds the vocabulary projection and
+  Megatron's scatter/gather) over the dimension neighbouring stages are apart on (with ``pp_comm_overlap`` only what
+  exceeds one chunk's forward compute, plus the hidden part on each of the ``2 (v p - 1)`` sends the fill and
+  the drain wait for); the last stage adds the vocabulary projection and
   the loss. Iteration = ``m * T_last + (p - 1) / v * T_middle``, the exact length of the (interleaved) 1F1B
   schedule of these stages (the bubble ``(p - 1) / (m v)`` when balanced); ``mode="ranks"`` schedules every
   rank instead (``sim/llm_ranks.py``), as does an uneven split (``layers_first_stage``/``layers_last_stage``,
@@ -89,7 +92,8 @@ from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.op_recompute import OP_RECOMPUTE, op_recomputed_gemm_flops
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
-                                        attention_bwd_flops_ratio, flash_attention_bytes, fp8_cast_bytes_per_layer,
+                                        attention_bwd_flops_ratio, flash_attention_bytes,
+                                        flash_attention_exponentials, fp8_cast_bytes_per_layer,
                                         hardware_flops_per_iteration, layer_fwd_flops, logits_fwd_flops,
                                         model_flops_per_iteration)
 
@@ -449,7 +453,7 @@ class StageCosts:
     layer_recompute_s: float  # recomputation in the backward of one layer
     layer_tp_fwd_s: float  # TP collectives in one layer's forward, the part not hidden (``tp_comm_overlap``)
     layer_tp_bwd_s: float  # in its backward (+ the recomputed forward's with full recompute), likewise
-    p2p_s: float  # one point-to-point transfer of a chunk's activation or its gradient
+    p2p_s: float  # one point-to-point transfer of a chunk's activation or its gradient (its exposed part)
     last_fwd_s: float  # logits + loss forward on the last stage, per micro-batch
     last_bwd_s: float  # their backward (2 x)
     offload_fwd_s: float  # exposed offload traffic per micro-batch and stage, forward
@@ -470,6 +474,8 @@ class StageCosts:
     layer_attention_fwd_s: float = 0.0  # the attention core's forward in one layer (what a CP ring send overlaps)
     layer_tp_hide_fwd_s: float = 0.0  # GEMM time of one layer's forward its TP collectives overlap (``tp_comm_overlap``)
     layer_tp_hide_bwd_s: float = 0.0  # and of its backward (+ the recomputed forward's with full recompute)
+    p2p_hidden_s: float = 0.0  # the part of a send the sender's next chunk hides (``pp_comm_overlap``); its
+    # receiver still waits for it, so the fill and the drain of the schedule each cross v p - 1 of them
 
     @property
     def layer_comm_fwd_s(self) -> float:
@@ -554,6 +560,10 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     if e.attention == "flash":
         kernel = flash_attention_bytes(spec, b, tp=e.tp, cp=e.cp)
         core_fwd, core_bwd = kernel["fwd"] / hbm_per_s, kernel["bwd"] / hbm_per_s
+        if dev.exp_per_s:  # the softmax's exponentials on the special-function units (NOTE [flash attention])
+            exps = flash_attention_exponentials(spec, b, tp=e.tp, cp=e.cp)
+            core_fwd += exps["fwd"] / dev.exp_per_s
+            core_bwd += exps["bwd"] / dev.exp_per_s
     else:
         core_fwd = ew["scores"] / hbm_per_s
         core_bwd = 2 * core_fwd
@@ -594,6 +604,10 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
     p2p_bytes = act_bytes / e.tp
     p2p = _p2p_s(cluster, layout, p2p_bytes)
+    p2p_hidden = 0.0
+    if e.pp_comm_overlap:  # each send runs while the next chunk computes: exposed past the smallest chunk's forward
+        p2p_hidden = min(p2p, min(n for row in chunk_layers(e, spec) for n in row) * layer_fwd)
+        p2p -= p2p_hidden
 
     off_fwd = off_bwd = 0.0
     act_stage = n_layers * _activation_bytes(spec, e, prec)
@@ -650,7 +664,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec),
         layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
         recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd, layer_tp_hide_fwd_s=hide_fwd,
-        layer_tp_hide_bwd_s=hide_bwd)
+        layer_tp_hide_bwd_s=hide_bwd, p2p_hidden_s=p2p_hidden)
 
 
 def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
@@ -735,6 +749,9 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     # (p - 1) / v of a middle stage (NOTE [rank schedule] in sim/llm_ranks.py; tested equal to the per-rank
     # schedule in tests/sim/test_llm_ranks.py).
     bubble = (e.pp - 1) / e.virtual_stages * stage_mid
+    # pp_comm_overlap: the hidden part of each send still delays its receiver: the fill passes v p - 1 chunk
+    # boundaries before the last stage runs the last chunk, and the drain as many back (NOTE [rank schedule])
+    bubble += 2 * (e.virtual_stages * e.pp - 1) * c.p2p_hidden_s
     iteration = m * stage_last + bubble + c.dp_exposed_s + dp_stretch + c.optimizer_s + c.offload_step_s
     parts = c.iteration_parts(m, e.virtual_stages)
     parts["offload_s"] += m * stretch + dp_stretch

@@ -366,13 +366,15 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
     reduce_waits: tuple[str, ...] = ()
     for src, tag in _receives(s, p, e.micro_batches, v):  # posted up front: receives never hold the rank
         recv_of[tag] = b.add(Recv(name=f"recv-{tag}", stream=f"recv-{src}", peer=peer(src), nbytes=traffic.p2p_bytes))
+    in_flight: list[str] = []  # pp_comm_overlap: sends still running; a chunk waits for those two chunks back
     for forward, mb, ch in order:
         tag = _tag(forward, mb, ch)
         n = c.chunk_layers[s][ch]
         share = n / c.layers_per_stage  # of the (largest) stage's copies
         last_chunk = s == p - 1 and ch == v - 1
         dst = _links(s, p, v, forward, ch)[1]
-        waits = tuple(w for w in (b.last, *b.copies, recv_of.get(tag)) if w)
+        waits = tuple(w for w in (b.last, *b.copies, recv_of.get(tag), *in_flight[:-1]) if w)
+        in_flight = in_flight[-1:]
         chunk_colls = colls[(n, forward)]
         exchange = exchanges[n][0 if forward else 1]
         layer_s = c.layer_fwd_s if forward else c.layer_bwd_s + c.layer_recompute_s
@@ -420,9 +422,14 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
             b.last = b.add(Compute(name=f"end-{tag}", stream="send", seconds=0.0, waits=(done,)))
         elif dst is None:
             b.last = b.add(Compute(name=f"hold-{tag}", stream="send", seconds=c.p2p_s, waits=(done,)))
+        elif e.pp_comm_overlap:  # the send runs beside the next chunk (Megatron's overlap_p2p_comm)
+            in_flight.append(b.add(Send(name=f"send-{tag}", peer=peer(dst[0]), nbytes=traffic.p2p_bytes,
+                                        waits=(done,))))
+            b.last = done
         else:
             b.last = b.add(Send(name=f"send-{tag}", peer=peer(dst[0]), nbytes=traffic.p2p_bytes, waits=(done,)))
-    tail = b.add(Compute(name="pipeline-end", seconds=0.0, waits=tuple(w for w in (b.last, *b.copies) if w)))
+    tail = b.add(Compute(name="pipeline-end", seconds=0.0,
+                         waits=tuple(w for w in (b.last, *b.copies, *in_flight) if w)))
     if dp_colls:
         done = reduce_waits if e.dp_overlap else (tail,)
         for i, coll in enumerate(dp_colls):

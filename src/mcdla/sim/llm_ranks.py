@@ -18,7 +18,9 @@ compute time factor) or a non-uniform layer split (``layers_per_stage``). NOTE [
   its own forward.
 * Every forward and backward op ends with one blocking point-to-point transfer over the rank's own network
   link (``p2p_s``, Megatron's scatter/gather of ``b s h / tp``), as the fast path charges ``2 v`` transfers
-  per micro-batch to every stage; one transfer at a time per link, since the op holds its rank.
+  per micro-batch to every stage; one transfer at a time per link, since the op holds its rank. With
+  ``pp_comm_overlap`` the op holds only the exposed part and the rest (``p2p_hidden_s``) runs beside the next
+  op: its receiver starts that much after the op ends.
 * After a replica's last backward on stage ``s``, the DP group of that stage reduces its gradients: it starts
   when the slowest replica is done and exposes what the last backward does not hide (the fast path's
   ``dp_exposed_s``); then each rank's optimizer step (nominal, not slowed) and optimizer offload.
@@ -104,11 +106,12 @@ class PipelineSchedule:
 
 
 def schedule_pipeline(fwd_s: Sequence[Sequence[float]], bwd_s: Sequence[Sequence[float]],
-                      micro_batches: int) -> PipelineSchedule:
+                      micro_batches: int, *, transit_s: float = 0.0) -> PipelineSchedule:
     """Run the ops of Megatron's schedule on ``p = len(fwd_s)`` stages of ``v = len(fwd_s[0])`` chunks with the
     given durations (``fwd_s[s][c]``, ``bwd_s[s][c]``: one micro-batch of chunk ``c`` on stage ``s``, transfers
     included) and the dependencies of the module docstring; every op starts as soon as its rank is free and
-    its input has arrived."""
+    its input has arrived, ``transit_s`` after the op on the other stage that produced it ended (the part of a
+    send that runs beside the sender's next chunk under ``pp_comm_overlap``, not in its durations)."""
     p, v, m = len(fwd_s), len(fwd_s[0]), micro_batches
     orders = [pipeline_order(p, m, v, s) for s in range(p)]
     nan = float("nan")
@@ -126,10 +129,11 @@ def schedule_pipeline(fwd_s: Sequence[Sequence[float]], bwd_s: Sequence[Sequence
             while i < len(order):
                 forward, mb, c = order[i]
                 if forward:
-                    dep = f_end[s - 1][c * m + mb] if s else (f_end[p - 1][(c - 1) * m + mb] if c else 0.0)
+                    dep = (f_end[s - 1][c * m + mb] if s else f_end[p - 1][(c - 1) * m + mb]) + transit_s \
+                        if s or c else 0.0
                 else:
-                    dep = b_end[s + 1][c * m + mb] if s < p - 1 else (b_end[0][(c + 1) * m + mb] if c < v - 1
-                                                                      else f_end[s][c * m + mb])
+                    dep = b_end[s + 1][c * m + mb] + transit_s if s < p - 1 else (
+                        b_end[0][(c + 1) * m + mb] + transit_s if c < v - 1 else f_end[s][c * m + mb])
                     dep = max(dep, f_end[s][c * m + mb])
                 if dep != dep:  # NaN: the input is not computed yet
                     break
@@ -222,7 +226,7 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
     pipelines: list[PipelineSchedule] = []
     for d in range(e.dp):
         fwd, bwd = _chunk_durations(c, e, chunks, factor[d])
-        pipelines.append(schedule_pipeline(fwd, bwd, e.micro_batches))
+        pipelines.append(schedule_pipeline(fwd, bwd, e.micro_batches, transit_s=c.p2p_hidden_s))
     # The DP reduction of stage s waits for the slowest replica's last backward of that stage.
     if c.dp_full_s > 0:
         reduced = [max(pl.end_s[s] for pl in pipelines) + c.dp_exposed_s for s in range(p)]

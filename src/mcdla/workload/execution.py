@@ -81,6 +81,9 @@ class Execution:
         fp8_scaling: Transformer Engine's recipe when the GEMMs run in fp8: ``current`` or ``delayed``.
         tp_comm_overlap: hide the TP collectives behind the GEMMs they pair with, up to those GEMMs' time
             (Transformer Engine's userbuffers).
+        pp_comm_overlap: with an interleaved schedule (``virtual_stages > 1``), each pipeline send and receive
+            runs while the next model chunk computes, exposing only what exceeds that chunk's forward compute
+            (Megatron-Core's ``overlap_p2p_comm``, on by default in Megatron-LM for interleaving).
         fsdp_prefetch: with ``zero=3``, layers whose weights are gathered ahead of the one computing (FSDP's
             forward/backward prefetch, DeepSpeed's prefetch bucket); 0 gathers each layer when it is needed.
         hsdp_shard: with ``zero=3``, the size of the shard group (FSDP2 HSDP: shard inside, replicate across the
@@ -115,6 +118,7 @@ class Execution:
     attention: Attention = "flash"
     fp8_scaling: Literal["delayed", "current"] = "current"
     tp_comm_overlap: bool = False
+    pp_comm_overlap: bool = False
     fsdp_prefetch: int = 1
     hsdp_shard: int = 0
     cpu_optimizer: bool = False
@@ -138,7 +142,7 @@ class Execution:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= 1")
         for name in ("sequence_parallel", "offload_activations", "offload_weights", "offload_optimizer",
-                     "dp_overlap", "tp_comm_overlap", "cpu_optimizer", "delayed_param_update",
+                     "dp_overlap", "tp_comm_overlap", "pp_comm_overlap", "cpu_optimizer", "delayed_param_update",
                      "account_for_embedding_in_pipeline_split",
                      "account_for_loss_in_pipeline_split", "fused_kernels"):
             if not isinstance(getattr(self, name), bool):
@@ -183,6 +187,9 @@ class Execution:
                               f"{self.tp}*{self.pp}*{self.dp}*{self.cp} = {product}")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("execution.sequence_parallel: got true with tp=1; sequence parallelism needs tp > 1")
+        if self.pp_comm_overlap and self.virtual_stages == 1:
+            raise ConfigError("execution.pp_comm_overlap: got true with virtual_stages=1; the pipeline sends overlap "
+                              "the next model chunk, which needs an interleaved schedule (virtual_stages > 1)")
         if self.virtual_stages > 1 and self.pp == 1:
             raise ConfigError(f"execution.virtual_stages: got {self.virtual_stages} with pp=1; interleaving needs pp > 1")
         if self.zero and self.dp == 1:
@@ -378,6 +385,7 @@ class _ExecutionFile(BaseModel):
     attention: Literal["flash", "materialized"] = "flash"
     fp8_scaling: Literal["delayed", "current"] = "current"
     tp_comm_overlap: bool = False
+    pp_comm_overlap: bool = False
     fsdp_prefetch: int = Field(default=1, ge=0, le=_MAX_COUNT)
     hsdp_shard: int = Field(default=0, ge=0, le=_MAX_COUNT)
     cpu_optimizer: bool = False

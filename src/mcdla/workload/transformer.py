@@ -24,6 +24,11 @@ halving the attention-core FLOPs (``2 b s^2 h`` forward instead of ``4 b s^2 h``
 forward core FLOPs (sec. 3.2). Its compulsory HBM traffic is Q, K, V read and O (and the logsumexp) written in
 forward; Q, K, V, O, dO and the logsumexp read and dQ, dK, dV written in backward. Re-reads of K and V across
 query blocks are counted as served by the L2 cache (a head's K and V fit in it at the lengths trained today).
+Its softmax evaluates one exponential per score, in forward and again in backward, on the special-function
+units (``MUFU.EX2``), whose rate is far below the tensor cores' (H100: 3.9 T/s against 989 TFLOP/s, Shah et al.
+2024, "FlashAttention-3"; Blackwell Ultra doubles Blackwell's): a device that gives that rate
+(``Device.exp_per_s``) charges them after the matrix products, not overlapped (the softmax of a block sits between
+its two products, NVIDIA's "Making Softmax More Efficient with Blackwell Ultra").
 Model FLOPs (the MFU numerator) keep the full-matrix count of the published formulas either way.
 
 NOTE [model families] The shape also covers today's open models read from a Hugging Face ``config.json``
@@ -60,6 +65,7 @@ __all__ = [
     "ATTENTIONS",
     "attention_bwd_flops_ratio",
     "flash_attention_bytes",
+    "flash_attention_exponentials",
     "fp8_cast_bytes_per_layer",
     "FP8_SCALINGS",
 ]
@@ -359,6 +365,18 @@ def flash_attention_bytes(spec: TransformerSpec, micro_batch: int, *, tp: int = 
     out = e * tokens * spec.attention_out_width / tp
     lse = _LSE_BYTES * tokens * spec.heads / tp
     return {"fwd": qkv + out + lse, "bwd": qkv + 2 * out + lse + qkv}
+
+
+def flash_attention_exponentials(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, cp: int = 1,
+                                 ) -> dict[str, float]:
+    """Exponentials one layer's fused FlashAttention-2 kernel evaluates on one rank, ``fwd`` and ``bwd`` (NOTE
+    [flash attention]): one per score it computes, ``b a s^2`` halved by a causal mask, in forward for the
+    softmax and again in backward, which recomputes ``P = exp(S - logsumexp)``. Heads split over ``tp``, the
+    queries over ``cp`` (each rank's against all the keys, over the ring)."""
+    scores = micro_batch * spec.heads * spec.seq_len * spec.seq_len / (tp * cp)
+    if spec.causal:
+        scores /= 2.0
+    return {"fwd": scores, "bwd": scores}
 
 
 def _projection_weights(spec: TransformerSpec) -> float:
