@@ -52,16 +52,16 @@ from mcdla.workload.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:  # sim.llm calls this module; the types only
     from mcdla.hardware.cluster import Cluster
-    from mcdla.sim.llm import RankTraffic, StageCosts
+    from mcdla.sim.llm import RankTraffic, StageCosts, Zero3Traffic
     from mcdla.workload.execution import Execution
 
 __all__ = ["LinkFloors", "class_bytes_per_micro_batch", "link_floor_s", "link_floors", "reduction_bytes"]
 
 
 def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
-                                ) -> dict[str, dict[str, tuple[float, float]]]:
+                                zero3: Zero3Traffic | None = None) -> dict[str, dict[str, tuple[float, float]]]:
     """Bytes one GPU of a stage moves per micro-batch, per phase (``forward``, ``backward``), ``(out, in)`` per
-    traffic class (NOTE [link floor])."""
+    traffic class (NOTE [link floor]); ``zero3``: the per-layer collectives of a ZeRO-3 execution."""
     e = execution
     moved: dict[str, dict[str, list[float]]] = {"forward": {}, "backward": {}}
 
@@ -105,6 +105,11 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         per_layer = n * traffic.moe_layer_share * traffic.all_to_all_bytes
         calls += [("forward", "all-to-all", 2 * per_layer, dims),
                   ("backward", "all-to-all", (4 if e.recompute == "full" else 2) * per_layer, dims)]
+    if zero3 is not None:
+        for coll, phases in [*((g, ("forward", "backward")) for g in zero3.gathers),
+                             *((r, ("backward",)) for r in zero3.reduces)]:
+            calls += [(phase, coll.kind, n * coll.nbytes, cluster.group_dims(coll.size, coll.stride))
+                      for phase in phases]
     for phase, kind, nbytes, dims in calls:
         for cls, moved_bytes in _dims_bytes(cluster, kind, nbytes, dims).items():
             add(phase, cls, moved_bytes, moved_bytes)
@@ -140,32 +145,73 @@ def _table(cluster: Cluster) -> tuple[tuple[tuple[str, int, float], ...], tuple[
 
 
 def _busiest_s(cluster: Cluster, moved: dict[str, tuple[float, float]]) -> float:
-    """Seconds the busiest resource of a GPU's paths needs for ``moved`` (``(out, in)`` bytes per class)."""
+    """Seconds the phase's flows need on a GPU's paths when they share them max-min fairly (NOTE [fair drain]):
+    ``moved`` is ``(out, in)`` bytes per class, one flow each; at least the busiest resource's bytes over its
+    capacity."""
     rows, duplex = _table(cluster)
-    out = [0.0] * len(duplex)
-    inward = [0.0] * len(duplex)
+    loads: dict[tuple[str, int], dict[tuple[int, int], float]] = {}
     for traffic, i, per_byte in rows:
         got = moved.get(traffic)
-        if got is not None:
-            out[i] += got[0] * per_byte
-            inward[i] += got[1] * per_byte
-    return max((max(o, n) if d else o + n for o, n, d in zip(out, inward, duplex)), default=0.0)
+        if got is None or per_byte <= 0:
+            continue
+        for way, nbytes in enumerate(got):
+            if nbytes > 0:  # a link's directions are two resources, a memory's bus one
+                key = (i, way if duplex[i] else 0)
+                flow = loads.setdefault((traffic, way), {})
+                flow[key] = flow.get(key, 0.0) + per_byte
+    left = {flow: moved[flow[0]][flow[1]] for flow in loads}
+    elapsed = 0.0
+    while left:
+        rates = _fair_rates({flow: loads[flow] for flow in left})
+        step = min(left[flow] / rates[flow] for flow in left)
+        elapsed += step
+        left = {flow: rest - rates[flow] * step for flow, rest in left.items()
+                if rest - rates[flow] * step > _DRAINED * moved[flow[0]][flow[1]]}
+    return elapsed
+
+
+_DRAINED = 1e-9
+"""Fraction of a flow's bytes below which it counts as through (the rounding of the drain's steps)."""
+
+
+def _fair_rates(loads: dict[tuple[str, int], dict[tuple[int, int], float]]) -> dict[tuple[str, int], float]:
+    """Max-min fair rates (bytes/s) of flows that load resources of one second per second at ``loads[flow][key]``
+    seconds per byte: progressive filling (NOTE [max-min by progressive filling] in :mod:`mcdla.sim.flows`) with
+    a flow's weight on a resource its seconds per byte there (every GPU of the node sends alike)."""
+    room: dict[tuple[int, int], float] = {key: 1.0 for load in loads.values() for key in load}
+    unfrozen, rates, level = dict(loads), {}, 0.0
+    while unfrozen:
+        weight: dict[tuple[int, int], float] = {}
+        for load in unfrozen.values():
+            for key, per_byte in load.items():
+                weight[key] = weight.get(key, 0.0) + per_byte
+        rise = min(room[key] / w for key, w in weight.items())
+        level += rise
+        for key, w in weight.items():
+            room[key] -= rise * w
+        full = {key for key in weight if room[key] <= _DRAINED}
+        for flow in [f for f, load in unfrozen.items() if full.intersection(load)]:
+            rates[flow] = level
+            del unfrozen[flow]
+    return rates
 
 
 def _phase_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
     """The closed form's time of one micro-batch's forward and backward on a stage (its layers' compute and
     TP, CP and EP communication, the pipeline transfers, the exposed offload)."""
     c, n, v = costs, costs.layers_per_stage, execution.virtual_stages
-    return {"forward": n * (c.layer_fwd_s + c.layer_comm_fwd_s) + v * c.p2p_s + c.offload_fwd_s,
+    return {"forward": n * (c.layer_fwd_s + c.layer_comm_fwd_s) + v * c.p2p_s + c.offload_fwd_s + c.fsdp_fwd_s,
             "backward": n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_comm_bwd_s) + v * c.p2p_s
-            + c.offload_bwd_s}
+            + c.offload_bwd_s + c.fsdp_bwd_s}
 
 
-def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic) -> float:
+def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+                 zero3: Zero3Traffic | None = None) -> float:
     """One micro-batch on one stage with no shared resource priced as idle: each phase (forward, backward) takes
-    at least what its busiest resource needs (NOTE [link floor]); at least the closed form's stage time."""
+    at least what its flows need sharing the resources fairly (NOTE [link floor]); at least the closed form's
+    stage time."""
     phase_s = _phase_s(execution, costs)
-    moved = class_bytes_per_micro_batch(execution, cluster, costs, traffic)
+    moved = class_bytes_per_micro_batch(execution, cluster, costs, traffic, zero3)
     return sum(max(phase_s[phase], _busiest_s(cluster, moved[phase])) for phase in phase_s)
 
 
@@ -224,14 +270,15 @@ class LinkFloors:
     dp_exposed_s: float
 
 
-def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic) -> LinkFloors:
+def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+                zero3: Zero3Traffic | None = None) -> LinkFloors:
     """The floors of NOTE [link floor] for an offloading execution (both 0 without offload: no class then shares
-    a resource with another one the closed form prices apart)."""
+    a resource with another one the closed form prices apart); ``zero3``: a ZeRO-3 execution's collectives."""
     e = execution
     if not (e.offload_activations or e.offload_weights) or cluster.offload is None:
         return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
     phase_s = _phase_s(e, costs)
-    by_phase = class_bytes_per_micro_batch(e, cluster, costs, traffic)
+    by_phase = class_bytes_per_micro_batch(e, cluster, costs, traffic, zero3)
     stage = sum(max(phase_s[phase], _busiest_s(cluster, by_phase[phase])) for phase in phase_s)
     dp_exposed = 0.0
     if e.dp_overlap and e.dp * e.cp > 1 and e.zero < 3:  # ZeRO-3's reduction is per layer (fsdp_comm_s)
