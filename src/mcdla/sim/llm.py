@@ -706,7 +706,7 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     floors = link_floors(e, cluster, c, rank_traffic(spec, e, precision), zero3)
     stretch = max(0.0, floors.stage_s - stage_mid)
     stage_mid += stretch
-    dp_stretch = max(0.0, floors.dp_exposed_s - c.dp_exposed_s)
+    dp_stretch = max(0.0, floors.dp_exposed_s - c.dp_exposed_s) + (e.pp - 1) * floors.last_backward_s
     stage_last = stage_mid + c.last_fwd_s + c.last_bwd_s
     m = e.micro_batches
     # The exact length of Megatron's (interleaved) 1F1B schedule when every stage but the last costs

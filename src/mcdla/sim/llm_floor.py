@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from mcdla.hardware.cluster import FabricDim
 from mcdla.sim.collective_models import collective_time
@@ -146,35 +146,53 @@ def _table(cluster: Cluster) -> tuple[tuple[tuple[str, int, float], ...], tuple[
 
 def _busiest_s(cluster: Cluster, moved: dict[str, tuple[float, float]]) -> float:
     """Seconds the phase's flows need on a GPU's paths when they share them max-min fairly (NOTE [fair drain]):
-    ``moved`` is ``(out, in)`` bytes per class, one flow each; at least the busiest resource's bytes over its
+    ``moved`` is ``(out, in)`` bytes per class, one flow each way; at least the busiest resource's bytes over its
     capacity."""
+    return max(_drain_ends(cluster, _flows(moved)).values(), default=0.0)
+
+
+Flow: TypeAlias = tuple[str, int, float]
+"""A flow of the drain: its traffic class, its way (0 out of the GPU, 1 in) and its bytes."""
+
+
+def _flows(moved: dict[str, tuple[float, float]], tag: str = "") -> dict[tuple[str, str, int], Flow]:
+    """One flow per class and way of ``moved`` (``(out, in)`` bytes per class), keyed ``(tag, class, way)``."""
+    return {(tag, cls, way): (cls, way, nbytes) for cls, both in moved.items() for way, nbytes in enumerate(both)
+            if nbytes > 0}
+
+
+def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> dict[tuple[str, str, int], float]:
+    """When each of ``flows``, all started at once on one GPU's paths (every GPU of the node alike), is through
+    under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once."""
     rows, duplex = _table(cluster)
-    loads: dict[tuple[str, int], dict[tuple[int, int], float]] = {}
-    for traffic, i, per_byte in rows:
-        got = moved.get(traffic)
-        if got is None or per_byte <= 0:
-            continue
-        for way, nbytes in enumerate(got):
-            if nbytes > 0:  # a link's directions are two resources, a memory's bus one
-                key = (i, way if duplex[i] else 0)
-                flow = loads.setdefault((traffic, way), {})
-                flow[key] = flow.get(key, 0.0) + per_byte
-    left = {flow: moved[flow[0]][flow[1]] for flow in loads}
-    elapsed = 0.0
+    loads: dict[tuple[str, str, int], dict[tuple[int, int], float]] = {}
+    for key, (cls, way, _nbytes) in flows.items():
+        load = loads.setdefault(key, {})
+        for traffic, i, per_byte in rows:
+            if traffic == cls and per_byte > 0:  # a link's directions are two resources, a memory's bus one
+                slot = (i, way if duplex[i] else 0)
+                load[slot] = load.get(slot, 0.0) + per_byte
+    ends = {key: 0.0 for key, load in loads.items() if not load}
+    left = {key: flows[key][2] for key, load in loads.items() if load}
+    now = 0.0
     while left:
-        rates = _fair_rates({flow: loads[flow] for flow in left})
-        step = min(left[flow] / rates[flow] for flow in left)
-        elapsed += step
-        left = {flow: rest - rates[flow] * step for flow, rest in left.items()
-                if rest - rates[flow] * step > _DRAINED * moved[flow[0]][flow[1]]}
-    return elapsed
+        rates = _fair_rates({key: loads[key] for key in left})
+        step = min(rest / rates[key] for key, rest in left.items())
+        now += step
+        for key in list(left):
+            left[key] -= rates[key] * step
+            if left[key] <= _DRAINED * flows[key][2]:
+                ends[key] = now
+                del left[key]
+    return ends
 
 
 _DRAINED = 1e-9
 """Fraction of a flow's bytes below which it counts as through (the rounding of the drain's steps)."""
 
 
-def _fair_rates(loads: dict[tuple[str, int], dict[tuple[int, int], float]]) -> dict[tuple[str, int], float]:
+def _fair_rates(loads: dict[tuple[str, str, int], dict[tuple[int, int], float]],
+                ) -> dict[tuple[str, str, int], float]:
     """Max-min fair rates (bytes/s) of flows that load resources of one second per second at ``loads[flow][key]``
     seconds per byte: progressive filling (NOTE [max-min by progressive filling] in :mod:`mcdla.sim.flows`) with
     a flow's weight on a resource its seconds per byte there (every GPU of the node sends alike)."""
@@ -263,28 +281,37 @@ def _level_bytes_per_byte(kind: str, dims: tuple[FabricDim, ...]) -> tuple[float
 @dataclass(frozen=True, slots=True)
 class LinkFloors:
     """What :func:`mcdla.sim.llm.llm_step` keeps: ``stage_s``, the least time of one micro-batch on a stage
-    (:func:`link_floor_s`), and ``dp_exposed_s``, the least exposed time of a reduction overlapped with the last
-    backward (0 when it is not overlapped or nothing is offloaded)."""
+    (:func:`link_floor_s`); ``dp_exposed_s``, the least exposed time of a reduction overlapped with the last
+    backward; ``last_backward_s``, what a stage's reduction beside its last backward pass adds to that pass (each
+    of the ``p - 1`` stages after the first is on the iteration's critical path there); both 0 when the reduction
+    is not overlapped or nothing is offloaded."""
 
     stage_s: float
     dp_exposed_s: float
+    last_backward_s: float = 0.0
 
 
 def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
                 zero3: Zero3Traffic | None = None) -> LinkFloors:
-    """The floors of NOTE [link floor] for an offloading execution (both 0 without offload: no class then shares
+    """The floors of NOTE [link floor] for an offloading execution (all 0 without offload: no class then shares
     a resource with another one the closed form prices apart); ``zero3``: a ZeRO-3 execution's collectives."""
     e = execution
     if not (e.offload_activations or e.offload_weights) or cluster.offload is None:
         return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
     phase_s = _phase_s(e, costs)
     by_phase = class_bytes_per_micro_batch(e, cluster, costs, traffic, zero3)
-    stage = sum(max(phase_s[phase], _busiest_s(cluster, by_phase[phase])) for phase in phase_s)
-    dp_exposed = 0.0
+    drained = {phase: _busiest_s(cluster, by_phase[phase]) for phase in phase_s}
+    stage = sum(max(phase_s[phase], drained[phase]) for phase in phase_s)
+    dp_exposed = last_backward = 0.0
     if e.dp_overlap and e.dp * e.cp > 1 and e.zero < 3:  # ZeRO-3's reduction is per layer (fsdp_comm_s)
-        moved = dict(by_phase["backward"])
-        for cls, nbytes in reduction_bytes(e, cluster, traffic).items():
-            out, inward = moved.get(cls, (0.0, 0.0))
-            moved[cls] = (out + nbytes, inward + nbytes)
-        dp_exposed = max(0.0, _busiest_s(cluster, moved) - phase_s["backward"])
-    return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed)
+        own = _flows(by_phase["backward"], "backward")
+        ends = _drain_ends(cluster, {**own, **_flows({cls: (b, b) for cls, b in
+                                                      reduction_bytes(e, cluster, traffic).items()}, "dp")})
+        dp_exposed = max(0.0, max(ends.values(), default=0.0) - phase_s["backward"])
+        # the pass's own flows beside the reduction: its communication is on its critical path (the closed form
+        # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
+        alone = _drain_ends(cluster, own)
+        bwd = max(phase_s["backward"], drained["backward"])
+        slowed = [ends[key] - (bwd if key[1] == "offload" else alone[key]) for key in own]
+        last_backward = max(0.0, *slowed) / e.virtual_stages
+    return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed, last_backward_s=last_backward)
