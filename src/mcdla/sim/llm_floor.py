@@ -55,13 +55,14 @@ if TYPE_CHECKING:  # sim.llm calls this module; the types only
     from mcdla.sim.llm import RankTraffic, StageCosts, Zero3Traffic
     from mcdla.workload.execution import Execution
 
-__all__ = ["LinkFloors", "class_bytes_per_micro_batch", "link_floor_s", "link_floors", "reduction_bytes"]
+__all__ = ["LinkFloors", "class_bytes_per_micro_batch", "link_floor_s", "link_floors", "reduction_bytes",
+           "zero3_bytes_per_micro_batch"]
 
 
 def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
-                                zero3: Zero3Traffic | None = None) -> dict[str, dict[str, tuple[float, float]]]:
+                                ) -> dict[str, dict[str, tuple[float, float]]]:
     """Bytes one GPU of a stage moves per micro-batch, per phase (``forward``, ``backward``), ``(out, in)`` per
-    traffic class (NOTE [link floor]); ``zero3``: the per-layer collectives of a ZeRO-3 execution."""
+    traffic class (NOTE [link floor]), ZeRO-3's per-layer collectives apart (:func:`zero3_bytes_per_micro_batch`)."""
     e = execution
     moved: dict[str, dict[str, list[float]]] = {"forward": {}, "backward": {}}
 
@@ -105,15 +106,26 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         per_layer = n * traffic.moe_layer_share * traffic.all_to_all_bytes
         calls += [("forward", "all-to-all", 2 * per_layer, dims),
                   ("backward", "all-to-all", (4 if e.recompute == "full" else 2) * per_layer, dims)]
-    if zero3 is not None:
-        for coll, phases in [*((g, ("forward", "backward")) for g in zero3.gathers),
-                             *((r, ("backward",)) for r in zero3.reduces)]:
-            calls += [(phase, coll.kind, n * coll.nbytes, cluster.group_dims(coll.size, coll.stride))
-                      for phase in phases]
     for phase, kind, nbytes, dims in calls:
         for cls, moved_bytes in _dims_bytes(cluster, kind, nbytes, dims).items():
             add(phase, cls, moved_bytes, moved_bytes)
     return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
+
+
+def zero3_bytes_per_micro_batch(cluster: Cluster, costs: StageCosts, zero3: Zero3Traffic,
+                                ) -> dict[str, dict[str, tuple[float, float]]]:
+    """Bytes one GPU of a stage moves per micro-batch in ZeRO-3's per-layer collectives, per phase and class,
+    ``(out, in)`` (NOTE [link floor]): each layer's gathers in the forward and again in the backward, its
+    reduce-scatters in the backward."""
+    moved: dict[str, dict[str, tuple[float, float]]] = {"forward": {}, "backward": {}}
+    for coll, phases in [*((g, ("forward", "backward")) for g in zero3.gathers),
+                         *((r, ("backward",)) for r in zero3.reduces)]:
+        nbytes = costs.layers_per_stage * coll.nbytes
+        for cls, got in _dims_bytes(cluster, coll.kind, nbytes, cluster.group_dims(coll.size, coll.stride)).items():
+            for phase in phases:
+                out, inward = moved[phase].get(cls, (0.0, 0.0))
+                moved[phase][cls] = (out + got, inward + got)
+    return moved
 
 
 _TABLES: dict[int, tuple[object, tuple[tuple[str, int, float], ...], tuple[bool, ...]]] = {}
@@ -174,9 +186,11 @@ def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> di
                 load[slot] = load.get(slot, 0.0) + per_byte
     ends = {key: 0.0 for key, load in loads.items() if not load}
     left = {key: flows[key][2] for key, load in loads.items() if load}
+    copies = _pool_memories(cluster)
     now = 0.0
     while left:
-        rates = _fair_rates({key: loads[key] for key in left})
+        rates = _fair_rates({key: loads[key] for key in left},
+                            {key: copies if flows[key][0] == "offload" else 1 for key in left})
         step = min(rest / rates[key] for key, rest in left.items())
         now += step
         for key in list(left):
@@ -191,25 +205,33 @@ _DRAINED = 1e-9
 """Fraction of a flow's bytes below which it counts as through (the rounding of the drain's steps)."""
 
 
-def _fair_rates(loads: dict[tuple[str, str, int], dict[tuple[int, int], float]],
+def _pool_memories(cluster: Cluster) -> int:
+    """How many flows one GPU's copy is: one per pool memory its pages are interleaved over (the memories on
+    its offload path)."""
+    offload = next((path for path in cluster.paths if path.traffic == "offload"), None)
+    return max(1, sum(res.resource[0] == "dram" for res in offload.resources)) if offload is not None else 1
+
+
+def _fair_rates(loads: dict[tuple[str, str, int], dict[tuple[int, int], float]], counts: dict[tuple[str, str, int], int],
                 ) -> dict[tuple[str, str, int], float]:
     """Max-min fair rates (bytes/s) of flows that load resources of one second per second at ``loads[flow][key]``
-    seconds per byte: progressive filling (NOTE [max-min by progressive filling] in :mod:`mcdla.sim.flows`) with
+    seconds per byte, each ``counts[flow]`` engine flows of equal shares (a copy is one per pool memory):
+    progressive filling (NOTE [max-min by progressive filling] in :mod:`mcdla.sim.flows`) of the engine flows,
     a flow's weight on a resource its seconds per byte there (every GPU of the node sends alike)."""
     room: dict[tuple[int, int], float] = {key: 1.0 for load in loads.values() for key in load}
     unfrozen, rates, level = dict(loads), {}, 0.0
     while unfrozen:
         weight: dict[tuple[int, int], float] = {}
-        for load in unfrozen.values():
+        for flow, load in unfrozen.items():
             for key, per_byte in load.items():
-                weight[key] = weight.get(key, 0.0) + per_byte
+                weight[key] = weight.get(key, 0.0) + per_byte * counts[flow]
         rise = min(room[key] / w for key, w in weight.items())
         level += rise
         for key, w in weight.items():
             room[key] -= rise * w
         full = {key for key in weight if room[key] <= _DRAINED}
         for flow in [f for f, load in unfrozen.items() if full.intersection(load)]:
-            rates[flow] = level
+            rates[flow] = level * counts[flow]
             del unfrozen[flow]
     return rates
 
@@ -226,11 +248,31 @@ def _phase_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
 def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
                  zero3: Zero3Traffic | None = None) -> float:
     """One micro-batch on one stage with no shared resource priced as idle: each phase (forward, backward) takes
-    at least what its flows need sharing the resources fairly (NOTE [link floor]); at least the closed form's
-    stage time."""
+    at least what its flows need sharing the resources fairly, and its closed-form time plus what the copies
+    slow ZeRO-3's collectives (NOTE [link floor]); ``zero3``: a ZeRO-3 execution's collectives."""
     phase_s = _phase_s(execution, costs)
-    moved = class_bytes_per_micro_batch(execution, cluster, costs, traffic, zero3)
-    return sum(max(phase_s[phase], _busiest_s(cluster, moved[phase])) for phase in phase_s)
+    flows = _phase_flows(execution, cluster, costs, traffic, zero3)
+    return sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s)
+
+
+def _phase_flows(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+                 zero3: Zero3Traffic | None) -> dict[str, dict[tuple[str, str, int], Flow]]:
+    """Each phase's flows (:func:`_flows`): one per class and way, ZeRO-3's per-layer collectives tagged
+    ``fsdp``."""
+    moved = class_bytes_per_micro_batch(execution, cluster, costs, traffic)
+    gathered = zero3_bytes_per_micro_batch(cluster, costs, zero3) if zero3 is not None else {}
+    return {phase: {**_flows(moved[phase]), **_flows(gathered.get(phase, {}), "fsdp")} for phase in moved}
+
+
+def _phase_floor_s(cluster: Cluster, phase_s: float, flows: dict[tuple[str, str, int], Flow]) -> float:
+    """A phase's floor: its flows drained fairly, and its closed-form time ``phase_s`` plus what the copies slow
+    ZeRO-3's collectives, which the layers wait for (NOTE [link floor])."""
+    ends = _drain_ends(cluster, flows)
+    slowed = 0.0
+    if any(key[0] == "fsdp" for key in flows) and any(key[1] == "offload" for key in flows):
+        alone = _drain_ends(cluster, {key: flow for key, flow in flows.items() if key[1] != "offload"})
+        slowed = max(0.0, *(ends[key] - alone[key] for key in flows if key[0] == "fsdp"))
+    return max(phase_s + slowed, max(ends.values(), default=0.0))
 
 
 def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic) -> dict[str, float]:
@@ -299,19 +341,18 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     if not (e.offload_activations or e.offload_weights) or cluster.offload is None:
         return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
     phase_s = _phase_s(e, costs)
-    by_phase = class_bytes_per_micro_batch(e, cluster, costs, traffic, zero3)
-    drained = {phase: _busiest_s(cluster, by_phase[phase]) for phase in phase_s}
-    stage = sum(max(phase_s[phase], drained[phase]) for phase in phase_s)
+    flows = _phase_flows(e, cluster, costs, traffic, zero3)
+    stage = sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s)
     dp_exposed = last_backward = 0.0
     if e.dp_overlap and e.dp * e.cp > 1 and e.zero < 3:  # ZeRO-3's reduction is per layer (fsdp_comm_s)
-        own = _flows(by_phase["backward"], "backward")
+        own = flows["backward"]
+        alone = _drain_ends(cluster, own)
         ends = _drain_ends(cluster, {**own, **_flows({cls: (b, b) for cls, b in
                                                       reduction_bytes(e, cluster, traffic).items()}, "dp")})
         dp_exposed = max(0.0, max(ends.values(), default=0.0) - phase_s["backward"])
         # the pass's own flows beside the reduction: its communication is on its critical path (the closed form
         # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
-        alone = _drain_ends(cluster, own)
-        bwd = max(phase_s["backward"], drained["backward"])
+        bwd = max(phase_s["backward"], max(alone.values(), default=0.0))
         slowed = [ends[key] - (bwd if key[1] == "offload" else alone[key]) for key in own]
         last_backward = max(0.0, *slowed) / e.virtual_stages
     return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed, last_backward_s=last_backward)
