@@ -275,13 +275,16 @@ def _phase_floor_s(cluster: Cluster, phase_s: float, flows: dict[tuple[str, str,
     return max(phase_s + slowed, max(ends.values(), default=0.0))
 
 
-def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic) -> dict[str, float]:
+def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic,
+                    zero3: Zero3Traffic | None = None) -> dict[str, float]:
     """Bytes one GPU moves each way per traffic class in the data-parallel reduction: per reduction group
     (:attr:`~mcdla.sim.llm.RankTraffic.gradient_groups`) and fabric dimension it spans, the all-reduce's bytes
-    there (:func:`_dims_bytes`)."""
+    there (:func:`_dims_bytes`); under ZeRO-3 (``zero3``) its once-per-iteration collectives' instead."""
+    calls = ([(c.kind, c.nbytes, c.size, c.stride) for c in zero3.step] if zero3 is not None else
+             [("all-reduce", nbytes, size, stride) for nbytes, size, stride in traffic.gradient_groups])
     moved: dict[str, float] = {}
-    for nbytes, size, stride in traffic.gradient_groups:
-        for cls, got in _dims_bytes(cluster, "all-reduce", nbytes, cluster.group_dims(size, stride)).items():
+    for kind, nbytes, size, stride in calls:
+        for cls, got in _dims_bytes(cluster, kind, nbytes, cluster.group_dims(size, stride)).items():
             moved[cls] = moved.get(cls, 0.0) + got
     return moved
 
@@ -344,11 +347,11 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     flows = _phase_flows(e, cluster, costs, traffic, zero3)
     stage = sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s)
     dp_exposed = last_backward = 0.0
-    if e.dp_overlap and e.dp * e.cp > 1 and e.zero < 3:  # ZeRO-3's reduction is per layer (fsdp_comm_s)
+    if e.dp_overlap and e.dp * e.cp > 1:
         own = flows["backward"]
         alone = _drain_ends(cluster, own)
-        ends = _drain_ends(cluster, {**own, **_flows({cls: (b, b) for cls, b in
-                                                      reduction_bytes(e, cluster, traffic).items()}, "dp")})
+        reduced = reduction_bytes(e, cluster, traffic, zero3)
+        ends = _drain_ends(cluster, {**own, **_flows({cls: (b, b) for cls, b in reduced.items()}, "dp")})
         dp_exposed = max(0.0, max(ends.values(), default=0.0) - phase_s["backward"])
         # the pass's own flows beside the reduction: its communication is on its critical path (the closed form
         # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
