@@ -4,9 +4,10 @@ The closed form of :mod:`mcdla.sim.llm` prices each traffic class on its own: th
 it hides behind, the TP collectives and the pipeline sends on idle links. Links that two classes cross (a DGX
 H100 GPU's PCIe x16 carries its offload and its NIC's GPUDirect RDMA; a memory-node rack's NVLink ports carry
 TP all-reduces and prefetches; a GH200's C2C carries every offload of its GPU) are then never priced as busy
-with both. :func:`link_floor_s` is one micro-batch's time on one stage where each phase takes at least what
-its busiest such resource needs, from the bytes each class moves per micro-batch (:class:`~mcdla.sim.llm.RankTraffic`) and the resources each
-class crosses (:attr:`Cluster.paths <mcdla.hardware.cluster.Cluster.paths>`, :mod:`mcdla.hardware.traffic`).
+with both. :func:`link_floor_s` is one micro-batch's time on one stage where each phase takes at least
+what its flows need on such resources shared max-min fairly, from the bytes each class moves per micro-batch
+(:class:`~mcdla.sim.llm.RankTraffic`) and the resources each class crosses (:attr:`Cluster.paths
+<mcdla.hardware.cluster.Cluster.paths>`, :mod:`mcdla.hardware.traffic`).
 
 NOTE [link floor]
 Per micro-batch and phase (forward, backward), one GPU of a stage moves, each way:
@@ -25,18 +26,34 @@ Per micro-batch and phase (forward, backward), one GPU of a stage moves, each wa
   reduce-scatter per fabric dimension;
   expert parallelism: the all-to-alls' bytes per fabric dimension of the EP group (NOTE [collective closed
   forms]: the traffic whose highest differing level is that dimension), ``2`` per mean MoE layer in the
-  forward, ``2`` (``4`` with full recompute) in the backward.
+  forward, ``2`` (``4`` with full recompute) in the backward;
+* ZeRO-3: each layer's gathers in the forward and again in the backward, its reduce-scatters in the backward,
+  per fabric dimension of the shard group (flows of their own, :func:`zero3_bytes_per_micro_batch`).
 
-A resource crossed by ``g`` GPUs of the node, each sending the fraction ``f`` of a class through it, is busy
-``bytes g f / capacity`` per class (NOTE [symmetric closed form] in :mod:`mcdla.hardware.traffic`); a link's two
-directions are apart, a memory's are one bus. Each phase takes the larger of the closed form's time for it and
-its busiest resource's; :func:`mcdla.sim.llm.llm_step` stretches a stage's micro-batch to the sum and counts the
-stretch as exposed offload.
+Each class's bytes one way are one flow; the phase's flows start together and drain max-min fairly (NOTE [fair
+drain]). Each phase takes the larger of its drain and the closed form's time for it, the latter plus what the
+copies slow ZeRO-3's collectives (their end with the copies less their end without: the layers wait for
+them); :func:`mcdla.sim.llm.llm_step` stretches a stage's micro-batch to the sum and counts the stretch as
+exposed offload.
 
 The data-parallel reduction runs once per iteration. Overlapped with the last backward (``dp_overlap``), it shares
-that backward's resources: its bytes (per fabric dimension of each reduction group, :func:`reduction_bytes`) join the
-backward's, and what the busiest resource then needs beyond the backward's closed-form time is the least the
-reduction exposes (``LinkFloors.dp_exposed_s``; a DGX H100's x16 carries the prefetch and the NIC's all-reduce).
+that backward's resources: its bytes (per fabric dimension of each reduction group, :func:`reduction_bytes`;
+ZeRO-3's once-per-iteration collectives) are flows beside the backward's, and when the drain of both ends beyond
+the backward's closed-form time, the difference is the least the reduction exposes (``LinkFloors.dp_exposed_s``;
+a DGX H100's x16 carries the prefetch and the NIC's all-reduce). Each stage's reduction starts with its own last
+backward (the engine's rule), so on each of the ``p - 1`` stages after the first it slows a pass on the
+iteration's critical path: by how much later that pass's communication ends beside it (its copies: beyond the
+pass), ``LinkFloors.last_backward_s`` (one chunk's share with interleaving).
+
+NOTE [fair drain]
+The engine shares every link and memory max-min fairly among the flows in flight (NOTE [max-min by progressive
+filling] in :mod:`mcdla.sim.flows`); a resource's busiest bytes over its capacity is not always when they are
+through. A memory's bus carries both directions: on a DGX H100 socket four GPUs each send activations out and
+fetch weights in through the 307.2 GB/s DDR5 behind their 51.2 GB/s-each-way x16s, so the eight flows get 38.4
+GB/s each; once the weights are in, the activations go on at the x16's 51.2 GB/s and the DDR5 is no longer full.
+The floor drains a GPU's flows the same way on its paths' resources (every GPU of the node alike): progressive
+filling with a flow's weight on a resource its seconds per byte there (``sharers fraction / capacity``), a copy
+as one engine flow per pool memory; when a flow is through, the rest are refilled. At most one step per flow.
 """
 
 from __future__ import annotations
