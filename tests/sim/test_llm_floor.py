@@ -52,8 +52,9 @@ def test_fair_drain_by_hand_on_a_dgx_h100_socket() -> None:
 # Cases where the floor had been more than 1% below the engine, one per mechanism: the fair drain above on a
 # DGX H100; ZeRO-3's per-layer gathers through the x16 beside the weights' prefetch (DGX H100, its CXL pool);
 # the reduction beside each stage's last backward slowing the CP ring on the GH200's rail (pipeline of two);
-# ZeRO-3's once-per-iteration collectives beside an overlapped last backward; the gathers beside the copies to
-# a rack's memory-nodes.
+# ZeRO-3's once-per-iteration collectives beside an overlapped last backward; a hierarchical reduction, its
+# phases one after another, slowed by the prefetch on the x16 in front of the NIC; the gathers beside the copies
+# to a rack's memory-nodes.
 _FOUND = [
     ("dgx-h100", "mixtral-8x7b", dict(gpus=16, tp=1, dp=16, ep=8, micro_batch=2, global_batch=64,
                                       offload_activations=True, offload_weights=True)),
@@ -68,6 +69,9 @@ _FOUND = [
                                     offload_activations=True, dp_overlap=True)),
     ("gh200", "megatron-1.7b", dict(gpus=8, dp=4, cp=2, micro_batch=2, global_batch=16, offload_activations=True,
                                     zero=3, dp_overlap=True, cp_comm="all_gather")),
+    ("dgx-h100", "mixtral-8x7b", dict(gpus=32, tp=2, dp=8, cp=2, ep=2, micro_batch=2, global_batch=16,
+                                      offload_activations=True, sequence_parallel=True, zero=1, dp_overlap=True,
+                                      cp_comm="all_gather")),
     pytest.param("gb200-nvl72-memnode", "mixtral-8x7b",
                  dict(gpus=4, tp=2, dp=2, micro_batch=4, global_batch=8, recompute="selective",
                       offload_activations=True, zero=3, dp_overlap=True),

@@ -40,7 +40,10 @@ The data-parallel reduction runs once per iteration. Overlapped with the last ba
 that backward's resources: its bytes (per fabric dimension of each reduction group, :func:`reduction_bytes`;
 ZeRO-3's once-per-iteration collectives) are flows beside the backward's, and when the drain of both ends beyond
 the backward's closed-form time, the difference is the least the reduction exposes (``LinkFloors.dp_exposed_s``;
-a DGX H100's x16 carries the prefetch and the NIC's all-reduce). Each stage's reduction starts with its own last
+a DGX H100's x16 carries the prefetch and the NIC's all-reduce). The reduction's collectives also run one after
+another, each its phases in turn (an in-node phase leaves the NIC idle): so it takes at least its closed-form
+time plus what the backward's flows slow it (its flows' end beside them less their end alone), beside the whole
+pass (its closed-form hiding pass with the pass's exposed copies and stretch). Each stage's reduction starts with its own last
 backward (the engine's rule), so on each of the ``p - 1`` stages after the first it slows a pass on the
 iteration's critical path: by how much later that pass's communication ends beside it (its copies: beyond the
 pass), ``LinkFloors.last_backward_s`` (one chunk's share with interleaving).
@@ -368,11 +371,17 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         own = flows["backward"]
         alone = _drain_ends(cluster, own)
         reduced = reduction_bytes(e, cluster, traffic, zero3)
-        ends = _drain_ends(cluster, {**own, **_flows({cls: (b, b) for cls, b in reduced.items()}, "dp")})
-        dp_exposed = max(0.0, max(ends.values(), default=0.0) - phase_s["backward"])
+        dp = _flows({cls: (b, b) for cls, b in reduced.items()}, "dp")
+        ends, apart = _drain_ends(cluster, {**own, **dp}), _drain_ends(cluster, dp)
+        bwd = max(phase_s["backward"], max(alone.values(), default=0.0))  # the pass as the stage's floor has it
+        # the reduction's collectives run one after another, each its phases in turn (its closed-form time), beside
+        # the whole pass (its exposed copies too): what the pass's flows slow them is exposed beyond that
+        slow_dp = max(0.0, *(ends[key] - apart[key] for key in dp))
+        hidden = costs.dp_hidden_s + costs.offload_bwd_s + bwd - phase_s["backward"]
+        dp_exposed = max(0.0, max(ends.values(), default=0.0) - phase_s["backward"],
+                         costs.dp_full_s + slow_dp - hidden)
         # the pass's own flows beside the reduction: its communication is on its critical path (the closed form
         # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
-        bwd = max(phase_s["backward"], max(alone.values(), default=0.0))
         slowed = [ends[key] - (bwd if key[1] == "offload" else alone[key]) for key in own]
         last_backward = max(0.0, *slowed) / e.virtual_stages
     return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed, last_backward_s=last_backward)
