@@ -176,13 +176,6 @@ def _table(cluster: Cluster) -> tuple[tuple[tuple[str, int, float], ...], tuple[
     return tuple(rows), tuple(duplex)
 
 
-def _busiest_s(cluster: Cluster, moved: dict[str, tuple[float, float]]) -> float:
-    """Seconds the phase's flows need on a GPU's paths when they share them max-min fairly (NOTE [fair drain]):
-    ``moved`` is ``(out, in)`` bytes per class, one flow each way; at least the busiest resource's bytes over its
-    capacity."""
-    return max(_drain_ends(cluster, _flows(moved)).values(), default=0.0)
-
-
 Flow: TypeAlias = tuple[str, int, float]
 """A flow of the drain: its traffic class, its way (0 out of the GPU, 1 in) and its bytes."""
 
