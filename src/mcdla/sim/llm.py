@@ -738,10 +738,11 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     e = execution
     stage_mid = c.middle_stage_s(e.virtual_stages)
     # no shared link priced as idle (NOTE [link floor] in sim/llm_floor.py): the stretches are exposed offload
-    floors = link_floors(e, cluster, c, rank_traffic(spec, e, precision))
+    zero3 = zero3_traffic(spec, e, precision_of(precision).element_bytes) if e.zero >= 3 else None
+    floors = link_floors(e, cluster, c, rank_traffic(spec, e, precision), zero3)
     stretch = max(0.0, floors.stage_s - stage_mid)
     stage_mid += stretch
-    dp_stretch = max(0.0, floors.dp_exposed_s - c.dp_exposed_s)
+    dp_stretch = max(0.0, floors.dp_exposed_s - c.dp_exposed_s) + (e.pp - 1) * floors.last_backward_s
     stage_last = stage_mid + c.last_fwd_s + c.last_bwd_s
     m = e.micro_batches
     # The exact length of Megatron's (interleaved) 1F1B schedule when every stage but the last costs

@@ -4,9 +4,10 @@ The closed form of :mod:`mcdla.sim.llm` prices each traffic class on its own: th
 it hides behind, the TP collectives and the pipeline sends on idle links. Links that two classes cross (a DGX
 H100 GPU's PCIe x16 carries its offload and its NIC's GPUDirect RDMA; a memory-node rack's NVLink ports carry
 TP all-reduces and prefetches; a GH200's C2C carries every offload of its GPU) are then never priced as busy
-with both. :func:`link_floor_s` is one micro-batch's time on one stage where each phase takes at least what
-its busiest such resource needs, from the bytes each class moves per micro-batch (:class:`~mcdla.sim.llm.RankTraffic`) and the resources each
-class crosses (:attr:`Cluster.paths <mcdla.hardware.cluster.Cluster.paths>`, :mod:`mcdla.hardware.traffic`).
+with both. :func:`link_floor_s` is one micro-batch's time on one stage where each phase takes at least
+what its flows need on such resources shared max-min fairly, from the bytes each class moves per micro-batch
+(:class:`~mcdla.sim.llm.RankTraffic`) and the resources each class crosses (:attr:`Cluster.paths
+<mcdla.hardware.cluster.Cluster.paths>`, :mod:`mcdla.hardware.traffic`).
 
 NOTE [link floor]
 Per micro-batch and phase (forward, backward), one GPU of a stage moves, each way:
@@ -25,18 +26,37 @@ Per micro-batch and phase (forward, backward), one GPU of a stage moves, each wa
   reduce-scatter per fabric dimension;
   expert parallelism: the all-to-alls' bytes per fabric dimension of the EP group (NOTE [collective closed
   forms]: the traffic whose highest differing level is that dimension), ``2`` per mean MoE layer in the
-  forward, ``2`` (``4`` with full recompute) in the backward.
+  forward, ``2`` (``4`` with full recompute) in the backward;
+* ZeRO-3: each layer's gathers in the forward and again in the backward, its reduce-scatters in the backward,
+  per fabric dimension of the shard group (flows of their own, :func:`zero3_bytes_per_micro_batch`).
 
-A resource crossed by ``g`` GPUs of the node, each sending the fraction ``f`` of a class through it, is busy
-``bytes g f / capacity`` per class (NOTE [symmetric closed form] in :mod:`mcdla.hardware.traffic`); a link's two
-directions are apart, a memory's are one bus. Each phase takes the larger of the closed form's time for it and
-its busiest resource's; :func:`mcdla.sim.llm.llm_step` stretches a stage's micro-batch to the sum and counts the
-stretch as exposed offload.
+Each class's bytes one way are one flow; the phase's flows start together and drain max-min fairly (NOTE [fair
+drain]). Each phase takes the larger of its drain and the closed form's time for it, the latter plus what the
+copies slow ZeRO-3's collectives (their end with the copies less their end without: the layers wait for
+them); :func:`mcdla.sim.llm.llm_step` stretches a stage's micro-batch to the sum and counts the stretch as
+exposed offload.
 
 The data-parallel reduction runs once per iteration. Overlapped with the last backward (``dp_overlap``), it shares
-that backward's resources: its bytes (per fabric dimension of each reduction group, :func:`reduction_bytes`) join the
-backward's, and what the busiest resource then needs beyond the backward's closed-form time is the least the
-reduction exposes (``LinkFloors.dp_exposed_s``; a DGX H100's x16 carries the prefetch and the NIC's all-reduce).
+that backward's resources: its bytes (per fabric dimension of each reduction group, :func:`reduction_bytes`;
+ZeRO-3's once-per-iteration collectives) are flows beside the backward's, and when the drain of both ends beyond
+the backward's closed-form time, the difference is the least the reduction exposes (``LinkFloors.dp_exposed_s``;
+a DGX H100's x16 carries the prefetch and the NIC's all-reduce). The reduction's collectives also run one after
+another, each its phases in turn (an in-node phase leaves the NIC idle): so it takes at least its closed-form
+time plus what the backward's flows slow it (its flows' end beside them less their end alone), beside the whole
+pass (its closed-form hiding pass with the pass's exposed copies and stretch). Each stage's reduction starts with its own last
+backward (the engine's rule), so on each of the ``p - 1`` stages after the first it slows a pass on the
+iteration's critical path: by how much later that pass's communication ends beside it (its copies: beyond the
+pass), ``LinkFloors.last_backward_s`` (one chunk's share with interleaving).
+
+NOTE [fair drain]
+The engine shares every link and memory max-min fairly among the flows in flight (NOTE [max-min by progressive
+filling] in :mod:`mcdla.sim.flows`); a resource's busiest bytes over its capacity is not always when they are
+through. A memory's bus carries both directions: on a DGX H100 socket four GPUs each send activations out and
+fetch weights in through the 307.2 GB/s DDR5 behind their 51.2 GB/s-each-way x16s, so the eight flows get 38.4
+GB/s each; once the weights are in, the activations go on at the x16's 51.2 GB/s and the DDR5 is no longer full.
+The floor drains a GPU's flows the same way on its paths' resources (every GPU of the node alike): progressive
+filling with a flow's weight on a resource its seconds per byte there (``sharers fraction / capacity``), a copy
+as one engine flow per pool memory; when a flow is through, the rest are refilled. At most one step per flow.
 """
 
 from __future__ import annotations
@@ -44,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from mcdla.hardware.cluster import FabricDim
 from mcdla.sim.collective_models import collective_time
@@ -52,16 +72,17 @@ from mcdla.workload.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:  # sim.llm calls this module; the types only
     from mcdla.hardware.cluster import Cluster
-    from mcdla.sim.llm import RankTraffic, StageCosts
+    from mcdla.sim.llm import RankTraffic, StageCosts, Zero3Traffic
     from mcdla.workload.execution import Execution
 
-__all__ = ["LinkFloors", "class_bytes_per_micro_batch", "link_floor_s", "link_floors", "reduction_bytes"]
+__all__ = ["LinkFloors", "class_bytes_per_micro_batch", "link_floor_s", "link_floors", "reduction_bytes",
+           "zero3_bytes_per_micro_batch"]
 
 
 def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
                                 ) -> dict[str, dict[str, tuple[float, float]]]:
     """Bytes one GPU of a stage moves per micro-batch, per phase (``forward``, ``backward``), ``(out, in)`` per
-    traffic class (NOTE [link floor])."""
+    traffic class (NOTE [link floor]), ZeRO-3's per-layer collectives apart (:func:`zero3_bytes_per_micro_batch`)."""
     e = execution
     moved: dict[str, dict[str, list[float]]] = {"forward": {}, "backward": {}}
 
@@ -111,6 +132,22 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
     return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
 
 
+def zero3_bytes_per_micro_batch(cluster: Cluster, costs: StageCosts, zero3: Zero3Traffic,
+                                ) -> dict[str, dict[str, tuple[float, float]]]:
+    """Bytes one GPU of a stage moves per micro-batch in ZeRO-3's per-layer collectives, per phase and class,
+    ``(out, in)`` (NOTE [link floor]): each layer's gathers in the forward and again in the backward, its
+    reduce-scatters in the backward."""
+    moved: dict[str, dict[str, tuple[float, float]]] = {"forward": {}, "backward": {}}
+    for coll, phases in [*((g, ("forward", "backward")) for g in zero3.gathers),
+                         *((r, ("backward",)) for r in zero3.reduces)]:
+        nbytes = costs.layers_per_stage * coll.nbytes
+        for cls, got in _dims_bytes(cluster, coll.kind, nbytes, cluster.group_dims(coll.size, coll.stride)).items():
+            for phase in phases:
+                out, inward = moved[phase].get(cls, (0.0, 0.0))
+                moved[phase][cls] = (out + got, inward + got)
+    return moved
+
+
 _TABLES: dict[int, tuple[object, tuple[tuple[str, int, float], ...], tuple[bool, ...]]] = {}
 """Per ``Cluster.paths`` (by identity, the tuple kept alongside): each distinct kind of path resource's loads as
 (traffic class, slot, seconds per byte) and each slot's duplex flag, so a search's evaluations do not walk the
@@ -139,43 +176,128 @@ def _table(cluster: Cluster) -> tuple[tuple[tuple[str, int, float], ...], tuple[
     return tuple(rows), tuple(duplex)
 
 
-def _busiest_s(cluster: Cluster, moved: dict[str, tuple[float, float]]) -> float:
-    """Seconds the busiest resource of a GPU's paths needs for ``moved`` (``(out, in)`` bytes per class)."""
+Flow: TypeAlias = tuple[str, int, float]
+"""A flow of the drain: its traffic class, its way (0 out of the GPU, 1 in) and its bytes."""
+
+
+def _flows(moved: dict[str, tuple[float, float]], tag: str = "") -> dict[tuple[str, str, int], Flow]:
+    """One flow per class and way of ``moved`` (``(out, in)`` bytes per class), keyed ``(tag, class, way)``."""
+    return {(tag, cls, way): (cls, way, nbytes) for cls, both in moved.items() for way, nbytes in enumerate(both)
+            if nbytes > 0}
+
+
+def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> dict[tuple[str, str, int], float]:
+    """When each of ``flows``, all started at once on one GPU's paths (every GPU of the node alike), is through
+    under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once."""
     rows, duplex = _table(cluster)
-    out = [0.0] * len(duplex)
-    inward = [0.0] * len(duplex)
-    for traffic, i, per_byte in rows:
-        got = moved.get(traffic)
-        if got is not None:
-            out[i] += got[0] * per_byte
-            inward[i] += got[1] * per_byte
-    return max((max(o, n) if d else o + n for o, n, d in zip(out, inward, duplex)), default=0.0)
+    loads: dict[tuple[str, str, int], dict[tuple[int, int], float]] = {}
+    for key, (cls, way, _nbytes) in flows.items():
+        load = loads.setdefault(key, {})
+        for traffic, i, per_byte in rows:
+            if traffic == cls and per_byte > 0:  # a link's directions are two resources, a memory's bus one
+                slot = (i, way if duplex[i] else 0)
+                load[slot] = load.get(slot, 0.0) + per_byte
+    ends = {key: 0.0 for key, load in loads.items() if not load}
+    left = {key: flows[key][2] for key, load in loads.items() if load}
+    copies = _pool_memories(cluster)
+    now = 0.0
+    while left:
+        rates = _fair_rates({key: loads[key] for key in left},
+                            {key: copies if flows[key][0] == "offload" else 1 for key in left})
+        step = min(rest / rates[key] for key, rest in left.items())
+        now += step
+        for key in list(left):
+            left[key] -= rates[key] * step
+            if left[key] <= _DRAINED * flows[key][2]:
+                ends[key] = now
+                del left[key]
+    return ends
+
+
+_DRAINED = 1e-9
+"""Fraction of a flow's bytes below which it counts as through (the rounding of the drain's steps)."""
+
+
+def _pool_memories(cluster: Cluster) -> int:
+    """How many flows one GPU's copy is: one per pool memory its pages are interleaved over (the memories on
+    its offload path)."""
+    offload = next((path for path in cluster.paths if path.traffic == "offload"), None)
+    return max(1, sum(res.resource[0] == "dram" for res in offload.resources)) if offload is not None else 1
+
+
+def _fair_rates(loads: dict[tuple[str, str, int], dict[tuple[int, int], float]], counts: dict[tuple[str, str, int], int],
+                ) -> dict[tuple[str, str, int], float]:
+    """Max-min fair rates (bytes/s) of flows that load resources of one second per second at ``loads[flow][key]``
+    seconds per byte, each ``counts[flow]`` engine flows of equal shares (a copy is one per pool memory):
+    progressive filling (NOTE [max-min by progressive filling] in :mod:`mcdla.sim.flows`) of the engine flows,
+    a flow's weight on a resource its seconds per byte there (every GPU of the node sends alike)."""
+    room: dict[tuple[int, int], float] = {key: 1.0 for load in loads.values() for key in load}
+    unfrozen, rates, level = dict(loads), {}, 0.0
+    while unfrozen:
+        weight: dict[tuple[int, int], float] = {}
+        for flow, load in unfrozen.items():
+            for key, per_byte in load.items():
+                weight[key] = weight.get(key, 0.0) + per_byte * counts[flow]
+        rise = min(room[key] / w for key, w in weight.items())
+        level += rise
+        for key, w in weight.items():
+            room[key] -= rise * w
+        full = {key for key in weight if room[key] <= _DRAINED}
+        for flow in [f for f, load in unfrozen.items() if full.intersection(load)]:
+            rates[flow] = level * counts[flow]
+            del unfrozen[flow]
+    return rates
 
 
 def _phase_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
     """The closed form's time of one micro-batch's forward and backward on a stage (its layers' compute and
     TP, CP and EP communication, the pipeline transfers, the exposed offload)."""
     c, n, v = costs, costs.layers_per_stage, execution.virtual_stages
-    return {"forward": n * (c.layer_fwd_s + c.layer_comm_fwd_s) + v * c.p2p_s + c.offload_fwd_s,
+    return {"forward": n * (c.layer_fwd_s + c.layer_comm_fwd_s) + v * c.p2p_s + c.offload_fwd_s + c.fsdp_fwd_s,
             "backward": n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_comm_bwd_s) + v * c.p2p_s
-            + c.offload_bwd_s}
+            + c.offload_bwd_s + c.fsdp_bwd_s}
 
 
-def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic) -> float:
+def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+                 zero3: Zero3Traffic | None = None) -> float:
     """One micro-batch on one stage with no shared resource priced as idle: each phase (forward, backward) takes
-    at least what its busiest resource needs (NOTE [link floor]); at least the closed form's stage time."""
+    at least what its flows need sharing the resources fairly, and its closed-form time plus what the copies
+    slow ZeRO-3's collectives (NOTE [link floor]); ``zero3``: a ZeRO-3 execution's collectives."""
     phase_s = _phase_s(execution, costs)
+    flows = _phase_flows(execution, cluster, costs, traffic, zero3)
+    return sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s)
+
+
+def _phase_flows(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+                 zero3: Zero3Traffic | None) -> dict[str, dict[tuple[str, str, int], Flow]]:
+    """Each phase's flows (:func:`_flows`): one per class and way, ZeRO-3's per-layer collectives tagged
+    ``fsdp``."""
     moved = class_bytes_per_micro_batch(execution, cluster, costs, traffic)
-    return sum(max(phase_s[phase], _busiest_s(cluster, moved[phase])) for phase in phase_s)
+    gathered = zero3_bytes_per_micro_batch(cluster, costs, zero3) if zero3 is not None else {}
+    return {phase: {**_flows(moved[phase]), **_flows(gathered.get(phase, {}), "fsdp")} for phase in moved}
 
 
-def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic) -> dict[str, float]:
+def _phase_floor_s(cluster: Cluster, phase_s: float, flows: dict[tuple[str, str, int], Flow]) -> float:
+    """A phase's floor: its flows drained fairly, and its closed-form time ``phase_s`` plus what the copies slow
+    ZeRO-3's collectives, which the layers wait for (NOTE [link floor])."""
+    ends = _drain_ends(cluster, flows)
+    slowed = 0.0
+    if any(key[0] == "fsdp" for key in flows) and any(key[1] == "offload" for key in flows):
+        alone = _drain_ends(cluster, {key: flow for key, flow in flows.items() if key[1] != "offload"})
+        slowed = max(0.0, *(ends[key] - alone[key] for key in flows if key[0] == "fsdp"))
+    return max(phase_s + slowed, max(ends.values(), default=0.0))
+
+
+def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic,
+                    zero3: Zero3Traffic | None = None) -> dict[str, float]:
     """Bytes one GPU moves each way per traffic class in the data-parallel reduction: per reduction group
     (:attr:`~mcdla.sim.llm.RankTraffic.gradient_groups`) and fabric dimension it spans, the all-reduce's bytes
-    there (:func:`_dims_bytes`)."""
+    there (:func:`_dims_bytes`); under ZeRO-3 (``zero3``) its once-per-iteration collectives' instead."""
+    calls = ([(c.kind, c.nbytes, c.size, c.stride) for c in zero3.step] if zero3 is not None else
+             [("all-reduce", nbytes, size, stride) for nbytes, size, stride in traffic.gradient_groups])
     moved: dict[str, float] = {}
-    for nbytes, size, stride in traffic.gradient_groups:
-        for cls, got in _dims_bytes(cluster, "all-reduce", nbytes, cluster.group_dims(size, stride)).items():
+    for kind, nbytes, size, stride in calls:
+        for cls, got in _dims_bytes(cluster, kind, nbytes, cluster.group_dims(size, stride)).items():
             moved[cls] = moved.get(cls, 0.0) + got
     return moved
 
@@ -217,27 +339,42 @@ def _level_bytes_per_byte(kind: str, dims: tuple[FabricDim, ...]) -> tuple[float
 @dataclass(frozen=True, slots=True)
 class LinkFloors:
     """What :func:`mcdla.sim.llm.llm_step` keeps: ``stage_s``, the least time of one micro-batch on a stage
-    (:func:`link_floor_s`), and ``dp_exposed_s``, the least exposed time of a reduction overlapped with the last
-    backward (0 when it is not overlapped or nothing is offloaded)."""
+    (:func:`link_floor_s`); ``dp_exposed_s``, the least exposed time of a reduction overlapped with the last
+    backward; ``last_backward_s``, what a stage's reduction beside its last backward pass adds to that pass (each
+    of the ``p - 1`` stages after the first is on the iteration's critical path there); both 0 when the reduction
+    is not overlapped or nothing is offloaded."""
 
     stage_s: float
     dp_exposed_s: float
+    last_backward_s: float = 0.0
 
 
-def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic) -> LinkFloors:
-    """The floors of NOTE [link floor] for an offloading execution (both 0 without offload: no class then shares
-    a resource with another one the closed form prices apart)."""
+def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+                zero3: Zero3Traffic | None = None) -> LinkFloors:
+    """The floors of NOTE [link floor] for an offloading execution (all 0 without offload: no class then shares
+    a resource with another one the closed form prices apart); ``zero3``: a ZeRO-3 execution's collectives."""
     e = execution
     if not (e.offload_activations or e.offload_weights) or cluster.offload is None:
         return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
     phase_s = _phase_s(e, costs)
-    by_phase = class_bytes_per_micro_batch(e, cluster, costs, traffic)
-    stage = sum(max(phase_s[phase], _busiest_s(cluster, by_phase[phase])) for phase in phase_s)
-    dp_exposed = 0.0
-    if e.dp_overlap and e.dp * e.cp > 1 and e.zero < 3:  # ZeRO-3's reduction is per layer (fsdp_comm_s)
-        moved = dict(by_phase["backward"])
-        for cls, nbytes in reduction_bytes(e, cluster, traffic).items():
-            out, inward = moved.get(cls, (0.0, 0.0))
-            moved[cls] = (out + nbytes, inward + nbytes)
-        dp_exposed = max(0.0, _busiest_s(cluster, moved) - phase_s["backward"])
-    return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed)
+    flows = _phase_flows(e, cluster, costs, traffic, zero3)
+    stage = sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s)
+    dp_exposed = last_backward = 0.0
+    if e.dp_overlap and e.dp * e.cp > 1:
+        own = flows["backward"]
+        alone = _drain_ends(cluster, own)
+        reduced = reduction_bytes(e, cluster, traffic, zero3)
+        dp = _flows({cls: (b, b) for cls, b in reduced.items()}, "dp")
+        ends, apart = _drain_ends(cluster, {**own, **dp}), _drain_ends(cluster, dp)
+        bwd = max(phase_s["backward"], max(alone.values(), default=0.0))  # the pass as the stage's floor has it
+        # the reduction's collectives run one after another, each its phases in turn (its closed-form time), beside
+        # the whole pass (its exposed copies too): what the pass's flows slow them is exposed beyond that
+        slow_dp = max(0.0, *(ends[key] - apart[key] for key in dp))
+        hidden = costs.dp_hidden_s + costs.offload_bwd_s + bwd - phase_s["backward"]
+        dp_exposed = max(0.0, max(ends.values(), default=0.0) - phase_s["backward"],
+                         costs.dp_full_s + slow_dp - hidden)
+        # the pass's own flows beside the reduction: its communication is on its critical path (the closed form
+        # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
+        slowed = [ends[key] - (bwd if key[1] == "offload" else alone[key]) for key in own]
+        last_backward = max(0.0, *slowed) / e.virtual_stages
+    return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed, last_backward_s=last_backward)

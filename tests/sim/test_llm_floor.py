@@ -1,0 +1,121 @@
+"""The analytical per-link floor (sim/llm_floor.py) against the contention-aware engine: a fair-sharing case
+computed by hand (a memory bus idling once the smaller direction is through), the cases where the floor had
+been below the engine, and a sweep of offload mixes with MoE/EP, CP and ZeRO-3 on four clusters."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from mcdla.errors import ConfigError
+from mcdla.hardware.cluster import load_cluster
+from mcdla.sim.ir_engine import execute
+from mcdla.sim.llm import llm_step, rank_traffic, stage_costs
+from mcdla.sim.llm_floor import link_floor_s
+from mcdla.sim.llm_lower import engine_step, lower
+from mcdla.workload.execution import Execution, check_execution
+from mcdla.workload.transformer import preset
+
+
+def test_fair_drain_by_hand_on_a_dgx_h100_socket() -> None:
+    """Mixtral 8x7B, EP8 inside a DGX H100, activations and weights offloaded: in the forward the four GPUs of a
+    socket each send activations out and fetch weights in through the socket's DDR5 (307.2 GB/s for both
+    directions, dgx-h100.yaml) behind their PCIe x16 (51.2 GB/s each way). Max-min: the eight flows get
+    307.2 / 8 = 38.4 GB/s each until the (smaller) weights are in, then the activations go alone at the x16's
+    51.2 GB/s while the DDR5 has room to spare; the busiest resource's bytes over its capacity (the x16's
+    activations) is less. In the backward both come in through the x16, which binds. The engine's copies end
+    there; the floor is each phase's larger of that and its closed-form time, and the analytical iteration is
+    at least the engine's."""
+    spec, cluster = preset("mixtral-8x7b"), load_cluster("dgx-h100").for_gpus(16)
+    e = Execution(gpus=16, tp=1, pp=1, dp=16, ep=8, micro_batch=2, global_batch=64, offload_activations=True,
+                  offload_weights=True)
+    c, t = stage_costs(spec, e, cluster), rank_traffic(spec, e)
+    act, weights, n = t.offload_activation_bytes, t.offload_weight_bytes, c.layers_per_stage
+    share, pcie = 307.2e9 / 8, 51.2e9
+    assert weights < act and share < pcie < 2 * share
+    fwd_copies = weights / share + (act - weights) / pcie
+    assert fwd_copies > act / pcie  # fairness leaves the DDR5 idle: more than the busiest resource needs
+    bwd_copies = (act + weights) / pcie
+    forward = max(n * (c.layer_fwd_s + c.layer_comm_fwd_s) + c.offload_fwd_s, fwd_copies)
+    backward = max(n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_comm_bwd_s) + c.offload_bwd_s, bwd_copies)
+    assert link_floor_s(e, cluster, c, t) == pytest.approx(forward + backward, rel=1e-12)
+
+    lowered = lower(spec, e, cluster)
+    run = execute(lowered.system, lowered.programs, devices=lowered.devices, mirrors=lowered.mirrors or None)
+    rank = lowered.programs[0].rank
+    latency = cluster.offload.latency_s
+    assert run.op_end_s[(rank, "offload0-n0.host0-f0c0")] == pytest.approx(fwd_copies + latency, rel=1e-9)
+    assert llm_step(spec, e, cluster).iteration_s >= 0.99 * run.makespan_s
+
+
+# Cases where the floor had been more than 1% below the engine, one per mechanism: the fair drain above on a
+# DGX H100; ZeRO-3's per-layer gathers through the x16 beside the weights' prefetch (DGX H100, its CXL pool);
+# the reduction beside each stage's last backward slowing the CP ring on the GH200's rail (pipeline of two);
+# ZeRO-3's once-per-iteration collectives beside an overlapped last backward; a hierarchical reduction, its
+# phases one after another, slowed by the prefetch on the x16 in front of the NIC; the gathers beside the copies
+# to a rack's memory-nodes.
+_FOUND = [
+    ("dgx-h100", "mixtral-8x7b", dict(gpus=16, tp=1, dp=16, ep=8, micro_batch=2, global_batch=64,
+                                      offload_activations=True, offload_weights=True)),
+    ("dgx-h100", "mixtral-8x7b", dict(gpus=32, tp=8, dp=4, ep=2, micro_batch=1, global_batch=8,
+                                      recompute="selective", offload_activations=True, offload_weights=True,
+                                      sequence_parallel=True, zero=3)),
+    ("dgx-h100-cxl", "megatron-1.7b", dict(gpus=32, pp=2, dp=8, cp=2, micro_batch=1, global_batch=16,
+                                           recompute="full", offload_weights=True, zero=3, cp_comm="all_gather")),
+    ("gh200", "megatron-1.7b", dict(gpus=8, pp=2, dp=2, cp=2, micro_batch=2, global_batch=8, recompute="full",
+                                    offload_activations=True, zero=1, dp_overlap=True)),
+    ("gh200", "qwen3-30b-a3b", dict(gpus=8, pp=2, dp=4, ep=2, micro_batch=1, global_batch=16,
+                                    offload_activations=True, dp_overlap=True)),
+    ("gh200", "megatron-1.7b", dict(gpus=8, dp=4, cp=2, micro_batch=2, global_batch=16, offload_activations=True,
+                                    zero=3, dp_overlap=True, cp_comm="all_gather")),
+    ("dgx-h100", "mixtral-8x7b", dict(gpus=32, tp=2, dp=8, cp=2, ep=2, micro_batch=2, global_batch=16,
+                                      offload_activations=True, sequence_parallel=True, zero=1, dp_overlap=True,
+                                      cp_comm="all_gather")),
+    pytest.param("gb200-nvl72-memnode", "mixtral-8x7b",
+                 dict(gpus=4, tp=2, dp=2, micro_batch=4, global_batch=8, recompute="selective",
+                      offload_activations=True, zero=3, dp_overlap=True),
+                 marks=pytest.mark.slow),  # ~2 s: a 72-GPU rack, 36 memory-nodes
+]
+
+
+@pytest.mark.parametrize(("system", "model", "fields"), _FOUND)
+def test_floor_is_not_below_the_engine_where_it_was(system: str, model: str, fields: dict[str, object]) -> None:
+    """Each mechanism's case: the analytical iteration is at least the engine's minus 1%."""
+    spec, e = preset(model), Execution(**fields)  # type: ignore[arg-type]
+    cluster = load_cluster(system).for_gpus(e.gpus)
+    assert llm_step(spec, e, cluster).iteration_s >= 0.99 * engine_step(spec, e, cluster).iteration_s
+
+
+@pytest.mark.slow  # ~1 min: 120 engine runs, some on a 72-GPU rack with 36 memory-nodes
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(system=st.sampled_from(["dgx-h100", "gh200", "gb200-nvl72-memnode", "dgx-h100-cxl"]),
+       model=st.sampled_from(["megatron-1.7b", "mixtral-8x7b", "qwen3-30b-a3b"]), tp=st.sampled_from([1, 2, 8]),
+       pp=st.sampled_from([1, 2]), dp=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([1, 2]),
+       ep=st.sampled_from([1, 2, 4, 8]), micro_batch=st.sampled_from([1, 2, 4]), per_replica=st.sampled_from([1, 2]),
+       recompute=st.sampled_from(["none", "selective", "full"]),
+       offload=st.sampled_from([(True, False), (False, True), (True, True)]), zero=st.sampled_from([0, 1, 3]),
+       dp_overlap=st.booleans(), cp_comm=st.sampled_from(["p2p", "all_gather"]))
+def test_floor_is_never_below_the_engine_over_offload_mixes(system: str, model: str, tp: int, pp: int, dp: int,
+                                                            cp: int, ep: int, micro_batch: int, per_replica: int,
+                                                            recompute: str, offload: tuple[bool, bool], zero: int,
+                                                            dp_overlap: bool, cp_comm: str) -> None:
+    """Offloading executions of a dense and two MoE models with EP, CP (ring or all-gather) and ZeRO-1/3 on DGX
+    H100 nodes, their CXL pool, GH200 nodes and an NVL72 rack with memory-nodes, up to 32 GPUs: the analytical
+    iteration is at least the engine's minus 1%."""
+    tp = 1 if system == "gh200" else tp
+    ep = 1 if model == "megatron-1.7b" else ep
+    assume(tp * pp * dp * cp <= 32)
+    try:
+        e = Execution(gpus=tp * pp * dp * cp, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=micro_batch,
+                      global_batch=micro_batch * dp * pp * per_replica, recompute=recompute,  # type: ignore[arg-type]
+                      offload_activations=offload[0], offload_weights=offload[1], sequence_parallel=tp > 1,
+                      zero=zero if dp > 1 else 0, dp_overlap=dp_overlap and dp > 1,  # type: ignore[arg-type]
+                      cp_comm=cp_comm)  # type: ignore[arg-type]
+        spec = preset(model)
+        check_execution(e, spec)
+    except ConfigError:
+        assume(False)
+        return
+    cluster = load_cluster(system).for_gpus(e.gpus)
+    assert llm_step(spec, e, cluster).iteration_s >= 0.99 * engine_step(spec, e, cluster).iteration_s
