@@ -8,13 +8,10 @@ engine's figure is the median of ``--repeats`` runs, the analytical one the mean
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
+from benchmarks._engine_timing import time_engine
 from benchmarks._results import markdown_table, record
 from mcdla.hardware.cluster import load_cluster
-from mcdla.sim import llm_step
-from mcdla.sim.llm_lower import engine_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
 
@@ -33,16 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     e = Execution(gpus=1024, tp=8, pp=16, dp=8, micro_batch=1, global_batch=args.global_batch,
                   recompute="selective", sequence_parallel=True, offload_activations=True)
     cluster = load_cluster("dgx-h100-ndr").for_gpus(1024)
-    t0 = time.process_time()
-    for _ in range(100):
-        analytical = llm_step(spec, e, cluster)
-    analytical_s = (time.process_time() - t0) / 100
-    samples = []
-    for _ in range(args.repeats):
-        t0 = time.process_time()
-        run = engine_step(spec, e, cluster)
-        samples.append(time.process_time() - t0)
-    engine_s = statistics.median(samples)
+    t = time_engine(spec, e, cluster, args.repeats)
+    analytical, analytical_s, run, engine_s, samples = t.analytical, t.analytical_s, t.run, t.engine_s, t.samples
     rows = [(f"TP8 PP16 DP8, {args.global_batch} seq, SP, selective, activations offloaded", f"{engine_s:.2f}",
              f"{analytical_s * 1e6:.0f}", f"{engine_s / analytical_s:.3g}", str(run.ranks_simulated),
              f"{run.iteration_s:.4f}", f"{analytical.iteration_s:.4f}", f"{run.contention_s:.4f}")]

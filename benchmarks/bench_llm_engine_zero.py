@@ -11,14 +11,11 @@ share the GPU's x16 with the offload).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
+from benchmarks._engine_timing import time_engine
 from benchmarks._results import markdown_table, record
 from mcdla.hardware.cluster import load_cluster
 from mcdla.report.llm_validation import ZERO3_SC21_RUNS
-from mcdla.sim import llm_step
-from mcdla.sim.llm_lower import engine_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
 
@@ -43,16 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for label, model, system, e in cases:
         spec, cluster = preset(model), load_cluster(system).for_gpus(e.gpus)
-        t0 = time.process_time()
-        for _ in range(100):
-            analytical = llm_step(spec, e, cluster)
-        analytical_s = (time.process_time() - t0) / 100
-        samples = []
-        for _ in range(args.repeats):
-            t0 = time.process_time()
-            run = engine_step(spec, e, cluster)
-            samples.append(time.process_time() - t0)
-        engine_s = statistics.median(samples)
+        t = time_engine(spec, e, cluster, args.repeats)
+        analytical, analytical_s, run, engine_s = t.analytical, t.analytical_s, t.run, t.engine_s
         rows.append((label, f"{engine_s:.2f}", f"{analytical_s * 1e6:.0f}", f"{engine_s / analytical_s:.3g}",
                      str(run.ranks_simulated), f"{run.iteration_s:.4f}", f"{analytical.iteration_s:.4f}",
                      f"{run.iteration_s / analytical.iteration_s:.4f}", f"{run.contention_s:.4f}"))
