@@ -132,23 +132,24 @@ def gpu_links(node: Any, prefix: str, gpus: list[str]) -> tuple[list[dict[str, A
     return switches, links
 
 
-def _sockets(node: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[list[str]]]:
+def socket_parts(node: Any, prefix: str = "",
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[list[str]]]:
     """Socket memories (each followed by its expanders), CPU switches, their memory links and each socket's
-    expanders, of a one-node template."""
+    expanders, of one node of a template, every name after ``prefix`` (a generated node's ``n<i>.``)."""
     s = node.sockets
     memories: list[dict[str, Any]] = []
     switches: list[dict[str, Any]] = []
     links: list[dict[str, Any]] = []
     expanders: list[list[str]] = []
     for c in range(s.count):
-        cpu, host = f"cpu{c}", f"host{c}"
+        cpu, host = f"{prefix}cpu{c}", f"{prefix}host{c}"
         switches.append({"name": cpu, "source": s.source})
         memories.append({"name": host, **s.memory})
         links.append({"a": cpu, "b": host, "bandwidth": "inf", "kind": "other",
                       "source": f"on-die memory controller; the DRAM bandwidth of {host} is its limit"})
         mine: list[str] = []
         for e in range(node.expanders.per_socket if node.expanders is not None else 0):
-            name = f"cxl{c}_{e}"
+            name = f"{prefix}cxl{c}_{e}"
             memories.append({"name": name, **node.expanders.memory})
             links.append({"a": cpu, "b": name, **node.expanders.link})
             mine.append(name)
@@ -200,7 +201,7 @@ def expand_direct(spec: Any) -> dict[str, Any]:
     expanders: list[list[str]] = [[]]
     mem_nodes: list[str] = []
     if up.topology == "host-centric":
-        memories, cpus, memory_links, expanders = _sockets(node)
+        memories, cpus, memory_links, expanders = socket_parts(node)
         switches = cpus
         s = node.sockets
         m = k // s.count
@@ -231,7 +232,7 @@ def expand_direct(spec: Any) -> dict[str, Any]:
                       for a, b in zip(ring, ring[1:] + ring[:1])]
             rings = [ring, _reversed_ring(ring)]
         if node.sockets is not None:
-            host_memories, cpus, memory_links, expanders = _sockets(node)
+            host_memories, cpus, memory_links, expanders = socket_parts(node)
             pcie, to_sockets = gpu_links(node, "", gpus)
             memories += host_memories
             switches += pcie + cpus

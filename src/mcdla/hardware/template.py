@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mcdla.errors import HardwareError, brief
-from mcdla.hardware.direct_topology import DIRECT_TOPOLOGIES, expand_direct, gpu_links
+from mcdla.hardware.direct_topology import DIRECT_TOPOLOGIES, expand_direct, gpu_links, socket_parts
 from mcdla.hardware.gemm import DEFAULT_BACKWARD_RATIO, DEFAULT_FP8_FRACTION, DEFAULT_HALF_TOKENS
 from mcdla.hardware.io import (LINK_BANDWIDTH, LINK_LATENCY, bandwidth_validator, capacity_validator, preset_names,
                                read_system_document)
@@ -206,21 +206,11 @@ def expand_dict(spec: _ClusterSpec) -> dict[str, Any]:
         socket_exp: list[list[str]] = []
         if node.sockets is not None:
             s = node.sockets
-            for c in range(s.count):
-                cpu, host = f"{p}cpu{c}", f"{p}host{c}"
-                switches.append({"name": cpu, "source": s.source})
-                memories.append({"name": host, **s.memory})
-                links.append({"a": cpu, "b": host, "bandwidth": "inf", "kind": "other",
-                              "source": f"on-die memory controller; the DRAM bandwidth of {host} is its limit"})
-                socket_mem.append(host)
-                exp: list[str] = []
-                if node.expanders is not None:
-                    for e in range(node.expanders.per_socket):
-                        name = f"{p}cxl{c}_{e}"
-                        memories.append({"name": name, **node.expanders.memory})
-                        links.append({"a": cpu, "b": name, **node.expanders.link})
-                        exp.append(name)
-                socket_exp.append(exp)
+            socket_memories, cpus, memory_links, socket_exp = socket_parts(node, p)
+            memories += socket_memories
+            switches += cpus
+            links += memory_links
+            socket_mem = [f"{p}host{c}" for c in range(s.count)]
             if s.interconnect is not None:
                 for a in range(s.count):
                     for b in range(a + 1, s.count):

@@ -641,13 +641,7 @@ class _Step:
             self.prefetch.give_back(rec)
         if state is not _CONSUMED:  # a consumed record was forgotten when its last handle was unpacked
             self.policy.forget(rec)
-        block, rec.block = rec.block, None
-        source = rec.source
-        rec.source = rec.alias = rec.restored = rec.event = None
-        if rec.held:
-            rec.held = False
-            self.lingering.unhold(source, rec.nbytes)
-        del source
+        block = self._drop_tensors(rec)
         self._records.pop(rec.id, None)
         if self._by_storage.get(rec.key) is rec:
             del self._by_storage[rec.key]
@@ -722,15 +716,20 @@ class _Step:
                     if not self._finished:
                         self._finish()
 
-    def _abort_record(self, rec: _Record, exc: BaseException) -> None:
-        """Free what ``rec`` holds and fail it (under the lock); never raises for its block."""
+    def _drop_tensors(self, rec: _Record) -> Any:
+        """Drop ``rec``'s references to its tensors (the source released from the lingering budget it held)
+        and return its block for the caller to free (under the lock)."""
         block, rec.block = rec.block, None
         source = rec.source
         rec.source = rec.alias = rec.restored = rec.event = None
         if rec.held:
             rec.held = False
             self.lingering.unhold(source, rec.nbytes)
-        del source
+        return block
+
+    def _abort_record(self, rec: _Record, exc: BaseException) -> None:
+        """Free what ``rec`` holds and fail it (under the lock); never raises for its block."""
+        block = self._drop_tensors(rec)
         rec.state = _State.FAILED
         rec.error = OffloadError(f"{rec.label}: its step was aborted ({_one_line(exc)})")
         self._set_resident(rec, False)
