@@ -23,7 +23,9 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
   is not expressible: EP must divide DP x CP), and the FP8-MX rows on H100 (none). Unpublished fields come from
   the 25.11 container's performance scripts (Megatron-Bridge r0.2.0), each named in the record's ``choices``;
   the 256-GPU GB jobs take 64 GPUs per NVL72 rack, as the launcher's Slurm segment places them
-  (``MeasuredRun.gpus_per_node``).
+  (``MeasuredRun.gpus_per_node``). Four rows' layouts appear token-drop in the same page's 25.09 table; each of
+  those records' ``choices`` gives that rate against its own (the alltoall rows at 0.50-0.76 of it, HybridEP's
+  GB200 row at the same), evidence of the dropless alltoall path's host cost, which is not modelled.
 
 Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so): the
 ``grand-teton-h100`` preset's on torchtitan's three H100 rows (their 500 W clock is not published) and the
