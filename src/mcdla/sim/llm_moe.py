@@ -23,10 +23,14 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   (``permute``: read ``t h``, write ``r t h`` elements, ``t = b s / (cp tp)``), the rows received are sorted by
   local expert (``sort_chunks_by_idxs``: read and write ``r t' h``, ``t' = b s / cp`` after sequence
   parallelism's gather) and sorted back after the experts, and the rows return to their token, summed
-  (``unpermute``: read ``r t h``, write ``t h``); the two sorts only with more than one local expert. The
-  backward runs the same kernels transposed (a permute's gradient is an unpermute and the reverse), so the
-  same bytes (the routing probabilities, one fp32 per row, are left out; the experts apply them). Memory-bound,
-  at the HBM rate (:func:`permutation_bytes`).
+  (``unpermute``: read ``r t h``, write ``t h``); the two sorts only with more than one local expert. Each
+  kernel touches a row once: the permute loads a token once and stores its ``r`` rows, the unpermute loads the
+  rows and stores their sum, a sort loads and stores each row (``_permute_kernel``, ``_unpermute_kernel``,
+  ``_sort_chunks_by_map_kernel`` of Transformer Engine's ``transformer_engine/common/triton/permutation.py``;
+  their routing-map passes over ``t x experts`` int32s are left out). The backward runs the same kernels
+  transposed (a permute's gradient is an unpermute and the reverse), so the same bytes (the routing
+  probabilities, one fp32 per row, are left out; the experts apply them). Memory-bound, at the HBM rate
+  (:func:`permutation_bytes`).
 * Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
   (:func:`rank_param_groups`); the expert gradients are reduced, and with ZeRO the expert optimizer state
   sharded, over the ``dp cp / ep`` ranks that hold the same experts, the rest over all ``dp cp`` replicas.
