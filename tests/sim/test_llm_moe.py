@@ -11,7 +11,7 @@ import pytest
 from mcdla.errors import ConfigError
 from mcdla.hardware.gemm import GemmEfficiency
 from mcdla.sim.llm import llm_step
-from mcdla.sim.llm_moe import tokens_per_local_expert
+from mcdla.sim.llm_moe import permutation_bytes, tokens_per_local_expert
 from mcdla.workload.execution import Execution
 from mcdla.workload.hf_config import load_hf_config
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -103,6 +103,35 @@ def test_tokens_per_local_expert_by_hand():
     e = Execution(gpus=16, dp=8, cp=2, ep=8, micro_batch=1, global_batch=8, capacity_factor=1.25)
     assert tokens_per_local_expert(spec, e) == pytest.approx(4096 / 2 * 8 * 1.25 * 8 / 128, rel=1e-12)
     assert tokens_per_local_expert(preset("llama3-8b"), Execution(gpus=1, micro_batch=1, global_batch=1)) == math.inf
+
+
+def test_permutation_bytes_by_hand():
+    """Qwen3-30B-A3B on EP 8, MBS 1 (bf16, every layer MoE): the permute reads 4096 tokens and writes 8 rows each,
+    the unpermute the reverse, the two sorts of the 16 local experts read and write 8 x 4096 rows each:
+    (2 x 4096 x 9 + 4 x 8 x 4096) x 2048 x 2 bytes. EP 128 leaves one expert per rank (no sorts); TP 2 with
+    sequence parallelism halves the permuted tokens, the sorts run on the gathered 4096; a dense model has none."""
+    spec = preset("qwen3-30b-a3b")
+    assert (spec.top_k, spec.hidden, spec.experts, spec.moe_layers) == (8, 2048, 128, spec.layers)
+    e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8)
+    assert permutation_bytes(spec, e) == pytest.approx((2 * 4096 * 9 + 4 * 8 * 4096) * 2048 * 2, rel=1e-12)
+    e = Execution(gpus=128, dp=128, ep=128, micro_batch=1, global_batch=128)
+    assert permutation_bytes(spec, e) == pytest.approx(2 * 4096 * 9 * 2048 * 2, rel=1e-12)
+    e = Execution(gpus=16, tp=2, dp=8, ep=8, micro_batch=1, global_batch=8, sequence_parallel=True)
+    assert permutation_bytes(spec, e) == pytest.approx((2 * 2048 * 9 + 4 * 8 * 4096) * 2048 * 2, rel=1e-12)
+    assert permutation_bytes(preset("llama3-8b"), Execution(gpus=1, micro_batch=1, global_batch=1)) == 0.0
+
+
+def test_permutations_are_charged_at_hbm_rate_forward_and_backward(llm_cluster):
+    """8 experts on 8 ranks: EP 4 keeps 2 local experts and sorts their rows, EP 8 one (no sort); everything else
+    a rank computes is the same, so the compute differs by the two sorts' 4 x top_k x b s x h x 2 bytes per
+    layer, forward and backward, over the HBM rate."""
+    hbm, b, m = 2e12, 2, 3
+    cluster = llm_cluster(gpus_per_node=8, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF, hbm_bytes_per_s=hbm)
+    rate = hbm * cluster.device.memory_efficiency
+    runs = {ep: llm_step(MOE, Execution(gpus=8, dp=8, ep=ep, micro_batch=b, global_batch=8 * b * m), cluster)
+            for ep in (4, 8)}
+    sorts = 4 * MOE.top_k * b * MOE.seq_len * MOE.hidden * 2
+    assert runs[4].compute_s - runs[8].compute_s == pytest.approx(m * MOE.layers * 2 * sorts / rate, rel=1e-9)
 
 
 def test_routed_expert_gemms_run_at_their_own_token_count(llm_cluster):

@@ -23,7 +23,9 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
   is not expressible: EP must divide DP x CP), and the FP8-MX rows on H100 (none). Unpublished fields come from
   the 25.11 container's performance scripts (Megatron-Bridge r0.2.0), each named in the record's ``choices``;
   the 256-GPU GB jobs take 64 GPUs per NVL72 rack, as the launcher's Slurm segment places them
-  (``MeasuredRun.gpus_per_node``).
+  (``MeasuredRun.gpus_per_node``). Four rows' layouts appear token-drop in the same page's 25.09 table; each of
+  those records' ``choices`` gives that rate against its own (the alltoall rows at 0.50-0.76 of it, HybridEP's
+  GB200 row at the same), evidence of the dropless alltoall path's host cost, which is not modelled.
 
 Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so): the
 ``grand-teton-h100`` preset's on torchtitan's three H100 rows (their 500 W clock is not published) and the
@@ -131,13 +133,27 @@ _BRIDGE_RECIPES = ("the 25.11 container's performance scripts (Megatron-Bridge r
                    "utils/executors.py; src/megatron/bridge/models/qwen/qwen_provider.py)")
 _MOE_COMMON = ("distributed optimizer as ZeRO-1; no recompute (set_qwen3_common_configs sets recompute_granularity "
                "None over the 30B recipe's uniform full recompute); grouped GEMM (the provider's moe_grouped_gemm "
-               "True), permute fusion and router fusion (moe_router_fusion True) not modelled apart; token-dropless "
+               "True); permute fusion (moe_permute_fusion True: the permutations' HBM bytes as its fused kernels "
+               "move them); router fusion (moe_router_fusion True) not modelled apart; token-dropless "
                "with forced balance (moe_router_force_load_balancing True, no moe_expert_capacity_factor): every "
                "expert at its mean load, capacity_factor 1; expert TP 1 (expert_tensor_parallel_size 1, = TP here); "
                "flash attention; CUDA graphs of the router and preprocess not modelled; " + _BRIDGE_RECIPES)
-_ALLTOALL = "token dispatcher alltoall (the provider's default; no flex backend in the B200 and H100 configs)"
+_ALLTOALL = ("token dispatcher alltoall (the provider's default; no flex backend in the B200 and H100 configs); its "
+             "host synchronisation of the per-expert token counts in every MoE layer's forward (Megatron-Core 0.15 "
+             "MoEAlltoAllTokenDispatcher, cuda_sync_point before_ep_alltoall) and the host time it exposes are not "
+             "modelled")
 _HYBRIDEP = ("token dispatcher flex with the HybridEP backend (moe_flex_dispatcher_backend hybridep in the GB200 and "
-             "GB300 configs) priced as the all-to-all")
+             "GB300 configs) priced as the all-to-all, its permutations as the alltoall dispatcher's")
+
+
+def _token_drop(drop: float, dropless: float, precision: str) -> str:
+    """The note of a row whose layout the same page's 25.09 table also ran, token-drop (``drop`` tokens/s/GPU):
+    the same-layout evidence of what the dropless path costs on its dispatcher."""
+    ratio = drop / dropless
+    verdict = ("the dropless alltoall path's cost, not modelled (its host synchronisation below)" if ratio > 1.05
+               else "the same within 5%")
+    return (f"the same page's 25.09 table runs this layout token-drop at {drop:,g} tokens/s/GPU ({precision}), "
+            f"{ratio:.2f}x this dropless row: {verdict}")
 
 
 def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mbs: int, tp: int, pp: int,
@@ -169,9 +185,11 @@ _SPLIT_KW = dict(account_for_embedding_in_pipeline_split=True, account_for_loss_
 BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
     _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 2, 1, 2, 24, 8, 5275,
                 "FP8-CS as fp8; the all-to-all's overlap with compute (moe_a2a_overlap True in the H100 configs) "
-                "not modelled"),
-    _bridge_moe("b200", "qwen3-30b-a3b", 8, "fp8", 512, 1, 1, 1, 1, 8, 9299, _MX),
-    _bridge_moe("gb200-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 23766, _MX),
+                f"not modelled; {_token_drop(10494, 5275, 'FP8-CS')}"),
+    _bridge_moe("b200", "qwen3-30b-a3b", 8, "fp8", 512, 1, 1, 1, 1, 8, 9299,
+                f"{_MX}; {_token_drop(18066, 9299, 'FP8-CS, no FP8-MX figure')}"),
+    _bridge_moe("gb200-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 23766,
+                f"{_MX}; {_token_drop(23723, 23766, 'FP8-MX')}"),
     _bridge_moe("gb300-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 28934, _MX),
     _bridge_moe("gb200-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 1, 1, 8, 3, 32, 4916, _SPLIT_RACK,
                 gpus_per_node=64, **_SPLIT_KW),
@@ -179,7 +197,7 @@ BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
                 gpus_per_node=64, **_SPLIT_KW),
     _bridge_moe("b200", "qwen3-235b-a22b", 64, "fp8", 1024, 1, 1, 8, 2, 8, 3269,
                 f"{_MX}; {_SPLIT_235B}; the all-to-all's overlap with compute (moe_a2a_overlap True in the B200 "
-                "configs) not modelled", **_SPLIT_KW),
+                f"configs) not modelled; {_token_drop(4275, 3269, 'FP8-MX')}", **_SPLIT_KW),
 )
 """Megatron-Bridge 25.11's Qwen3 MoE runs (30B-A3B on H100, B200, GB200, GB300; 235B-A22B on GB200, GB300, B200)."""
 

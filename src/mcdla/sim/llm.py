@@ -17,7 +17,8 @@ NOTE [time model] (also ``docs/llm.md``):
   softmax and its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``:
   NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts
   and, with ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
-  backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x.
+  backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x; an MoE
+  layer's token permutations move as many bytes each way (NOTE [expert parallelism]).
   ``fused_kernels: false`` counts those kernels as eager PyTorch runs them, one per op (NOTE [eager kernels] in
   :mod:`mcdla.sim.llm_eager`). Recompute adds a forward (``full``), the attention core with its softmax and
   dropout (``selective``) or torchtitan's op policy's every second matrix product and the memory-bound kernels
@@ -84,7 +85,8 @@ from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
 from mcdla.sim.llm_eager import eager_block_bytes
 from mcdla.sim.llm_floor import link_floors
-from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, rank_param_groups, routed_expert_flops,
+from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, permutation_bytes, rank_param_groups,
+                               routed_expert_flops,
                                tokens_per_local_expert)
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
@@ -572,9 +574,10 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         cast = fp8_cast_bytes_per_layer(spec, b, tp=e.tp, cp=e.cp, scaling=e.fp8_scaling)
         cast_fwd, cast_bwd = cast["fwd"] / hbm_per_s, cast["bwd"] / hbm_per_s
     block_f = ew["block"] / hbm_per_s
-    layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd
+    permute_f = permutation_bytes(spec, e) / hbm_per_s  # the MoE token permutations, as many bytes backward
+    layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd + permute_f
     layer_bwd = (gemm_bwd_ratio * gemm_f + 2 * block_f + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd
-                 + cast_bwd)
+                 + cast_bwd + permute_f)
     shares = layer_shares(e, spec)
     full = shares.recomputed  # the mean layer of a chunk under partial recompute (NOTE [partial recompute and offload])
     if e.recompute == "full":

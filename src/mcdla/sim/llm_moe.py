@@ -18,6 +18,19 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   (:func:`tokens_per_local_expert`): far fewer than a dense GEMM's ``b s / cp`` when experts are many and
   small (Qwen3-30B-A3B on EP 8: ``b s / 2``), so the GEMM curve's token term
   (:meth:`~mcdla.hardware.gemm.GemmEfficiency.at`) prices them at their own count.
+* The token permutations (Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with ``moe_permute_fusion``, the
+  Transformer Engine kernels): each token's hidden vector is copied to its ``r = top_k x C`` expert rows
+  (``permute``: read ``t h``, write ``r t h`` elements, ``t = b s / (cp tp)``), the rows received are sorted by
+  local expert (``sort_chunks_by_idxs``: read and write ``r t' h``, ``t' = b s / cp`` after sequence
+  parallelism's gather) and sorted back after the experts, and the rows return to their token, summed
+  (``unpermute``: read ``r t h``, write ``t h``); the two sorts only with more than one local expert. Each
+  kernel touches a row once: the permute loads a token once and stores its ``r`` rows, the unpermute loads the
+  rows and stores their sum, a sort loads and stores each row (``_permute_kernel``, ``_unpermute_kernel``,
+  ``_sort_chunks_by_map_kernel`` of Transformer Engine's ``transformer_engine/common/triton/permutation.py``;
+  their routing-map passes over ``t x experts`` int32s are left out). The backward runs the same kernels
+  transposed (a permute's gradient is an unpermute and the reverse), so the same bytes (the routing
+  probabilities, one fp32 per row, are left out; the experts apply them). Memory-bound, at the HBM rate
+  (:func:`permutation_bytes`).
 * Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
   (:func:`rank_param_groups`); the expert gradients are reduced, and with ZeRO the expert optimizer state
   sharded, over the ``dp cp / ep`` ranks that hold the same experts, the rest over all ``dp cp`` replicas.
@@ -34,8 +47,8 @@ from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "expert_params_per_layer", "rank_param_groups",
-           "routed_expert_flops", "tokens_per_local_expert"]
+__all__ = ["ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "expert_params_per_layer", "permutation_bytes",
+           "rank_param_groups", "routed_expert_flops", "tokens_per_local_expert"]
 
 
 def expert_params_per_layer(spec: TransformerSpec) -> int:
@@ -68,6 +81,21 @@ def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluste
     dims = cluster.group_dims(e.ep, layout.stride("ep"))
     one = collective_time("all-to-all", all_to_all_bytes(spec, e), dims) * spec.moe_layers / spec.layers
     return 2 * one, (2 + 2 * layer_shares(e, spec).recomputed) * one
+
+
+def permutation_bytes(spec: TransformerSpec, execution: Execution) -> float:
+    """HBM bytes of one mean layer's token permutations on one rank per micro-batch, in forward (the backward
+    moves as many; NOTE [expert parallelism]): ``e h (2 t (1 + r) + 4 r t')`` with ``r = top_k x C`` rows per
+    token, ``t = b s / (cp tp)``, ``t' = b s / cp`` (the sorts only with more than one local expert), over the
+    share of MoE layers; 0 for a dense model."""
+    if spec.moe_layers == 0:
+        return 0.0
+    e = execution
+    rows = spec.top_k * e.capacity_factor
+    tokens = e.micro_batch * spec.seq_len / (e.cp * e.tp)
+    sorts = 4 * rows * tokens * e.tp if spec.experts // e.ep > 1 else 0.0
+    elements = (2 * tokens * (1 + rows) + sorts) * spec.hidden
+    return spec.bytes_per_element * elements * spec.moe_layers / spec.layers
 
 
 def routed_expert_flops(spec: TransformerSpec, execution: Execution) -> float:
