@@ -2,8 +2,8 @@
 
 Refits, once, the device-independent kernel-time figures of :class:`~mcdla.hardware.gemm.GemmEfficiency`
 (``half_tokens``, ``backward_ratio``, ``fp8_fraction``) by a grid search minimising the RMS relative error over
-the two Megatron families of ``validate-llm`` (:data:`FIT_FAMILIES`: the 12 A100 Megatron-LM runs and the 8
-Megatron-Bridge FP8 runs); each GPU keeps
+the two Megatron families of ``validate-llm`` (:data:`FIT_FAMILIES`: the 12 A100 Megatron-LM runs and the 11
+Megatron-Bridge FP8 runs; the shipped ``fp8_fraction`` was fitted when that family held its first 8); each GPU keeps
 its own width curve (the fitted ``dgx-a100`` one, the other presets' defaults). The baseline, measured in the
 same run, is the model with those figures neutral (no token dependence, backward 2x, fp8 GEMMs at the bf16
 fraction of the fp8 peak); the table reports each family's mean and max |error| under both. Run::

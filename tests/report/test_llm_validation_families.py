@@ -13,7 +13,10 @@ PUBLISHED = {("dgx-h100", "llama3-8b"): (8, 128, 1, 1, 1, 1, 14451),
              ("dgx-h100", "llama3-405b"): (1024, 512, 1, 8, 8, 8, 292),
              ("b200", "llama3-405b"): (128, 64, 1, 4, 8, 8, 661),
              ("gb200-nvl72", "llama3-405b"): (256, 1536, 1, 4, 16, 4, 813),
-             ("gb300-nvl72", "llama3-405b"): (256, 1536, 1, 2, 8, 4, 999)}
+             ("gb300-nvl72", "llama3-405b"): (256, 1536, 1, 2, 8, 4, 999),
+             ("gb300-nvl72", "llama3-8b"): (8, 128, 2, 1, 1, 1, 37556),
+             ("gb300-nvl72", "llama3-70b"): (64, 256, 2, 1, 1, 1, 4520),
+             ("b200", "llama3-8b"): (8, 128, 2, 1, 1, 1, 30624)}
 # the CP column of the same table for the rows that use it
 PUBLISHED_CP = {("dgx-h100", "llama3-405b"): 2, ("b200", "llama3-405b"): 2, ("gb300-nvl72", "llama3-405b"): 2}
 
@@ -46,19 +49,20 @@ def test_all_is_every_family_in_order():
 
 def test_every_published_row_is_a_record():
     """The family holds one record per published row."""
-    assert {(r.system, r.model) for r in BRIDGE_FP8_RUNS} == set(PUBLISHED) and len(BRIDGE_FP8_RUNS) == 8
+    assert {(r.system, r.model) for r in BRIDGE_FP8_RUNS} == set(PUBLISHED) and len(BRIDGE_FP8_RUNS) == len(PUBLISHED)
 
 
 # Megatron-Bridge v0.2.1 (the 25.11 container's) scripts/performance/configs/llama3/workload_base_configs.py: the
 # FP8-CS recipes that count layers; set_recompute_overrides makes recompute_num_layers a full, block recompute and
 # cpu_offloading_num_layers an activation offload (weights kept). The other rows' recipes count none.
 RECIPE_COUNTS = {("dgx-h100", "llama3-8b"): ("full", "block", 5, None),
-                 ("gb200-nvl72", "llama3-70b"): ("none", "block", None, 40)}
+                 ("gb200-nvl72", "llama3-70b"): ("none", "block", None, 40),
+                 ("gb300-nvl72", "llama3-70b"): ("none", "block", None, 20)}
 
 
 @pytest.mark.parametrize("run", BRIDGE_FP8_RUNS, ids=lambda r: r.name)
 def test_bridge_records_carry_their_recipes_layer_counts(run):
-    """The two recipes that recompute or offload only some layers are recorded with those counts (and say so in
+    """The three recipes that recompute or offload only some layers are recorded with those counts (and say so in
     their choices); the others recompute and offload no layer count."""
     e = run.execution
     want = RECIPE_COUNTS.get((run.system, run.model), ("none", "block", None, None))

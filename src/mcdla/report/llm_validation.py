@@ -20,7 +20,7 @@ so they are predicted with ``attention="materialized"``.
 
 A second family, ``megatron-bridge-fp8`` (:data:`BRIDGE_FP8_RUNS`): Megatron-Bridge 25.11's published FP8
 (current scaling) runs of Llama 3 on DGX H100, B200, GB200 and GB300 (``performance-summary.md``, copied in
-`Megatron-Bridge 25.11 `performance-summary.md`, NVIDIA-NeMo/Megatron-Bridge on GitHub`), all eight rows. Measured seconds per iteration = ``GBS x 8192 /
+`Megatron-Bridge 25.11 `performance-summary.md`, NVIDIA-NeMo/Megatron-Bridge on GitHub`), all eleven Llama rows. Measured seconds per iteration = ``GBS x 8192 /
 (tokens/s/GPU x GPUs)``. Every unpublished field is stated in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused
 attention), ``precision="fp8"``.
 
@@ -146,7 +146,20 @@ BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
             tp=4, pp=16, dp=4, virtual_stages=4, **_RECIPE_405B),
     _bridge("gb300-nvl72", "llama3-405b", 256, 1536, 999, f"TP2 PP8 CP2 VP4 -> dp 8, zero=1; {_SPLIT_405B}",
             tp=2, pp=8, cp=2, dp=8, virtual_stages=4, **_RECIPE_405B),
+    _bridge("gb300-nvl72", "llama3-8b", 8, 128, 37556, "FSDP=0 -> zero=1 over dp 8; the table's MBS 2 (the "
+            f"recipe LLAMA3_8B_GB300_FP8_CS_BASE_CONFIG says micro_batch_size=4, {_RECIPES}); CUDA graphs not "
+            "modelled", dp=8, zero=1, micro_batch=2),
+    _bridge("gb300-nvl72", "llama3-70b", 64, 256, 4520, "FSDP=1 -> zero=3 over dp 64; activations of the first "
+            f"20 of the 80 layers offloaded to Grace memory, weights kept, offload_num_layers 20 ({_RECIPES}: "
+            "LLAMA3_70B_GB300_FP8_CS_BASE_CONFIG cpu_offloading_num_layers=20, which set_recompute_overrides "
+            "turns into cpu_offloading on, cpu_offloading_weights off)",
+            dp=64, zero=3, micro_batch=2, offload_activations=True, offload_num_layers=20),
+    _bridge("b200", "llama3-8b", 8, 128, 30624, f"FSDP=0 -> zero=1 over dp 8 ({_RECIPES}: "
+            "LLAMA3_8B_B200_FP8_CS_BASE_CONFIG micro_batch_size=2); CUDA graphs not modelled",
+            dp=8, zero=1, micro_batch=2),
 )
+"""Megatron-Bridge 25.11's FP8-CS Llama 3 runs: the eleven Llama rows of its table (the numbers in parentheses,
+FP8-MX, left out)."""
 
 FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS,
                                                  **SOURCED_FAMILIES}
