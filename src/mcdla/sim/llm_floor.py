@@ -80,9 +80,10 @@ __all__ = ["LinkFloors", "class_bytes_per_micro_batch", "link_floor_s", "link_fl
 
 
 def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
-                                ) -> dict[str, dict[str, tuple[float, float]]]:
+                                *, sends: bool = True) -> dict[str, dict[str, tuple[float, float]]]:
     """Bytes one GPU of a stage moves per micro-batch, per phase (``forward``, ``backward``), ``(out, in)`` per
-    traffic class (NOTE [link floor]), ZeRO-3's per-layer collectives apart (:func:`zero3_bytes_per_micro_batch`)."""
+    traffic class (NOTE [link floor]), ZeRO-3's per-layer collectives apart (:func:`zero3_bytes_per_micro_batch`);
+    ``sends=False`` leaves the pipeline's sends out."""
     e = execution
     moved: dict[str, dict[str, list[float]]] = {"forward": {}, "backward": {}}
 
@@ -103,11 +104,11 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         for phase, calls in (("forward", 2.0), ("backward", 2 + 2 * costs.recomputed_share)):
             tp_bytes = costs.layers_per_stage * calls * per_call_bytes
             add(phase, "scale-up", tp_bytes, tp_bytes)
-    if e.pp > 1:
-        sends = e.virtual_stages * traffic.p2p_bytes
+    if e.pp > 1 and sends:
+        p2p = e.virtual_stages * traffic.p2p_bytes
         within = layout.stride("pp") < cluster.gpus_per_node and cluster.scale_up is not None
         for phase in ("forward", "backward"):
-            add(phase, "scale-up" if within else "scale-out", sends, sends)
+            add(phase, "scale-up" if within else "scale-out", p2p, p2p)
     n, recomputes = costs.layers_per_stage, e.recompute in ("selective", "full")
     calls: list[tuple[str, str, float, tuple[FabricDim, ...]]] = []  # (phase, kind, bytes, dimensions)
     if e.cp > 1:
@@ -336,6 +337,24 @@ def _level_bytes_per_byte(kind: str, dims: tuple[FabricDim, ...]) -> tuple[float
     return tuple(out)
 
 
+def _compute_before_comm_s(execution: Execution, costs: StageCosts) -> float:
+    """How long the last backward pass of a stage's chunk computes before its communication starts (the engine
+    runs a pass's CP ring steps, CP and EP collectives and TP collectives after its compute, the ring's attention
+    beside its sends); 0 when the TP collectives run beside the GEMMs."""
+    e, c = execution, costs
+    if c.layer_tp_hide_bwd_s > 0:
+        return 0.0
+    steps = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2) if e.cp_comm == "p2p" else 0
+    layer_s = c.layer_bwd_s + c.layer_recompute_s - steps * c.layer_attention_fwd_s / e.cp
+    return max(0.0, c.layers_per_stage / e.virtual_stages * layer_s)
+
+
+def _shared(ends: dict[tuple[str, str, int], float], apart: dict[tuple[str, str, int], float]) -> bool:
+    """Whether some flow of a drain ends later than drained ``apart`` (beyond the steps' rounding): the
+    reduction shares a resource with the backward's flows."""
+    return any(end - apart[key] > _DRAINED * end for key, end in ends.items())
+
+
 @dataclass(frozen=True, slots=True)
 class LinkFloors:
     """What :func:`mcdla.sim.llm.llm_step` keeps: ``stage_s``, the least time of one micro-batch on a stage
@@ -354,24 +373,37 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     """The floors of NOTE [link floor] for an offloading execution (all 0 without offload: no class then shares
     a resource with another one the closed form prices apart); ``zero3``: a ZeRO-3 execution's collectives."""
     e = execution
-    if not (e.offload_activations or e.offload_weights) or cluster.offload is None:
+    offloads = (e.offload_activations or e.offload_weights) and cluster.offload is not None
+    if not offloads and not (e.dp_overlap and e.dp * e.cp > 1):
         return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
     phase_s = _phase_s(e, costs)
     flows = _phase_flows(e, cluster, costs, traffic, zero3)
-    stage = sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s)
+    stage = sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s) if offloads else 0.0
     dp_exposed = last_backward = 0.0
     if e.dp_overlap and e.dp * e.cp > 1:
-        own = flows["backward"]
-        alone = _drain_ends(cluster, own)
         reduced = reduction_bytes(e, cluster, traffic, zero3)
         dp = _flows({cls: (b, b) for cls, b in reduced.items()}, "dp")
-        ends, apart = _drain_ends(cluster, {**own, **dp}), _drain_ends(cluster, dp)
-        bwd = max(phase_s["backward"], max(alone.values(), default=0.0))  # the pass as the stage's floor has it
+        apart = _drain_ends(cluster, dp)
+        if offloads:  # the pass's flows and the reduction's start together
+            own = flows["backward"]
+            alone, ends = _drain_ends(cluster, own), _drain_ends(cluster, {**own, **dp})
+        else:  # the layers' communication after the pass's compute, the reduction's flows alone until then
+            own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False)["backward"])
+            start = _compute_before_comm_s(e, costs)
+            left = {key: (cls, way, got * (1 - start / apart[key])) for key, (cls, way, got) in dp.items()
+                    if apart[key] > start}
+            alone = {key: start + end for key, end in _drain_ends(cluster, own).items()}
+            ends = {**apart, **{key: start + end for key, end in _drain_ends(cluster, {**own, **left}).items()}}
+            if not _shared(ends, {**alone, **apart}):
+                return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)  # the closed form prices each class on its link
+        # the pass as the stage's floor has it (without offload the closed form's)
+        bwd = max(phase_s["backward"], max(alone.values(), default=0.0) if offloads else 0.0)
         # the reduction's collectives run one after another, each its phases in turn (its closed-form time), beside
         # the whole pass (its exposed copies too): what the pass's flows slow them is exposed beyond that
         slow_dp = max(0.0, *(ends[key] - apart[key] for key in dp))
         hidden = costs.dp_hidden_s + costs.offload_bwd_s + bwd - phase_s["backward"]
-        dp_exposed = max(0.0, max(ends.values(), default=0.0) - phase_s["backward"],
+        # the drain beyond the pass (without offload the hiding pass, the logits' and loss's backward in it)
+        dp_exposed = max(0.0, max(ends.values(), default=0.0) - (phase_s["backward"] if offloads else hidden),
                          costs.dp_full_s + slow_dp - hidden)
         # the pass's own flows beside the reduction: its communication is on its critical path (the closed form
         # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
