@@ -337,6 +337,27 @@ def _level_bytes_per_byte(kind: str, dims: tuple[FabricDim, ...]) -> tuple[float
     return tuple(out)
 
 
+def _reduction_left(cluster: Cluster, traffic: RankTraffic, last_s: float) -> dict[str, float]:
+    """Bytes per class the reduction's all-reduces move each way in their last ``last_s`` seconds, their phases
+    as late as they can run: per reduction group one after another, a hierarchical one's reduce-scatter inward,
+    all-reduce on the outermost dimension and all-gather back (NOTE [collective flow phases]), each phase its
+    bytes over its dimension's bandwidth."""
+    phases: list[tuple[str, float, float]] = []  # (class, bytes, seconds), in the order they run
+    for nbytes, size, stride in traffic.gradient_groups:
+        dims = cluster.group_dims(size, stride)
+        moved = [nbytes * per_byte for per_byte in _level_bytes_per_byte("all-reduce", dims)] if dims else []
+        inward = [(_dim_class(cluster, d), b / 2, b / 2 / d.bytes_per_s) for d, b in zip(dims[:-1], moved[:-1])]
+        phases += [*inward, *([(_dim_class(cluster, dims[-1]), moved[-1], moved[-1] / dims[-1].bytes_per_s)]
+                              if dims else []), *reversed(inward)]
+    left: dict[str, float] = {}
+    for cls, nbytes, seconds in reversed(phases):
+        if last_s <= 0:
+            break
+        left[cls] = left.get(cls, 0.0) + nbytes * min(1.0, last_s / seconds)
+        last_s -= seconds
+    return left
+
+
 def _compute_before_comm_s(execution: Execution, costs: StageCosts) -> float:
     """How long the last backward pass of a stage's chunk computes before its communication starts (the engine
     runs a pass's CP ring steps, CP and EP collectives and TP collectives after its compute, the ring's attention
@@ -383,16 +404,18 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     if e.dp_overlap and e.dp * e.cp > 1:
         reduced = reduction_bytes(e, cluster, traffic, zero3)
         dp = _flows({cls: (b, b) for cls, b in reduced.items()}, "dp")
-        apart = _drain_ends(cluster, dp)
         if offloads:  # the pass's flows and the reduction's start together
             own = flows["backward"]
-            alone, ends = _drain_ends(cluster, own), _drain_ends(cluster, {**own, **dp})
-        else:  # the layers' communication after the pass's compute, the reduction's flows alone until then
+            alone, ends, apart = _drain_ends(cluster, own), _drain_ends(cluster, {**own, **dp}), _drain_ends(cluster, dp)
+        else:  # the layers' communication after the pass's compute, what the reduction has left then beside it
             own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False)["backward"])
             start = _compute_before_comm_s(e, costs)
-            left = {key: (cls, way, got * (1 - start / apart[key])) for key, (cls, way, got) in dp.items()
-                    if apart[key] > start}
+            late = _reduction_left(cluster, traffic, costs.dp_full_s - start) if zero3 is None else {}
+            share = 1 - start / costs.dp_full_s if costs.dp_full_s > start else 0.0
+            left = {key: (cls, way, late[cls] if zero3 is None else got * share) for key, (cls, way, got) in dp.items()
+                    if (late.get(cls, 0.0) if zero3 is None else share) > 0}
             alone = {key: start + end for key, end in _drain_ends(cluster, own).items()}
+            apart = {**{key: start for key in dp}, **{key: start + end for key, end in _drain_ends(cluster, left).items()}}
             ends = {**apart, **{key: start + end for key, end in _drain_ends(cluster, {**own, **left}).items()}}
             if not _shared(ends, {**alone, **apart}):
                 return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)  # the closed form prices each class on its link
