@@ -337,11 +337,12 @@ def _level_bytes_per_byte(kind: str, dims: tuple[FabricDim, ...]) -> tuple[float
     return tuple(out)
 
 
-def _reduction_left(cluster: Cluster, traffic: RankTraffic, last_s: float) -> dict[str, float]:
-    """Bytes per class the reduction's all-reduces move each way in their last ``last_s`` seconds, their phases
-    as late as they can run: per reduction group one after another, a hierarchical one's reduce-scatter inward,
-    all-reduce on the outermost dimension and all-gather back (NOTE [collective flow phases]), each phase its
-    bytes over its dimension's bandwidth."""
+def _reduction_between(cluster: Cluster, traffic: RankTraffic, end_s: float, begin_s: float, until_s: float,
+                       ) -> dict[str, float]:
+    """Bytes per class the reduction's all-reduces move each way from ``begin_s`` to ``until_s`` of a reduction
+    that ends at ``end_s``, its phases as late as they can run: per reduction group one after another, a
+    hierarchical one's reduce-scatter inward, all-reduce on the outermost dimension and all-gather back (NOTE
+    [collective flow phases]), each phase its bytes over its dimension's bandwidth."""
     phases: list[tuple[str, float, float]] = []  # (class, bytes, seconds), in the order they run
     for nbytes, size, stride in traffic.gradient_groups:
         dims = cluster.group_dims(size, stride)
@@ -349,13 +350,13 @@ def _reduction_left(cluster: Cluster, traffic: RankTraffic, last_s: float) -> di
         inward = [(_dim_class(cluster, d), b / 2, b / 2 / d.bytes_per_s) for d, b in zip(dims[:-1], moved[:-1])]
         phases += [*inward, *([(_dim_class(cluster, dims[-1]), moved[-1], moved[-1] / dims[-1].bytes_per_s)]
                               if dims else []), *reversed(inward)]
-    left: dict[str, float] = {}
+    between: dict[str, float] = {}
     for cls, nbytes, seconds in reversed(phases):
-        if last_s <= 0:
-            break
-        left[cls] = left.get(cls, 0.0) + nbytes * min(1.0, last_s / seconds)
-        last_s -= seconds
-    return left
+        overlap = min(end_s, until_s) - max(end_s - seconds, begin_s)
+        if overlap > 0:
+            between[cls] = between.get(cls, 0.0) + nbytes * overlap / seconds
+        end_s -= seconds
+    return between
 
 
 def _compute_before_comm_s(execution: Execution, costs: StageCosts) -> float:
@@ -367,7 +368,8 @@ def _compute_before_comm_s(execution: Execution, costs: StageCosts) -> float:
         return 0.0
     steps = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2) if e.cp_comm == "p2p" else 0
     layer_s = c.layer_bwd_s + c.layer_recompute_s - steps * c.layer_attention_fwd_s / e.cp
-    return max(0.0, c.layers_per_stage / e.virtual_stages * layer_s)
+    logits = c.last_bwd_s if e.pp == 1 and e.virtual_stages == 1 else 0.0  # the first stage's, as it hides the reduction
+    return max(0.0, c.layers_per_stage / e.virtual_stages * layer_s + logits)
 
 
 def _shared(ends: dict[tuple[str, str, int], float], apart: dict[tuple[str, str, int], float]) -> bool:
@@ -410,11 +412,12 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         else:  # the layers' communication after the pass's compute, what the reduction has left then beside it
             own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False)["backward"])
             start = _compute_before_comm_s(e, costs)
-            late = _reduction_left(cluster, traffic, costs.dp_full_s - start) if zero3 is None else {}
-            share = 1 - start / costs.dp_full_s if costs.dp_full_s > start else 0.0
+            alone = {key: start + end for key, end in _drain_ends(cluster, own).items()}
+            until = max(costs.dp_hidden_s, max(alone.values(), default=start))  # the pass's end, its latencies and ring steps in it
+            late = _reduction_between(cluster, traffic, costs.dp_full_s, start, until) if zero3 is None else {}
+            share = max(0.0, min(costs.dp_full_s, until) - start) / costs.dp_full_s  # ZeRO-3's steps: evenly
             left = {key: (cls, way, late[cls] if zero3 is None else got * share) for key, (cls, way, got) in dp.items()
                     if (late.get(cls, 0.0) if zero3 is None else share) > 0}
-            alone = {key: start + end for key, end in _drain_ends(cluster, own).items()}
             apart = {**{key: start for key in dp}, **{key: start + end for key, end in _drain_ends(cluster, left).items()}}
             ends = {**apart, **{key: start + end for key, end in _drain_ends(cluster, {**own, **left}).items()}}
             if not _shared(ends, {**alone, **apart}):
