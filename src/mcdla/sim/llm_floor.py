@@ -337,6 +337,30 @@ def _level_bytes_per_byte(kind: str, dims: tuple[FabricDim, ...]) -> tuple[float
     return tuple(out)
 
 
+Ends: TypeAlias = dict[tuple[str, str, int], float]
+
+
+def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+                   own: dict[tuple[str, str, int], Flow], dp: dict[tuple[str, str, int], Flow],
+                   zero3: Zero3Traffic | None) -> tuple[Ends, Ends, Ends]:
+    """Without offload, the ends (from the reduction's start) of the last backward pass's layer communication
+    ``own`` alone, of the reduction's flows ``dp`` alone, and of both: the pass communicates after its compute
+    (:func:`_compute_before_comm_s`) up to its closed-form end, beside what the reduction moves meanwhile
+    (:func:`_reduction_between`; ZeRO-3's once-per-iteration collectives spread evenly over their time)."""
+    start = _compute_before_comm_s(execution, costs)
+    alone = {key: start + end for key, end in _drain_ends(cluster, own).items()}
+    until = max(costs.dp_hidden_s, max(alone.values(), default=start))  # its latencies and ring steps in it
+    if zero3 is None:
+        during = _reduction_between(cluster, traffic, costs.dp_full_s, start, until)
+    else:
+        share = max(0.0, min(costs.dp_full_s, until) - start) / costs.dp_full_s
+        during = {cls: got * share for cls, _way, got in dp.values()}
+    left = {key: (cls, way, during[cls]) for key, (cls, way, _got) in dp.items() if during.get(cls, 0.0) > 0}
+    apart = {**{key: start for key in dp}, **{key: start + end for key, end in _drain_ends(cluster, left).items()}}
+    ends = {**apart, **{key: start + end for key, end in _drain_ends(cluster, {**own, **left}).items()}}
+    return alone, apart, ends
+
+
 def _reduction_between(cluster: Cluster, traffic: RankTraffic, end_s: float, begin_s: float, until_s: float,
                        ) -> dict[str, float]:
     """Bytes per class the reduction's all-reduces move each way from ``begin_s`` to ``until_s`` of a reduction
@@ -346,10 +370,12 @@ def _reduction_between(cluster: Cluster, traffic: RankTraffic, end_s: float, beg
     phases: list[tuple[str, float, float]] = []  # (class, bytes, seconds), in the order they run
     for nbytes, size, stride in traffic.gradient_groups:
         dims = cluster.group_dims(size, stride)
-        moved = [nbytes * per_byte for per_byte in _level_bytes_per_byte("all-reduce", dims)] if dims else []
+        if not dims:
+            continue
+        moved = [nbytes * per_byte for per_byte in _level_bytes_per_byte("all-reduce", dims)]
         inward = [(_dim_class(cluster, d), b / 2, b / 2 / d.bytes_per_s) for d, b in zip(dims[:-1], moved[:-1])]
-        phases += [*inward, *([(_dim_class(cluster, dims[-1]), moved[-1], moved[-1] / dims[-1].bytes_per_s)]
-                              if dims else []), *reversed(inward)]
+        outer = (_dim_class(cluster, dims[-1]), moved[-1], moved[-1] / dims[-1].bytes_per_s)
+        phases += [*inward, outer, *reversed(inward)]
     between: dict[str, float] = {}
     for cls, nbytes, seconds in reversed(phases):
         overlap = min(end_s, until_s) - max(end_s - seconds, begin_s)
@@ -368,7 +394,7 @@ def _compute_before_comm_s(execution: Execution, costs: StageCosts) -> float:
         return 0.0
     steps = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2) if e.cp_comm == "p2p" else 0
     layer_s = c.layer_bwd_s + c.layer_recompute_s - steps * c.layer_attention_fwd_s / e.cp
-    logits = c.last_bwd_s if e.pp == 1 and e.virtual_stages == 1 else 0.0  # the first stage's, as it hides the reduction
+    logits = c.last_bwd_s if e.pp == 1 and e.virtual_stages == 1 else 0.0  # the first stage hides the reduction
     return max(0.0, c.layers_per_stage / e.virtual_stages * layer_s + logits)
 
 
@@ -408,18 +434,11 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         dp = _flows({cls: (b, b) for cls, b in reduced.items()}, "dp")
         if offloads:  # the pass's flows and the reduction's start together
             own = flows["backward"]
-            alone, ends, apart = _drain_ends(cluster, own), _drain_ends(cluster, {**own, **dp}), _drain_ends(cluster, dp)
-        else:  # the layers' communication after the pass's compute, what the reduction has left then beside it
+            alone, apart = _drain_ends(cluster, own), _drain_ends(cluster, dp)
+            ends = _drain_ends(cluster, {**own, **dp})
+        else:
             own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False)["backward"])
-            start = _compute_before_comm_s(e, costs)
-            alone = {key: start + end for key, end in _drain_ends(cluster, own).items()}
-            until = max(costs.dp_hidden_s, max(alone.values(), default=start))  # the pass's end, its latencies and ring steps in it
-            late = _reduction_between(cluster, traffic, costs.dp_full_s, start, until) if zero3 is None else {}
-            share = max(0.0, min(costs.dp_full_s, until) - start) / costs.dp_full_s  # ZeRO-3's steps: evenly
-            left = {key: (cls, way, late[cls] if zero3 is None else got * share) for key, (cls, way, got) in dp.items()
-                    if (late.get(cls, 0.0) if zero3 is None else share) > 0}
-            apart = {**{key: start for key in dp}, **{key: start + end for key, end in _drain_ends(cluster, left).items()}}
-            ends = {**apart, **{key: start + end for key, end in _drain_ends(cluster, {**own, **left}).items()}}
+            alone, apart, ends = _after_compute(e, cluster, costs, traffic, own, dp, zero3)
             if not _shared(ends, {**alone, **apart}):
                 return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)  # the closed form prices each class on its link
         # the pass as the stage's floor has it (without offload the closed form's)
