@@ -48,6 +48,16 @@ backward (the engine's rule), so on each of the ``p - 1`` stages after the first
 iteration's critical path: by how much later that pass's communication ends beside it (its copies: beyond the
 pass), ``LinkFloors.last_backward_s`` (one chunk's share with interleaving).
 
+Without offload no stage stretch applies (the closed form prices each class on its own link there), only the
+reduction's part, on the engine's schedule: the pass's layer communication (CP ring or all-gathers, EP
+all-to-alls, TP collectives; not the pipeline send, which the first stage's last backward does not make) starts
+after the pass's compute (at once with TP overlap) and runs until the closed-form pass ends; beside it drain the
+bytes the reduction moves in that window, its all-reduces' phases as late as they run, one group after another
+(a hierarchical one's in-node reduce-scatter, the all-reduce across nodes, the in-node all-gather last), ZeRO-3's
+once-per-iteration collectives spread evenly over their time. The first stage then ends with the later of its
+reduction and its own pass, slowed as the others' are. Where no flow ends later for it, both floors are 0: the
+iteration is the closed form's.
+
 NOTE [fair drain]
 The engine shares every link and memory max-min fairly among the flows in flight (NOTE [max-min by progressive
 filling] in :mod:`mcdla.sim.flows`); a resource's busiest bytes over its capacity is not always when they are
@@ -410,7 +420,7 @@ class LinkFloors:
     (:func:`link_floor_s`); ``dp_exposed_s``, the least exposed time of a reduction overlapped with the last
     backward; ``last_backward_s``, what a stage's reduction beside its last backward pass adds to that pass (each
     of the ``p - 1`` stages after the first is on the iteration's critical path there); both 0 when the reduction
-    is not overlapped or nothing is offloaded."""
+    is not overlapped, and ``stage_s`` when nothing is offloaded."""
 
     stage_s: float
     dp_exposed_s: float
@@ -419,8 +429,8 @@ class LinkFloors:
 
 def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
                 zero3: Zero3Traffic | None = None) -> LinkFloors:
-    """The floors of NOTE [link floor] for an offloading execution (all 0 without offload: no class then shares
-    a resource with another one the closed form prices apart); ``zero3``: a ZeRO-3 execution's collectives."""
+    """The floors of NOTE [link floor]; without offload only the overlapped reduction's, 0 where it shares no
+    resource with the last backward's layer communication; ``zero3``: a ZeRO-3 execution's collectives."""
     e = execution
     offloads = (e.offload_activations or e.offload_weights) and cluster.offload is not None
     if not offloads and not (e.dp_overlap and e.dp * e.cp > 1):
@@ -454,4 +464,6 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
         slowed = [ends[key] - (bwd if key[1] == "offload" else alone[key]) for key in own]
         last_backward = max(0.0, *slowed) / e.virtual_stages
+        if not offloads:  # the first stage ends with the later of its reduction and its own slowed pass
+            dp_exposed = max(dp_exposed, costs.dp_exposed_s + last_backward)
     return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed, last_backward_s=last_backward)
