@@ -50,11 +50,11 @@ pass), ``LinkFloors.last_backward_s`` (one chunk's share with interleaving).
 
 Without offload no stage stretch applies (the closed form prices each class on its own link there), only the
 reduction's part, on the engine's schedule: the pass's layer communication (CP ring or all-gathers, EP
-all-to-alls, TP collectives; not the pipeline send, which the first stage's last backward does not make) starts
-after the pass's compute (at once with TP overlap) and runs until the closed-form pass ends; beside it drain the
-bytes the reduction moves in that window, its all-reduces' phases as late as they run, one group after another
-(a hierarchical one's in-node reduce-scatter, the all-reduce across nodes, the in-node all-gather last), ZeRO-3's
-once-per-iteration collectives spread evenly over their time. The first stage then ends with the later of its
+all-to-alls, TP collectives; not the pipeline send, which the first stage's last backward does not make, nor TP
+calls beside the GEMMs that hide them) starts after the pass's compute and runs until the closed-form pass
+ends; beside it drain the bytes the reduction moves in that window, its all-reduces' phases as late as they run,
+one group after another (a hierarchical one's in-node reduce-scatter, the all-reduce across nodes, the in-node
+all-gather last), ZeRO-3's once-per-iteration collectives spread evenly over their time. The first stage then ends with the later of its
 reduction and its own pass, slowed as the others' are. Where no flow ends later for it, both floors are 0: the
 iteration is the closed form's.
 
@@ -90,10 +90,10 @@ __all__ = ["LinkFloors", "class_bytes_per_micro_batch", "link_floor_s", "link_fl
 
 
 def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
-                                *, sends: bool = True) -> dict[str, dict[str, tuple[float, float]]]:
+                                *, sends: bool = True, tp: bool = True) -> dict[str, dict[str, tuple[float, float]]]:
     """Bytes one GPU of a stage moves per micro-batch, per phase (``forward``, ``backward``), ``(out, in)`` per
     traffic class (NOTE [link floor]), ZeRO-3's per-layer collectives apart (:func:`zero3_bytes_per_micro_batch`);
-    ``sends=False`` leaves the pipeline's sends out."""
+    ``sends=False`` leaves the pipeline's sends out, ``tp=False`` the TP collectives."""
     e = execution
     moved: dict[str, dict[str, list[float]]] = {"forward": {}, "backward": {}}
 
@@ -108,7 +108,7 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         add("backward", "offload", 0.0, act + weights)
     layout = ParallelDims.of(e)
     dims = cluster.group_dims(layout.tp, layout.stride("tp"))
-    if dims:
+    if dims and tp:
         kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
         per_call_bytes = traffic.activation_bytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds)
         for phase, calls in (("forward", 2.0), ("backward", 2 + 2 * costs.recomputed_share)):
@@ -398,10 +398,8 @@ def _reduction_between(cluster: Cluster, traffic: RankTraffic, end_s: float, beg
 def _compute_before_comm_s(execution: Execution, costs: StageCosts) -> float:
     """How long the last backward pass of a stage's chunk computes before its communication starts (the engine
     runs a pass's CP ring steps, CP and EP collectives and TP collectives after its compute, the ring's attention
-    beside its sends); 0 when the TP collectives run beside the GEMMs."""
+    beside its sends)."""
     e, c = execution, costs
-    if c.layer_tp_hide_bwd_s > 0:
-        return 0.0
     steps = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2) if e.cp_comm == "p2p" else 0
     layer_s = c.layer_bwd_s + c.layer_recompute_s - steps * c.layer_attention_fwd_s / e.cp
     logits = c.last_bwd_s if e.pp == 1 and e.virtual_stages == 1 else 0.0  # the first stage hides the reduction
@@ -447,7 +445,10 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
             alone, apart = _drain_ends(cluster, own), _drain_ends(cluster, dp)
             ends = _drain_ends(cluster, {**own, **dp})
         else:
-            own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False)["backward"])
+            # TP calls beside the GEMMs hide behind them, their slowdown too (the closed form exposes the excess)
+            overlapped = costs.layer_tp_hide_bwd_s > 0
+            own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False, tp=not overlapped)
+                         ["backward"])
             alone, apart, ends = _after_compute(e, cluster, costs, traffic, own, dp, zero3)
             if not _shared(ends, {**alone, **apart}):
                 return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)  # the closed form prices each class on its link
