@@ -168,7 +168,8 @@ def test_no_floor_where_the_reduction_misses_the_pass_communication() -> None:
 
 
 @pytest.mark.slow  # ~40 s: 150 engine runs
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(system=st.sampled_from(["dgx-h100", "gh200", "gb200-nvl72-memnode", "dgx-h100-cxl"]),
        model=st.sampled_from(["megatron-1.7b", "mixtral-8x7b", "qwen3-30b-a3b"]), tp=st.sampled_from([1, 2, 8]),
        pp=st.sampled_from([1, 2]), dp=st.sampled_from([2, 4, 8]), cp=st.sampled_from([1, 2]),
