@@ -54,9 +54,9 @@ all-to-alls, TP collectives; not the pipeline send, which the first stage's last
 calls beside the GEMMs that hide them) starts after the pass's compute and runs until the closed-form pass
 ends; beside it drain the bytes the reduction moves in that window, its all-reduces' phases as late as they run,
 one group after another (a hierarchical one's in-node reduce-scatter, the all-reduce across nodes, the in-node
-all-gather last), ZeRO-3's once-per-iteration collectives spread evenly over their time. The first stage then ends with the later of its
-reduction and its own pass, slowed as the others' are. Where no flow ends later for it, both floors are 0: the
-iteration is the closed form's.
+all-gather last), ZeRO-3's once-per-iteration collectives spread evenly over their time. The first stage then
+ends with the later of its reduction and its own pass, slowed as the others' are. Where no flow ends later for
+it (or no resource carries both), both floors are 0: the iteration is the closed form's.
 
 NOTE [fair drain]
 The engine shares every link and memory max-min fairly among the flows in flight (NOTE [max-min by progressive
@@ -352,11 +352,16 @@ Ends: TypeAlias = dict[tuple[str, str, int], float]
 
 def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
                    own: dict[tuple[str, str, int], Flow], dp: dict[tuple[str, str, int], Flow],
-                   zero3: Zero3Traffic | None) -> tuple[Ends, Ends, Ends]:
+                   zero3: Zero3Traffic | None) -> tuple[Ends, Ends, Ends] | None:
     """Without offload, the ends (from the reduction's start) of the last backward pass's layer communication
     ``own`` alone, of the reduction's flows ``dp`` alone, and of both: the pass communicates after its compute
     (:func:`_compute_before_comm_s`) up to its closed-form end, beside what the reduction moves meanwhile
-    (:func:`_reduction_between`; ZeRO-3's once-per-iteration collectives spread evenly over their time)."""
+    (:func:`_reduction_between`; ZeRO-3's once-per-iteration collectives spread evenly over their time); None
+    when the reduction moves nothing then."""
+    crossed = _resources_by_class(cluster)
+    if not any(crossed.get(a, set()) & crossed.get(b, set()) for a, _way, _n in own.values()
+               for b, _to, _m in dp.values()):
+        return None  # on resources of their own
     start = _compute_before_comm_s(execution, costs)
     alone = {key: start + end for key, end in _drain_ends(cluster, own).items()}
     until = max(costs.dp_hidden_s, max(alone.values(), default=start))  # its latencies and ring steps in it
@@ -366,9 +371,30 @@ def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, tr
         share = max(0.0, min(costs.dp_full_s, until) - start) / costs.dp_full_s
         during = {cls: got * share for cls, _way, got in dp.values()}
     left = {key: (cls, way, during[cls]) for key, (cls, way, _got) in dp.items() if during.get(cls, 0.0) > 0}
+    if not left:
+        return None
     apart = {**{key: start for key in dp}, **{key: start + end for key, end in _drain_ends(cluster, left).items()}}
     ends = {**apart, **{key: start + end for key, end in _drain_ends(cluster, {**own, **left}).items()}}
     return alone, apart, ends
+
+
+_CROSSED: dict[int, tuple[object, dict[str, set[tuple[str, ...]]]]] = {}
+"""Per ``Cluster.paths`` (by identity, the tuple kept alongside): :func:`_resources_by_class`'s answer."""
+
+
+def _resources_by_class(cluster: Cluster) -> dict[str, set[tuple[str, ...]]]:
+    """The finite resources each traffic class's paths cross, the GPU's own HBM left out (as in the drain)."""
+    got = _CROSSED.get(id(cluster.paths))
+    if got is not None and got[0] is cluster.paths:
+        return got[1]
+    crossed: dict[str, set[tuple[str, ...]]] = {}
+    for path in cluster.paths:
+        crossed.setdefault(path.traffic, set()).update(
+            res.resource for res in path.resources if res.resource[0] != "hbm" and res.load_s_per_byte() > 0)
+    if len(_CROSSED) > 256:
+        _CROSSED.clear()
+    _CROSSED[id(cluster.paths)] = (cluster.paths, crossed)
+    return crossed
 
 
 def _reduction_between(cluster: Cluster, traffic: RankTraffic, end_s: float, begin_s: float, until_s: float,
@@ -434,7 +460,7 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     if not offloads and not (e.dp_overlap and e.dp * e.cp > 1):
         return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
     phase_s = _phase_s(e, costs)
-    flows = _phase_flows(e, cluster, costs, traffic, zero3)
+    flows = _phase_flows(e, cluster, costs, traffic, zero3) if offloads else {}
     stage = sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s) if offloads else 0.0
     dp_exposed = last_backward = 0.0
     if e.dp_overlap and e.dp * e.cp > 1:
@@ -449,9 +475,10 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
             overlapped = costs.layer_tp_hide_bwd_s > 0
             own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False, tp=not overlapped)
                          ["backward"])
-            alone, apart, ends = _after_compute(e, cluster, costs, traffic, own, dp, zero3)
-            if not _shared(ends, {**alone, **apart}):
+            timed = _after_compute(e, cluster, costs, traffic, own, dp, zero3) if own else None
+            if timed is None or not _shared(timed[2], {**timed[0], **timed[1]}):
                 return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)  # the closed form prices each class on its link
+            alone, apart, ends = timed
         # the pass as the stage's floor has it (without offload the closed form's)
         bwd = max(phase_s["backward"], max(alone.values(), default=0.0) if offloads else 0.0)
         # the reduction's collectives run one after another, each its phases in turn (its closed-form time), beside
