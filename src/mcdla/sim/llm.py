@@ -225,7 +225,7 @@ class LlmStep:
     """The part of ``weight_bytes`` in the second tier (the stored copy, or ``offload_num_layers``' layers)."""
     contention_s: float = 0.0
     """Time the shared links add over the same iteration on idle links (the per-link floor's stretch, NOTE [link
-    floor]; counted inside ``offload_s``, not a separate part of the sum)."""
+    floor]; counted inside ``offload_s``, without offload inside ``dp_comm_s``; not a separate part of the sum)."""
 
     def to_dict(self) -> dict[str, float | bool]:
         """Plain data for JSON."""
@@ -758,10 +758,12 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     bubble += 2 * (e.virtual_stages * e.pp - 1) * c.p2p_hidden_s
     iteration = m * stage_last + bubble + c.dp_exposed_s + dp_stretch + c.optimizer_s + c.offload_step_s
     parts = c.iteration_parts(m, e.virtual_stages)
-    parts["offload_s"] += m * stretch + dp_stretch
+    dp_shared = 0.0 if floors.stage_s else dp_stretch  # without offload: the shared links slow the reduction
+    parts["offload_s"] += m * stretch + dp_stretch - dp_shared
     step = step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble, **parts)
     contention = m * stretch + dp_stretch  # what rounds away against the iteration is no contention
-    return dataclasses.replace(step, contention_s=contention if contention > 1e-12 * iteration else 0.0)
+    return dataclasses.replace(step, dp_comm_s=step.dp_comm_s + dp_shared,
+                               contention_s=contention if contention > 1e-12 * iteration else 0.0)
 
 
 def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, float]]:

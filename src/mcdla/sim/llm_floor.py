@@ -48,6 +48,16 @@ backward (the engine's rule), so on each of the ``p - 1`` stages after the first
 iteration's critical path: by how much later that pass's communication ends beside it (its copies: beyond the
 pass), ``LinkFloors.last_backward_s`` (one chunk's share with interleaving).
 
+Without offload no stage stretch applies (the closed form prices each class on its own link there), only the
+reduction's part, on the engine's schedule: the pass's layer communication (CP ring or all-gathers, EP
+all-to-alls, TP collectives; not the pipeline send, which the first stage's last backward does not make, nor TP
+calls beside the GEMMs that hide them) starts after the pass's compute and runs until the closed-form pass
+ends; beside it drain the bytes the reduction moves in that window, its all-reduces' phases as late as they run,
+one group after another (a hierarchical one's in-node reduce-scatter, the all-reduce across nodes, the in-node
+all-gather last), ZeRO-3's once-per-iteration collectives spread evenly over their time. The first stage then
+ends with the later of its reduction and its own pass, slowed as the others' are. Where no flow ends later for
+it (or no resource carries both), both floors are 0: the iteration is the closed form's.
+
 NOTE [fair drain]
 The engine shares every link and memory max-min fairly among the flows in flight (NOTE [max-min by progressive
 filling] in :mod:`mcdla.sim.flows`); a resource's busiest bytes over its capacity is not always when they are
@@ -80,9 +90,10 @@ __all__ = ["LinkFloors", "class_bytes_per_micro_batch", "link_floor_s", "link_fl
 
 
 def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
-                                ) -> dict[str, dict[str, tuple[float, float]]]:
+                                *, sends: bool = True, tp: bool = True) -> dict[str, dict[str, tuple[float, float]]]:
     """Bytes one GPU of a stage moves per micro-batch, per phase (``forward``, ``backward``), ``(out, in)`` per
-    traffic class (NOTE [link floor]), ZeRO-3's per-layer collectives apart (:func:`zero3_bytes_per_micro_batch`)."""
+    traffic class (NOTE [link floor]), ZeRO-3's per-layer collectives apart (:func:`zero3_bytes_per_micro_batch`);
+    ``sends=False`` leaves the pipeline's sends out, ``tp=False`` the TP collectives."""
     e = execution
     moved: dict[str, dict[str, list[float]]] = {"forward": {}, "backward": {}}
 
@@ -97,17 +108,17 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         add("backward", "offload", 0.0, act + weights)
     layout = ParallelDims.of(e)
     dims = cluster.group_dims(layout.tp, layout.stride("tp"))
-    if dims:
+    if dims and tp:
         kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
         per_call_bytes = traffic.activation_bytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds)
         for phase, calls in (("forward", 2.0), ("backward", 2 + 2 * costs.recomputed_share)):
             tp_bytes = costs.layers_per_stage * calls * per_call_bytes
             add(phase, "scale-up", tp_bytes, tp_bytes)
-    if e.pp > 1:
-        sends = e.virtual_stages * traffic.p2p_bytes
+    if e.pp > 1 and sends:
+        p2p = e.virtual_stages * traffic.p2p_bytes
         within = layout.stride("pp") < cluster.gpus_per_node and cluster.scale_up is not None
         for phase in ("forward", "backward"):
-            add(phase, "scale-up" if within else "scale-out", sends, sends)
+            add(phase, "scale-up" if within else "scale-out", p2p, p2p)
     n, recomputes = costs.layers_per_stage, e.recompute in ("selective", "full")
     calls: list[tuple[str, str, float, tuple[FabricDim, ...]]] = []  # (phase, kind, bytes, dimensions)
     if e.cp > 1:
@@ -336,13 +347,104 @@ def _level_bytes_per_byte(kind: str, dims: tuple[FabricDim, ...]) -> tuple[float
     return tuple(out)
 
 
+Ends: TypeAlias = dict[tuple[str, str, int], float]
+
+
+def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+                   own: dict[tuple[str, str, int], Flow], dp: dict[tuple[str, str, int], Flow],
+                   zero3: Zero3Traffic | None) -> tuple[Ends, Ends, Ends] | None:
+    """Without offload, the ends (from the reduction's start) of the last backward pass's layer communication
+    ``own`` alone, of the reduction's flows ``dp`` alone, and of both: the pass communicates after its compute
+    (:func:`_compute_before_comm_s`) up to its closed-form end, beside what the reduction moves meanwhile
+    (:func:`_reduction_between`; ZeRO-3's once-per-iteration collectives spread evenly over their time); None
+    when the reduction moves nothing then."""
+    crossed = _resources_by_class(cluster)
+    if not any(crossed.get(a, set()) & crossed.get(b, set()) for a, _way, _n in own.values()
+               for b, _to, _m in dp.values()):
+        return None  # on resources of their own
+    start = _compute_before_comm_s(execution, costs)
+    alone = {key: start + end for key, end in _drain_ends(cluster, own).items()}
+    until = max(costs.dp_hidden_s, max(alone.values(), default=start))  # its latencies and ring steps in it
+    if zero3 is None:
+        during = _reduction_between(cluster, traffic, costs.dp_full_s, start, until)
+    else:
+        share = max(0.0, min(costs.dp_full_s, until) - start) / costs.dp_full_s
+        during = {cls: got * share for cls, _way, got in dp.values()}
+    left = {key: (cls, way, during[cls]) for key, (cls, way, _got) in dp.items() if during.get(cls, 0.0) > 0}
+    if not left:
+        return None
+    apart = {**{key: start for key in dp}, **{key: start + end for key, end in _drain_ends(cluster, left).items()}}
+    ends = {**apart, **{key: start + end for key, end in _drain_ends(cluster, {**own, **left}).items()}}
+    return alone, apart, ends
+
+
+_CROSSED: dict[int, tuple[object, dict[str, set[tuple[str, ...]]]]] = {}
+"""Per ``Cluster.paths`` (by identity, the tuple kept alongside): :func:`_resources_by_class`'s answer."""
+
+
+def _resources_by_class(cluster: Cluster) -> dict[str, set[tuple[str, ...]]]:
+    """The finite resources each traffic class's paths cross, the GPU's own HBM left out (as in the drain)."""
+    got = _CROSSED.get(id(cluster.paths))
+    if got is not None and got[0] is cluster.paths:
+        return got[1]
+    crossed: dict[str, set[tuple[str, ...]]] = {}
+    for path in cluster.paths:
+        crossed.setdefault(path.traffic, set()).update(
+            res.resource for res in path.resources if res.resource[0] != "hbm" and res.load_s_per_byte() > 0)
+    if len(_CROSSED) > 256:
+        _CROSSED.clear()
+    _CROSSED[id(cluster.paths)] = (cluster.paths, crossed)
+    return crossed
+
+
+def _reduction_between(cluster: Cluster, traffic: RankTraffic, end_s: float, begin_s: float, until_s: float,
+                       ) -> dict[str, float]:
+    """Bytes per class the reduction's all-reduces move each way from ``begin_s`` to ``until_s`` of a reduction
+    that ends at ``end_s``, its phases as late as they can run: per reduction group one after another, a
+    hierarchical one's reduce-scatter inward, all-reduce on the outermost dimension and all-gather back (NOTE
+    [collective flow phases]), each phase its bytes over its dimension's bandwidth."""
+    phases: list[tuple[str, float, float]] = []  # (class, bytes, seconds), in the order they run
+    for nbytes, size, stride in traffic.gradient_groups:
+        dims = cluster.group_dims(size, stride)
+        if not dims:
+            continue
+        moved = [nbytes * per_byte for per_byte in _level_bytes_per_byte("all-reduce", dims)]
+        inward = [(_dim_class(cluster, d), b / 2, b / 2 / d.bytes_per_s) for d, b in zip(dims[:-1], moved[:-1])]
+        outer = (_dim_class(cluster, dims[-1]), moved[-1], moved[-1] / dims[-1].bytes_per_s)
+        phases += [*inward, outer, *reversed(inward)]
+    between: dict[str, float] = {}
+    for cls, nbytes, seconds in reversed(phases):
+        overlap = min(end_s, until_s) - max(end_s - seconds, begin_s)
+        if overlap > 0:
+            between[cls] = between.get(cls, 0.0) + nbytes * overlap / seconds
+        end_s -= seconds
+    return between
+
+
+def _compute_before_comm_s(execution: Execution, costs: StageCosts) -> float:
+    """How long the last backward pass of a stage's chunk computes before its communication starts (the engine
+    runs a pass's CP ring steps, CP and EP collectives and TP collectives after its compute, the ring's attention
+    beside its sends)."""
+    e, c = execution, costs
+    steps = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2) if e.cp_comm == "p2p" else 0
+    layer_s = c.layer_bwd_s + c.layer_recompute_s - steps * c.layer_attention_fwd_s / e.cp
+    logits = c.last_bwd_s if e.pp == 1 and e.virtual_stages == 1 else 0.0  # the first stage hides the reduction
+    return max(0.0, c.layers_per_stage / e.virtual_stages * layer_s + logits)
+
+
+def _shared(ends: dict[tuple[str, str, int], float], apart: dict[tuple[str, str, int], float]) -> bool:
+    """Whether some flow of a drain ends later than drained ``apart`` (beyond the steps' rounding): the
+    reduction shares a resource with the backward's flows."""
+    return any(end - apart[key] > _DRAINED * end for key, end in ends.items())
+
+
 @dataclass(frozen=True, slots=True)
 class LinkFloors:
     """What :func:`mcdla.sim.llm.llm_step` keeps: ``stage_s``, the least time of one micro-batch on a stage
     (:func:`link_floor_s`); ``dp_exposed_s``, the least exposed time of a reduction overlapped with the last
     backward; ``last_backward_s``, what a stage's reduction beside its last backward pass adds to that pass (each
     of the ``p - 1`` stages after the first is on the iteration's critical path there); both 0 when the reduction
-    is not overlapped or nothing is offloaded."""
+    is not overlapped, and ``stage_s`` when nothing is offloaded."""
 
     stage_s: float
     dp_exposed_s: float
@@ -351,30 +453,45 @@ class LinkFloors:
 
 def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
                 zero3: Zero3Traffic | None = None) -> LinkFloors:
-    """The floors of NOTE [link floor] for an offloading execution (all 0 without offload: no class then shares
-    a resource with another one the closed form prices apart); ``zero3``: a ZeRO-3 execution's collectives."""
+    """The floors of NOTE [link floor]; without offload only the overlapped reduction's, 0 where it shares no
+    resource with the last backward's layer communication; ``zero3``: a ZeRO-3 execution's collectives."""
     e = execution
-    if not (e.offload_activations or e.offload_weights) or cluster.offload is None:
+    offloads = (e.offload_activations or e.offload_weights) and cluster.offload is not None
+    if not offloads and not (e.dp_overlap and e.dp * e.cp > 1):
         return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
     phase_s = _phase_s(e, costs)
-    flows = _phase_flows(e, cluster, costs, traffic, zero3)
-    stage = sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s)
+    flows = _phase_flows(e, cluster, costs, traffic, zero3) if offloads else {}
+    stage = sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s) if offloads else 0.0
     dp_exposed = last_backward = 0.0
     if e.dp_overlap and e.dp * e.cp > 1:
-        own = flows["backward"]
-        alone = _drain_ends(cluster, own)
         reduced = reduction_bytes(e, cluster, traffic, zero3)
         dp = _flows({cls: (b, b) for cls, b in reduced.items()}, "dp")
-        ends, apart = _drain_ends(cluster, {**own, **dp}), _drain_ends(cluster, dp)
-        bwd = max(phase_s["backward"], max(alone.values(), default=0.0))  # the pass as the stage's floor has it
+        if offloads:  # the pass's flows and the reduction's start together
+            own = flows["backward"]
+            alone, apart = _drain_ends(cluster, own), _drain_ends(cluster, dp)
+            ends = _drain_ends(cluster, {**own, **dp})
+        else:
+            # TP calls beside the GEMMs hide behind them, their slowdown too (the closed form exposes the excess)
+            overlapped = costs.layer_tp_hide_bwd_s > 0
+            own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False, tp=not overlapped)
+                         ["backward"])
+            timed = _after_compute(e, cluster, costs, traffic, own, dp, zero3) if own else None
+            if timed is None or not _shared(timed[2], {**timed[0], **timed[1]}):
+                return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)  # the closed form prices each class on its link
+            alone, apart, ends = timed
+        # the pass as the stage's floor has it (without offload the closed form's)
+        bwd = max(phase_s["backward"], max(alone.values(), default=0.0) if offloads else 0.0)
         # the reduction's collectives run one after another, each its phases in turn (its closed-form time), beside
         # the whole pass (its exposed copies too): what the pass's flows slow them is exposed beyond that
         slow_dp = max(0.0, *(ends[key] - apart[key] for key in dp))
         hidden = costs.dp_hidden_s + costs.offload_bwd_s + bwd - phase_s["backward"]
-        dp_exposed = max(0.0, max(ends.values(), default=0.0) - phase_s["backward"],
+        # the drain beyond the pass (without offload the hiding pass, the logits' and loss's backward in it)
+        dp_exposed = max(0.0, max(ends.values(), default=0.0) - (phase_s["backward"] if offloads else hidden),
                          costs.dp_full_s + slow_dp - hidden)
         # the pass's own flows beside the reduction: its communication is on its critical path (the closed form
         # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
         slowed = [ends[key] - (bwd if key[1] == "offload" else alone[key]) for key in own]
         last_backward = max(0.0, *slowed) / e.virtual_stages
+        if not offloads:  # the first stage ends with the later of its reduction and its own slowed pass
+            dp_exposed = max(dp_exposed, costs.dp_exposed_s + last_backward)
     return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed, last_backward_s=last_backward)
