@@ -254,8 +254,8 @@ class StatePrediction(NamedTuple):
         return self.fetch_s + self.gradient_out_s + self.copy_in_s
 
 
-def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
-                   update_s_per_param_byte: float = 0.0) -> StatePrediction:
+def predict_states(workload: Workload, plan: Plan, link: PoolLink, *, update_s_per_param_byte: float = 0.0,
+                   cpu_sharing: tuple[float, float] = (1.0, 1.0)) -> StatePrediction:
     """The engine's step time and peak resident offloaded-weight bytes for ``plan``'s ``state`` entries.
 
     NOTE [predicting state]
@@ -267,7 +267,9 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
     optimizer state; gradients kept): its peak less the bytes it keeps throughout (every gradient and the kept
     weights) is what ``mcdla.offload_parameters`` reports as ``peak_resident_bytes``, the offloaded weights
     resident at once. Each CPU update takes ``update_s_per_param_byte`` per parameter byte (a measured rate),
-    one at a time, overlapped with the rest of backward as the optimizer's worker thread runs them.
+    one at a time, overlapped with the rest of backward as the optimizer's worker thread runs them; on a CPU
+    the two share its cores, by the measured stretches ``cpu_sharing`` (NOTE [CPU sharing] in
+    :mod:`mcdla.sim.device`; (1, 1): a spare core for the worker).
     ``serial_step_s`` bounds the other end: on a CPU whose cores are all busy (a shared machine) the copies and
     updates get no core of their own, so they add to the compute (the engine's compute time plus every state
     transfer at the link's rates and latency plus every update).
@@ -277,7 +279,7 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
     device = time_device(workload.precision)
     timed = timed_view(workload, saved_only=False)
     result = evaluate_plan(timed, plan, link, device=device, budget_bytes=math.inf,
-                           update_s_per_param_byte=update_s_per_param_byte)
+                           update_s_per_param_byte=update_s_per_param_byte, cpu_sharing=cpu_sharing)
     if not result.feasible:
         raise PlanError(f"simulator: the plan cannot run: {result.infeasible_reason}")
     weights_only = dataclasses.replace(
