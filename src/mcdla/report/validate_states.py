@@ -105,6 +105,7 @@ class StateValidation:
     predicted_copy_in_s: float  # every new value step() copies in (device weights or the pool)
     measured_copy_in_s: float  # step() less its wait for updates, per step
     predicted_gradient_out_s: float  # every offloaded gradient copied out
+    predicted_kept_update_s: float  # step()'s updates of the state kept on the device (and their weights' gather)
     measured_backward_s: float  # forward + backward under the offloaders
     measured_step_call_s: float  # the offloaded optimizer's step(): waiting for updates, copying values in
 
@@ -130,7 +131,8 @@ class StateValidation:
             ("  step() (waits for updates, copies in)", None, self.measured_step_call_s),
             ("CPU updates (worker busy)", self.predicted_update_s, self.measured_update_s),
             ("weight fetches (worker busy)", self.predicted_fetch_s, self.measured_fetch_s),
-            ("new values copied in by step()", self.predicted_copy_in_s, self.measured_copy_in_s),
+            ("step() less its wait (copies in, kept)", self.predicted_copy_in_s, self.measured_copy_in_s),
+            ("  of which kept state's updates", self.predicted_kept_update_s, None),
             ("gradients copied out", self.predicted_gradient_out_s, None),
         ]
 
@@ -222,6 +224,7 @@ class _Rounds:
 
     plain_fb: list[float] = field(default_factory=list)
     plain_step: list[float] = field(default_factory=list)
+    plain_update: list[float] = field(default_factory=list)  # the plain Adam's step() (foreach=False)
     alone_update: list[float] = field(default_factory=list)
     shared_fb: list[float] = field(default_factory=list)
     shared_update: list[float] = field(default_factory=list)
@@ -269,7 +272,7 @@ def _measure_rounds(resolved: ResolvedModel, inputs: Any, pool: Any, plan: Plan,
     try:
         for r in range(warmup + rounds):
             keep = r >= warmup
-            times, fbs, _ = _timed_steps(plain_model, inputs, loss_fn, plain, 1)
+            times, fbs, plain_calls = _timed_steps(plain_model, inputs, loss_fn, plain, 1)
             _timed_steps(alone_model, inputs, loss_fn, alone, 1)
             alone_s = alone.update_s
             with _BackgroundUpdates(shared) as background:
@@ -284,6 +287,7 @@ def _measure_rounds(resolved: ResolvedModel, inputs: Any, pool: Any, plan: Plan,
                 continue
             out.plain_step += times
             out.plain_fb += fbs
+            out.plain_update += plain_calls
             out.alone_update.append(alone_s)
             out.shared_fb.append(shared_fb)
             out.shared_update.append(statistics.median(background.busy_s) if background.busy_s else 0.0)
@@ -355,9 +359,12 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
     compute_s = statistics.median(rounds.plain_fb)
     timed = _scaled_compute(workload, compute_s)
     update_rate = statistics.median(rounds.alone_update) / max(workload.param_bytes, 1.0)
+    device_rate = statistics.median(rounds.plain_update) / max(workload.param_bytes, 1.0)
     sharing = rounds.cpu_sharing()
-    prediction = predict_states(timed, chosen, link, update_s_per_param_byte=update_rate, cpu_sharing=sharing)
-    spare = predict_states(timed, chosen, link, update_s_per_param_byte=update_rate)
+    prediction = predict_states(timed, chosen, link, update_s_per_param_byte=update_rate, cpu_sharing=sharing,
+                                device_update_s_per_param_byte=device_rate)
+    spare = predict_states(timed, chosen, link, update_s_per_param_byte=update_rate,
+                           device_update_s_per_param_byte=device_rate)
     return StateValidation(
         model=resolved.name, pool=pool,
         prefetch=tuple(sorted({sd.prefetch for sd in chosen.state if sd.offloads("weights")})),
@@ -373,7 +380,8 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
         predicted_compute_s=prediction.compute_s, measured_compute_s=compute_s,
         predicted_update_s=prediction.update_s, measured_update_s=statistics.median(rounds.worker),
         predicted_fetch_s=prediction.fetch_s, measured_fetch_s=statistics.median(rounds.fetching),
-        predicted_copy_in_s=prediction.copy_in_s,
+        predicted_copy_in_s=prediction.copy_in_s + prediction.kept_update_s,
+        predicted_kept_update_s=prediction.kept_update_s,
         measured_copy_in_s=statistics.median([c - w for c, w in zip(rounds.run_step_call, rounds.waiting)]),
         predicted_gradient_out_s=prediction.gradient_out_s,
         measured_backward_s=statistics.median(rounds.run_fb),
