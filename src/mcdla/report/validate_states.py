@@ -12,12 +12,14 @@ the second on.
 NOTE [sharing measured]
     Load from other processes drifts over seconds, so, as for activations (NOTE [measuring] in
     :mod:`mcdla.profile.rounds`), the measurements alternate: each round runs a plain Adam step, the runtime's
-    CPU updates alone (``offload_optimizer(..., overlap=False)`` on a copy of the model, state in the same
-    pool: the worker's busy seconds ``update_s`` of a ``step()`` that runs them after backward, reading the
-    state from the tier, updating, writing it back), the plain forward + backward while a background thread
+    CPU updates alone (on a copy of the model under the plan, its weights in ``offload_parameters`` and its
+    optimizer state in the same pool as the run's, with ``offload_optimizer(..., overlap=False)``: the worker's
+    busy seconds ``update_s`` of a ``step()`` that runs them after backward, reading the weights and the state
+    from the tier, updating, writing the state back), the plain forward + backward while a background thread
     runs those same updates back to back, and one step of the run. The compute is the profile's layer times
     scaled together to the median plain forward + backward (the split from the layers, the total from the
-    rounds); the update rate is the median alone busy seconds per parameter byte; the CPU sharing
+    rounds); the update rate is the median alone busy seconds per parameter byte updated on the CPU; the plain
+    optimizer's ``step()`` per parameter byte is the rate of the state kept on the device; the CPU sharing
     (NOTE [CPU sharing] in :mod:`mcdla.sim.device`) is the pair of stretches measured beside each other in
     each round: compute's (the plain forward + backward with updates beside it over the same round's alone)
     and the updates' (their busy seconds per step beside compute over the same round's alone), medians over
@@ -252,10 +254,22 @@ def _measure_rounds(resolved: ResolvedModel, inputs: Any, pool: Any, plan: Plan,
     loss_fn = resolved.loss_fn
     plain_model = copy.deepcopy(resolved.model)
     plain = torch.optim.Adam(plain_model.parameters(), lr=lr, foreach=False)
-    alone_model = copy.deepcopy(resolved.model)
-    alone = offload_optimizer(torch.optim.Adam(alone_model.parameters(), lr=lr), pool, overlap=False)
-    shared_model = copy.deepcopy(resolved.model)
-    shared = offload_optimizer(torch.optim.Adam(shared_model.parameters(), lr=lr), pool, overlap=False)
+    # the updates measured on the run's own path: the plan's weights in a parameter offloader, its optimizer
+    # state in the pool, gradients kept (overlap=False keeps them for step())
+    kept_grads = dataclasses.replace(plan, state=tuple(dataclasses.replace(sd, gradients=Placement.DEVICE)
+                                                       for sd in plan.state))
+    timing: list[Any] = []
+
+    def updates_only(model: torch.nn.Module) -> Any:
+        holder = offload_parameters(model, pool, plan=kept_grads)
+        timing.append(holder)
+        opt = offload_optimizer(torch.optim.Adam(model.parameters(), lr=lr), pool, overlap=False, model=model,
+                                parameters=holder, plan=kept_grads)
+        timing.append(opt)
+        return opt
+
+    alone_model, shared_model = copy.deepcopy(resolved.model), copy.deepcopy(resolved.model)
+    alone, shared = updates_only(alone_model), updates_only(shared_model)
     compute_loss(run_forward(shared_model, inputs), loss_fn).backward()  # gradients its updates keep using
     run_model = copy.deepcopy(resolved.model)
     params = offload_parameters(run_model, pool, plan=plan)
@@ -295,7 +309,7 @@ def _measure_rounds(resolved: ResolvedModel, inputs: Any, pool: Any, plan: Plan,
             out.run_fb += run[1]
             out.run_step_call += run[2]
     finally:
-        for o in (opt, alone, shared):
+        for o in (opt, *reversed(timing)):
             o.close()
         params.close()
     return out
@@ -358,7 +372,8 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
         pool_obj.close()
     compute_s = statistics.median(rounds.plain_fb)
     timed = _scaled_compute(workload, compute_s)
-    update_rate = statistics.median(rounds.alone_update) / max(workload.param_bytes, 1.0)
+    cpu_updated = sum(l.param_bytes for l in workload.layers if chosen.state_of(l.name).offloads("optimizer_state"))
+    update_rate = statistics.median(rounds.alone_update) / max(cpu_updated, 1.0)
     device_rate = statistics.median(rounds.plain_update) / max(workload.param_bytes, 1.0)
     sharing = rounds.cpu_sharing()
     prediction = predict_states(timed, chosen, link, update_s_per_param_byte=update_rate, cpu_sharing=sharing,
