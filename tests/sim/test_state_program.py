@@ -225,3 +225,18 @@ def test_cpu_sharing_below_one_is_refused() -> None:
     with pytest.raises(SimError, match=r"cpu_sharing\[1\]"):
         evaluate_plan(wl, _plan(wl, l0={"optimizer_state": "offload"}), PoolLink.symmetric(1e9),
                       update_s_per_param_byte=1.0 / P, cpu_sharing=(1.0, 0.5))
+
+
+def test_cpu_sharing_stretches_compute_beside_a_weight_fetch() -> None:
+    """NOTE [CPU sharing], compute stretch 2, weights of two layers offloaded (prefetch 1, fetch 0.25 s), no
+    optimizer offload; by hand: l0 on demand 0-0.25; F0 from 0.25 beside l1's fetch (0.25-0.5) does 0.125 s of
+    work there and ends 1.375; F1 1.375-2.375; l1 on demand for backward 2.375-2.625; B1 beside l0's fetch
+    (2.625-2.875) ends 2.625 + 0.25 + 1.875 = 4.75; B0 4.75-6.75. Without sharing: 6.5."""
+    wl = _workload(2)
+    weights = {"weights": "offload"}
+    plan = _plan(wl, l0=weights, l1=weights)
+    link = PoolLink.symmetric(4e9)
+    assert evaluate_plan(wl, plan, link).iteration_time_s == pytest.approx(6.5)
+    r = evaluate_plan(wl, plan, link, cpu_sharing=(2.0, 1.0))
+    assert r.iteration_time_s == pytest.approx(6.75)
+    assert r.compute_s == pytest.approx(2 * F_S + 2 * B_S)

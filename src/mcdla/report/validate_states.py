@@ -21,7 +21,8 @@ NOTE [sharing measured]
     rounds); the update rate is the median alone busy seconds per parameter byte updated on the CPU; the plain
     optimizer's ``step()`` per parameter byte is the rate of the state kept on the device; the CPU sharing
     (NOTE [CPU sharing] in :mod:`mcdla.sim.device`) is the pair of stretches measured beside each other in
-    each round: compute's (the plain forward + backward with updates beside it over the same round's alone)
+    each round: compute's (the plain forward + backward with updates beside it over the same round's alone;
+    the engine applies it beside any helper thread of the runtime, weight fetches too)
     and the updates' (their busy seconds per step beside compute over the same round's alone), medians over
     the rounds. On an idle machine with a core per thread both are about 1; where the process has one core
     for both threads they are about 2.

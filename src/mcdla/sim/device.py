@@ -22,11 +22,13 @@ infeasible (``tests/sim/test_monotonic.py``). The rule only delays grants: when 
 would leave the first failing operation waiting for memory that stays held until after it has run.
 
 NOTE [CPU sharing]
-On a CPU the training "device" and the optimizer's worker thread share the same cores: while a CPU update
-runs, compute can slow down, and while compute runs, the update can. ``Program.cpu_sharing = (c, u)`` says by
-how much (measured, e.g. by ``mcdla validate --states``): an operation's compute progresses at ``1 / c`` of its
-rate while an update runs, an update at ``1 / u`` of its rate while an operation computes (processor sharing
-of the measured stretches). Each change of who runs re-times the running one's end from the work it has left;
+On a CPU the training "device" and the runtime's helper threads (the optimizer's worker, the parameter
+offloader's fetch thread) share the same cores: while a CPU update or a weight fetch runs, compute can slow
+down, and while compute runs, the update can. ``Program.cpu_sharing = (c, u)`` says by how much (measured, e.g.
+by ``mcdla validate --states``): an operation's compute progresses at ``1 / c`` of its rate while an update or
+a weight fetch runs, an update at ``1 / u`` of its rate while an operation computes (processor sharing of the
+measured stretches; a fetch keeps its link time, which the probe measured with compute idle, and so hides
+as before). Each change of who runs re-times the running one's end from the work it has left;
 a compute operation's extra wall time is exposed virtualization (its ``duration_s`` stays compute). (1, 1),
 the default, is a spare core for the updates: nothing is re-timed.
 """
@@ -282,10 +284,14 @@ class DeviceState:
         """Take the work done since the last change off the running compute operation and update."""
         c, u = self.sharing  # type: ignore[misc]
         if self.busy:
-            self.comp_left = max(0.0, self.comp_left - (now - self.comp_mark) / (c if self.upd_op is not None else 1.0))
+            self.comp_left = max(0.0, self.comp_left - (now - self.comp_mark) / (c if self._helper_busy() else 1.0))
         if self.upd_op is not None:
             self.upd_left = max(0.0, self.upd_left - (now - self.upd_mark) / (u if self.busy else 1.0))
         self.comp_mark = self.upd_mark = now
+
+    def _helper_busy(self) -> bool:
+        """Whether one of the runtime's CPU threads runs beside compute: the optimizer's update or a weight fetch."""
+        return self.upd_op is not None or self.w_busy
 
     def _retime(self, now: float) -> None:
         """Schedule the running compute operation's and update's ends at their present rates (stale ones ignored)."""
@@ -293,7 +299,7 @@ class DeviceState:
         queue = self.engine.queue
         if self.busy:
             self.comp_gen += 1
-            queue.push(now + self.comp_left * (c if self.upd_op is not None else 1.0), self._end_compute_shared,
+            queue.push(now + self.comp_left * (c if self._helper_busy() else 1.0), self._end_compute_shared,
                        (self.ops[self.pc], self.comp_gen))
         if self.upd_op is not None:
             self.upd_gen += 1
@@ -450,12 +456,20 @@ class DeviceState:
         if self.w_busy or not self.wq:
             return
         fetch = self.wq.popleft()
+        if self.sharing is not None:
+            self._advance(now)
         self.w_busy = True
         self.w_start = now
+        if self.sharing is not None:
+            self._retime(now)
         self._state_transfer(fetch, False, self.fetch_bytes[fetch], self._end_fetch, now)
 
     def _end_fetch(self, fetch: int, now: float) -> None:
+        if self.sharing is not None:
+            self._advance(now)
         self.w_busy = False
+        if self.sharing is not None:
+            self._retime(now)
         self.w_done[fetch] = True
         engine = self.engine
         if engine.spans is not None:

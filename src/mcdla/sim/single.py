@@ -103,7 +103,7 @@ def evaluate_plan(workload: Workload, plan: Plan, link: PoolLink, *, device: Dev
     if dev.hbm_bytes != capacity:
         dev = dataclasses.replace(dev, hbm_bytes=capacity)
     fabric = Fabric.from_pool_link(dev, link)
-    if not plan.state or update_s_per_param_byte == 0.0:
+    if not plan.state or (update_s_per_param_byte == 0.0 and tuple(cpu_sharing) == (1.0, 1.0)):
         return simulate_fabric(fabric, workload, plan)
     if not 0 <= update_s_per_param_byte < math.inf:
         raise SimError(f"update_s_per_param_byte: got {update_s_per_param_byte!r}; must be a finite number >= 0")
