@@ -89,7 +89,7 @@ class StateValidation:
     offloaded_optimizer_layers: int
     predicted_step_s: float  # the engine with the measured CPU sharing (NOTE [sharing measured])
     serial_step_s: float
-    spare_core_step_s: float  # the engine with a core of their own for the updates: cpu_sharing (1, 1)
+    spare_core_step_s: float  # the engine with a core of their own for updates and fetches: cpu_sharing (1, 1)
     cpu_sharing: tuple[float, float]  # measured (compute, update) stretches while both run
     measured_step_s: float
     measured_step_samples_s: tuple[float, ...]
@@ -150,7 +150,7 @@ class StateValidation:
             f"{self.plain_step_s * 1e3:.2f} ms; offloaded update {self.update_s_per_param_byte * 1e9:.2f} s/GB)",
             f"                (serial bound, no spare core for copies and updates: "
             f"{self.serial_step_s * 1e3:.2f} ms, error {self.serial_step_error:+.1%})",
-            f"                (a spare core for the updates: {self.spare_core_step_s * 1e3:.2f} ms, error "
+            f"                (a spare core for the runtime's threads: {self.spare_core_step_s * 1e3:.2f} ms, error "
             f"{self.spare_core_error:+.1%}; measured CPU sharing: compute x{self.cpu_sharing[0]:.2f}, updates "
             f"x{self.cpu_sharing[1]:.2f} while both run)",
             f"  peak weights: predicted {format_bytes(self.predicted_peak_weight_bytes):>12}   measured "
