@@ -8,7 +8,8 @@ from torch import nn
 
 from mcdla.errors import ConfigError
 from mcdla.profile.resolve import ResolvedModel
-from mcdla.report.validate_states import adam_state_per_param_byte, validate_states
+from mcdla.report.validate_states import _Rounds, _scaled_compute, adam_state_per_param_byte, validate_states
+from mcdla.workload.model import Layer, LayerKind, Workload
 
 WIDTH = 384
 
@@ -47,3 +48,23 @@ def test_adam_state_per_param_byte_counts_fp32_masters_of_half_parameters() -> N
     """fp32 parameters: two moments (2 bytes per byte); bf16: fp32 master + two fp32 moments (6 per byte)."""
     assert adam_state_per_param_byte(nn.Linear(8, 8)) == 2.0
     assert adam_state_per_param_byte(nn.Linear(8, 8).to(torch.bfloat16)) == 6.0
+
+
+def test_cpu_sharing_is_the_median_of_each_rounds_stretches() -> None:
+    """The (compute, update) stretches are medians over rounds of the same round's ratios, by hand; a ratio
+    below 1 (noise) counts as 1, and a round whose background updates never finished one step is skipped."""
+    rounds = _Rounds(plain_fb=[1.0, 2.0, 4.0], shared_fb=[1.5, 2.2, 2.0], alone_update=[1.0, 1.0, 2.0],
+                     shared_update=[3.0, 0.0, 2.5])
+    # compute ratios 1.5, 1.1, 0.5 -> median 1.1; update ratios 3.0, (skipped), 1.25 -> median 2.125
+    assert rounds.cpu_sharing() == pytest.approx((1.1, 2.125))
+    calm = _Rounds(plain_fb=[2.0], shared_fb=[1.0], alone_update=[2.0], shared_update=[1.0])
+    assert calm.cpu_sharing() == (1.0, 1.0)
+
+
+def test_scaled_compute_keeps_the_split_and_takes_the_total() -> None:
+    """Layer times scaled to a measured total: they sum to it and keep their proportions."""
+    wl = Workload(name="w", batch=1, layers=tuple(
+        Layer(name=f"l{i}", kind=LayerKind.FC, fwd_flops=0, bwd_flops=0, fwd_time_s=f, bwd_time_s=b)
+        for i, (f, b) in enumerate(((1.0, 2.0), (3.0, 4.0)))))
+    got = _scaled_compute(wl, 5.0)
+    assert [t for l in got.layers for t in (l.fwd_time_s, l.bwd_time_s)] == pytest.approx([0.5, 1.0, 1.5, 2.0])

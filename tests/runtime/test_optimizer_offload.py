@@ -281,6 +281,36 @@ def test_plan_offloads_only_the_modules_it_names():
         offload_optimizer(torch.optim.Adam(model.parameters()), pool="host", plan=plan)
 
 
+def test_kept_optimizer_state_of_offloaded_weights_updates_them_exactly():
+    """A plan offloading module '0''s weights but keeping its optimizer state on the device: step() updates
+    those weights where they live (gathered for the update) and every parameter equals the plain optimizer's."""
+    import dataclasses
+
+    from mcdla.runtime import offload_parameters
+    from mcdla.workload.plan import Plan, StateDecision
+
+    ref, model = _model(), _model()
+    names = [n for n, _ in model.named_modules()]
+    plan = dataclasses.replace(Plan.from_actions(workload="mlp", batch=4, layer_names=names, actions={}),
+                               state=(StateDecision(layer="0", weights="offload"),
+                                      StateDecision(layer="2", optimizer_state="offload")))
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    params = offload_parameters(model, "host", plan=plan)
+    opt = offload_optimizer(torch.optim.Adam(model.parameters(), lr=1e-2), pool="host", model=model,
+                            parameters=params, plan=plan)
+    try:
+        for x, y in _batches(3):
+            for m, o in ((ref, ref_opt), (model, opt)):
+                _loss(m, x, y).backward()
+                o.step()
+                o.zero_grad()
+    finally:
+        opt.close()
+        params.close()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+
+
 def test_free_gradients_leaves_no_gradient_and_stays_exact():
     """free_gradients=True: after backward no parameter holds a gradient, and three steps equal plain Adam."""
     ref, model = _model(), _model()

@@ -4,6 +4,7 @@ equal the window computed by hand from the model's parameter sizes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -108,6 +109,31 @@ def test_prediction_parts_by_hand() -> None:
     assert got.gradient_out_s == pytest.approx(sum(1e-5 + b / 2e9 for b in sizes))
     assert got.copy_in_s == pytest.approx(sum(1e-5 + b / 2e9 for b in sizes))  # written into the pool
     assert got.serial_step_s == pytest.approx(got.compute_s + got.update_s + got.copy_s)
+
+
+def test_kept_state_updates_and_their_gather_add_to_the_step_by_hand() -> None:
+    """Weights offloaded, optimizer state kept on the device for the first layer only: step() updates it at the
+    device rate after the engine's step, gathering every offloaded weight (one fetch each) and writing the
+    updated one back; nothing is added when the kept layers' weights stay on the device."""
+    link = PoolLink(offload_bytes_per_s=2e9, prefetch_bytes_per_s=1e9, latency_s=1e-5, source="test")
+    wl = _workload()
+    sizes = _layer_bytes()
+    first, rest = NAMES[0], NAMES[1:]
+    all_off = {"weights": "offload", "gradients": "offload", "optimizer_state": "offload"}
+    state = (StateDecision(layer=first, weights="offload"),
+             *(StateDecision(layer=n, **all_off) for n in rest))
+    plan = Plan(workload="mlp", batch=1, budget_bytes=math.inf, decisions=(), layer_names=tuple(NAMES), state=state)
+    device_rate = 2e-9
+    base = predict_states(wl, plan, link, update_s_per_param_byte=1e-9)
+    got = predict_states(wl, plan, link, update_s_per_param_byte=1e-9, device_update_s_per_param_byte=device_rate)
+    gather = sum(1e-5 + b / 1e9 for b in sizes) + (1e-5 + sizes[0] / 2e9)
+    assert base.kept_update_s == pytest.approx(gather)  # no device rate given: the gather alone
+    assert got.kept_update_s == pytest.approx(gather + sizes[0] * device_rate)
+    assert got.step_s - base.step_s == pytest.approx(sizes[0] * device_rate)
+    kept_weights = (StateDecision(layer=first), *state[1:])
+    plain = dataclasses.replace(plan, state=kept_weights)
+    assert predict_states(wl, plain, link, device_update_s_per_param_byte=device_rate).kept_update_s == \
+        pytest.approx(sizes[0] * device_rate)
 
 
 def test_fetch_seconds_are_the_workers_within_the_step() -> None:

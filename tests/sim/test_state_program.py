@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcdla.errors import PlanError
+from mcdla.errors import PlanError, SimError
 from mcdla.hardware.pool_link import PoolLink
 from mcdla.sim import evaluate_plan
 from mcdla.sim.program import build_program
@@ -184,3 +184,59 @@ def test_host_peak_without_state_is_the_activations_alone() -> None:
     plan = Plan.from_actions(workload="toy", batch=1, layer_names=wl.layer_names, actions={"l0": "offload"})
     r = evaluate_plan(wl, plan, PoolLink.symmetric(4e9))
     assert r.peak_bytes_by_tier["host"] == pytest.approx(3e8)
+
+
+def test_cpu_sharing_stretches_the_backward_and_the_update_they_overlap() -> None:
+    """NOTE [CPU sharing] with (compute, update) stretches (2, 1.5), the two-layer case above by hand: B0 runs
+    4-4.25 alone; l1's update starts 4.25 and both share the CPU: B0's 1.75 s left take 3.5 s (ends 7.75), by
+    then the update has done 3.5 / 1.5 = 2.333 s of its 3 and finishes the rest alone 7.75-8.4167; l0's
+    gradient is out 7.75-8.0, its update runs alone 8.4167-11.4167; step() copies in 11.4167-11.9167."""
+    wl = _workload(2)
+    where = {"optimizer_state": "offload"}
+    r = evaluate_plan(wl, _plan(wl, l0=where, l1=where), PoolLink.symmetric(4e9), update_s_per_param_byte=3.0 / P,
+                      cpu_sharing=(2.0, 1.5))
+    done_in_overlap = 3.5 / 1.5
+    end = 7.75 + (3.0 - done_in_overlap) + 3.0 + 2 * 0.25
+    assert r.iteration_time_s == pytest.approx(end)
+    assert r.compute_s == pytest.approx(2 * F_S + 2 * B_S)  # the stretch is exposed, not compute
+    assert r.exposed_virtualization_s == pytest.approx(end - 2 * F_S - 2 * B_S)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.floats(0.1, 4.0), st.floats(1.0, 3.0), st.floats(1.0, 3.0))
+def test_cpu_sharing_lies_between_a_spare_core_and_one_core(layers, update_s, c, u) -> None:
+    """Any stretches: the step is at least the one with a spare core for the updates (1, 1); and when sharing
+    gets at least one core's work done (1/c + 1/u >= 1), at most the serial sum (compute, every move, every
+    update one after another), which a slower sharing can exceed."""
+    wl = _workload(layers)
+    plan = _plan(wl, **{f"l{i}": {"optimizer_state": "offload"} for i in range(layers)})
+    link = PoolLink.symmetric(4e9)
+    spare = evaluate_plan(wl, plan, link, update_s_per_param_byte=update_s / P).iteration_time_s
+    shared = evaluate_plan(wl, plan, link, update_s_per_param_byte=update_s / P, cpu_sharing=(c, u)).iteration_time_s
+    serial = layers * (F_S + B_S) + layers * (update_s + 2 * P / 4e9)
+    assert shared >= spare - 1e-9
+    if 1 / c + 1 / u >= 1:
+        assert shared <= serial + 1e-9
+
+
+def test_cpu_sharing_below_one_is_refused() -> None:
+    """A stretch below 1 (a CPU faster with company) raises SimError naming the entry."""
+    wl = _workload(1)
+    with pytest.raises(SimError, match=r"cpu_sharing\[1\]"):
+        evaluate_plan(wl, _plan(wl, l0={"optimizer_state": "offload"}), PoolLink.symmetric(1e9),
+                      update_s_per_param_byte=1.0 / P, cpu_sharing=(1.0, 0.5))
+
+
+def test_cpu_sharing_stretches_compute_beside_a_weight_fetch() -> None:
+    """NOTE [CPU sharing], compute stretch 2, weights of two layers offloaded (prefetch 1, fetch 0.25 s), no
+    optimizer offload; by hand: l0 on demand 0-0.25; F0 from 0.25 beside l1's fetch (0.25-0.5) does 0.125 s of
+    work there and ends 1.375; F1 1.375-2.375; l1 on demand for backward 2.375-2.625; B1 beside l0's fetch
+    (2.625-2.875) ends 2.625 + 0.25 + 1.875 = 4.75; B0 4.75-6.75. Without sharing: 6.5."""
+    wl = _workload(2)
+    weights = {"weights": "offload"}
+    plan = _plan(wl, l0=weights, l1=weights)
+    link = PoolLink.symmetric(4e9)
+    assert evaluate_plan(wl, plan, link).iteration_time_s == pytest.approx(6.5)
+    r = evaluate_plan(wl, plan, link, cpu_sharing=(2.0, 1.0))
+    assert r.iteration_time_s == pytest.approx(6.75)
+    assert r.compute_s == pytest.approx(2 * F_S + 2 * B_S)

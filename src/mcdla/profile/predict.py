@@ -247,6 +247,7 @@ class StatePrediction(NamedTuple):
     fetch_s: float  # every weight fetch (forward and backward) at the link's rate and latency, one after another
     gradient_out_s: float  # every offloaded optimizer's gradient copied out, the same way
     copy_in_s: float  # every new value step() copies in (into the device's weights or the pool's), the same way
+    kept_update_s: float = 0.0  # step()'s updates of the state kept on the device, and gathering their weights
 
     @property
     def copy_s(self) -> float:
@@ -254,8 +255,9 @@ class StatePrediction(NamedTuple):
         return self.fetch_s + self.gradient_out_s + self.copy_in_s
 
 
-def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
-                   update_s_per_param_byte: float = 0.0) -> StatePrediction:
+def predict_states(workload: Workload, plan: Plan, link: PoolLink, *, update_s_per_param_byte: float = 0.0,
+                   cpu_sharing: tuple[float, float] = (1.0, 1.0),
+                   device_update_s_per_param_byte: float = 0.0) -> StatePrediction:
     """The engine's step time and peak resident offloaded-weight bytes for ``plan``'s ``state`` entries.
 
     NOTE [predicting state]
@@ -267,7 +269,13 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
     optimizer state; gradients kept): its peak less the bytes it keeps throughout (every gradient and the kept
     weights) is what ``mcdla.offload_parameters`` reports as ``peak_resident_bytes``, the offloaded weights
     resident at once. Each CPU update takes ``update_s_per_param_byte`` per parameter byte (a measured rate),
-    one at a time, overlapped with the rest of backward as the optimizer's worker thread runs them.
+    one at a time, overlapped with the rest of backward as the optimizer's worker thread runs them; on a CPU
+    the two share its cores, by the measured stretches ``cpu_sharing`` (NOTE [CPU sharing] in
+    :mod:`mcdla.sim.device`; (1, 1): a spare core for the worker).
+    The optimizer state kept on the device is updated by ``step()`` after all that, at
+    ``device_update_s_per_param_byte`` (a measured rate: the plain optimizer's step), and when any of those
+    modules has its weights offloaded ``step()`` gathers every offloaded weight for it (one fetch each) and
+    writes the updated ones back, as ``offload_optimizer`` runs it: all of it adds to the step.
     ``serial_step_s`` bounds the other end: on a CPU whose cores are all busy (a shared machine) the copies and
     updates get no core of their own, so they add to the compute (the engine's compute time plus every state
     transfer at the link's rates and latency plus every update).
@@ -277,7 +285,7 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
     device = time_device(workload.precision)
     timed = timed_view(workload, saved_only=False)
     result = evaluate_plan(timed, plan, link, device=device, budget_bytes=math.inf,
-                           update_s_per_param_byte=update_s_per_param_byte)
+                           update_s_per_param_byte=update_s_per_param_byte, cpu_sharing=cpu_sharing)
     if not result.feasible:
         raise PlanError(f"simulator: the plan cannot run: {result.infeasible_reason}")
     weights_only = dataclasses.replace(
@@ -301,6 +309,23 @@ def predict_states(workload: Workload, plan: Plan, link: PoolLink, *,
             updates += l.param_bytes * update_s_per_param_byte
             into = link.offload_bytes_per_s if where.offloads("weights") else link.prefetch_bytes_per_s
             into_s += link.latency_s + l.param_bytes / into
+    kept_s = _kept_update_s(timed, plan, link, device_update_s_per_param_byte)
     compute = float(result.compute_s)
-    return StatePrediction(float(result.iteration_time_s), float(peak - kept), float(result.exposed_virtualization_s),
-                           compute + fetches + out + into_s + updates, compute, updates, fetches, out, into_s)
+    return StatePrediction(float(result.iteration_time_s) + kept_s, float(peak - kept),
+                           float(result.exposed_virtualization_s), compute + fetches + out + into_s + updates + kept_s,
+                           compute, updates, fetches, out, into_s, kept_s)
+
+
+def _kept_update_s(workload: Workload, plan: Plan, link: PoolLink, seconds_per_byte: float) -> float:
+    """``step()``'s updates of the optimizer state kept on the device, plus, when one of those modules has its
+    weights offloaded, fetching every offloaded weight and writing the updated ones back (NOTE [predicting
+    state])."""
+    with_params = [l for l in workload.layers if l.param_bytes > 0]
+    kept = [l for l in with_params if not plan.state_of(l.name).offloads("optimizer_state")]
+    total = sum(l.param_bytes for l in kept) * seconds_per_byte
+    if any(plan.state_of(l.name).offloads("weights") for l in kept):
+        total += sum(link.latency_s + l.param_bytes / link.prefetch_bytes_per_s
+                     for l in with_params if plan.state_of(l.name).offloads("weights"))
+        total += sum(link.latency_s + l.param_bytes / link.offload_bytes_per_s
+                     for l in kept if plan.state_of(l.name).offloads("weights"))
+    return total

@@ -298,8 +298,11 @@ class OffloadedOptimizer:
                     self._parameters.write_value(slot.param, new_value)  # type: ignore[union-attr]
                 else:
                     self._copier(slot.param.device).to_device(store.local_tensor(slot.param.detach()), new_value)
-            for slot in self._by_param.values():
-                if slot.kept and slot.param.grad is not None:
+            kept = [slot for slot in self._by_param.values() if slot.kept and slot.param.grad is not None]
+            # a kept update of weights that live in the parameter offloader needs them on the device: gathered
+            moved = self._parameters is not None and any(self._moved(slot.param) for slot in kept)
+            with self._parameters.gathered() if moved else contextlib.nullcontext():  # type: ignore[union-attr]
+                for slot in kept:
                     slot.inner.param_groups[0].update(
                         {k: v for k, v in self.param_groups[slot.group_index].items() if k != "params"})
                     slot.inner.step()

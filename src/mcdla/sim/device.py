@@ -20,6 +20,17 @@ or in flight, of layers whose forward is done) have freed their bytes, counting 
 those operations themselves. This keeps a faster link or faster compute from turning a feasible plan
 infeasible (``tests/sim/test_monotonic.py``). The rule only delays grants: when the walk fails, granting
 would leave the first failing operation waiting for memory that stays held until after it has run.
+
+NOTE [CPU sharing]
+On a CPU the training "device" and the runtime's helper threads (the optimizer's worker, the parameter
+offloader's fetch thread) share the same cores: while a CPU update or a weight fetch runs, compute can slow
+down, and while compute runs, the update can. ``Program.cpu_sharing = (c, u)`` says by how much (measured, e.g.
+by ``mcdla validate --states``): an operation's compute progresses at ``1 / c`` of its rate while an update or
+a weight fetch runs, an update at ``1 / u`` of its rate while an operation computes (processor sharing of the
+measured stretches; a fetch keeps its link time, which the probe measured with compute idle, and so hides
+as before). Each change of who runs re-times the running one's end from the work it has left;
+a compute operation's extra wall time is exposed virtualization (its ``duration_s`` stays compute). (1, 1),
+the default, is a spare core for the updates: nothing is re-timed.
 """
 
 from __future__ import annotations
@@ -49,7 +60,8 @@ class DeviceState:
         "fwd_done", "off_done", "pf_issued", "pf_done", "compute_s", "recompute_s", "virt_s", "comm_s",
         "finished", "d2h_start", "d2h_layer", "h2d_start", "in_settle", "pf_live", "tables",
         "fetch_bytes", "fetch_layer", "wq", "w_busy", "w_start", "w_issued", "w_done", "cpu_q", "cpu_busy",
-        "updates_left", "step_q", "step_busy", "step_start",
+        "updates_left", "step_q", "step_busy", "step_start", "sharing", "comp_left", "comp_mark", "comp_gen",
+        "upd_op", "upd_left", "upd_mark", "upd_gen",
     )
 
     def __init__(self, engine: Engine, index: int, name: str, capacity: float, program: Program,
@@ -108,6 +120,14 @@ class DeviceState:
         self.step_q: deque[Op] = deque()  # updated values waiting for the optimizer's step() to copy them in
         self.step_busy = False
         self.step_start = 0.0
+        # NOTE [CPU sharing]: None without contention; else the work left (s at full rate) of the running compute
+        # operation and update, since when, and the generation that makes a re-timed end's old event stale
+        self.sharing = None if program.cpu_sharing == (1.0, 1.0) else program.cpu_sharing
+        self.comp_left = self.comp_mark = 0.0
+        self.comp_gen = 0
+        self.upd_op: Op | None = None
+        self.upd_left = self.upd_mark = 0.0
+        self.upd_gen = 0
 
     # -- memory --------------------------------------------------------------------------------------------
     def alloc(self, nbytes: float, now: float) -> None:
@@ -232,6 +252,8 @@ class DeviceState:
 
     def _start_compute(self, now: float) -> None:
         op = self.ops[self.pc]
+        if self.sharing is not None:
+            self._advance(now)  # the update ran at its own rate until now
         self.alloc(self.comp_req, now)
         self.comp_req = -1.0
         self.busy = True
@@ -251,7 +273,58 @@ class DeviceState:
             self.issue_prefetch(layer, now)
         for fetch in op.start_fetch:
             self.issue_fetch(fetch, now)
-        self.engine.queue.push(now + op.duration_s, self._end_compute, op)
+        if self.sharing is None:
+            self.engine.queue.push(now + op.duration_s, self._end_compute, op)
+            return
+        self.comp_left = op.duration_s
+        self._retime(now)
+
+    # -- NOTE [CPU sharing] --------------------------------------------------------------------------------------
+    def _advance(self, now: float) -> None:
+        """Take the work done since the last change off the running compute operation and update."""
+        c, u = self.sharing  # type: ignore[misc]
+        if self.busy:
+            self.comp_left = max(0.0, self.comp_left - (now - self.comp_mark) / (c if self._helper_busy() else 1.0))
+        if self.upd_op is not None:
+            self.upd_left = max(0.0, self.upd_left - (now - self.upd_mark) / (u if self.busy else 1.0))
+        self.comp_mark = self.upd_mark = now
+
+    def _helper_busy(self) -> bool:
+        """Whether one of the runtime's CPU threads runs beside compute: the optimizer's update or a weight fetch."""
+        return self.upd_op is not None or self.w_busy
+
+    def _retime(self, now: float) -> None:
+        """Schedule the running compute operation's and update's ends at their present rates (stale ones ignored)."""
+        c, u = self.sharing  # type: ignore[misc]
+        queue = self.engine.queue
+        if self.busy:
+            self.comp_gen += 1
+            queue.push(now + self.comp_left * (c if self._helper_busy() else 1.0), self._end_compute_shared,
+                       (self.ops[self.pc], self.comp_gen))
+        if self.upd_op is not None:
+            self.upd_gen += 1
+            queue.push(now + self.upd_left * (u if self.busy else 1.0), self._end_update_shared,
+                       (self.upd_op, self.upd_gen))
+
+    def _end_compute_shared(self, arg: tuple[Op, int], now: float) -> None:
+        op, gen = arg
+        if gen != self.comp_gen:
+            return
+        self._advance(now)
+        self.virt_s += max(0.0, now - self.op_start - op.duration_s)
+        self._end_compute(op, now)
+        if self.upd_op is not None and not self.busy:  # the update runs alone until the next operation starts
+            self._retime(now)
+
+    def _end_update_shared(self, arg: tuple[Op, int], now: float) -> None:
+        op, gen = arg
+        if gen != self.upd_gen:
+            return
+        self._advance(now)
+        self.upd_op = None
+        if self.busy:
+            self._retime(now)
+        self._end_cpu_update(op, now)
 
     def _end_compute(self, op: Op, now: float) -> None:
         self.busy = False
@@ -383,12 +456,20 @@ class DeviceState:
         if self.w_busy or not self.wq:
             return
         fetch = self.wq.popleft()
+        if self.sharing is not None:
+            self._advance(now)
         self.w_busy = True
         self.w_start = now
+        if self.sharing is not None:
+            self._retime(now)
         self._state_transfer(fetch, False, self.fetch_bytes[fetch], self._end_fetch, now)
 
     def _end_fetch(self, fetch: int, now: float) -> None:
+        if self.sharing is not None:
+            self._advance(now)
         self.w_busy = False
+        if self.sharing is not None:
+            self._retime(now)
         self.w_done[fetch] = True
         engine = self.engine
         if engine.spans is not None:
@@ -410,7 +491,12 @@ class DeviceState:
             return
         self.cpu_busy = True
         op = self.cpu_q.popleft()
-        self.engine.queue.push(now + op.update_s, self._end_cpu_update, op)
+        if self.sharing is None:
+            self.engine.queue.push(now + op.update_s, self._end_cpu_update, op)
+            return
+        self._advance(now)
+        self.upd_op, self.upd_left = op, op.update_s
+        self._retime(now)
 
     def _end_cpu_update(self, op: Op, now: float) -> None:
         self.cpu_busy = False

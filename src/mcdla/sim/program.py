@@ -135,6 +135,8 @@ class Program:
         offloaded: whether each layer's tensor is offloaded (after zero-byte offloads became keeps).
         fetch_bytes: bytes of each weight fetch (NOTE [state in the program]); fetch_layer: its layer index.
         pool_state_bytes: bytes of weights and optimizer state the plan keeps in the pool for the whole step.
+        cpu_sharing: (compute, update) stretch factors while both run on one CPU (NOTE [CPU sharing] in
+            :mod:`mcdla.sim.device`); (1, 1): the updates have a core of their own.
     """
 
     ops: tuple[Op, ...]
@@ -145,6 +147,7 @@ class Program:
     fetch_bytes: tuple[float, ...] = ()
     fetch_layer: tuple[int, ...] = ()
     pool_state_bytes: float = 0.0
+    cpu_sharing: tuple[float, float] = (1.0, 1.0)
 
 
 def _actions(workload: Workload, plan: Plan) -> tuple[list[Action], list[int]]:

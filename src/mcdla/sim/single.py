@@ -83,7 +83,8 @@ def one_device_system(device: Device, link: PoolLink, capacity_bytes: float) -> 
 
 
 def evaluate_plan(workload: Workload, plan: Plan, link: PoolLink, *, device: Device | None = None,
-                  budget_bytes: float | None = None, update_s_per_param_byte: float = 0.0) -> SimResult:
+                  budget_bytes: float | None = None, update_s_per_param_byte: float = 0.0,
+                  cpu_sharing: tuple[float, float] = (1.0, 1.0)) -> SimResult:
     """Simulate ``plan`` for ``workload`` on one device whose pool is reached through ``link``.
 
     Args:
@@ -91,6 +92,8 @@ def evaluate_plan(workload: Workload, plan: Plan, link: PoolLink, *, device: Dev
         budget_bytes: device-memory capacity (bytes); None means ``plan.budget_bytes`` (its device budget).
         update_s_per_param_byte: CPU update time of an offloaded optimizer per parameter byte (s/B; NOTE [state in
             the program] in :mod:`mcdla.sim.program`); only plans with ``state`` entries read it.
+        cpu_sharing: (compute, update) stretch factors, each >= 1, while a CPU update and compute run at once
+            (NOTE [CPU sharing] in :mod:`mcdla.sim.device`); (1, 1): the updates have a core of their own.
 
     Same semantics as ``simulate(one_device_system(device, link, budget), workload, plan)``, and exact also for
     links whose offload and prefetch bandwidths differ.
@@ -100,12 +103,16 @@ def evaluate_plan(workload: Workload, plan: Plan, link: PoolLink, *, device: Dev
     if dev.hbm_bytes != capacity:
         dev = dataclasses.replace(dev, hbm_bytes=capacity)
     fabric = Fabric.from_pool_link(dev, link)
-    if not plan.state or update_s_per_param_byte == 0.0:
+    if not plan.state or (update_s_per_param_byte == 0.0 and tuple(cpu_sharing) == (1.0, 1.0)):
         return simulate_fabric(fabric, workload, plan)
     if not 0 <= update_s_per_param_byte < math.inf:
         raise SimError(f"update_s_per_param_byte: got {update_s_per_param_byte!r}; must be a finite number >= 0")
+    for i, factor in enumerate(cpu_sharing):
+        if not 1.0 <= factor < math.inf:
+            raise SimError(f"cpu_sharing[{i}]: got {factor!r}; must be a finite number >= 1 (a stretch factor)")
     program = build_program(workload, plan, dev, model_parallel=False, n_devices=1, bucket_bytes=math.inf,
                             update_s_per_param_byte=update_s_per_param_byte)
+    program = dataclasses.replace(program, cpu_sharing=(float(cpu_sharing[0]), float(cpu_sharing[1])))
     engine = Engine(fabric, [program], unlimited_virtualization=False, record=False)
     engine.run()
     return assemble(engine, workload=workload.name, planner=plan.planner, parallel="data")
