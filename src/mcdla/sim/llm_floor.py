@@ -172,8 +172,9 @@ def _table(cluster: Cluster) -> tuple[tuple[tuple[str, int, float], ...], tuple[
     rows = [(traffic, i, per_byte) for i, (_d, load) in enumerate(sorted(kinds)) for traffic, per_byte in load]
     if len(_TABLES) > 256:
         _TABLES.clear()
-    _TABLES[id(cluster.paths)] = (cluster.paths, tuple(rows), tuple(duplex))
-    return tuple(rows), tuple(duplex)
+    entry = (cluster.paths, tuple(rows), tuple(duplex))
+    _TABLES[id(cluster.paths)] = entry
+    return entry[1], entry[2]
 
 
 Flow: TypeAlias = tuple[str, int, float]
@@ -190,13 +191,7 @@ def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> di
     """When each of ``flows``, all started at once on one GPU's paths (every GPU of the node alike), is through
     under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once."""
     rows, duplex = _table(cluster)
-    loads: dict[tuple[str, str, int], dict[tuple[int, int], float]] = {}
-    for key, (cls, way, _nbytes) in flows.items():
-        load = loads.setdefault(key, {})
-        for traffic, i, per_byte in rows:
-            if traffic == cls and per_byte > 0:  # a link's directions are two resources, a memory's bus one
-                slot = (i, way if duplex[i] else 0)
-                load[slot] = load.get(slot, 0.0) + per_byte
+    loads = {key: _flow_load(rows, duplex, cls, way) for key, (cls, way, _nbytes) in flows.items()}
     ends = {key: 0.0 for key, load in loads.items() if not load}
     left = {key: flows[key][2] for key, load in loads.items() if load}
     copies = _pool_memories(cluster)
@@ -212,6 +207,29 @@ def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> di
                 ends[key] = now
                 del left[key]
     return ends
+
+
+_LOADS: dict[tuple[int, str, int], tuple[object, dict[tuple[int, int], float]]] = {}
+"""Per (path table by identity, class, way): a flow's seconds per byte on each resource slot, so the drains of a
+search's evaluations do not rebuild them."""
+
+
+def _flow_load(rows: tuple[tuple[str, int, float], ...], duplex: tuple[bool, ...], cls: str, way: int,
+               ) -> dict[tuple[int, int], float]:
+    """A flow of class ``cls`` and way ``way``: its seconds per byte on each resource slot of ``rows`` (read,
+    never written, by the drain)."""
+    got = _LOADS.get((id(rows), cls, way))
+    if got is not None and got[0] is rows:
+        return got[1]
+    load: dict[tuple[int, int], float] = {}
+    for traffic, i, per_byte in rows:
+        if traffic == cls and per_byte > 0:  # a link's directions are two resources, a memory's bus one
+            slot = (i, way if duplex[i] else 0)
+            load[slot] = load.get(slot, 0.0) + per_byte
+    if len(_LOADS) > 4096:
+        _LOADS.clear()
+    _LOADS[(id(rows), cls, way)] = (rows, load)
+    return load
 
 
 _DRAINED = 1e-9
