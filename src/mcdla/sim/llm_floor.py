@@ -72,6 +72,7 @@ from mcdla.workload.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:  # sim.llm calls this module; the types only
     from mcdla.hardware.cluster import Cluster
+    from mcdla.hardware.traffic import TrafficPath
     from mcdla.sim.llm import RankTraffic, StageCosts, Zero3Traffic
     from mcdla.workload.execution import Execution
 
@@ -148,33 +149,88 @@ def zero3_bytes_per_micro_batch(cluster: Cluster, costs: StageCosts, zero3: Zero
     return moved
 
 
-_TABLES: dict[int, tuple[object, tuple[tuple[str, int, float], ...], tuple[bool, ...]]] = {}
-"""Per ``Cluster.paths`` (by identity, the tuple kept alongside): each distinct kind of path resource's loads as
-(traffic class, slot, seconds per byte) and each slot's duplex flag, so a search's evaluations do not walk the
-paths again."""
+class _PathTable:
+    """One ``Cluster.paths``' resources as the drain reads them, built once per path table (a search's
+    evaluations share its cluster's): each distinct kind of path resource's loads as (traffic class, slot,
+    seconds per byte), each slot's duplex flag, how many engine flows a copy is, and the drains already set up
+    (:class:`_Drain`, per ordered tuple of flow keys)."""
+
+    __slots__ = ("paths", "rows", "duplex", "copies", "drains")
+
+    def __init__(self, paths: tuple[TrafficPath, ...]) -> None:
+        loads: dict[tuple[str, ...], list[tuple[str, float]]] = {}
+        is_duplex: dict[tuple[str, ...], bool] = {}
+        for path in paths:
+            for res in path.resources:
+                if res.resource[0] == "hbm":  # the GPU's own memory: the compute's, priced by the cost model
+                    continue
+                loads.setdefault(res.resource, []).append((path.traffic, res.load_s_per_byte()))
+                is_duplex[res.resource] = res.duplex
+        # resources loaded alike (the 36 memory-nodes of a rack, each link and DRAM) are always as busy: keep one
+        kinds = sorted({(is_duplex[r], tuple(sorted(load))) for r, load in loads.items()})
+        self.paths = paths
+        self.rows = tuple((traffic, i, per_byte) for i, (_d, load) in enumerate(kinds) for traffic, per_byte in load)
+        self.duplex = tuple(d for d, _load in kinds)
+        self.copies = _pool_memories(paths)
+        self.drains: dict[tuple[tuple[str, str, int], ...], _Drain] = {}
+
+    def flow_load(self, cls: str, way: int) -> dict[tuple[int, int], float]:
+        """A flow of class ``cls`` and way ``way``: its seconds per byte on each resource slot (a link's
+        directions are two slots, a memory's bus one)."""
+        load: dict[tuple[int, int], float] = {}
+        for traffic, i, per_byte in self.rows:
+            if traffic == cls and per_byte > 0:
+                slot = (i, way if self.duplex[i] else 0)
+                load[slot] = load.get(slot, 0.0) + per_byte
+        return load
+
+    def drain(self, keys: tuple[tuple[str, str, int], ...]) -> _Drain:
+        """The drain of flows keyed ``keys`` (``(tag, class, way)``, in the order the flows come), memoised."""
+        got = self.drains.get(keys)
+        if got is None:
+            got = self.drains[keys] = _Drain(self, keys)
+        return got
 
 
-def _table(cluster: Cluster) -> tuple[tuple[tuple[str, int, float], ...], tuple[bool, ...]]:
+_TABLES: dict[int, _PathTable] = {}
+"""Per ``Cluster.paths`` (by identity, the tuple kept in the entry): its :class:`_PathTable`."""
+
+
+def _table(cluster: Cluster) -> _PathTable:
     got = _TABLES.get(id(cluster.paths))
-    if got is not None and got[0] is cluster.paths:
-        return got[1], got[2]
-    loads: dict[tuple[str, ...], list[tuple[str, float]]] = {}
-    is_duplex: dict[tuple[str, ...], bool] = {}
-    for path in cluster.paths:
-        for res in path.resources:
-            if res.resource[0] == "hbm":  # the GPU's own memory: the compute's, priced by the cost model
-                continue
-            loads.setdefault(res.resource, []).append((path.traffic, res.load_s_per_byte()))
-            is_duplex[res.resource] = res.duplex
-    # resources loaded alike (the 36 memory-nodes of a rack, each link and DRAM) are always as busy: keep one
-    kinds = {(is_duplex[r], tuple(sorted(load))) for r, load in loads.items()}
-    duplex = [d for d, _load in sorted(kinds)]
-    rows = [(traffic, i, per_byte) for i, (_d, load) in enumerate(sorted(kinds)) for traffic, per_byte in load]
+    if got is not None and got.paths is cluster.paths:
+        return got
     if len(_TABLES) > 256:
         _TABLES.clear()
-    entry = (cluster.paths, tuple(rows), tuple(duplex))
-    _TABLES[id(cluster.paths)] = entry
-    return entry[1], entry[2]
+    got = _TABLES[id(cluster.paths)] = _PathTable(cluster.paths)
+    return got
+
+
+class _Drain:
+    """The fair drain of one ordered set of flows on one path table, apart from their bytes: which flows cross a
+    finite resource (``loaded``, their indices in order), and the max-min fair rates of each set of them still in
+    flight (a bit mask over the indices), computed by :func:`_fair_rates` on the first ask. The rates depend on
+    which flows are in flight, never on their bytes, so a search's evaluations compute each set's rates once and
+    the drain's steps are the same floating-point operations as progressive filling at every step."""
+
+    __slots__ = ("loaded", "_loads", "_counts", "_rates")
+
+    def __init__(self, table: _PathTable, keys: tuple[tuple[str, str, int], ...]) -> None:
+        loads = [table.flow_load(cls, way) for _tag, cls, way in keys]
+        self.loaded = tuple(i for i, load in enumerate(loads) if load)
+        self._loads = loads
+        self._counts = [table.copies if cls == "offload" else 1 for _tag, cls, _way in keys]
+        self._rates: dict[int, list[float]] = {}
+
+    def rates(self, live: int) -> list[float]:
+        """Each flow's fair rate (bytes/s, by index; meaningful for the flows in ``live``) while the flows of the
+        bit mask ``live`` are in flight."""
+        got = self._rates.get(live)
+        if got is None:
+            members = [i for i in self.loaded if live >> i & 1]
+            fair = _fair_rates({i: self._loads[i] for i in members}, {i: self._counts[i] for i in members})
+            got = self._rates[live] = [fair.get(i, 0.0) for i in range(len(self._loads))]
+        return got
 
 
 Flow: TypeAlias = tuple[str, int, float]
@@ -189,62 +245,45 @@ def _flows(moved: dict[str, tuple[float, float]], tag: str = "") -> dict[tuple[s
 
 def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> dict[tuple[str, str, int], float]:
     """When each of ``flows``, all started at once on one GPU's paths (every GPU of the node alike), is through
-    under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once."""
-    rows, duplex = _table(cluster)
-    loads = {key: _flow_load(rows, duplex, cls, way) for key, (cls, way, _nbytes) in flows.items()}
-    ends = {key: 0.0 for key, load in loads.items() if not load}
-    left = {key: flows[key][2] for key, load in loads.items() if load}
-    copies = _pool_memories(cluster)
+    under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once. Each step
+    runs every flow in flight at its fair rate until the first is through (the rates of each set in flight
+    memoised by :class:`_Drain`)."""
+    keys = tuple(flows)
+    drain = _table(cluster).drain(keys)
+    live = drain.loaded
+    ends = {key: 0.0 for i, key in enumerate(keys) if i not in live}
+    nbytes = [flow[2] for flow in flows.values()]
+    left = nbytes.copy()
+    mask = sum(1 << i for i in live)
     now = 0.0
-    while left:
-        rates = _fair_rates({key: loads[key] for key in left},
-                            {key: copies if flows[key][0] == "offload" else 1 for key in left})
-        step = min(rest / rates[key] for key, rest in left.items())
+    while live:
+        rates = drain.rates(mask)
+        step = min(left[i] / rates[i] for i in live)
         now += step
-        for key in list(left):
-            left[key] -= rates[key] * step
-            if left[key] <= _DRAINED * flows[key][2]:
-                ends[key] = now
-                del left[key]
+        still = []
+        for i in live:
+            left[i] -= rates[i] * step
+            if left[i] <= _DRAINED * nbytes[i]:
+                ends[keys[i]] = now
+                mask ^= 1 << i
+            else:
+                still.append(i)
+        live = still
     return ends
-
-
-_LOADS: dict[tuple[int, str, int], tuple[object, dict[tuple[int, int], float]]] = {}
-"""Per (path table by identity, class, way): a flow's seconds per byte on each resource slot, so the drains of a
-search's evaluations do not rebuild them."""
-
-
-def _flow_load(rows: tuple[tuple[str, int, float], ...], duplex: tuple[bool, ...], cls: str, way: int,
-               ) -> dict[tuple[int, int], float]:
-    """A flow of class ``cls`` and way ``way``: its seconds per byte on each resource slot of ``rows`` (read,
-    never written, by the drain)."""
-    got = _LOADS.get((id(rows), cls, way))
-    if got is not None and got[0] is rows:
-        return got[1]
-    load: dict[tuple[int, int], float] = {}
-    for traffic, i, per_byte in rows:
-        if traffic == cls and per_byte > 0:  # a link's directions are two resources, a memory's bus one
-            slot = (i, way if duplex[i] else 0)
-            load[slot] = load.get(slot, 0.0) + per_byte
-    if len(_LOADS) > 4096:
-        _LOADS.clear()
-    _LOADS[(id(rows), cls, way)] = (rows, load)
-    return load
 
 
 _DRAINED = 1e-9
 """Fraction of a flow's bytes below which it counts as through (the rounding of the drain's steps)."""
 
 
-def _pool_memories(cluster: Cluster) -> int:
+def _pool_memories(paths: tuple[TrafficPath, ...]) -> int:
     """How many flows one GPU's copy is: one per pool memory its pages are interleaved over (the memories on
     its offload path)."""
-    offload = next((path for path in cluster.paths if path.traffic == "offload"), None)
+    offload = next((path for path in paths if path.traffic == "offload"), None)
     return max(1, sum(res.resource[0] == "dram" for res in offload.resources)) if offload is not None else 1
 
 
-def _fair_rates(loads: dict[tuple[str, str, int], dict[tuple[int, int], float]], counts: dict[tuple[str, str, int], int],
-                ) -> dict[tuple[str, str, int], float]:
+def _fair_rates(loads: dict[int, dict[tuple[int, int], float]], counts: dict[int, int]) -> dict[int, float]:
     """Max-min fair rates (bytes/s) of flows that load resources of one second per second at ``loads[flow][key]``
     seconds per byte, each ``counts[flow]`` engine flows of equal shares (a copy is one per pool memory):
     progressive filling (NOTE [max-min by progressive filling] in :mod:`mcdla.sim.flows`) of the engine flows,
