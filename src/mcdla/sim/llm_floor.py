@@ -213,23 +213,24 @@ class _Drain:
     which flows are in flight, never on their bytes, so a search's evaluations compute each set's rates once and
     the drain's steps are the same floating-point operations as progressive filling at every step."""
 
-    __slots__ = ("loaded", "_loads", "_counts", "_rates")
+    __slots__ = ("loaded", "mask", "_loads", "_counts", "_rates")
 
     def __init__(self, table: _PathTable, keys: tuple[tuple[str, str, int], ...]) -> None:
         loads = [table.flow_load(cls, way) for _tag, cls, way in keys]
         self.loaded = tuple(i for i, load in enumerate(loads) if load)
+        self.mask = sum(1 << i for i in self.loaded)
         self._loads = loads
         self._counts = [table.copies if cls == "offload" else 1 for _tag, cls, _way in keys]
-        self._rates: dict[int, list[float]] = {}
+        self._rates: dict[int, list[tuple[int, float]]] = {}
 
-    def rates(self, live: int) -> list[float]:
-        """Each flow's fair rate (bytes/s, by index; meaningful for the flows in ``live``) while the flows of the
-        bit mask ``live`` are in flight."""
+    def rates(self, live: int) -> list[tuple[int, float]]:
+        """Each flow in flight and its fair rate (bytes/s), ``(index, rate)`` in the flows' order, while the flows
+        of the bit mask ``live`` are in flight."""
         got = self._rates.get(live)
         if got is None:
             members = [i for i in self.loaded if live >> i & 1]
             fair = _fair_rates({i: self._loads[i] for i in members}, {i: self._counts[i] for i in members})
-            got = self._rates[live] = [fair.get(i, 0.0) for i in range(len(self._loads))]
+            got = self._rates[live] = [(i, fair[i]) for i in members]
         return got
 
 
@@ -249,27 +250,34 @@ def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> di
     runs every flow in flight at its fair rate until the first is through (the rates of each set in flight
     memoised by :class:`_Drain`)."""
     keys = tuple(flows)
-    drain = _table(cluster).drain(keys)
-    live = drain.loaded
-    ends = {key: 0.0 for i, key in enumerate(keys) if i not in live}
     nbytes = [flow[2] for flow in flows.values()]
+    table = _table(cluster)
+    last_table, last_keys, last_bytes, last_ends = _LAST
+    if last_table is table and last_keys == keys and last_bytes == nbytes:
+        return dict(last_ends)
+    drain = table.drain(keys)
+    loaded = drain.loaded
+    ends = {key: 0.0 for i, key in enumerate(keys) if i not in loaded} if len(loaded) < len(keys) else {}
     left = nbytes.copy()
-    mask = sum(1 << i for i in live)
+    through = [_DRAINED * b for b in nbytes]
+    live = drain.mask
     now = 0.0
     while live:
-        rates = drain.rates(mask)
-        step = min(left[i] / rates[i] for i in live)
+        rates = drain.rates(live)
+        step = min([left[i] / rate for i, rate in rates])
         now += step
-        still = []
-        for i in live:
-            left[i] -= rates[i] * step
-            if left[i] <= _DRAINED * nbytes[i]:
+        for i, rate in rates:
+            left[i] -= rate * step
+            if left[i] <= through[i]:
                 ends[keys[i]] = now
-                mask ^= 1 << i
-            else:
-                still.append(i)
-        live = still
+                live ^= 1 << i
+    _LAST[:] = table, keys, nbytes, dict(ends)
     return ends
+
+
+_LAST: list = [None, (), [], {}]
+"""The last drain asked (path table, flow keys, bytes, ends): :func:`link_floors` asks a stage's backward pass
+again beside the reduction right after its phase floor."""
 
 
 _DRAINED = 1e-9
