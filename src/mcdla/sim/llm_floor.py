@@ -96,8 +96,8 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         act, weights = traffic.offload_activation_bytes, traffic.offload_weight_bytes
         add("forward", "offload", act, weights)
         add("backward", "offload", 0.0, act + weights)
-    layout = ParallelDims.of(e)
-    dims = cluster.group_dims(layout.tp, layout.stride("tp"))
+    tp_stride, pp_stride, cp_stride, ep_stride = _strides(e.tp, e.cp, e.dp, e.pp, e.ep)
+    dims = cluster.group_dims(e.tp, tp_stride)
     if dims:
         kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
         per_call_bytes = traffic.activation_bytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds)
@@ -106,13 +106,13 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
             add(phase, "scale-up", tp_bytes, tp_bytes)
     if e.pp > 1:
         sends = e.virtual_stages * traffic.p2p_bytes
-        within = layout.stride("pp") < cluster.gpus_per_node and cluster.scale_up is not None
+        within = pp_stride < cluster.gpus_per_node and cluster.scale_up is not None
         for phase in ("forward", "backward"):
             add(phase, "scale-up" if within else "scale-out", sends, sends)
     n, recomputes = costs.layers_per_stage, e.recompute in ("selective", "full")
     calls: list[tuple[str, str, float, tuple[FabricDim, ...]]] = []  # (phase, kind, bytes, dimensions)
     if e.cp > 1:
-        dims = cluster.group_dims(e.cp, layout.stride("cp"))
+        dims = cluster.group_dims(e.cp, cp_stride)
         if e.cp_comm == "p2p":
             for phase, steps in (("forward", e.cp - 1), ("backward", (e.cp - 1) * (3 if recomputes else 2))):
                 ring = n * steps * traffic.kv_block_bytes
@@ -123,7 +123,7 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
                       ("backward", "all-gather", gathered * (2 if recomputes else 1), dims),
                       ("backward", "reduce-scatter", gathered, dims)]
     if e.ep > 1 and traffic.all_to_all_bytes:
-        dims = cluster.group_dims(e.ep, layout.stride("ep"))
+        dims = cluster.group_dims(e.ep, ep_stride)
         per_layer = n * traffic.moe_layer_share * traffic.all_to_all_bytes
         calls += [("forward", "all-to-all", 2 * per_layer, dims),
                   ("backward", "all-to-all", (4 if e.recompute == "full" else 2) * per_layer, dims)]
@@ -131,6 +131,14 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         for cls, moved_bytes in _dims_bytes(cluster, kind, nbytes, dims).items():
             add(phase, cls, moved_bytes, moved_bytes)
     return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
+
+
+@lru_cache(maxsize=4096)
+def _strides(tp: int, cp: int, dp: int, pp: int, ep: int) -> tuple[int, int, int, int]:
+    """The rank strides of a layout's TP, PP, CP and EP groups (:class:`ParallelDims`, which checks the degrees).
+    Memoized: a search asks a few hundred layouts, each many times."""
+    layout = ParallelDims(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep)
+    return layout.stride("tp"), layout.stride("pp"), layout.stride("cp"), layout.stride("ep")
 
 
 def zero3_bytes_per_micro_batch(cluster: Cluster, costs: StageCosts, zero3: Zero3Traffic,
@@ -213,7 +221,7 @@ class _Drain:
     which flows are in flight, never on their bytes, so a search's evaluations compute each set's rates once and
     the drain's steps are the same floating-point operations as progressive filling at every step."""
 
-    __slots__ = ("loaded", "mask", "_loads", "_counts", "_rates")
+    __slots__ = ("loaded", "mask", "_loads", "_counts", "memo")
 
     def __init__(self, table: _PathTable, keys: tuple[tuple[str, str, int], ...]) -> None:
         loads = [table.flow_load(cls, way) for _tag, cls, way in keys]
@@ -221,16 +229,16 @@ class _Drain:
         self.mask = sum(1 << i for i in self.loaded)
         self._loads = loads
         self._counts = [table.copies if cls == "offload" else 1 for _tag, cls, _way in keys]
-        self._rates: dict[int, list[tuple[int, float]]] = {}
+        self.memo: dict[int, list[tuple[int, float]]] = {}
 
     def rates(self, live: int) -> list[tuple[int, float]]:
         """Each flow in flight and its fair rate (bytes/s), ``(index, rate)`` in the flows' order, while the flows
         of the bit mask ``live`` are in flight."""
-        got = self._rates.get(live)
+        got = self.memo.get(live)
         if got is None:
             members = [i for i in self.loaded if live >> i & 1]
             fair = _fair_rates({i: self._loads[i] for i in members}, {i: self._counts[i] for i in members})
-            got = self._rates[live] = [(i, fair[i]) for i in members]
+            got = self.memo[live] = [(i, fair[i]) for i in members]
         return got
 
 
@@ -259,16 +267,15 @@ def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> di
     loaded = drain.loaded
     ends = {key: 0.0 for i, key in enumerate(keys) if i not in loaded} if len(loaded) < len(keys) else {}
     left = nbytes.copy()
-    through = [_DRAINED * b for b in nbytes]
-    live = drain.mask
+    live, memo = drain.mask, drain.memo
     now = 0.0
     while live:
-        rates = drain.rates(live)
+        rates = memo.get(live) or drain.rates(live)
         step = min([left[i] / rate for i, rate in rates])
         now += step
         for i, rate in rates:
-            left[i] -= rate * step
-            if left[i] <= through[i]:
+            rest = left[i] = left[i] - rate * step
+            if rest <= _DRAINED * nbytes[i]:
                 ends[keys[i]] = now
                 live ^= 1 << i
     _LAST[:] = table, keys, nbytes, dict(ends)
