@@ -57,6 +57,9 @@ GB/s each; once the weights are in, the activations go on at the x16's 51.2 GB/s
 The floor drains a GPU's flows the same way on its paths' resources (every GPU of the node alike): progressive
 filling with a flow's weight on a resource its seconds per byte there (``sharers fraction / capacity``), a copy
 as one engine flow per pool memory; when a flow is through, the rest are refilled. At most one step per flow.
+The fair rates depend on which flows are in flight, never on their bytes: each path table keeps them per set
+of flows in flight (``_Drain``), so a search's evaluations fill each set once and their steps only divide and
+subtract, the same floating-point operations as filling at every step.
 """
 
 from __future__ import annotations
