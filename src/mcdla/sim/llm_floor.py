@@ -67,6 +67,9 @@ GB/s each; once the weights are in, the activations go on at the x16's 51.2 GB/s
 The floor drains a GPU's flows the same way on its paths' resources (every GPU of the node alike): progressive
 filling with a flow's weight on a resource its seconds per byte there (``sharers fraction / capacity``), a copy
 as one engine flow per pool memory; when a flow is through, the rest are refilled. At most one step per flow.
+The fair rates depend on which flows are in flight, never on their bytes: each path table keeps them per set
+of flows in flight (``_Drain``), so a search's evaluations fill each set once and their steps only divide and
+subtract, the same floating-point operations as filling at every step.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ from mcdla.workload.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:  # sim.llm calls this module; the types only
     from mcdla.hardware.cluster import Cluster
+    from mcdla.hardware.traffic import TrafficPath
     from mcdla.sim.llm import RankTraffic, StageCosts, Zero3Traffic
     from mcdla.workload.execution import Execution
 
@@ -106,8 +110,8 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         act, weights = traffic.offload_activation_bytes, traffic.offload_weight_bytes
         add("forward", "offload", act, weights)
         add("backward", "offload", 0.0, act + weights)
-    layout = ParallelDims.of(e)
-    dims = cluster.group_dims(layout.tp, layout.stride("tp"))
+    tp_stride, pp_stride, cp_stride, ep_stride = _strides(e.tp, e.cp, e.dp, e.pp, e.ep)
+    dims = cluster.group_dims(e.tp, tp_stride)
     if dims and tp:
         kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
         per_call_bytes = traffic.activation_bytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds)
@@ -116,13 +120,13 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
             add(phase, "scale-up", tp_bytes, tp_bytes)
     if e.pp > 1 and sends:
         p2p = e.virtual_stages * traffic.p2p_bytes
-        within = layout.stride("pp") < cluster.gpus_per_node and cluster.scale_up is not None
+        within = pp_stride < cluster.gpus_per_node and cluster.scale_up is not None
         for phase in ("forward", "backward"):
             add(phase, "scale-up" if within else "scale-out", p2p, p2p)
     n, recomputes = costs.layers_per_stage, e.recompute in ("selective", "full")
     calls: list[tuple[str, str, float, tuple[FabricDim, ...]]] = []  # (phase, kind, bytes, dimensions)
     if e.cp > 1:
-        dims = cluster.group_dims(e.cp, layout.stride("cp"))
+        dims = cluster.group_dims(e.cp, cp_stride)
         if e.cp_comm == "p2p":
             for phase, steps in (("forward", e.cp - 1), ("backward", (e.cp - 1) * (3 if recomputes else 2))):
                 ring = n * steps * traffic.kv_block_bytes
@@ -133,7 +137,7 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
                       ("backward", "all-gather", gathered * (2 if recomputes else 1), dims),
                       ("backward", "reduce-scatter", gathered, dims)]
     if e.ep > 1 and traffic.all_to_all_bytes:
-        dims = cluster.group_dims(e.ep, layout.stride("ep"))
+        dims = cluster.group_dims(e.ep, ep_stride)
         per_layer = n * traffic.moe_layer_share * traffic.all_to_all_bytes
         calls += [("forward", "all-to-all", 2 * per_layer, dims),
                   ("backward", "all-to-all", (4 if e.recompute == "full" else 2) * per_layer, dims)]
@@ -141,6 +145,14 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         for cls, moved_bytes in _dims_bytes(cluster, kind, nbytes, dims).items():
             add(phase, cls, moved_bytes, moved_bytes)
     return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
+
+
+@lru_cache(maxsize=4096)
+def _strides(tp: int, cp: int, dp: int, pp: int, ep: int) -> tuple[int, int, int, int]:
+    """The rank strides of a layout's TP, PP, CP and EP groups (:class:`ParallelDims`, which checks the degrees).
+    Memoized: a search asks a few hundred layouts, each many times."""
+    layout = ParallelDims(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep)
+    return layout.stride("tp"), layout.stride("pp"), layout.stride("cp"), layout.stride("ep")
 
 
 def zero3_bytes_per_micro_batch(cluster: Cluster, costs: StageCosts, zero3: Zero3Traffic,
@@ -159,32 +171,89 @@ def zero3_bytes_per_micro_batch(cluster: Cluster, costs: StageCosts, zero3: Zero
     return moved
 
 
-_TABLES: dict[int, tuple[object, tuple[tuple[str, int, float], ...], tuple[bool, ...]]] = {}
-"""Per ``Cluster.paths`` (by identity, the tuple kept alongside): each distinct kind of path resource's loads as
-(traffic class, slot, seconds per byte) and each slot's duplex flag, so a search's evaluations do not walk the
-paths again."""
+class _PathTable:
+    """One ``Cluster.paths``' resources as the drain reads them, built once per path table (a search's
+    evaluations share its cluster's): each distinct kind of path resource's loads as (traffic class, slot,
+    seconds per byte), each slot's duplex flag, how many engine flows a copy is, and the drains already set up
+    (:class:`_Drain`, per ordered tuple of flow keys)."""
+
+    __slots__ = ("paths", "rows", "duplex", "copies", "drains")
+
+    def __init__(self, paths: tuple[TrafficPath, ...]) -> None:
+        loads: dict[tuple[str, ...], list[tuple[str, float]]] = {}
+        is_duplex: dict[tuple[str, ...], bool] = {}
+        for path in paths:
+            for res in path.resources:
+                if res.resource[0] == "hbm":  # the GPU's own memory: the compute's, priced by the cost model
+                    continue
+                loads.setdefault(res.resource, []).append((path.traffic, res.load_s_per_byte()))
+                is_duplex[res.resource] = res.duplex
+        # resources loaded alike (the 36 memory-nodes of a rack, each link and DRAM) are always as busy: keep one
+        kinds = sorted({(is_duplex[r], tuple(sorted(load))) for r, load in loads.items()})
+        self.paths = paths
+        self.rows = tuple((traffic, i, per_byte) for i, (_d, load) in enumerate(kinds) for traffic, per_byte in load)
+        self.duplex = tuple(d for d, _load in kinds)
+        self.copies = _pool_memories(paths)
+        self.drains: dict[tuple[tuple[str, str, int], ...], _Drain] = {}
+
+    def flow_load(self, cls: str, way: int) -> dict[tuple[int, int], float]:
+        """A flow of class ``cls`` and way ``way``: its seconds per byte on each resource slot (a link's
+        directions are two slots, a memory's bus one)."""
+        load: dict[tuple[int, int], float] = {}
+        for traffic, i, per_byte in self.rows:
+            if traffic == cls and per_byte > 0:
+                slot = (i, way if self.duplex[i] else 0)
+                load[slot] = load.get(slot, 0.0) + per_byte
+        return load
+
+    def drain(self, keys: tuple[tuple[str, str, int], ...]) -> _Drain:
+        """The drain of flows keyed ``keys`` (``(tag, class, way)``, in the order the flows come), memoised."""
+        got = self.drains.get(keys)
+        if got is None:
+            got = self.drains[keys] = _Drain(self, keys)
+        return got
 
 
-def _table(cluster: Cluster) -> tuple[tuple[tuple[str, int, float], ...], tuple[bool, ...]]:
+_TABLES: dict[int, _PathTable] = {}
+"""Per ``Cluster.paths`` (by identity, the tuple kept in the entry): its :class:`_PathTable`."""
+
+
+def _table(cluster: Cluster) -> _PathTable:
     got = _TABLES.get(id(cluster.paths))
-    if got is not None and got[0] is cluster.paths:
-        return got[1], got[2]
-    loads: dict[tuple[str, ...], list[tuple[str, float]]] = {}
-    is_duplex: dict[tuple[str, ...], bool] = {}
-    for path in cluster.paths:
-        for res in path.resources:
-            if res.resource[0] == "hbm":  # the GPU's own memory: the compute's, priced by the cost model
-                continue
-            loads.setdefault(res.resource, []).append((path.traffic, res.load_s_per_byte()))
-            is_duplex[res.resource] = res.duplex
-    # resources loaded alike (the 36 memory-nodes of a rack, each link and DRAM) are always as busy: keep one
-    kinds = {(is_duplex[r], tuple(sorted(load))) for r, load in loads.items()}
-    duplex = [d for d, _load in sorted(kinds)]
-    rows = [(traffic, i, per_byte) for i, (_d, load) in enumerate(sorted(kinds)) for traffic, per_byte in load]
+    if got is not None and got.paths is cluster.paths:
+        return got
     if len(_TABLES) > 256:
         _TABLES.clear()
-    _TABLES[id(cluster.paths)] = (cluster.paths, tuple(rows), tuple(duplex))
-    return tuple(rows), tuple(duplex)
+    got = _TABLES[id(cluster.paths)] = _PathTable(cluster.paths)
+    return got
+
+
+class _Drain:
+    """The fair drain of one ordered set of flows on one path table, apart from their bytes: which flows cross a
+    finite resource (``loaded``, their indices in order), and the max-min fair rates of each set of them still in
+    flight (a bit mask over the indices), computed by :func:`_fair_rates` on the first ask. The rates depend on
+    which flows are in flight, never on their bytes, so a search's evaluations compute each set's rates once and
+    the drain's steps are the same floating-point operations as progressive filling at every step."""
+
+    __slots__ = ("loaded", "mask", "_loads", "_counts", "memo")
+
+    def __init__(self, table: _PathTable, keys: tuple[tuple[str, str, int], ...]) -> None:
+        loads = [table.flow_load(cls, way) for _tag, cls, way in keys]
+        self.loaded = tuple(i for i, load in enumerate(loads) if load)
+        self.mask = sum(1 << i for i in self.loaded)
+        self._loads = loads
+        self._counts = [table.copies if cls == "offload" else 1 for _tag, cls, _way in keys]
+        self.memo: dict[int, list[tuple[int, float]]] = {}
+
+    def rates(self, live: int) -> list[tuple[int, float]]:
+        """Each flow in flight and its fair rate (bytes/s), ``(index, rate)`` in the flows' order, while the flows
+        of the bit mask ``live`` are in flight."""
+        got = self.memo.get(live)
+        if got is None:
+            members = [i for i in self.loaded if live >> i & 1]
+            fair = _fair_rates({i: self._loads[i] for i in members}, {i: self._counts[i] for i in members})
+            got = self.memo[live] = [(i, fair[i]) for i in members]
+        return got
 
 
 Flow: TypeAlias = tuple[str, int, float]
@@ -199,45 +268,51 @@ def _flows(moved: dict[str, tuple[float, float]], tag: str = "") -> dict[tuple[s
 
 def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> dict[tuple[str, str, int], float]:
     """When each of ``flows``, all started at once on one GPU's paths (every GPU of the node alike), is through
-    under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once."""
-    rows, duplex = _table(cluster)
-    loads: dict[tuple[str, str, int], dict[tuple[int, int], float]] = {}
-    for key, (cls, way, _nbytes) in flows.items():
-        load = loads.setdefault(key, {})
-        for traffic, i, per_byte in rows:
-            if traffic == cls and per_byte > 0:  # a link's directions are two resources, a memory's bus one
-                slot = (i, way if duplex[i] else 0)
-                load[slot] = load.get(slot, 0.0) + per_byte
-    ends = {key: 0.0 for key, load in loads.items() if not load}
-    left = {key: flows[key][2] for key, load in loads.items() if load}
-    copies = _pool_memories(cluster)
+    under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once. Each step
+    runs every flow in flight at its fair rate until the first is through (the rates of each set in flight
+    memoised by :class:`_Drain`)."""
+    keys = tuple(flows)
+    nbytes = [flow[2] for flow in flows.values()]
+    table = _table(cluster)
+    last_table, last_keys, last_bytes, last_ends = _LAST
+    if last_table is table and last_keys == keys and last_bytes == nbytes:
+        return dict(last_ends)
+    drain = table.drain(keys)
+    loaded = drain.loaded
+    ends = {key: 0.0 for i, key in enumerate(keys) if i not in loaded} if len(loaded) < len(keys) else {}
+    left = nbytes.copy()
+    live, memo = drain.mask, drain.memo
     now = 0.0
-    while left:
-        rates = _fair_rates({key: loads[key] for key in left},
-                            {key: copies if flows[key][0] == "offload" else 1 for key in left})
-        step = min(rest / rates[key] for key, rest in left.items())
+    while live:
+        rates = memo.get(live) or drain.rates(live)
+        step = min([left[i] / rate for i, rate in rates])
         now += step
-        for key in list(left):
-            left[key] -= rates[key] * step
-            if left[key] <= _DRAINED * flows[key][2]:
-                ends[key] = now
-                del left[key]
+        for i, rate in rates:
+            rest = left[i] = left[i] - rate * step
+            if rest <= _DRAINED * nbytes[i]:
+                ends[keys[i]] = now
+                live ^= 1 << i
+    _LAST[:] = table, keys, nbytes, dict(ends)
     return ends
+
+
+_LAST: list = [None, (), [], {}]
+"""The last drain asked (path table, flow keys, bytes, ends): :func:`link_floors` asks a stage's backward pass
+again beside the reduction right after its phase floor."""
 
 
 _DRAINED = 1e-9
 """Fraction of a flow's bytes below which it counts as through (the rounding of the drain's steps)."""
 
 
-def _pool_memories(cluster: Cluster) -> int:
+def _pool_memories(paths: tuple[TrafficPath, ...]) -> int:
     """How many flows one GPU's copy is: one per pool memory its pages are interleaved over (the memories on
     its offload path)."""
-    offload = next((path for path in cluster.paths if path.traffic == "offload"), None)
+    offload = next((path for path in paths if path.traffic == "offload"), None)
     return max(1, sum(res.resource[0] == "dram" for res in offload.resources)) if offload is not None else 1
 
 
-def _fair_rates(loads: dict[tuple[str, str, int], dict[tuple[int, int], float]], counts: dict[tuple[str, str, int], int],
-                ) -> dict[tuple[str, str, int], float]:
+def _fair_rates(loads: dict[int, dict[tuple[int, int], float]], counts: dict[int, int]) -> dict[int, float]:
     """Max-min fair rates (bytes/s) of flows that load resources of one second per second at ``loads[flow][key]``
     seconds per byte, each ``counts[flow]`` engine flows of equal shares (a copy is one per pool memory):
     progressive filling (NOTE [max-min by progressive filling] in :mod:`mcdla.sim.flows`) of the engine flows,
