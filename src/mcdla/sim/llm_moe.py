@@ -33,6 +33,7 @@ from mcdla.workload.execution import Execution
 from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
+from mcdla.workload.memo import pure_cache
 
 __all__ = ["ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "expert_params_per_layer", "rank_param_groups",
            "routed_expert_flops", "tokens_per_local_expert"]
@@ -70,6 +71,7 @@ def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluste
     return 2 * one, (2 + 2 * layer_shares(e, spec).recomputed) * one
 
 
+@pure_cache(64)
 def routed_expert_flops(spec: TransformerSpec, execution: Execution) -> float:
     """Forward FLOPs of one mean layer's routed expert GEMMs for a micro-batch (before the TP x CP split), with
     each expert running ``capacity_factor`` times its mean load: ``C x top_k x ffn_matrices x 2 b s h f``
@@ -84,6 +86,7 @@ def routed_expert_flops(spec: TransformerSpec, execution: Execution) -> float:
     return e.capacity_factor * routed
 
 
+@pure_cache(64)
 def tokens_per_local_expert(spec: TransformerSpec, execution: Execution) -> float:
     """Tokens one routed expert's GEMM multiplies per micro-batch on one rank (NOTE [expert parallelism]): the
     EP group's ``ep x b s / cp`` tokens, each sent to ``top_k`` experts and padded to ``C`` times the mean
@@ -106,6 +109,7 @@ class ParamGroup:
     stride: int
 
 
+@pure_cache(64)
 def rank_param_groups(spec: TransformerSpec, execution: Execution, stage_layers: int) -> tuple[ParamGroup, ...]:
     """The first stage's parameters on one rank (``stage_layers`` layers and the embedding, per TP rank) in
     their reduction groups: the routed experts' ``1 / ep`` over the ``dp cp / ep`` ranks holding the same
