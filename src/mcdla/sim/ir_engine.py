@@ -115,21 +115,22 @@ class _Run:
         for queue in self.streams[rank].values():
             if queue:
                 head = queue[0]
-                if not started[head] and all(done[w] for w in wait_index[head]):
+                if not started[head] and all(map(done.__getitem__, wait_index[head])):
                     started[head] = True
                     self._start(rank, head, ops[head], now)
 
     def _complete(self, arg: tuple[int, int], now: float) -> None:
         rank, i = arg
-        self.done[rank][i] = True
-        op = self.ops[rank][i]
+        ops, done = self.ops[rank], self.done[rank]
+        done[i] = True
+        op = ops[i]
         self.end_s[(rank, op.name)] = now
         self.streams[rank][op.stream].popleft()
-        ops, done, started, wait_index = self.ops[rank], self.done[rank], self.started[rank], self.wait_index[rank]
+        started, wait_index, is_done = self.started[rank], self.wait_index[rank], done.__getitem__
         for queue in self.woken[rank][i]:
             if queue:
                 head = queue[0]
-                if not started[head] and all(done[w] for w in wait_index[head]):
+                if not started[head] and all(map(is_done, wait_index[head])):
                     started[head] = True
                     self._start(rank, head, ops[head], now)
 
@@ -210,7 +211,10 @@ class _Run:
         plan = self.plan
         active = self.net.active()
         alone_rate = plan.alone_rate
-        if all(rate <= 0.0 or rate >= alone_rate[route] * (1.0 - 1e-9) for route, rate, _token in active):
+        for route, rate, _token in active:
+            if 0.0 < rate < alone_rate[route] * (1.0 - 1e-9):
+                break
+        else:
             return  # no flow is slowed: nothing to charge
         load: dict[int, float] = {}
         owners: dict[int, set[int]] = {}
