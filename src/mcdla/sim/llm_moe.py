@@ -71,7 +71,6 @@ def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluste
     return 2 * one, (2 + 2 * layer_shares(e, spec).recomputed) * one
 
 
-@pure_cache(64)
 def routed_expert_flops(spec: TransformerSpec, execution: Execution) -> float:
     """Forward FLOPs of one mean layer's routed expert GEMMs for a micro-batch (before the TP x CP split), with
     each expert running ``capacity_factor`` times its mean load: ``C x top_k x ffn_matrices x 2 b s h f``
