@@ -55,7 +55,6 @@ ranks are separated by (:meth:`~mcdla.hardware.cluster.Cluster.dim_between`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -211,8 +210,14 @@ def closed_form_time(collective: Collective, dims: Sequence[FabricDim]) -> float
     if tuple(d.size for d in seq) != collective.levels:
         raise SimError(f"closed_form_time dims: got sizes {tuple(d.size for d in seq)}; must be the collective's "
                        f"levels {collective.levels}")
-    kind, n, algs = collective.kind, collective.nbytes, collective.algorithm
+    algs = collective.algorithm
     assert isinstance(algs, tuple)
+    return _closed_form(collective.kind, collective.nbytes, seq, algs)
+
+
+def _closed_form(kind: str, n: float, seq: tuple[FabricDim, ...], algs: tuple[str, ...]) -> float:
+    """:func:`closed_form_time` on checked parts: ``kind`` of ``n`` bytes over levels ``seq`` (at least one)
+    with one algorithm per level; :func:`collective_time` calls it without building the group's rank list."""
     if kind == "p2p":
         return _one("p2p", n, seq[0], algs[0])
     if kind == "all-to-all":
@@ -276,9 +281,7 @@ def collective_time(op: str, nbytes: float, dims: FabricDim | Sequence[FabricDim
             raise HardwareError(f"collective algorithm: got {alg!r}; must be one of {', '.join(ALGORITHMS)}")
     if not seq:
         return 0.0
-    ranks = math.prod(d.size for d in seq)
-    coll = Collective(kind=op, nbytes=n, group=tuple(range(ranks)), levels=tuple(d.size for d in seq), algorithm=algs)
-    return closed_form_time(coll, seq)
+    return _closed_form(op, n, seq, algs)
 
 
 def p2p_time(nbytes: float, dim: FabricDim) -> float:
@@ -286,7 +289,7 @@ def p2p_time(nbytes: float, dim: FabricDim) -> float:
     n = _check_bytes("p2p nbytes", nbytes, HardwareError)
     if not isinstance(dim, FabricDim):
         raise HardwareError(f"p2p dim: got {type(dim).__name__}; must be a FabricDim")
-    return closed_form_time(Collective(kind="p2p", nbytes=n, group=(0, 1)), (dataclasses.replace(dim, size=2),))
+    return 0.0 if n == 0.0 else dim.latency_s + n / dim.bytes_per_s  # the closed form's p2p row
 
 
 def bus_bandwidth(op: str, nbytes: float, seconds: float, ranks: int) -> float:

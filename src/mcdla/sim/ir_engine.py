@@ -75,10 +75,38 @@ class _Meeting:
         self.needed = needed
 
 
+class _Order:
+    """What both runs of one plan read of its programs, built once: per rank, the indices of the ops each op
+    waits on (``wait_index``), each stream's ops in program order (``streams``), and per op the streams whose
+    head may become ready when it ends (``woken``: its own, and those of the ops that wait on it)."""
+
+    __slots__ = ("wait_index", "streams", "woken")
+
+    def __init__(self, plan: CompiledPrograms) -> None:
+        self.wait_index: dict[int, list[tuple[int, ...]]] = {}
+        self.streams: dict[int, dict[str, tuple[int, ...]]] = {}
+        self.woken: dict[int, list[tuple[str, ...]]] = {}
+        for rank, prog in plan.programs.items():
+            ops = prog.ops
+            index = {op.name: i for i, op in enumerate(ops)}
+            wait_index = self.wait_index[rank] = [tuple(index[w] for w in op.waits) for op in ops]
+            streams: dict[str, list[int]] = {}
+            for i, op in enumerate(ops):
+                streams.setdefault(op.stream, []).append(i)
+            self.streams[rank] = {name: tuple(ids) for name, ids in streams.items()}
+            woken: list[dict[str, None]] = [{op.stream: None} for op in ops]
+            for j, waits in enumerate(wait_index):
+                for w in waits:
+                    woken[w][ops[j].stream] = None
+            self.woken[rank] = [tuple(names) for names in woken]
+
+
 class _Run:
     """One run of the programs, on the shared fabric (``shared``) or an idle one (NOTE [contention accounting])."""
 
-    def __init__(self, plan: CompiledPrograms, *, shared: bool, isolated: dict[Parts, float]) -> None:
+    def __init__(self, plan: CompiledPrograms, *, shared: bool, isolated: dict[Parts, float],
+                 order: _Order | None = None) -> None:
+        order = _Order(plan) if order is None else order
         self.plan = plan
         self.shared = shared
         self.isolated = isolated
@@ -87,23 +115,14 @@ class _Run:
         self.ops = {rank: prog.ops for rank, prog in plan.programs.items()}
         self.done: dict[int, list[bool]] = {rank: [False] * len(ops) for rank, ops in self.ops.items()}
         self.started: dict[int, list[bool]] = {rank: [False] * len(ops) for rank, ops in self.ops.items()}
-        index = {r: {op.name: i for i, op in enumerate(ops)} for r, ops in self.ops.items()}
-        self.wait_index = {r: [tuple(index[r][w] for w in op.waits) for op in ops] for r, ops in self.ops.items()}
-        self.streams: dict[int, dict[str, deque[int]]] = {}
-        for rank, ops in self.ops.items():
-            streams: dict[str, deque[int]] = {}
-            for i, op in enumerate(ops):
-                streams.setdefault(op.stream, deque()).append(i)
-            self.streams[rank] = streams
-        # the streams whose head may become ready when op i ends: its own, and those of the ops that wait on it
+        self.wait_index = order.wait_index
+        self.streams: dict[int, dict[str, deque[int]]] = {
+            rank: {name: deque(ids) for name, ids in streams.items()} for rank, streams in order.streams.items()}
+        # the streams whose head may become ready when op i ends (this run's queues of _Order.woken)
         self.woken: dict[int, list[tuple[deque[int], ...]]] = {}
-        for rank, ops in self.ops.items():
-            streams = self.streams[rank]
-            woken: list[dict[str, None]] = [{op.stream: None} for op in ops]
-            for j, waits in enumerate(self.wait_index[rank]):
-                for w in waits:
-                    woken[w][ops[j].stream] = None
-            self.woken[rank] = [tuple(streams[name] for name in names) for names in woken]
+        for rank, names in order.woken.items():
+            queue_of = self.streams[rank].__getitem__
+            self.woken[rank] = [tuple(map(queue_of, row)) for row in names]
         self.end_s: dict[tuple[int, str], float] = {}
         self.meetings: dict[tuple[Any, ...], _Meeting] = {}
         self.counters: dict[tuple[Any, ...], int] = {}
@@ -115,21 +134,22 @@ class _Run:
         for queue in self.streams[rank].values():
             if queue:
                 head = queue[0]
-                if not started[head] and all(done[w] for w in wait_index[head]):
+                if not started[head] and all(map(done.__getitem__, wait_index[head])):
                     started[head] = True
                     self._start(rank, head, ops[head], now)
 
     def _complete(self, arg: tuple[int, int], now: float) -> None:
         rank, i = arg
-        self.done[rank][i] = True
-        op = self.ops[rank][i]
+        ops, done = self.ops[rank], self.done[rank]
+        done[i] = True
+        op = ops[i]
         self.end_s[(rank, op.name)] = now
         self.streams[rank][op.stream].popleft()
-        ops, done, started, wait_index = self.ops[rank], self.done[rank], self.started[rank], self.wait_index[rank]
+        started, wait_index, is_done = self.started[rank], self.wait_index[rank], done.__getitem__
         for queue in self.woken[rank][i]:
             if queue:
                 head = queue[0]
-                if not started[head] and all(done[w] for w in wait_index[head]):
+                if not started[head] and all(map(is_done, wait_index[head])):
                     started[head] = True
                     self._start(rank, head, ops[head], now)
 
@@ -210,7 +230,10 @@ class _Run:
         plan = self.plan
         active = self.net.active()
         alone_rate = plan.alone_rate
-        if all(rate <= 0.0 or rate >= alone_rate[route] * (1.0 - 1e-9) for route, rate, _token in active):
+        for route, rate, _token in active:
+            if 0.0 < rate < alone_rate[route] * (1.0 - 1e-9):
+                break
+        else:
             return  # no flow is slowed: nothing to charge
         load: dict[int, float] = {}
         owners: dict[int, set[int]] = {}
@@ -295,9 +318,10 @@ def execute(system: System, programs: Iterable[RankProgram], *, devices: Mapping
     """
     plan = CompiledPrograms(system, validate(programs), devices, mirrors=mirrors)
     isolated: dict[Parts, float] = {}
-    shared = _Run(plan, shared=True, isolated=isolated)
+    order = _Order(plan)
+    shared = _Run(plan, shared=True, isolated=isolated, order=order)
     makespan = shared.run()
-    idle = _Run(plan, shared=False, isolated=isolated).run()
+    idle = _Run(plan, shared=False, isolated=isolated, order=order).run()
     contention = makespan - idle
     total_slowed = sum(shared.slowed.values())
     by_class = ({c: contention * s / total_slowed for c, s in sorted(shared.slowed.items())}

@@ -98,6 +98,7 @@ from mcdla.workload.transformer import (Attention, TransformerSpec, activation_b
                                         flash_attention_exponentials, fp8_cast_bytes_per_layer,
                                         hardware_flops_per_iteration, layer_fwd_flops, logits_fwd_flops,
                                         model_flops_per_iteration)
+from mcdla.workload.memo import pure_cache
 
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
            "LlmStep", "RankTraffic", "ShardCollective", "StageCosts", "Zero3Traffic", "cluster_rejection",
@@ -232,6 +233,7 @@ class LlmStep:
         return asdict(self)
 
 
+@pure_cache(64, copy_dict=True)
 def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, sp: bool = False,
                                 cp: int = 1, attention: Attention = "materialized",
                                 fused: bool = True) -> dict[str, float]:
@@ -258,6 +260,7 @@ def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: 
             "last_add": residual / 2 / (tp if sp else 1)}
 
 
+@pure_cache(64)
 def _param_groups(spec: TransformerSpec, e: Execution) -> tuple[ParamGroup, ...]:
     """Parameters on the rank of the first stage (the most layers any stage has, and the embedding), per TP
     rank (and per EP rank for the routed experts), by reduction group (:func:`rank_param_groups`)."""
@@ -308,6 +311,7 @@ class Zero3Traffic:
     step: tuple[ShardCollective, ...]
 
 
+@pure_cache(64)
 def zero3_traffic(spec: TransformerSpec, execution: Execution, element_bytes: int) -> Zero3Traffic:
     """The collectives of :class:`Zero3Traffic` for ``execution`` (``zero=3``) with ``element_bytes`` per
     parameter (the run's precision)."""
@@ -351,6 +355,7 @@ def _sharded(groups: tuple[ParamGroup, ...], e: Execution, sharded: bool) -> flo
     return sum(g.params / (_shard_groups(g, e)[0][0] if sharded else 1) for g in groups)
 
 
+@pure_cache(64)
 def _layer_groups(spec: TransformerSpec, e: Execution) -> tuple[ParamGroup, ...]:
     """One layer's parameters on a rank (per TP rank, the routed experts per EP rank) by reduction group: what
     ZeRO-3 gathers and reduce-scatters per layer."""
@@ -677,6 +682,7 @@ def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
     return replace(spec, bytes_per_element=prec.element_bytes)
 
 
+@pure_cache(64)
 def _activation_bytes(spec: TransformerSpec, e: Execution, prec: Precision) -> float:
     """One (mean) layer's stashed bytes per micro-batch on one rank under ``e`` and ``prec``: with a recompute
     count, the chunk's stored inputs and its plain layers' activations over its layers (NOTE [partial recompute
@@ -691,6 +697,7 @@ def _activation_bytes(spec: TransformerSpec, e: Execution, prec: Precision) -> f
     return shares.stored_inputs * per_layer("full") + (1.0 - shares.recomputed) * per_layer("none")
 
 
+@pure_cache(64)
 def _recompute_group_bytes(spec: TransformerSpec, e: Execution, prec: Precision) -> float:
     """Activations ``uniform`` recompute holds beyond full recompute's while one group runs its backward: the
     group's other ``N - 1`` layers' (one micro-batch; full recompute's one live layer is not counted either)."""
@@ -701,6 +708,7 @@ def _recompute_group_bytes(spec: TransformerSpec, e: Execution, prec: Precision)
     return (layer_shares(e, spec).group - 1) * plain
 
 
+@pure_cache(64)
 def _offloaded_weight_params(spec: TransformerSpec, e: Execution, groups: tuple[ParamGroup, ...],
                              n_layers: int) -> float:
     """Parameters of the rank's stored weights that ``offload_weights`` keeps in the second tier: all of them

@@ -46,6 +46,7 @@ from mcdla.workload.execution import Execution
 from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
+from mcdla.workload.memo import pure_cache
 
 __all__ = ["ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "expert_params_per_layer", "permutation_bytes",
            "rank_param_groups", "routed_expert_flops", "tokens_per_local_expert"]
@@ -112,6 +113,7 @@ def routed_expert_flops(spec: TransformerSpec, execution: Execution) -> float:
     return e.capacity_factor * routed
 
 
+@pure_cache(64)
 def tokens_per_local_expert(spec: TransformerSpec, execution: Execution) -> float:
     """Tokens one routed expert's GEMM multiplies per micro-batch on one rank (NOTE [expert parallelism]): the
     EP group's ``ep x b s / cp`` tokens, each sent to ``top_k`` experts and padded to ``C`` times the mean
@@ -134,6 +136,7 @@ class ParamGroup:
     stride: int
 
 
+@pure_cache(64)
 def rank_param_groups(spec: TransformerSpec, execution: Execution, stage_layers: int) -> tuple[ParamGroup, ...]:
     """The first stage's parameters on one rank (``stage_layers`` layers and the embedding, per TP rank) in
     their reduction groups: the routed experts' ``1 / ep`` over the ``dp cp / ep`` ranks holding the same

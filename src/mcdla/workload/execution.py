@@ -30,6 +30,7 @@ from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, validation_line
 from mcdla.workload.op_recompute import OP_RECOMPUTE, check_op_recompute
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
+from mcdla.workload.memo import pure_cache
 
 __all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "RECOMPUTE_METHODS", "Execution", "check_execution", "chunk_layers",
            "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
@@ -264,6 +265,7 @@ class Execution:
         return (self.pp - 1) / (self.micro_batches * self.virtual_stages)
 
 
+@pure_cache(64)
 def stage_layers(execution: Execution, spec: TransformerSpec) -> tuple[int, ...]:
     """The layers of each pipeline stage, first to last; one-line ConfigError unless every stage gets a
     positive multiple of ``virtual_stages`` layers (each of its chunks the same size, as Megatron-LM requires).
@@ -303,6 +305,7 @@ def stage_layers(execution: Execution, spec: TransformerSpec) -> tuple[int, ...]
     return tuple(split)
 
 
+@pure_cache(64)
 def chunk_layers(execution: Execution, spec: TransformerSpec) -> tuple[tuple[int, ...], ...]:
     """The layers of each pipeline stage's ``virtual_stages`` model chunks, ``[stage][chunk]``; one-line
     ConfigError unless they split evenly.

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from mcdla.errors import ConfigError
 from mcdla.workload.execution import Execution, chunk_layers
 from mcdla.workload.transformer import TransformerSpec
+from mcdla.workload.memo import pure_cache
 
 __all__ = ["LayerShares", "layer_shares"]
 
@@ -45,6 +46,7 @@ class LayerShares:
     offloaded: float
 
 
+@pure_cache(64)
 def layer_shares(execution: Execution, spec: TransformerSpec) -> LayerShares:
     """The :class:`LayerShares` of ``execution`` on ``spec`` (module docstring); one-line ConfigError when a layer
     count exceeds a model chunk's layers or the chunks differ in size."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from mcdla.errors import ConfigError
 from mcdla.workload.transformer import _LSE_BYTES, TransformerSpec
+from mcdla.workload.memo import pure_cache
 
 __all__ = ["OP_RECOMPUTE", "check_op_recompute", "layer_matmuls", "op_recompute_rejection", "op_recomputed_gemm_flops",
            "op_saved_bytes_per_layer"]
@@ -51,6 +52,7 @@ def _recomputed(index: int) -> bool:
     return (index + 1) % 2 == 0
 
 
+@pure_cache(1024)
 def op_recomputed_gemm_flops(spec: TransformerSpec, batch: int) -> float:
     """FLOPs the op policy re-runs per layer for ``batch`` samples: ``2 b s x in x out`` of each recomputed
     product (NOTE [op-level selective recompute])."""

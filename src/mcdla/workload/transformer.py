@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from mcdla.errors import WorkloadError, brief
+from mcdla.workload.memo import pure_cache
 
 __all__ = [
     "MlaAttention",
@@ -268,6 +269,7 @@ class TransformerSpec:
         dense = int(self.dense_ffn_hidden or 0)
         return (self.dense_layers * dense + (self.layers - self.dense_layers) * moe) / self.layers
 
+    @pure_cache(1024)
     def attention_params(self) -> int:
         """Weights of one attention block: Q, K, V and output projections (or MLA's), their biases, QK norms."""
         h = self.hidden
@@ -284,6 +286,7 @@ class TransformerSpec:
         """Weight matrices of one expert FFN: 2 for GELU, 3 for SwiGLU."""
         return 3 if self.mlp == "swiglu" else 2
 
+    @pure_cache(1024)
     def params_per_layer(self) -> int:
         """Parameters of one transformer layer (all experts, biases and the two norms included); with
         ``dense_layers``, of one of the repeated MoE layers (:meth:`dense_layer_params` for the others)."""
@@ -303,6 +306,7 @@ class TransformerSpec:
         biases = (self.ffn_matrices - 1) * f + h if self.bias else 0
         return self.attention_params() + self.ffn_matrices * h * f + (4 * h if self.bias else 2 * h) + biases
 
+    @pure_cache(1024)
     def embedding_params(self) -> int:
         """Input embedding, position table, final norm and (untied) output projection."""
         h = self.hidden
@@ -332,6 +336,7 @@ def _check_attention(attention: str) -> None:
         raise WorkloadError(f"attention: got {brief(attention)}; must be one of {', '.join(ATTENTIONS)}")
 
 
+@pure_cache(1024, copy_dict=True)
 def layer_fwd_flops(spec: TransformerSpec, batch: int, *, attention: Attention = "materialized") -> dict[str, float]:
     """Forward FLOPs of one layer for ``batch`` samples: ``gemm`` (projections, FFN, router) and ``attention``
     (``Q K^T`` and ``attention x V``), kept apart because they run at different efficiencies and precisions.
@@ -355,6 +360,7 @@ def attention_bwd_flops_ratio(attention: Attention) -> float:
     return _FLASH_BWD_RATIO if attention == "flash" else 2.0
 
 
+@pure_cache(1024, copy_dict=True)
 def flash_attention_bytes(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, cp: int = 1) -> dict[str, float]:
     """HBM bytes of one layer's fused FlashAttention-2 kernel on one rank, ``fwd`` and ``bwd`` (NOTE [flash
     attention]): Q, K, V in and O and the fp32 logsumexp out; backward reads Q, K, V, O, dO and the logsumexp
@@ -379,6 +385,7 @@ def flash_attention_exponentials(spec: TransformerSpec, micro_batch: int, *, tp:
     return {"fwd": scores, "bwd": scores}
 
 
+@pure_cache(1024)
 def _projection_weights(spec: TransformerSpec) -> float:
     """Weights of the attention block's matrices (Q, K, V, output; MLA's down/up projections), norms and
     biases left out: a token's projection FLOPs are twice this."""
@@ -394,6 +401,7 @@ def logits_fwd_flops(spec: TransformerSpec, batch: int) -> float:
     return 2.0 * batch * spec.seq_len * spec.hidden * spec.vocab
 
 
+@pure_cache(1024)
 def model_flops_per_iteration(spec: TransformerSpec, global_batch: int) -> float:
     """Model FLOPs of one iteration (forward + backward = 3x forward), no recomputation counted and the attention
     core over the full score matrix: the numerator of model FLOPs utilisation, as the papers count it."""
@@ -401,6 +409,7 @@ def model_flops_per_iteration(spec: TransformerSpec, global_batch: int) -> float
     return 3.0 * (spec.layers * (layer["gemm"] + layer["attention"]) + logits_fwd_flops(spec, global_batch))
 
 
+@pure_cache(1024)
 def hardware_flops_per_iteration(spec: TransformerSpec, global_batch: int, recompute: Recompute, *,
                                  attention: Attention = "materialized", recompute_share: float = 1.0) -> float:
     """FLOPs the devices execute, recomputation included: ``full`` re-runs every layer's forward (the
@@ -423,6 +432,7 @@ FP8_SCALINGS: tuple[str, ...] = ("delayed", "current")
 kernel), ``current`` by the tensor's own amax, a separate reduction pass before the cast."""
 
 
+@pure_cache(1024, copy_dict=True)
 def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, cp: int = 1,
                              scaling: str = "current") -> dict[str, float]:
     """HBM bytes of one layer's fp8 quantisation on one rank, ``fwd`` and ``bwd``: every GEMM input is cast
@@ -444,6 +454,7 @@ def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int
     return {"fwd": per_element * fwd, "bwd": per_element * bwd}
 
 
+@pure_cache(1024)
 def activation_bytes_per_layer(
     spec: TransformerSpec, micro_batch: int, *, tp: int = 1, sp: bool = False, cp: int = 1,
     recompute: Recompute = "none", attention: Attention = "materialized", fp8_gemm_inputs: bool = False,
