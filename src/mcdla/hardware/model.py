@@ -13,23 +13,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from mcdla.errors import HardwareError
+from mcdla.errors import HardwareError, brief
 
 __all__ = ["LinkKind", "Device", "Memory", "MemoryKind", "Switch", "Link", "System"]
 
 
 def _check_positive(owner: str, name: str, value: float, *, allow_inf: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise HardwareError(f"{owner}.{name}: got {value!r}; must be a number > 0")
+        raise HardwareError(f"{owner}.{name}: got {brief(value)}; must be a number > 0")
     if value <= 0 or (math.isinf(value) and not allow_inf):
         allowed = "> 0" if allow_inf else "finite and > 0"
-        raise HardwareError(f"{owner}.{name}: got {value!r}; must be {allowed}")
+        raise HardwareError(f"{owner}.{name}: got {brief(value)}; must be {allowed}")
     return float(value)
 
 
 def _check_nonnegative(owner: str, name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-        raise HardwareError(f"{owner}.{name}: got {value!r}; must be a number >= 0")
+        raise HardwareError(f"{owner}.{name}: got {brief(value)}; must be a number >= 0")
     return float(value)
 
 
@@ -59,7 +59,7 @@ class Device:
     source: str = ""
 
     def __post_init__(self) -> None:
-        owner = f"device {self.name!r}"
+        owner = f"device {brief(self.name)}"
         object.__setattr__(self, "exp_per_s", _check_nonnegative(owner, "exp_per_s", self.exp_per_s))
         if not self.peak_flops_per_s:
             raise HardwareError(f"{owner}.peak_flops_per_s: got empty; must give at least one precision")
@@ -75,7 +75,7 @@ class Device:
         for name in ("compute_efficiency", "memory_efficiency"):
             value = _check_positive(owner, name, getattr(self, name))
             if value > 1:
-                raise HardwareError(f"{owner}.{name}: got {value!r}; must be in (0, 1]")
+                raise HardwareError(f"{owner}.{name}: got {brief(value)}; must be in (0, 1]")
             object.__setattr__(self, name, value)
 
     def flops_per_s(self, precision: str) -> float:
@@ -84,7 +84,7 @@ class Device:
             return self.peak_flops_per_s[precision]
         except KeyError:
             known = ", ".join(sorted(self.peak_flops_per_s))
-            raise HardwareError(f"device {self.name!r}: no peak for precision {precision!r}; has {known}") from None
+            raise HardwareError(f"device {brief(self.name)}: no peak for precision {brief(precision)}; has {known}") from None
 
 
 class MemoryKind(str, Enum):
@@ -108,12 +108,12 @@ class Memory:
     source: str = ""
 
     def __post_init__(self) -> None:
-        owner = f"memory {self.name!r}"
+        owner = f"memory {brief(self.name)}"
         if not isinstance(self.kind, MemoryKind):
             try:
                 object.__setattr__(self, "kind", MemoryKind(self.kind))
             except ValueError:
-                raise HardwareError(f"{owner}.kind: got {self.kind!r}; must be 'host' or 'memory-node'") from None
+                raise HardwareError(f"{owner}.kind: got {brief(self.kind)}; must be 'host' or 'memory-node'") from None
         object.__setattr__(self, "capacity_bytes", _check_positive(owner, "capacity_bytes", self.capacity_bytes, allow_inf=True))
         object.__setattr__(
             self, "dram_bytes_per_s", _check_positive(owner, "dram_bytes_per_s", self.dram_bytes_per_s, allow_inf=True)
@@ -160,7 +160,7 @@ class Link:
     def __post_init__(self) -> None:
         owner = f"link {self.a}-{self.b}"
         if self.a == self.b:
-            raise HardwareError(f"{owner}: got a link from {self.a!r} to itself; must join two different nodes")
+            raise HardwareError(f"{owner}: got a link from {brief(self.a)} to itself; must join two different nodes")
         object.__setattr__(self, "bytes_per_s", _check_positive(owner, "bytes_per_s", self.bytes_per_s, allow_inf=True))
         object.__setattr__(self, "latency_s", _check_nonnegative(owner, "latency_s", self.latency_s))
         if not isinstance(self.kind, LinkKind):
@@ -168,7 +168,7 @@ class Link:
                 object.__setattr__(self, "kind", LinkKind(self.kind))
             except ValueError:
                 allowed = ", ".join(k.value for k in LinkKind)
-                raise HardwareError(f"{owner}.kind: got {self.kind!r}; must be one of {allowed}") from None
+                raise HardwareError(f"{owner}.kind: got {brief(self.kind)}; must be one of {allowed}") from None
 
     @property
     def key(self) -> frozenset[str]:
@@ -211,38 +211,38 @@ class System:
         object.__setattr__(self, "rings", tuple(tuple(r) for r in self.rings))
         object.__setattr__(self, "pools", {str(k): tuple(v) for k, v in self.pools.items()})
         if not self.devices:
-            raise HardwareError(f"system {self.name!r}.devices: got none; must have at least one device")
+            raise HardwareError(f"system {brief(self.name)}.devices: got none; must have at least one device")
         names: dict[str, str] = {}
         for kind, nodes in (("device", self.devices), ("memory", self.memories), ("switch", self.switches)):
             for node in nodes:
                 if node.name in names:
-                    raise HardwareError(f"system {self.name!r}: node name {node.name!r} is used twice")
+                    raise HardwareError(f"system {brief(self.name)}: node name {brief(node.name)} is used twice")
                 names[node.name] = kind
         seen: set[frozenset[str]] = set()
         for i, link in enumerate(self.links):
             for end in (link.a, link.b):
                 if end not in names:
-                    raise HardwareError(f"system {self.name!r}.links[{i}]: got unknown node {end!r}")
+                    raise HardwareError(f"system {brief(self.name)}.links[{i}]: got unknown node {brief(end)}")
             if link.key in seen:
                 raise HardwareError(
-                    f"system {self.name!r}.links[{i}]: {link.a}-{link.b} given twice; merge parallel links into one"
+                    f"system {brief(self.name)}.links[{i}]: {link.a}-{link.b} given twice; merge parallel links into one"
                 )
             seen.add(link.key)
         for dev, targets in self.pools.items():
             if names.get(dev) != "device":
-                raise HardwareError(f"system {self.name!r}.pools: got {dev!r}; keys must be device names")
+                raise HardwareError(f"system {brief(self.name)}.pools: got {brief(dev)}; keys must be device names")
             if not targets:
-                raise HardwareError(f"system {self.name!r}.pools[{dev}]: got no memories; must name at least one")
+                raise HardwareError(f"system {brief(self.name)}.pools[{dev}]: got no memories; must name at least one")
             for t in targets:
                 if names.get(t) != "memory":
-                    raise HardwareError(f"system {self.name!r}.pools[{dev}]: got {t!r}; must name a memory")
+                    raise HardwareError(f"system {brief(self.name)}.pools[{dev}]: got {brief(t)}; must name a memory")
         device_names = {d.name for d in self.devices}
         for r, ring in enumerate(self.rings):
             for node in ring:
                 if node not in names:
-                    raise HardwareError(f"system {self.name!r}.rings[{r}]: got unknown node {node!r}")
+                    raise HardwareError(f"system {brief(self.name)}.rings[{r}]: got unknown node {brief(node)}")
             if {n for n in ring if n in device_names} != device_names or sum(n in device_names for n in ring) != len(device_names):
-                raise HardwareError(f"system {self.name!r}.rings[{r}]: must visit every device exactly once")
+                raise HardwareError(f"system {brief(self.name)}.rings[{r}]: must visit every device exactly once")
 
     # -- lookups -------------------------------------------------------------------------------------------
     @property
@@ -253,19 +253,19 @@ class System:
         for d in self.devices:
             if d.name == name:
                 return d
-        raise HardwareError(f"system {self.name!r}: no device {name!r}")
+        raise HardwareError(f"system {brief(self.name)}: no device {brief(name)}")
 
     def memory(self, name: str) -> Memory:
         for m in self.memories:
             if m.name == name:
                 return m
-        raise HardwareError(f"system {self.name!r}: no memory {name!r}")
+        raise HardwareError(f"system {brief(self.name)}: no memory {brief(name)}")
 
     def pool_of(self, device: str) -> tuple[str, ...]:
         """The memories ``device`` offloads to; HardwareError when it has none."""
         pool = self.pools.get(device, ())
         if not pool:
-            raise HardwareError(f"system {self.name!r}: device {device!r} has no pool memory to offload to")
+            raise HardwareError(f"system {brief(self.name)}: device {brief(device)} has no pool memory to offload to")
         return pool
 
     # -- variants ------------------------------------------------------------------------------------------
