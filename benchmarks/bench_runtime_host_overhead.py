@@ -21,16 +21,26 @@ hook and two timeline samples per storage, none of mcdla's other guarantees; eve
 save's alias, right for this chain only), and, with ``--split``,
 each of mcdla's three per-tensor parts on the same chain: the pack hook, the unpack hook and the handle's
 death (``perf_counter_ns`` around each call, less the cost of that timing, measured on an empty function).
+
+``--baseline SRC`` (with ``--micro``) measures two versions of mcdla in one run: ``--rounds`` rounds, each
+running the ``--micro`` measurement in a fresh interpreter with ``SRC`` (say, another checkout's ``src``) on
+the path, then with the ``src`` this run imports, back to back; it prints each round and the min and median
+over rounds of both, and ``--write`` records that table.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from array import array
 from collections.abc import Callable
 
@@ -250,6 +260,43 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _micro_in(src: Path, chain: int, repeats: int) -> dict[str, float]:
+    """``micro`` run in a fresh interpreter with mcdla imported from ``src`` (``--baseline``)."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_runtime_host_overhead", "--micro", str(chain),
+                          "--repeats", str(repeats), "--json"], env=env, cwd=Path(__file__).parents[1],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def compare(baseline: Path, rounds: int, chain: int, repeats: int) -> str:
+    """``--baseline``: the micro figures of mcdla from ``baseline`` and from this run's ``src``, alternating."""
+    import mcdla
+
+    current = Path(mcdla.__file__).resolve().parents[1]
+    runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    lines = ["| round | save_on_cpu before | mcdla before | ratio before | save_on_cpu after | mcdla after | "
+             "ratio after |", "|---|---|---|---|---|---|---|"]
+    for i in range(rounds):
+        for key, src in (("before", baseline), ("after", current)):
+            runs[key].append(_micro_in(src, chain, repeats))
+        cells = []
+        for key in ("before", "after"):
+            m = runs[key][-1]
+            cells += [f"{1e6 * m['save_on_cpu']:.2f} us", f"{1e6 * m['mcdla bookkeeping']:.2f} us",
+                      f"{m['mcdla bookkeeping'] / m['save_on_cpu']:.2f}x"]
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    for label, fn in (("min", min), ("median", statistics.median)):
+        cells = []
+        for key in ("before", "after"):
+            soc = fn(m["save_on_cpu"] for m in runs[key])
+            book = fn(m["mcdla bookkeeping"] for m in runs[key])
+            ratio = fn(m["mcdla bookkeeping"] / m["save_on_cpu"] for m in runs[key])
+            cells += [f"{1e6 * soc:.2f} us", f"{1e6 * book:.2f} us", f"{ratio:.2f}x"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=50)
@@ -260,9 +307,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--micro", type=int, default=0, help="time a chain of this many sin ops instead (see above)")
     ap.add_argument("--split", action="store_true", help="with --micro: also time pack, unpack and handle death")
+    ap.add_argument("--baseline", type=Path, help="with --micro: also time mcdla from this src directory (above)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --baseline: rounds of before and after")
+    ap.add_argument("--json", action="store_true", help="with --micro: print the figures as one JSON line")
     ap.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.micro and args.baseline is not None:
+        text = compare(args.baseline, args.rounds, args.micro, args.repeats)
+        print(text)
+        if args.write:
+            from benchmarks._results import record
+
+            record("runtime-host-overhead-micro-compare",
+                   "Runtime: bookkeeping per saved tensor vs save_on_cpu, two versions in one run (CPU time)",
+                   f"PYTHONPATH=src .venv/bin/python -m benchmarks.bench_runtime_host_overhead --micro {args.micro} "
+                   f"--repeats {args.repeats} --baseline BEFORE/src --rounds {args.rounds} --write", text)
+        return
+    if args.micro and args.json:
+        print(json.dumps(micro(args.micro, args.repeats)))
+        return
     if args.micro:
         m = micro(args.micro, args.repeats)
         print(f"CPU per saved tensor over plain: save_on_cpu {1e6 * m['save_on_cpu']:.1f} us, mcdla bookkeeping "

@@ -53,8 +53,11 @@ NOTE [hot path]
     closure, list or dict made per tensor; a record and a handle with ``__slots__`` that compute only what
     every record needs (NOTE [cheap records] in ``_records``; the first handle counted by its record from
     the start); timeline samples in flat arrays (NOTE [cheap samples] in ``report``); a handle's death run
-    at once from its ``__del__`` through ``_InboxLock.call`` (a posted closure only while the lock is taken
-    or a collection runs); the unpack checks (abort, failure, second unpack, in-place change, read from the
+    at once from its ``__del__`` by ``handle_died``, which takes the bare lock itself (a posted closure only
+    while the lock is taken or a collection runs), and, for the last handle of a consumed record of a step
+    that moved nothing, only removes the record from the step's maps (the record and its bytes then die
+    with the handle); the hooks release the bare lock and look at the inbox only when something was
+    posted; the unpack checks (abort, failure, second unpack, in-place change, read from the
     alias's version counter) tested together before the call that explains a failure; states compared by
     identity with module constants; a storage handed back to autograd counted without a weak reference
     when only its record holds it (NOTE [memory honesty] in ``_liveness``). The general machinery (offloads
