@@ -14,8 +14,8 @@ tier copies in the caller's thread), and CPU time is what other jobs on a shared
     .venv/bin/python -m benchmarks.bench_runtime_host_overhead [--repeats 50] [--write]
 
 ``--micro N`` instead times a chain of N ``sin`` on a 64-float tensor (one saved storage per op, nothing else
-to do), main-thread CPU time, fastest of ``--repeats``: the bookkeeping per saved tensor with the least noise.
-It also times a pair of identity hooks (what calling any Python hook pair costs) and "minimal bookkeeping"
+to do), main-thread CPU time, fastest of ``--repeats``: the bookkeeping per saved tensor with the least noise,
+and the host tier on the same chain (every storage copied out and back, in this thread). It also times a pair of identity hooks (what calling any Python hook pair costs) and "minimal bookkeeping"
 (``_Minimal``: a lower bound, not a runtime: a record, a handle with ``__del__``, a dedupe lookup, a lock per
 hook and two timeline samples per storage, none of mcdla's other guarantees; every unpack returns the first
 save's alias, right for this chain only), and, with ``--split``,
@@ -178,13 +178,16 @@ class _Minimal:
 
 
 def micro(chain: int, repeats: int) -> dict[str, float]:
-    """CPU seconds per saved tensor over the plain step for save_on_cpu and mcdla's bookkeeping (``--micro``)."""
+    """CPU seconds per saved tensor over the plain step for save_on_cpu, mcdla's bookkeeping and host tier, and
+    the two reference hook pairs (``--micro``)."""
     x = torch.randn(64, requires_grad=True)
     book = virtualize("host", budget=1 << 40, min_bytes=0)
+    host = virtualize("host", min_bytes=0)
     modes: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         "plain": contextlib.nullcontext,
         "save_on_cpu": lambda: torch.autograd.graph.save_on_cpu(pin_memory=False),
         "mcdla bookkeeping": lambda: book,
+        "mcdla host tier": lambda: host,
         "identity hooks": lambda: torch.autograd.graph.saved_tensors_hooks(_identity, _identity),
         "minimal bookkeeping": lambda: _Minimal().hooks(),
     }
@@ -275,8 +278,8 @@ def compare(baseline: Path, rounds: int, chain: int, repeats: int) -> str:
 
     current = Path(mcdla.__file__).resolve().parents[1]
     runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
-    lines = ["| round | save_on_cpu before | mcdla before | ratio before | save_on_cpu after | mcdla after | "
-             "ratio after |", "|---|---|---|---|---|---|---|"]
+    lines = ["| round | save_on_cpu before | mcdla before | ratio before | host tier before | save_on_cpu after | "
+             "mcdla after | ratio after | host tier after |", "|---|---|---|---|---|---|---|---|---|"]
     for i in range(rounds):
         for key, src in (("before", baseline), ("after", current)):
             runs[key].append(_micro_in(src, chain, repeats))
@@ -284,7 +287,8 @@ def compare(baseline: Path, rounds: int, chain: int, repeats: int) -> str:
         for key in ("before", "after"):
             m = runs[key][-1]
             cells += [f"{1e6 * m['save_on_cpu']:.2f} us", f"{1e6 * m['mcdla bookkeeping']:.2f} us",
-                      f"{m['mcdla bookkeeping'] / m['save_on_cpu']:.2f}x"]
+                      f"{m['mcdla bookkeeping'] / m['save_on_cpu']:.2f}x",
+                      f"{1e6 * m['mcdla host tier']:.2f} us ({m['mcdla host tier'] / m['save_on_cpu']:.1f}x)"]
         lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
     for label, fn in (("min", min), ("median", statistics.median)):
         cells = []
@@ -292,7 +296,10 @@ def compare(baseline: Path, rounds: int, chain: int, repeats: int) -> str:
             soc = fn(m["save_on_cpu"] for m in runs[key])
             book = fn(m["mcdla bookkeeping"] for m in runs[key])
             ratio = fn(m["mcdla bookkeeping"] / m["save_on_cpu"] for m in runs[key])
-            cells += [f"{1e6 * soc:.2f} us", f"{1e6 * book:.2f} us", f"{ratio:.2f}x"]
+            host = fn(m["mcdla host tier"] for m in runs[key])
+            host_ratio = fn(m["mcdla host tier"] / m["save_on_cpu"] for m in runs[key])
+            cells += [f"{1e6 * soc:.2f} us", f"{1e6 * book:.2f} us", f"{ratio:.2f}x",
+                      f"{1e6 * host:.2f} us ({host_ratio:.1f}x)"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -319,7 +326,7 @@ def main() -> None:
         if args.write:
             from benchmarks._results import record
 
-            record("runtime-host-overhead-micro-compare",
+            record("runtime-host-overhead-micro",
                    "Runtime: bookkeeping per saved tensor vs save_on_cpu, two versions in one run (CPU time)",
                    f"PYTHONPATH=src .venv/bin/python -m benchmarks.bench_runtime_host_overhead --micro {args.micro} "
                    f"--repeats {args.repeats} --baseline BEFORE/src --rounds {args.rounds} --write", text)
@@ -330,7 +337,8 @@ def main() -> None:
     if args.micro:
         m = micro(args.micro, args.repeats)
         print(f"CPU per saved tensor over plain: save_on_cpu {1e6 * m['save_on_cpu']:.1f} us, mcdla bookkeeping "
-              f"{1e6 * m['mcdla bookkeeping']:.1f} us ({m['mcdla bookkeeping'] / m['save_on_cpu']:.1f}x); "
+              f"{1e6 * m['mcdla bookkeeping']:.1f} us ({m['mcdla bookkeeping'] / m['save_on_cpu']:.1f}x), host tier "
+              f"{1e6 * m['mcdla host tier']:.1f} us ({m['mcdla host tier'] / m['save_on_cpu']:.1f}x); "
               f"identity hooks {1e6 * m['identity hooks']:.1f} us, minimal bookkeeping "
               f"{1e6 * m['minimal bookkeeping']:.1f} us ({m['minimal bookkeeping'] / m['save_on_cpu']:.1f}x)")
         if args.split:
