@@ -262,8 +262,8 @@ class _Handle:
         return out.set_(storage, offset, self.size, stride)
 
     def __del__(self) -> None:
-        """Tell the record's step (``_Step.handle_died``: under its lock, at once when the lock is free)."""
+        """Tell the record's step, under its lock (at once when the lock is free, NOTE [locking] in ``_sync``)."""
         rec = self.record
         step = rec.step
         if not step.foreign and not _is_finalizing():  # NOTE [forked children] in ``_step``
-            step.handle_died(rec, self.unpacked)
+            step._lock.call(step._on_handle_dead, rec, self.unpacked)

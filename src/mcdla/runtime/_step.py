@@ -53,8 +53,8 @@ NOTE [hot path]
     closure, list or dict made per tensor; a record and a handle with ``__slots__`` that compute only what
     every record needs (NOTE [cheap records] in ``_records``; the first handle counted by its record from
     the start); timeline samples in flat arrays (NOTE [cheap samples] in ``report``); a handle's death run
-    at once from its ``__del__`` by ``handle_died``, which takes the bare lock itself (a posted closure only
-    while the lock is taken or a collection runs), and, for the last handle of a consumed record of a step
+    at once from its ``__del__`` through ``_InboxLock.call`` (a posted closure only while the lock is taken
+    or a collection runs), and, for the last handle of a consumed record of a step
     that moved nothing, only removes the record from the step's maps (the record and its bytes then die
     with the handle); the hooks release the bare lock and look at the inbox only when something was
     posted; the unpack checks (abort, failure, second unpack, in-place change, read from the
@@ -77,7 +77,6 @@ NOTE [forked children]
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import time
 from collections import deque
@@ -94,7 +93,7 @@ from mcdla.runtime._modules import _Attribution
 from mcdla.runtime._policy import _KEEP, _Config, _Policy, fits, freeing_offload, plan_cap_bytes
 from mcdla.runtime._prefetch import _Prefetcher
 from mcdla.runtime._records import _Handle, _Record, _State, managed_storage, storage_bytes
-from mcdla.runtime._sync import _InboxLock, collecting_here
+from mcdla.runtime._sync import _InboxLock
 from mcdla.runtime._transfer import _Mover, profiled
 from mcdla.runtime.pool import Pool
 from mcdla.runtime.report import StepReport, _ReportBuilder
@@ -645,26 +644,8 @@ class _Step:
                 policy.kept_bytes -= nbytes
             self.report.sample(resident, resident + lingering.bytes + lingering.held)
 
-    def handle_died(self, rec: _Record, unpacked: bool) -> None:
-        """A handle of ``rec`` died (``_Handle.__del__``; never in a forked child): ``_on_handle_dead`` under the
-        lock, now if it is free and no collection runs here, else posted (NOTE [locking] in ``_sync``). This
-        is ``_InboxLock.call`` with the frames of the call and of ``release`` left out (NOTE [hot path])."""
-        lock = self._lock
-        raw = lock.raw
-        if lock.inbox or collecting_here() or not raw.acquire(blocking=False):
-            lock.post(functools.partial(self._on_handle_dead, rec, unpacked))
-            return
-        try:
-            self._on_handle_dead(rec, unpacked)
-        except BaseException as err:  # noqa: BLE001 - see ``_InboxLock.failed``
-            lock.failed(err)
-        finally:
-            raw.release()
-            if lock.inbox:
-                lock.run_posted()
-
     def _on_handle_dead(self, rec: _Record, unpacked: bool) -> None:
-        """A handle of ``rec`` died (under the lock)."""
+        """A handle of ``rec`` died (``_Handle.__del__``, under the lock; never in a forked child)."""
         live = rec.handles_live = rec.handles_live - 1
         if not unpacked:
             rec.pending -= 1

@@ -87,10 +87,10 @@ class _InboxLock:
         """Run one task under the lock; a failure goes to ``on_error`` (NOTE [interrupted tasks])."""
         try:
             task(*args)
-        except BaseException as err:  # noqa: BLE001 - see ``failed``
-            self.failed(err)
+        except BaseException as err:  # noqa: BLE001 - see ``_failed``
+            self._failed(err)
 
-    def failed(self, err: BaseException) -> None:
+    def _failed(self, err: BaseException) -> None:
         """A task raised ``err``: record it; re-raise an interrupt on the main thread (NOTE [interrupted tasks])."""
         if isinstance(err, Exception):
             self._on_error(err)  # recorded as the step's failure and raised later
@@ -138,8 +138,8 @@ class _InboxLock:
                 and self._lock.acquire(blocking=False)):
             try:
                 task(*args)
-            except BaseException as err:  # noqa: BLE001 - see ``failed``
-                self.failed(err)
+            except BaseException as err:  # noqa: BLE001 - see ``_failed``
+                self._failed(err)
             finally:
                 self._lock.release()  # ``release``, inline for an empty inbox
                 if self._inbox:
