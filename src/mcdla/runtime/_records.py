@@ -105,55 +105,54 @@ class _Record:
         tensor.
     """
 
-    # Hot fields (every record sets them, the hooks read and write them) are slots; the others start as these
-    # class attributes and are written into the instance's ``__dict__``, made only when a record first
-    # moves, fails or is named (NOTE [hot path] in ``_step``: a slot store costs as much as the rest).
     __slots__ = (
-        "id", "key", "step", "nbytes", "root_ref", "version", "saved_seq", "layer", "dtype", "shape", "state",
-        "source", "alias", "handles_live", "pending", "counted_resident", "held", "__dict__",
+        "id", "key", "step", "_device", "nbytes", "storage_ref", "root_ref", "version", "saved_seq", "layer", "dtype",
+        "shape", "start_tier",
+        "prefetch_at", "_label",
+        "offload_now", "state", "source", "alias", "first_stride", "first_offset", "restored", "event", "block",
+        "tier_name", "offload_future", "fetch_future", "handles_live", "pending", "error", "counted_resident",
+        "counted_window", "held",
     )
-    _device: torch.device | None = None  # read from the storage when first asked (``device``)
-    storage_ref: weakref.ref | None = None  # set when ``source`` is dropped
-    _label: str | None = None
-    start_tier = 0  # the first tier to try, module that triggers the fetch, offload at once: ``_Placement``
-    prefetch_at: str | None = None
-    offload_now = False
-    first_stride: tuple[int, ...] = ()  # the first save's stride and offset, kept when ``alias`` goes
-    first_offset = 0
-    restored: torch.Tensor | None = None  # fetched bytes (1-D uint8 on the device)
-    event: Any = None  # CUDA event after which ``restored`` is valid
-    block: Block | None = None
-    tier_name = ""
-    offload_future: Future | None = None
-    fetch_future: Future | None = None
-    error: BaseException | None = None
-    counted_window = False
 
     def __init__(self, rid: int, key: Any, step: _Step, storage: Any, alias: torch.Tensor, nbytes: int,
-                 root: torch.Tensor, version: int, dtype: torch.dtype, shape: Any, layer: str, place: Any | None,
+                 root: torch.Tensor, version: int, dtype: torch.dtype, shape: Any, layer: str, place: Any,
                  saved_seq: int, /) -> None:
         """Positional arguments: a record is made per new saved storage, and binding keywords costs more
         than the rest of this constructor (NOTE [hot path] in ``_step``). ``place``: the policy's
-        ``_Placement``, None for the one that keeps the storage (the class defaults)."""
+        ``_Placement`` (offload now?, first tier, module that triggers the fetch)."""
         self.id = rid
         self.key = key
         self.step = step
+        self._device: torch.device | None = None  # read from the storage when first asked (``device``)
         self.nbytes = nbytes
+        self.storage_ref: weakref.ref | None = None  # set when ``source`` is dropped
         self.root_ref = weakref.ref(root)
         self.version = version
         self.saved_seq = saved_seq  # autograd's counter when saved; -1: final when saved (NOTE [bytes final] in _step)
         self.layer = layer
         self.dtype = dtype
         self.shape = shape
+        self._label: str | None = None
+        self.start_tier = place.start_tier
+        self.prefetch_at = place.prefetch_at
+        self.offload_now = place.offload_now
         self.state = _State.RESIDENT
         self.source: Any = storage  # the storage object: held while resident, dropped once offloaded
         self.alias: torch.Tensor | None = alias  # the first save, detached: held and dropped with ``source``
+        self.first_stride: tuple[int, ...] = ()  # the first save's stride and offset, kept when ``alias`` goes
+        self.first_offset = 0
+        self.restored: torch.Tensor | None = None  # fetched bytes (1-D uint8 on the device)
+        self.event: Any = None  # CUDA event after which ``restored`` is valid
+        self.block: Block | None = None
+        self.tier_name = ""
+        self.offload_future: Future | None = None
+        self.fetch_future: Future | None = None
         self.handles_live = 1  # the first save's handle (which does not count itself)
         self.pending = 1  # handles not yet unpacked
+        self.error: BaseException | None = None
         self.counted_resident = True  # a new record is resident, counted by the step
+        self.counted_window = False
         self.held = False  # consumed, its bytes counted by ``_Lingering.hold`` (NOTE [memory honesty] in _liveness)
-        if place is not None:
-            self.start_tier, self.prefetch_at, self.offload_now = place.start_tier, place.prefetch_at, place.offload_now
 
     @property
     def device(self) -> torch.device:

@@ -299,8 +299,7 @@ class _Step:
         dtype = t.dtype
         rid = self._next_id
         self._next_id = rid + 1
-        rec = _Record(rid, key, self, storage, t.detach(), nbytes, root, version, dtype, size, layer,
-                      None if place is _KEEP else place, seq)
+        rec = _Record(rid, key, self, storage, t.detach(), nbytes, root, version, dtype, size, layer, place, seq)
         self._records[rid] = self._by_storage[key] = rec
         resident = self._resident = self._resident + nbytes
         report = self.report
@@ -760,13 +759,9 @@ class _Step:
     def _drop_tensors(self, rec: _Record) -> Any:
         """Drop ``rec``'s references to its tensors (the source released from the lingering budget it held)
         and return its block for the caller to free (under the lock)."""
-        block = rec.block
-        if block is not None:
-            rec.block = None
+        block, rec.block = rec.block, None
         source = rec.source
-        rec.source = rec.alias = None
-        if rec.restored is not None or rec.event is not None:
-            rec.restored = rec.event = None
+        rec.source = rec.alias = rec.restored = rec.event = None
         if rec.held:
             rec.held = False
             self.lingering.unhold(source, rec.nbytes, 1)
