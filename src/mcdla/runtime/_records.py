@@ -262,7 +262,9 @@ class _Handle:
 
     def __del__(self) -> None:
         """Tell the record's step, under its lock (at once when the lock is free, NOTE [locking] in ``_sync``)."""
+        if _is_finalizing():
+            return
         rec = self.record
         step = rec.step
-        if not step.foreign and not _is_finalizing():  # NOTE [forked children] in ``_step``
+        if not step.foreign:  # NOTE [forked children] in ``_step``
             step._lock.call(step._on_handle_dead, rec, self.unpacked)
