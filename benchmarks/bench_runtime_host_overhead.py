@@ -14,23 +14,33 @@ tier copies in the caller's thread), and CPU time is what other jobs on a shared
     .venv/bin/python -m benchmarks.bench_runtime_host_overhead [--repeats 50] [--write]
 
 ``--micro N`` instead times a chain of N ``sin`` on a 64-float tensor (one saved storage per op, nothing else
-to do), main-thread CPU time, fastest of ``--repeats``: the bookkeeping per saved tensor with the least noise.
-It also times a pair of identity hooks (what calling any Python hook pair costs) and "minimal bookkeeping"
+to do), main-thread CPU time, fastest of ``--repeats``: the bookkeeping per saved tensor with the least noise,
+and the host tier on the same chain (every storage copied out and back, in this thread). It also times a pair of identity hooks (what calling any Python hook pair costs) and "minimal bookkeeping"
 (``_Minimal``: a lower bound, not a runtime: a record, a handle with ``__del__``, a dedupe lookup, a lock per
 hook and two timeline samples per storage, none of mcdla's other guarantees; every unpack returns the first
 save's alias, right for this chain only), and, with ``--split``,
 each of mcdla's three per-tensor parts on the same chain: the pack hook, the unpack hook and the handle's
 death (``perf_counter_ns`` around each call, less the cost of that timing, measured on an empty function).
+
+``--baseline SRC`` (with ``--micro``) measures two versions of mcdla in one run: ``--rounds`` rounds, each
+running the ``--micro`` measurement in a fresh interpreter with ``SRC`` (say, another checkout's ``src``) on
+the path, then with the ``src`` this run imports, back to back; it prints each round and the min and median
+over rounds of both, and ``--write`` records that table.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from array import array
 from collections.abc import Callable
 
@@ -168,13 +178,16 @@ class _Minimal:
 
 
 def micro(chain: int, repeats: int) -> dict[str, float]:
-    """CPU seconds per saved tensor over the plain step for save_on_cpu and mcdla's bookkeeping (``--micro``)."""
+    """CPU seconds per saved tensor over the plain step for save_on_cpu, mcdla's bookkeeping and host tier, and
+    the two reference hook pairs (``--micro``)."""
     x = torch.randn(64, requires_grad=True)
     book = virtualize("host", budget=1 << 40, min_bytes=0)
+    host = virtualize("host", min_bytes=0)
     modes: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         "plain": contextlib.nullcontext,
         "save_on_cpu": lambda: torch.autograd.graph.save_on_cpu(pin_memory=False),
         "mcdla bookkeeping": lambda: book,
+        "mcdla host tier": lambda: host,
         "identity hooks": lambda: torch.autograd.graph.saved_tensors_hooks(_identity, _identity),
         "minimal bookkeeping": lambda: _Minimal().hooks(),
     }
@@ -250,6 +263,47 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _micro_in(src: Path, chain: int, repeats: int) -> dict[str, float]:
+    """``micro`` run in a fresh interpreter with mcdla imported from ``src`` (``--baseline``)."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_runtime_host_overhead", "--micro", str(chain),
+                          "--repeats", str(repeats), "--json"], env=env, cwd=Path(__file__).parents[1],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def compare(baseline: Path, rounds: int, chain: int, repeats: int) -> str:
+    """``--baseline``: the micro figures of mcdla from ``baseline`` and from this run's ``src``, alternating."""
+    import mcdla
+
+    current = Path(mcdla.__file__).resolve().parents[1]
+    runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    lines = ["| round | save_on_cpu before | mcdla before | ratio before | host tier before | save_on_cpu after | "
+             "mcdla after | ratio after | host tier after |", "|---|---|---|---|---|---|---|---|---|"]
+    for i in range(rounds):
+        for key, src in (("before", baseline), ("after", current)):
+            runs[key].append(_micro_in(src, chain, repeats))
+        cells = []
+        for key in ("before", "after"):
+            m = runs[key][-1]
+            cells += [f"{1e6 * m['save_on_cpu']:.2f} us", f"{1e6 * m['mcdla bookkeeping']:.2f} us",
+                      f"{m['mcdla bookkeeping'] / m['save_on_cpu']:.2f}x",
+                      f"{1e6 * m['mcdla host tier']:.2f} us ({m['mcdla host tier'] / m['save_on_cpu']:.1f}x)"]
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    for label, fn in (("min", min), ("median", statistics.median)):
+        cells = []
+        for key in ("before", "after"):
+            soc = fn(m["save_on_cpu"] for m in runs[key])
+            book = fn(m["mcdla bookkeeping"] for m in runs[key])
+            ratio = fn(m["mcdla bookkeeping"] / m["save_on_cpu"] for m in runs[key])
+            host = fn(m["mcdla host tier"] for m in runs[key])
+            host_ratio = fn(m["mcdla host tier"] / m["save_on_cpu"] for m in runs[key])
+            cells += [f"{1e6 * soc:.2f} us", f"{1e6 * book:.2f} us", f"{ratio:.2f}x",
+                      f"{1e6 * host:.2f} us ({host_ratio:.1f}x)"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=50)
@@ -260,13 +314,31 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--micro", type=int, default=0, help="time a chain of this many sin ops instead (see above)")
     ap.add_argument("--split", action="store_true", help="with --micro: also time pack, unpack and handle death")
+    ap.add_argument("--baseline", type=Path, help="with --micro: also time mcdla from this src directory (above)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --baseline: rounds of before and after")
+    ap.add_argument("--json", action="store_true", help="with --micro: print the figures as one JSON line")
     ap.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.micro and args.baseline is not None:
+        text = compare(args.baseline, args.rounds, args.micro, args.repeats)
+        print(text)
+        if args.write:
+            from benchmarks._results import record
+
+            record("runtime-host-overhead-micro",
+                   "Runtime: bookkeeping per saved tensor vs save_on_cpu, two versions in one run (CPU time)",
+                   f"PYTHONPATH=src .venv/bin/python -m benchmarks.bench_runtime_host_overhead --micro {args.micro} "
+                   f"--repeats {args.repeats} --baseline BEFORE/src --rounds {args.rounds} --write", text)
+        return
+    if args.micro and args.json:
+        print(json.dumps(micro(args.micro, args.repeats)))
+        return
     if args.micro:
         m = micro(args.micro, args.repeats)
         print(f"CPU per saved tensor over plain: save_on_cpu {1e6 * m['save_on_cpu']:.1f} us, mcdla bookkeeping "
-              f"{1e6 * m['mcdla bookkeeping']:.1f} us ({m['mcdla bookkeeping'] / m['save_on_cpu']:.1f}x); "
+              f"{1e6 * m['mcdla bookkeeping']:.1f} us ({m['mcdla bookkeeping'] / m['save_on_cpu']:.1f}x), host tier "
+              f"{1e6 * m['mcdla host tier']:.1f} us ({m['mcdla host tier'] / m['save_on_cpu']:.1f}x); "
               f"identity hooks {1e6 * m['identity hooks']:.1f} us, minimal bookkeeping "
               f"{1e6 * m['minimal bookkeeping']:.1f} us ({m['minimal bookkeeping'] / m['save_on_cpu']:.1f}x)")
         if args.split:

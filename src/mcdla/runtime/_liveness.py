@@ -135,11 +135,12 @@ class _Lingering:
         self.held += nbytes
         return True
 
-    def unhold(self, storage: Any, nbytes: int) -> None:
-        """The record let go of a ``hold``-counted storage (``storage`` is the caller's last reference):
+    def unhold(self, storage: Any, nbytes: int, own: int) -> None:
+        """The record let go of a ``hold``-counted storage, of whose references the caller accounts for
+        ``own`` (as in ``hold``: 1 for the storage object alone, 2 with the alias of its first save):
         un-count it, and watch it if something else references it now."""
         self.held -= nbytes
-        if _use_count(storage._cdata) > 1:
+        if _use_count(storage._cdata) > own:
             self.let_go(storage, nbytes, "returned")
 
     def _gone(self, ref: _Watch) -> None:

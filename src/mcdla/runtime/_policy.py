@@ -74,7 +74,6 @@ class _Placement:
     start_tier: int
     prefetch_at: str | None
 
-
 _KEEP = _Placement(False, 0, None)
 _OFFLOAD = _Placement(True, 0, None)
 _FIT_SLACK = 1e-9  # the engine's (mcdla.sim.device): absorbs float rounding only
@@ -110,14 +109,16 @@ class _Policy:
 
     def __init__(self, config: _Config) -> None:
         self.cfg = config
-        self._kept: OrderedDict[int, _Record] = OrderedDict()  # record id -> kept record, oldest first
-        self._kept_bytes = 0
+        # read and written by the step's pack for a storage that fits (NOTE [hot path] in ``_step``)
+        self.kept: OrderedDict[int, _Record] = OrderedDict()  # record id -> kept record, oldest first
+        self.kept_bytes = 0
+        self.budget: float | None = None if config.planned else config.budget_bytes  # what ``kept`` is held to
         # the placement of every storage when it does not depend on the module (no plan), else None
         self.fixed: _Placement | None = None if config.planned else (_OFFLOAD if config.budget_bytes is None
                                                                        else _KEEP)
 
     def __len__(self) -> int:
-        return len(self._kept)
+        return len(self.kept)
 
     def place(self, decided: Any) -> _Placement:
         """The placement of a storage saved where the plan's ``decided`` applies (None: no decision)."""
@@ -131,25 +132,25 @@ class _Policy:
         """Records to offload now that ``rec`` was saved (itself, or the oldest kept beyond the budget)."""
         if rec.offload_now:
             return (rec,)
-        budget = self.cfg.budget_bytes
-        if self.cfg.planned or budget is None:
+        budget = self.budget
+        if budget is None:
             return ()
-        self._kept[rec.id] = rec
-        self._kept_bytes += rec.nbytes
-        if self._kept_bytes <= budget:
+        self.kept[rec.id] = rec
+        self.kept_bytes += rec.nbytes
+        if self.kept_bytes <= budget:
             return ()  # the common case: nothing evicted, no list made
         evict = []
-        while self._kept_bytes > budget and self._kept:
-            _, old = self._kept.popitem(last=False)
-            self._kept_bytes -= old.nbytes
+        while self.kept_bytes > budget and self.kept:
+            _, old = self.kept.popitem(last=False)
+            self.kept_bytes -= old.nbytes
             evict.append(old)
         return evict
 
     def forget(self, rec: _Record) -> None:
         """``rec`` is no longer on the device on the policy's account (used or released)."""
-        if self._kept.pop(rec.id, None) is not None:
-            self._kept_bytes -= rec.nbytes
+        if self.kept.pop(rec.id, None) is not None:
+            self.kept_bytes -= rec.nbytes
 
     def clear(self) -> None:
-        self._kept.clear()
-        self._kept_bytes = 0
+        self.kept.clear()
+        self.kept_bytes = 0

@@ -115,10 +115,11 @@ class _Record:
     )
 
     def __init__(self, rid: int, key: Any, step: _Step, storage: Any, alias: torch.Tensor, nbytes: int,
-                 root: torch.Tensor, version: int, dtype: torch.dtype, shape: Any, layer: str, start_tier: int,
-                 prefetch_at: str | None, offload_now: bool, saved_seq: int, /) -> None:
-        """Positional arguments: a record is made per new saved storage, and binding 15 keywords costs
-        more than the rest of this constructor (NOTE [hot path] in ``_step``)."""
+                 root: torch.Tensor, version: int, dtype: torch.dtype, shape: Any, layer: str, place: Any,
+                 saved_seq: int, /) -> None:
+        """Positional arguments: a record is made per new saved storage, and binding keywords costs more
+        than the rest of this constructor (NOTE [hot path] in ``_step``). ``place``: the policy's
+        ``_Placement`` (offload now?, first tier, module that triggers the fetch)."""
         self.id = rid
         self.key = key
         self.step = step
@@ -132,9 +133,9 @@ class _Record:
         self.dtype = dtype
         self.shape = shape
         self._label: str | None = None
-        self.start_tier = start_tier
-        self.prefetch_at = prefetch_at
-        self.offload_now = offload_now
+        self.start_tier = place.start_tier
+        self.prefetch_at = place.prefetch_at
+        self.offload_now = place.offload_now
         self.state = _State.RESIDENT
         self.source: Any = storage  # the storage object: held while resident, dropped once offloaded
         self.alias: torch.Tensor | None = alias  # the first save, detached: held and dropped with ``source``

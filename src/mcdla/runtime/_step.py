@@ -54,7 +54,10 @@ NOTE [hot path]
     every record needs (NOTE [cheap records] in ``_records``; the first handle counted by its record from
     the start); timeline samples in flat arrays (NOTE [cheap samples] in ``report``); a handle's death run
     at once from its ``__del__`` through ``_InboxLock.call`` (a posted closure only while the lock is taken
-    or a collection runs); the unpack checks (abort, failure, second unpack, in-place change, read from the
+    or a collection runs), and, for the last handle of a consumed record of a step
+    that moved nothing, only removes the record from the step's maps (the record and its bytes then die
+    with the handle); the hooks release the bare lock and look at the inbox only when something was
+    posted; the unpack checks (abort, failure, second unpack, in-place change, read from the
     alias's version counter) tested together before the call that explains a failure; states compared by
     identity with module constants; a storage handed back to autograd counted without a weak reference
     when only its record holds it (NOTE [memory honesty] in ``_liveness``). The general machinery (offloads
@@ -74,7 +77,6 @@ NOTE [forked children]
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import time
 from collections import deque
@@ -88,7 +90,7 @@ import torch
 from mcdla.errors import McdlaError, OffloadError, RuntimeTierError
 from mcdla.runtime._liveness import _MIN_CHECKED_BYTES, _Lingering, untouched_bytes
 from mcdla.runtime._modules import _Attribution
-from mcdla.runtime._policy import _Config, _Policy, fits, freeing_offload, plan_cap_bytes
+from mcdla.runtime._policy import _KEEP, _Config, _Policy, fits, freeing_offload, plan_cap_bytes
 from mcdla.runtime._prefetch import _Prefetcher
 from mcdla.runtime._records import _Handle, _Record, _State, managed_storage, storage_bytes
 from mcdla.runtime._sync import _InboxLock
@@ -151,7 +153,7 @@ class _Step:
         self.prefetch = _Prefetcher(config.window)
         self._on_finish = on_finish
         self._lock = _InboxLock(self._internal_error)
-        self._ids = itertools.count()
+        self._next_id = 0  # the next record's id
         self._records: dict[int, _Record] = {}  # record id -> live record
         self._by_storage: dict[tuple[Any, ...], _Record] = {}  # (device, storage data_ptr, id(view root)) -> record
         self._deferred: list[_Record] = []  # offloads chosen whose bytes may not be final yet (NOTE [bytes final])
@@ -246,7 +248,8 @@ class _Step:
         key = id(root)  # NOTE [one version counter] in ``_records``: a record belongs to one view root
         got = None
         lock = self._lock
-        lock.acquire()  # ``with lock:`` without the frames of ``__enter__`` and ``__exit__`` (NOTE [hot path])
+        raw = lock.raw
+        raw.acquire()  # ``with lock:`` without the frames of ``__enter__``, ``__exit__`` and ``release`` (NOTE [hot path])
         try:
             report.saved_count += 1
             report.saved_bytes += t.nbytes
@@ -256,7 +259,9 @@ class _Step:
             if not final:
                 got = self._admit_or_block(t, storage, key, root, layer, decided, seq)
         finally:
-            lock.release()
+            raw.release()
+            if lock.inbox:
+                lock.run_posted()
         if got is None or got[0] is None:  # earlier offloads to start, or a wait for room under a plan
             for r in final:
                 self._start_offload(r)
@@ -292,9 +297,10 @@ class _Step:
         policy = self.policy
         place = policy.fixed or policy.place(decided)
         dtype = t.dtype
-        rec = _Record(next(self._ids), key, self, storage, t.detach(), nbytes, root, version, dtype, size, layer,
-                      place.start_tier, place.prefetch_at, place.offload_now, seq)
-        self._records[rec.id] = self._by_storage[key] = rec
+        rid = self._next_id
+        self._next_id = rid + 1
+        rec = _Record(rid, key, self, storage, t.detach(), nbytes, root, version, dtype, size, layer, place, seq)
+        self._records[rid] = self._by_storage[key] = rec
         resident = self._resident = self._resident + nbytes
         report = self.report
         report.managed_count += 1
@@ -303,14 +309,21 @@ class _Step:
         if self._node_seq == seq:
             count = self._node_count = self._node_count + 1
             self._node_bytes += nbytes
+            if count > report.node_saved_max_count:
+                report.node_saved_max_count, report.node_saved_max_bytes = count, self._node_bytes
         else:
             self._node_seq, self._node_count, self._node_bytes = seq, 1, nbytes
-            count = 1
-        if count > report.node_saved_max_count:
-            report.node_saved_max_count, report.node_saved_max_bytes = count, self._node_bytes
+            if report.node_saved_max_count == 0:
+                report.node_saved_max_count, report.node_saved_max_bytes = 1, nbytes
         if nbytes >= _MIN_CHECKED_BYTES:  # smaller ones are not checked (``untouched_bytes``)
             report.untouched_bytes += untouched_bytes(storage)
-        evict = policy.admit(rec)
+        # ``policy.admit``, inline for a budget the kept bytes still fit in (NOTE [hot path])
+        if place is _KEEP and policy.budget is not None and policy.kept_bytes + nbytes <= policy.budget:
+            policy.kept[rid] = rec
+            policy.kept_bytes += nbytes
+            evict = _NONE
+        else:
+            evict = policy.admit(rec)
         handle = _Handle(rec, dtype, size, None, 0, True)
         lingering = self.lingering
         report.sample(resident, resident + lingering.bytes + lingering.held)  # ``_sample``, inline (NOTE [hot path])
@@ -456,7 +469,8 @@ class _Step:
             self._start_deferred()
         prefetch = self.prefetch
         lock = self._lock
-        lock.acquire()  # as in ``pack``
+        raw = lock.raw
+        raw.acquire()  # as in ``pack``
         try:
             alias = rec.alias  # ``current_version``, inline for the common case (NOTE [hot path])
             if (self._aborted or self._failure is not None or h.unpacked
@@ -465,6 +479,14 @@ class _Step:
             if not prefetch.in_backward:
                 prefetch.begin_backward()
             state = rec.state
+            if state is _RESIDENT and rec.pending == 1 and h.first and alias is not None and not h.unpacked:
+                # the common case: a kept storage's only handle, unpacked once (``_consume``, inline)
+                h.unpacked = True
+                rec.pending = 0
+                self._drop_bytes(rec)
+                if self._moved and prefetch.may_fetch():
+                    self._top_up()
+                return alias
             if state is _OFFLOADING:  # the copy is still running: use the bytes still held
                 rec.state = state = _READY
             if state is _RESIDENT or state is _READY or state is _CONSUMED:  # NOTE [backward twice]
@@ -485,7 +507,9 @@ class _Step:
                 raise rec.error or OffloadError(f"{rec.label}: unpacked after the runtime released it")
             self._top_up()
         finally:
-            lock.release()
+            raw.release()
+            if lock.inbox:
+                lock.run_posted()
         t0 = time.perf_counter()
         with profiled("mcdla::wait fetch"):
             wait_all([fut])
@@ -602,27 +626,43 @@ class _Step:
         if state is _RESIDENT or state is _READY:
             rec.state = _CONSUMED
             source, nbytes = rec.source, rec.nbytes
+            lingering = self.lingering
             # autograd holds it until used; counted while held by the record and the alias, if only by them
-            if source is None or rec.alias is None or not self.lingering.hold(source, nbytes, 2):
-                self.lingering.let_go(rec.bytes_now(), nbytes, "returned")
+            if source is None or rec.alias is None or not lingering.hold(source, nbytes, 2):
+                lingering.let_go(rec.bytes_now(), nbytes, "returned")
             else:
                 rec.held = True
+            resident = self._resident
             if rec.counted_resident:  # ``_set_resident(rec, False)``, inline (NOTE [hot path])
                 rec.counted_resident = False
-                self._resident -= nbytes
+                resident = self._resident = resident - nbytes
             if rec.counted_window:
                 self.prefetch.give_back(rec)
-            self.policy.forget(rec)
-            resident, lingering = self._resident, self.lingering
+            policy = self.policy  # ``policy.forget``, inline
+            if policy.kept.pop(rec.id, None) is not None:
+                policy.kept_bytes -= nbytes
             self.report.sample(resident, resident + lingering.bytes + lingering.held)
 
     def _on_handle_dead(self, rec: _Record, unpacked: bool) -> None:
         """A handle of ``rec`` died (``_Handle.__del__``, under the lock; never in a forked child)."""
-        rec.handles_live -= 1
+        live = rec.handles_live = rec.handles_live - 1
         if not unpacked:
             rec.pending -= 1
-        if rec.handles_live == 0:
-            self._release(rec)
+        if live == 0:
+            if rec.state is _CONSUMED and not self._moved:
+                # the common case, ``_release`` inline: nothing but the step's maps and the handles refer to a
+                # record of a step that moved nothing, so the record and what it holds die with this handle
+                rec.state = _RELEASED
+                self._records.pop(rec.id, None)
+                if self._by_storage.get(rec.key) is rec:
+                    del self._by_storage[rec.key]
+                if rec.held:  # its own two references are the source and the alias (``_drop_bytes``)
+                    rec.held = False
+                    self.lingering.unhold(rec.source, rec.nbytes, 2)
+                if self._exited:
+                    self._maybe_finish()
+            else:
+                self._release(rec)
         elif rec.pending == 0:
             self._drop_bytes(rec)
 
@@ -724,7 +764,7 @@ class _Step:
         rec.source = rec.alias = rec.restored = rec.event = None
         if rec.held:
             rec.held = False
-            self.lingering.unhold(source, rec.nbytes)
+            self.lingering.unhold(source, rec.nbytes, 1)
         return block
 
     def _abort_record(self, rec: _Record, exc: BaseException) -> None:

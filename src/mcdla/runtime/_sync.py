@@ -69,7 +69,11 @@ class _InboxLock:
     def __init__(self, on_error: Callable[[Exception], None]) -> None:
         self._lock = threading.Lock()
         self.acquire = self._lock.acquire  # ``acquire(); try: ... finally: release()``: no Python frame to enter
+        # the bare lock and the inbox, for the hooks: ``raw.release()``, then ``run_posted()`` only if ``inbox``
+        # is not empty, is ``release`` without its Python frame (a post racing it runs itself: see ``post``)
+        self.raw = self._lock
         self._inbox: deque[Callable[[], None]] = deque()
+        self.inbox = self._inbox
         self._on_error = on_error
 
     def __enter__(self) -> None:
@@ -114,6 +118,12 @@ class _InboxLock:
             if not self._inbox or not self._lock.acquire(blocking=False):
                 return
 
+    def run_posted(self) -> None:
+        """After a bare ``release`` of ``raw`` (the hooks' fast path, NOTE [hot path] in ``_step``): run what was
+        posted meanwhile, if the lock is free; the caller checked ``inbox`` is not empty."""
+        if self._lock.acquire(blocking=False):
+            self.release()
+
     def post(self, task: Callable[[], None]) -> None:
         self._inbox.append(task)
         if not collecting_here() and self._lock.acquire(blocking=False):  # NOTE [posts during garbage collection]
@@ -131,7 +141,9 @@ class _InboxLock:
             except BaseException as err:  # noqa: BLE001 - see ``_failed``
                 self._failed(err)
             finally:
-                self.release()
+                self._lock.release()  # ``release``, inline for an empty inbox
+                if self._inbox:
+                    self.run_posted()
             return
         self.post(functools.partial(task, *args))
 
