@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.ir_engine import execute
-from mcdla.sim.llm import llm_step, rank_traffic, stage_costs
+from mcdla.sim.llm import llm_step, rank_traffic, stage_costs, zero3_traffic
 from mcdla.sim.llm_floor import link_floor_s
 from mcdla.sim.llm_lower import engine_step, lower
 from mcdla.workload.execution import Execution, check_execution
@@ -197,3 +197,35 @@ def test_overlapped_reduction_is_never_below_the_engine_without_offload(
         return
     cluster = load_cluster(system).for_gpus(e.gpus)
     assert llm_step(spec, e, cluster).iteration_s >= 0.99 * engine_step(spec, e, cluster).iteration_s
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_zero3_gathers_beside_the_overlapped_reduction_by_hand(pp: int) -> None:
+    """Megatron 1.7B on GH200 nodes (one 50 GB/s NDR rail each way per node, gh200.yaml), ZeRO-3 over DP8,
+    ``dp_overlap``, nothing offloaded: the last backward's per-layer ring all-gathers and reduce-scatters keep
+    the rail busy (each GPU sends 7/8 of each buffer), and the once-per-iteration reduction (the embedding's
+    reduce-scatter and all-gather, 7/8 of each) shares it. The reduction starts ``h`` before the layers (the
+    logits' backward, or the pipeline's receive) and moves at most ``h B`` alone; then max-min halves the rail
+    until it is through, so the layers' collectives end ``(F + D - h B) / B`` after the layers start, beyond
+    the closed form's layers. Each stage's pass is late by that (the first stage's own head, each later stage's
+    its logits' backward); the engine's contention is at least it."""
+    spec = preset("megatron-1.7b")
+    e = Execution(gpus=8 * pp, pp=pp, dp=8, micro_batch=1, global_batch=16, zero=3, dp_overlap=True)
+    cluster = load_cluster("gh200").for_gpus(e.gpus)
+    c, z, rail = stage_costs(spec, e, cluster), zero3_traffic(spec, e, 2), 50e9
+    per_layer = sum(7 / 8 * coll.nbytes for coll in (*z.gathers, *z.reduces))
+    fsdp, reduced = c.layers_per_stage * per_layer, sum(7 / 8 * coll.nbytes for coll in z.step)
+    layers_s = c.layers_per_stage * (c.layer_bwd_s + c.layer_recompute_s) + c.fsdp_bwd_s
+    assert fsdp > reduced and fsdp / rail > 0.95 * layers_s  # the rail is busy nearly through the layers
+
+    def late(head: float) -> float:
+        return (fsdp + max(0.0, reduced - head * rail)) / rail - layers_s
+
+    first_head = c.dp_hidden_s - layers_s
+    assert first_head == pytest.approx(c.last_bwd_s if pp == 1 else c.p2p_s, rel=1e-9)
+    expect = late(first_head) + (pp - 1) * late(c.last_bwd_s)
+    assert expect > 0.01 * c.dp_hidden_s
+    step, run = llm_step(spec, e, cluster), engine_step(spec, e, cluster)
+    assert step.contention_s == pytest.approx(expect, rel=1e-9)
+    assert run.contention_s >= expect * (1 - 1e-9)
+    assert step.iteration_s >= 0.99 * run.iteration_s

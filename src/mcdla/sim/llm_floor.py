@@ -453,6 +453,49 @@ def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, tr
     return alone, apart, ends
 
 
+def _zero3_beside(execution: Execution, cluster: Cluster, costs: StageCosts,
+                  dp: dict[tuple[str, str, int], Flow], zero3: Zero3Traffic) -> tuple[float, float] | None:
+    """Without offload under ZeRO-3, the last backward chunk's per-layer gathers and reduce-scatters beside the
+    reduction's once-per-iteration collectives ``dp`` (NOTE [link floor]): ``(dp_exposed_s, last_backward_s)``
+    of :class:`LinkFloors`, or None where no flow ends later for sharing.
+
+    The chunk's collectives are one flow per class and way from its layers' start (the earliest they run),
+    drained beside what the reduction has left then: it starts with the pass, ``head`` seconds before the
+    layers (the logits' backward, the pipeline's receive: the closed form's hiding pass less the layers), and
+    moves at most its bytes alone over that head start. The layers end no earlier than their collectives
+    (the chunk's last reduce-scatter ends it) nor than their closed-form time (compute and exposed
+    collectives); the first stage ends with the later of its pass and its reduction, each stage after it
+    (``head``: its logits' backward without interleaving) delays the pass on the critical path by its own."""
+    e, c = execution, costs
+    v = e.virtual_stages
+    moved = zero3_bytes_per_micro_batch(cluster, c, zero3)["backward"]
+    own = _flows({cls: (out / v, inward / v) for cls, (out, inward) in moved.items()}, "fsdp")
+    if not own:
+        return None
+    layers_s = c.layers_per_stage / v * (c.layer_bwd_s + c.layer_recompute_s) + c.fsdp_bwd_s / v
+    alone, apart = _drain_ends(cluster, own), _drain_ends(cluster, dp)
+
+    def beside(head: float) -> tuple[Ends, Ends]:
+        left = {key: (cls, way, got * (1 - head / apart[key])) for key, (cls, way, got) in dp.items()
+                if apart[key] > head}
+        rest = _drain_ends(cluster, left) if left else {}
+        return rest, _drain_ends(cluster, {**own, **left})
+
+    first_head = max(0.0, c.dp_hidden_s - layers_s)
+    rest, ends = beside(first_head)
+    if not _shared(ends, {**alone, **rest}):
+        return None
+    pass_slow = max(0.0, max(ends[key] for key in own) - layers_s)
+    slow_dp = max(0.0, *(ends[key] - rest[key] for key in rest)) if rest else 0.0
+    first = max(c.dp_exposed_s + pass_slow, max(ends.values()) - layers_s,
+                c.dp_full_s - first_head + slow_dp - layers_s)
+    others = 0.0
+    if e.pp > 1:
+        _rest, later = beside(c.last_bwd_s if v == 1 else 0.0)
+        others = max(0.0, max(later[key] for key in own) - layers_s)
+    return max(0.0, first), others
+
+
 _CROSSED: dict[int, tuple[object, dict[str, set[tuple[str, ...]]]]] = {}
 """Per ``Cluster.paths`` (by identity, the tuple kept alongside): :func:`_resources_by_class`'s answer."""
 
@@ -551,8 +594,11 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
             own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False, tp=not overlapped)
                          ["backward"])
             timed = _after_compute(e, cluster, costs, traffic, own, dp, zero3) if own else None
+            gathers = _zero3_beside(e, cluster, costs, dp, zero3) if zero3 is not None and dp else None
             if timed is None or not _shared(timed[2], {**timed[0], **timed[1]}):
-                return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)  # the closed form prices each class on its link
+                if gathers is None:  # the closed form prices each class on its link
+                    return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
+                return LinkFloors(stage_s=0.0, dp_exposed_s=gathers[0], last_backward_s=gathers[1])
             alone, apart, ends = timed
         # the pass as the stage's floor has it (without offload the closed form's)
         bwd = max(phase_s["backward"], max(alone.values(), default=0.0) if offloads else 0.0)
@@ -569,4 +615,6 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         last_backward = max(0.0, *slowed) / e.virtual_stages
         if not offloads:  # the first stage ends with the later of its reduction and its own slowed pass
             dp_exposed = max(dp_exposed, costs.dp_exposed_s + last_backward)
+            if gathers is not None:
+                dp_exposed, last_backward = max(dp_exposed, gathers[0]), max(last_backward, gathers[1])
     return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed, last_backward_s=last_backward)
