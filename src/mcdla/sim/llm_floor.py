@@ -56,7 +56,12 @@ ends; beside it drain the bytes the reduction moves in that window, its all-redu
 one group after another (a hierarchical one's in-node reduce-scatter, the all-reduce across nodes, the in-node
 all-gather last), ZeRO-3's once-per-iteration collectives spread evenly over their time. The first stage then
 ends with the later of its reduction and its own pass, slowed as the others' are. Where no flow ends later for
-it (or no resource carries both), both floors are 0: the iteration is the closed form's.
+it (or no resource carries both), both floors are 0: the iteration is the closed form's. Under ZeRO-3 the pass's
+per-layer gathers and reduce-scatters also drain beside the reduction (:func:`_zero3_beside`): from the layers'
+start, the earliest they run, with what the reduction has left after its head start alone (the reduction starts
+with the pass: the logits' backward or the pipeline's receive come before the layers); the layers end no
+earlier than their last reduce-scatter, so what it ends beyond the closed-form layers slows each stage's pass,
+the larger of this and the layer communication's part counting.
 
 NOTE [fair drain]
 The engine shares every link and memory max-min fairly among the flows in flight (NOTE [max-min by progressive
@@ -453,47 +458,81 @@ def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, tr
     return alone, apart, ends
 
 
-def _zero3_beside(execution: Execution, cluster: Cluster, costs: StageCosts,
+def _zero3_beside(execution: Execution, cluster: Cluster, costs: StageCosts, comm: dict[tuple[str, str, int], Flow],
                   dp: dict[tuple[str, str, int], Flow], zero3: Zero3Traffic) -> tuple[float, float] | None:
-    """Without offload under ZeRO-3, the last backward chunk's per-layer gathers and reduce-scatters beside the
+    """Without offload under ZeRO-3, the last backward chunk's per-layer gathers and reduce-scatters, then its
+    layer communication ``comm`` (one stage's, as :func:`class_bytes_per_micro_batch` moves it), beside the
     reduction's once-per-iteration collectives ``dp`` (NOTE [link floor]): ``(dp_exposed_s, last_backward_s)``
     of :class:`LinkFloors`, or None where no flow ends later for sharing.
 
-    The chunk's collectives are one flow per class and way from its layers' start (the earliest they run),
-    drained beside what the reduction has left then: it starts with the pass, ``head`` seconds before the
-    layers (the logits' backward, the pipeline's receive: the closed form's hiding pass less the layers), and
-    moves at most its bytes alone over that head start. The layers end no earlier than their collectives
-    (the chunk's last reduce-scatter ends it) nor than their closed-form time (compute and exposed
-    collectives); the first stage ends with the later of its pass and its reduction, each stage after it
-    (``head``: its logits' backward without interleaving) delays the pass on the critical path by its own."""
+    The chunk's gathers and reduce-scatters are one flow per class and way from its layers' start (the earliest
+    they run), drained beside what the reduction has left then: it starts with the pass, ``head`` seconds
+    before the layers (the logits' backward, the pipeline's receive), and moves at most its bytes alone over
+    that head start. The layers end no earlier than their last reduce-scatter nor than their closed-form time;
+    the chunk's TP, CP and EP calls run after them (the engine's order) beside what the reduction still has
+    left, which moves alone while the layers outlast their collectives. The first stage ends with the later of
+    its pass and its reduction; each stage after it (``head``: its logits' backward without interleaving)
+    delays the pass on the critical path by its own lateness."""
     e, c = execution, costs
     v = e.virtual_stages
     moved = zero3_bytes_per_micro_batch(cluster, c, zero3)["backward"]
     own = _flows({cls: (out / v, inward / v) for cls, (out, inward) in moved.items()}, "fsdp")
     if not own:
         return None
+    comm = {key: (cls, way, got / v) for key, (cls, way, got) in comm.items()}
     layers_s = c.layers_per_stage / v * (c.layer_bwd_s + c.layer_recompute_s) + c.fsdp_bwd_s / v
-    alone, apart = _drain_ends(cluster, own), _drain_ends(cluster, dp)
+    after_s = c.layers_per_stage / v * c.layer_comm_bwd_s  # the chunk's TP, CP and EP calls, closed form
+    comm_alone = _drain_ends(cluster, comm) if comm else {}
+    apart = _drain_ends(cluster, dp)
 
-    def beside(head: float) -> tuple[Ends, Ends]:
+    def late(head: float) -> tuple[float, float, float]:
+        """The pass's lateness, the reduction's end beyond the closed-form pass and its slowdown (both from
+        the layers' start), with a head start of ``head``."""
         left = {key: (cls, way, got * (1 - head / apart[key])) for key, (cls, way, got) in dp.items()
                 if apart[key] > head}
-        rest = _drain_ends(cluster, left) if left else {}
-        return rest, _drain_ends(cluster, {**own, **left})
+        ends = _drain_ends(cluster, {**own, **left})
+        gathered = max(ends[key] for key in own)
+        layers_end = max(gathered, layers_s)
+        rest = _drain_left(cluster, left, gathered, own)
+        rest = _drain_left(cluster, rest, layers_end - gathered)
+        joint = _drain_ends(cluster, {**comm, **rest}) if comm or rest else {}
+        comm_end = max([after_s, *(joint[key] - comm_alone[key] + after_s for key in comm)])
+        pass_late = layers_end + comm_end - layers_s - after_s
+        red_end = max([0.0, *(ends[key] for key in left if key not in rest),
+                       *(layers_end + joint[key] for key in rest)])
+        alone_end = max([0.0, *(_drain_ends(cluster, left).values())]) if left else 0.0
+        return pass_late, red_end - layers_s - after_s, red_end - alone_end
 
-    first_head = max(0.0, c.dp_hidden_s - layers_s)
-    rest, ends = beside(first_head)
-    if not _shared(ends, {**alone, **rest}):
+    first_head = max(0.0, c.dp_hidden_s - layers_s - after_s)
+    pass_late, red_late, slow_dp = late(first_head)
+    if pass_late <= _DRAINED * layers_s and red_late <= 0:
         return None
-    pass_slow = max(0.0, max(ends[key] for key in own) - layers_s)
-    slow_dp = max(0.0, *(ends[key] - rest[key] for key in rest)) if rest else 0.0
-    first = max(c.dp_exposed_s + pass_slow, max(ends.values()) - layers_s,
-                c.dp_full_s - first_head + slow_dp - layers_s)
-    others = 0.0
-    if e.pp > 1:
-        _rest, later = beside(c.last_bwd_s if v == 1 else 0.0)
-        others = max(0.0, max(later[key] for key in own) - layers_s)
-    return max(0.0, first), others
+    first = max(c.dp_exposed_s + pass_late, red_late, c.dp_full_s - first_head + slow_dp - layers_s - after_s)
+    others = late(c.last_bwd_s if v == 1 else 0.0)[0] if e.pp > 1 else 0.0
+    return max(0.0, first), max(0.0, others)
+
+
+def _drain_left(cluster: Cluster, flows: dict[tuple[str, str, int], Flow], until_s: float,
+                beside: dict[tuple[str, str, int], Flow] | None = None) -> dict[tuple[str, str, int], Flow]:
+    """What is left of ``flows`` after ``until_s`` seconds of the fair drain (NOTE [fair drain]) beside the flows
+    ``beside`` (started with them, not returned): each a flow with the bytes it still has to move, those through
+    left out."""
+    both = {**(beside or {}), **flows}
+    keys = tuple(both)
+    left = [flow[2] for flow in both.values()]
+    drain = _table(cluster).drain(keys)
+    live, now = drain.mask, 0.0
+    while live and now < until_s:
+        rates = drain.rates(live)
+        step = min(until_s - now, *(left[i] / rate for i, rate in rates))
+        now += step
+        for i, rate in rates:
+            left[i] -= rate * step
+            if left[i] <= _DRAINED * both[keys[i]][2]:
+                left[i] = 0.0
+                live &= ~(1 << i)
+    return {key: (cls, way, left[i]) for i, (key, (cls, way, _got)) in enumerate(both.items())
+            if key in flows and left[i] > 0 and i in drain.loaded}
 
 
 _CROSSED: dict[int, tuple[object, dict[str, set[tuple[str, ...]]]]] = {}
@@ -594,7 +633,7 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
             own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False, tp=not overlapped)
                          ["backward"])
             timed = _after_compute(e, cluster, costs, traffic, own, dp, zero3) if own else None
-            gathers = _zero3_beside(e, cluster, costs, dp, zero3) if zero3 is not None and dp else None
+            gathers = _zero3_beside(e, cluster, costs, own, dp, zero3) if zero3 is not None and dp else None
             if timed is None or not _shared(timed[2], {**timed[0], **timed[1]}):
                 if gathers is None:  # the closed form prices each class on its link
                     return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
