@@ -205,10 +205,10 @@ def test_zero3_gathers_beside_the_overlapped_reduction_by_hand(pp: int) -> None:
     ``dp_overlap``, nothing offloaded: the last backward's per-layer ring all-gathers and reduce-scatters keep
     the rail busy (each GPU sends 7/8 of each buffer), and the once-per-iteration reduction (the embedding's
     reduce-scatter and all-gather, 7/8 of each) shares it. The reduction starts ``h`` before the layers (the
-    logits' backward, or the pipeline's receive) and moves at most ``h B`` alone; then max-min halves the rail
-    until it is through, so the layers' collectives end ``(F + D - h B) / B`` after the layers start, beyond
-    the closed form's layers. Each stage's pass is late by that (the first stage's own head, each later stage's
-    its logits' backward); the engine's contention is at least it."""
+    logits' backward on the last stage; the first stage of two starts its layers once its gradient is
+    received, as its reduction does) and moves at most ``h B`` alone; then max-min halves the rail until it is
+    through, so the layers' collectives end ``(F + D - h B) / B`` after the layers start, beyond the closed
+    form's layers. Each stage's pass is late by that; the engine's contention is at least it."""
     spec = preset("megatron-1.7b")
     e = Execution(gpus=8 * pp, pp=pp, dp=8, micro_batch=1, global_batch=16, zero=3, dp_overlap=True)
     cluster = load_cluster("gh200").for_gpus(e.gpus)
@@ -221,9 +221,8 @@ def test_zero3_gathers_beside_the_overlapped_reduction_by_hand(pp: int) -> None:
     def late(head: float) -> float:
         return (fsdp + max(0.0, reduced - head * rail)) / rail - layers_s
 
-    first_head = c.dp_hidden_s - layers_s
-    assert first_head == pytest.approx(c.last_bwd_s if pp == 1 else c.p2p_s, rel=1e-9)
-    expect = late(first_head) + (pp - 1) * late(c.last_bwd_s)
+    assert c.dp_hidden_s == pytest.approx(layers_s + (c.last_bwd_s if pp == 1 else c.p2p_s), rel=1e-9)
+    expect = late(c.last_bwd_s if pp == 1 else 0.0) + (pp - 1) * late(c.last_bwd_s)
     assert expect > 0.01 * c.dp_hidden_s
     step, run = llm_step(spec, e, cluster), engine_step(spec, e, cluster)
     assert step.contention_s == pytest.approx(expect, rel=1e-9)

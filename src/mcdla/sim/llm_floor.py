@@ -59,7 +59,8 @@ ends with the later of its reduction and its own pass, slowed as the others' are
 it (or no resource carries both), both floors are 0: the iteration is the closed form's. Under ZeRO-3 the pass's
 per-layer gathers and reduce-scatters also drain beside the reduction (:func:`_zero3_beside`): from the layers'
 start, the earliest they run, with what the reduction has left after its head start alone (the reduction starts
-with the pass: the logits' backward or the pipeline's receive come before the layers); the layers end no
+with the pass, the logits' backward before the layers), then the pass's layer communication beside what is
+left; the layers end no
 earlier than their last reduce-scatter, so what it ends beyond the closed-form layers slows each stage's pass,
 the larger of this and the layer communication's part counting.
 
@@ -467,8 +468,9 @@ def _zero3_beside(execution: Execution, cluster: Cluster, costs: StageCosts, com
 
     The chunk's gathers and reduce-scatters are one flow per class and way from its layers' start (the earliest
     they run), drained beside what the reduction has left then: it starts with the pass, ``head`` seconds
-    before the layers (the logits' backward, the pipeline's receive), and moves at most its bytes alone over
-    that head start. The layers end no earlier than their last reduce-scatter nor than their closed-form time;
+    before the layers (the logits' backward less the CP ring's attention, which the engine runs beside the
+    ring's sends after the layers; a stage without the logits starts both at once), and moves at most its
+    bytes alone over that head start. The layers end no earlier than their last reduce-scatter nor than their closed-form time;
     the chunk's TP, CP and EP calls run after them (the engine's order) beside what the reduction still has
     left, which moves alone while the layers outlast their collectives. The first stage ends with the later of
     its pass and its reduction; each stage after it (``head``: its logits' backward without interleaving)
@@ -480,7 +482,10 @@ def _zero3_beside(execution: Execution, cluster: Cluster, costs: StageCosts, com
     if not own:
         return None
     comm = {key: (cls, way, got / v) for key, (cls, way, got) in comm.items()}
-    layers_s = c.layers_per_stage / v * (c.layer_bwd_s + c.layer_recompute_s) + c.fsdp_bwd_s / v
+    chunk = c.layers_per_stage / v
+    # the layers as the engine runs them: the ring's attention moved out beside its sends, after the layers
+    ring_s = chunk * _ring_attention_s(e, c)
+    layers_s = chunk * (c.layer_bwd_s + c.layer_recompute_s) + c.fsdp_bwd_s / v - ring_s
     after_s = c.layers_per_stage / v * c.layer_comm_bwd_s  # the chunk's TP, CP and EP calls, closed form
     comm_alone = _drain_ends(cluster, comm) if comm else {}
     apart = _drain_ends(cluster, dp)
@@ -503,12 +508,15 @@ def _zero3_beside(execution: Execution, cluster: Cluster, costs: StageCosts, com
         alone_end = max([0.0, *(_drain_ends(cluster, left).values())]) if left else 0.0
         return pass_late, red_end - layers_s - after_s, red_end - alone_end
 
-    first_head = max(0.0, c.dp_hidden_s - layers_s - after_s)
+    logits_head = max(0.0, c.last_bwd_s - ring_s)  # the logits' backward, less the ring's attention
+    first_head = logits_head if e.pp == 1 and v == 1 else 0.0
     pass_late, red_late, slow_dp = late(first_head)
     if pass_late <= _DRAINED * layers_s and red_late <= 0:
         return None
-    first = max(c.dp_exposed_s + pass_late, red_late, c.dp_full_s - first_head + slow_dp - layers_s - after_s)
-    others = late(c.last_bwd_s if v == 1 else 0.0)[0] if e.pp > 1 else 0.0
+    # the closed form's first stage: the reduction starts its hiding pass before the pass's end
+    first = max(c.dp_exposed_s + pass_late, red_late + layers_s + after_s + first_head - c.dp_hidden_s,
+                c.dp_full_s + slow_dp - c.dp_hidden_s)
+    others = late(logits_head if v == 1 else 0.0)[0] if e.pp > 1 else 0.0
     return max(0.0, first), max(0.0, others)
 
 
@@ -583,10 +591,17 @@ def _compute_before_comm_s(execution: Execution, costs: StageCosts) -> float:
     runs a pass's CP ring steps, CP and EP collectives and TP collectives after its compute, the ring's attention
     beside its sends)."""
     e, c = execution, costs
-    steps = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2) if e.cp_comm == "p2p" else 0
-    layer_s = c.layer_bwd_s + c.layer_recompute_s - steps * c.layer_attention_fwd_s / e.cp
+    layer_s = c.layer_bwd_s + c.layer_recompute_s - _ring_attention_s(e, c)
     logits = c.last_bwd_s if e.pp == 1 and e.virtual_stages == 1 else 0.0  # the first stage hides the reduction
     return max(0.0, c.layers_per_stage / e.virtual_stages * layer_s + logits)
+
+
+def _ring_attention_s(execution: Execution, costs: StageCosts) -> float:
+    """The attention one layer's backward runs beside its CP ring's sends (the engine moves it out of the
+    layer's compute into the ring steps); 0 without a ring."""
+    e = execution
+    steps = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2) if e.cp_comm == "p2p" else 0
+    return steps * costs.layer_attention_fwd_s / e.cp
 
 
 def _shared(ends: dict[tuple[str, str, int], float], apart: dict[tuple[str, str, int], float]) -> bool:
