@@ -497,14 +497,15 @@ def _zero3_beside(execution: Execution, cluster: Cluster, costs: StageCosts, com
                 if apart[key] > head}
         ends = _drain_ends(cluster, {**own, **left})
         gathered = max(ends[key] for key in own)
-        layers_end = max(gathered, layers_s)
-        rest = _drain_left(cluster, left, gathered, own)
-        rest = _drain_left(cluster, rest, layers_end - gathered)
+        stepped, rest, dp_end = _layers_beside(e, cluster, c, zero3, left)
+        layers_end = max(gathered, layers_s + stepped)
+        if gathered > layers_s + stepped:  # the drain binds: what it leaves, then alone while the layers compute
+            rest = _drain_left(cluster, _drain_left(cluster, left, gathered, own), layers_end - gathered)
+            dp_end = max([0.0, *(ends[key] for key in left if key not in rest)])
         joint = _drain_ends(cluster, {**comm, **rest}) if comm or rest else {}
         comm_end = max([after_s, *(joint[key] - comm_alone[key] + after_s for key in comm)])
         pass_late = layers_end + comm_end - layers_s - after_s
-        red_end = max([0.0, *(ends[key] for key in left if key not in rest),
-                       *(layers_end + joint[key] for key in rest)])
+        red_end = max([dp_end, *(layers_end + joint[key] for key in rest)])
         alone_end = max([0.0, *(_drain_ends(cluster, left).values())]) if left else 0.0
         return pass_late, red_end - layers_s - after_s, red_end - alone_end
 
@@ -518,6 +519,86 @@ def _zero3_beside(execution: Execution, cluster: Cluster, costs: StageCosts, com
                 c.dp_full_s + slow_dp - c.dp_hidden_s)
     others = late(logits_head if v == 1 else 0.0)[0] if e.pp > 1 else 0.0
     return max(0.0, first), max(0.0, others)
+
+
+def _layers_beside(execution: Execution, cluster: Cluster, costs: StageCosts, zero3: Zero3Traffic,
+                   dp: dict[tuple[str, str, int], Flow]) -> tuple[float, dict[tuple[str, str, int], Flow], float]:
+    """How much later a backward chunk's layers end under ZeRO-3 with the reduction's flows ``dp`` in flight
+    from their start, what the reduction has left when they end and when it is through (0 if it is not).
+
+    The chunk's layers as the engine issues their collectives (NOTE [ZeRO lowering] in
+    :mod:`mcdla.sim.llm_lower_zero`, :func:`mcdla.sim.llm.fsdp_exposed_s`): each layer waits for its gather
+    and the layer before it, the gathers ``fsdp_prefetch`` layers ahead, each reduce-scatter when its layer
+    ends, one collective at a time on the group's links; the reduction drains alone while they idle and beside
+    each collective (which takes its closed-form time plus what the reduction slows its flows). Once the
+    reduction is through the rest runs as without it, so the layers end at least the smallest of the delays
+    then (of the links, the compute and the gathers ahead; the schedule is a max-plus system)."""
+    e, c = execution, costs
+    layers = max(1, c.layers_per_stage // e.virtual_stages)
+    compute_s = c.layer_bwd_s + c.layer_recompute_s - _ring_attention_s(e, c)
+
+    def op(colls: tuple) -> tuple[float, dict[tuple[str, str, int], Flow]]:
+        moved: dict[str, float] = {}
+        seconds = 0.0
+        for coll in colls:
+            dims = cluster.group_dims(coll.size, coll.stride)
+            seconds += collective_time(coll.kind, coll.nbytes, dims)
+            for cls, got in _dims_bytes(cluster, coll.kind, coll.nbytes, dims).items():
+                moved[cls] = moved.get(cls, 0.0) + got
+        return seconds, _flows({cls: (got, got) for cls, got in moved.items()}, "fsdp")
+
+    gather, reduce = op(zero3.gathers), op(zero3.reduces)
+    def run(flows: dict[tuple[str, str, int], Flow] | None) -> tuple[list[tuple[float, ...]], float, dict]:
+        left, dp_now, dp_end = dict(flows or {}), 0.0, 0.0
+
+        def on_link(start: float, item: tuple[float, dict]) -> float:
+            nonlocal left, dp_now, dp_end
+            seconds, own = item
+            if not left or not own:
+                return start + seconds
+            left = _drain_left(cluster, left, start - dp_now)  # alone while the links idle
+            if not left:
+                dp_end = dp_end or start
+                return start + seconds
+            alone, ends = _drain_ends(cluster, own), _drain_ends(cluster, {**own, **left})
+            took = max(ends[key] for key in own)
+            late = max(0.0, took - max(alone.values()))
+            rest = _drain_left(cluster, left, took, own)
+            if not rest:
+                dp_end = start + max(ends[key] for key in left)
+            left, dp_now = rest, start + took
+            return start + seconds + late
+
+        states: list[tuple[float, ...]] = []
+        link = compute = 0.0
+        ahead: list[float] = []
+        d = e.fsdp_prefetch
+        for _ in range(min(d, layers)):
+            link = on_link(link, gather)
+            ahead.append(link)
+        for i in range(layers):
+            if d:
+                gathered = ahead.pop(0)
+            else:
+                link = on_link(max(link, compute), gather)
+                gathered = link
+            start = max(compute, gathered)
+            if d and i + d < layers:
+                link = on_link(max(link, start), gather)
+                ahead.append(link)
+            compute = start + compute_s
+            link = on_link(max(link, compute), reduce)
+            states.append((link, compute, *ahead))
+            if flows is not None and not left:
+                break
+        return states, dp_end, left
+
+    got, dp_end, left = run(dp)
+    base, _end, _left = run(None)
+    if left:  # still in flight: the chunk's end
+        return max(0.0, max(got[-1][:2]) - max(base[-1][:2])), left, 0.0
+    k = len(got) - 1
+    return max(0.0, min(a - b for a, b in zip(got[k], base[k]))), {}, dp_end
 
 
 def _drain_left(cluster: Cluster, flows: dict[tuple[str, str, int], Flow], until_s: float,
