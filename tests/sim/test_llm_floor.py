@@ -206,28 +206,25 @@ def test_overlapped_reduction_is_never_below_the_engine_without_offload(
 def test_zero3_gathers_beside_the_overlapped_reduction_by_hand(pp: int) -> None:
     """Megatron 1.7B on GH200 nodes (one 50 GB/s NDR rail each way per node, gh200.yaml), ZeRO-3 over DP8,
     ``dp_overlap``, nothing offloaded: the last backward's per-layer ring all-gathers and reduce-scatters keep
-    the rail busy (each GPU sends 7/8 of each buffer), and the once-per-iteration reduction (the embedding's
-    reduce-scatter and all-gather, 7/8 of each) shares it. The reduction starts ``h`` before the layers (the
-    logits' backward on the last stage; the first stage of two starts its layers once its gradient is
-    received, as its reduction does) and moves at most ``h B`` alone; then max-min halves the rail until it is
-    through, so the layers' collectives end ``(F + D - h B) / B`` after the layers start, beyond the closed
-    form's layers. Each stage's pass is late by that; the engine's contention is at least it."""
+    the rail busy (each GPU sends 7/8 of each buffer) and gate the layers, and the once-per-iteration reduction
+    (the embedding's reduce-scatter and all-gather, ``D``: 7/8 of each) shares it. The reduction starts with
+    the pass, so on the last stage it has the logits' backward ``h`` to itself (the first stage of two starts
+    its layers and its reduction together); what it has left, ``D - h B``, takes that much rail time from the
+    layers' collectives, every second of it on the layers' critical path: each stage's pass ends
+    ``(D - h B) / B`` late, less the few per-step latencies of the collectives, during which the reduction has
+    the rail alone (within 2%). The floor steps the layers as the engine issues their collectives: the
+    iteration is the engine's."""
     spec = preset("megatron-1.7b")
     e = Execution(gpus=8 * pp, pp=pp, dp=8, micro_batch=1, global_batch=16, zero=3, dp_overlap=True)
     cluster = load_cluster("gh200").for_gpus(e.gpus)
     c, z, rail = stage_costs(spec, e, cluster), zero3_traffic(spec, e, 2), 50e9
-    per_layer = sum(7 / 8 * coll.nbytes for coll in (*z.gathers, *z.reduces))
-    fsdp, reduced = c.layers_per_stage * per_layer, sum(7 / 8 * coll.nbytes for coll in z.step)
-    layers_s = c.layers_per_stage * (c.layer_bwd_s + c.layer_recompute_s) + c.fsdp_bwd_s
-    assert fsdp > reduced and fsdp / rail > 0.95 * layers_s  # the rail is busy nearly through the layers
-
-    def late(head: float) -> float:
-        return (fsdp + max(0.0, reduced - head * rail)) / rail - layers_s
-
-    assert c.dp_hidden_s == pytest.approx(layers_s + (c.last_bwd_s if pp == 1 else c.p2p_s), rel=1e-9)
-    expect = late(c.last_bwd_s if pp == 1 else 0.0) + (pp - 1) * late(c.last_bwd_s)
-    assert expect > 0.01 * c.dp_hidden_s
+    layer = sum(7 / 8 * coll.nbytes for coll in (*z.gathers, *z.reduces)) / rail
+    reduced = sum(7 / 8 * coll.nbytes for coll in z.step) / rail
+    assert layer > c.layer_bwd_s + c.layer_recompute_s  # the rail gates the layers
+    heads = [c.last_bwd_s if pp == 1 else 0.0] + [c.last_bwd_s] * (pp - 1)
+    assert all(reduced > h for h in heads)
+    expect = sum(reduced - h for h in heads)
     step, run = llm_step(spec, e, cluster), engine_step(spec, e, cluster)
-    assert step.contention_s == pytest.approx(expect, rel=1e-9)
-    assert run.contention_s >= expect * (1 - 1e-9)
-    assert step.iteration_s >= 0.99 * run.iteration_s
+    assert step.contention_s == pytest.approx(expect, rel=0.02)
+    assert step.contention_s > 0.01 * step.iteration_s
+    assert step.iteration_s == pytest.approx(run.iteration_s, rel=1e-9)

@@ -92,9 +92,8 @@ def layers_beside(execution: Execution, cluster: Cluster, costs: StageCosts, zer
     :mod:`mcdla.sim.llm_lower_zero`, :func:`mcdla.sim.llm.fsdp_exposed_s`): each layer waits for its gather
     and the layer before it, the gathers ``fsdp_prefetch`` layers ahead, each reduce-scatter when its layer
     ends, one collective at a time on the group's links; the reduction drains alone while they idle and beside
-    each collective (which takes its closed-form time plus what the reduction slows its flows). Once the
-    reduction is through the rest runs as without it, so the layers end at least the smallest of the delays
-    then (of the links, the compute and the gathers ahead; the schedule is a max-plus system)."""
+    each collective (which takes its closed-form time plus what the reduction slows its flows); the same
+    steps without the reduction give the layers' end it is compared with."""
     e, c = execution, costs
     layers = max(1, c.layers_per_stage // e.virtual_stages)
     compute_s = c.layer_bwd_s + c.layer_recompute_s - _ring_attention_s(e, c)
@@ -110,7 +109,7 @@ def layers_beside(execution: Execution, cluster: Cluster, costs: StageCosts, zer
         return seconds, _flows({cls: (got, got) for cls, got in moved.items()}, "fsdp")
 
     gather, reduce = op(zero3.gathers), op(zero3.reduces)
-    def run(flows: dict[tuple[str, str, int], Flow] | None) -> tuple[list[tuple[float, ...]], float, dict]:
+    def run(flows: dict[tuple[str, str, int], Flow] | None) -> tuple[float, float, dict[tuple[str, str, int], Flow]]:
         left, dp_now, dp_end = dict(flows or {}), 0.0, 0.0
 
         def on_link(start: float, item: tuple[float, dict]) -> float:
@@ -131,7 +130,6 @@ def layers_beside(execution: Execution, cluster: Cluster, costs: StageCosts, zer
             left, dp_now = rest, start + took
             return start + seconds + late
 
-        states: list[tuple[float, ...]] = []
         link = compute = 0.0
         ahead: list[float] = []
         d = e.fsdp_prefetch
@@ -150,17 +148,12 @@ def layers_beside(execution: Execution, cluster: Cluster, costs: StageCosts, zer
                 ahead.append(link)
             compute = start + compute_s
             link = on_link(max(link, compute), reduce)
-            states.append((link, compute, *ahead))
-            if flows is not None and not left:
-                break
-        return states, dp_end, left
+        end = max(link, compute)
+        return end, dp_end, drain_left(cluster, left, end - dp_now) if left else {}
 
     got, dp_end, left = run(dp)
-    base, _end, _left = run(None)
-    if left:  # still in flight: the chunk's end
-        return max(0.0, max(got[-1][:2]) - max(base[-1][:2])), left, 0.0
-    k = len(got) - 1
-    return max(0.0, min(a - b for a, b in zip(got[k], base[k]))), {}, dp_end
+    base = run(None)[0]
+    return max(0.0, got - base), left, dp_end if not left else 0.0
 
 
 def drain_left(cluster: Cluster, flows: dict[tuple[str, str, int], Flow], until_s: float,
