@@ -90,12 +90,19 @@ CASES = [dict(tp=2, pp=4, dp=2, virtual_stages=v, recompute=rc, sequence_paralle
 @pytest.mark.parametrize("kw", CASES, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_fast_path_equals_per_rank_engine_on_symmetric_systems(kw):
     """TP2 PP4 DP2, 8 micro-batches, 1F1B and interleaved v=2, on DGX A100 figures (every cost non-zero):
-    the closed form and the 16-rank schedule agree to rounding."""
+    the closed form and the 16-rank schedule agree to rounding, but for the per-link floor (sim/llm_floor.py):
+    with ZeRO-3 and the reduction overlapped, the last backward's gathers and reduce-scatters share the NVLink
+    with the reduction's, which the schedule prices as idle; the floor's part is then all of the difference,
+    in the reduction's time."""
     e = Execution(gpus=16, micro_batch=1, global_batch=16, **kw)
     fast = llm_step(SPEC, e, _dgx(e))
     ranks = llm_step(SPEC, e, _dgx(e), mode="ranks")
-    assert ranks.iteration_s == pytest.approx(fast.iteration_s, rel=1e-12)
-    assert ranks.to_dict() == pytest.approx(fast.to_dict(), rel=1e-9, abs=1e-15)
+    shared = fast.contention_s
+    assert (shared > 0) == (kw["zero"] == 3 and kw["dp_overlap"])
+    assert ranks.iteration_s + shared == pytest.approx(fast.iteration_s, rel=1e-12)
+    assert ranks.dp_comm_s + shared == pytest.approx(fast.dp_comm_s, rel=1e-12)
+    if not shared:
+        assert ranks.to_dict() == pytest.approx(fast.to_dict(), rel=1e-9, abs=1e-15)
     result = simulate_ranks(SPEC, e, _dgx(e))
     assert len(set(result.pipeline_s)) == 1  # symmetric replicas schedule alike
 

@@ -58,6 +58,13 @@ all-gather last), ZeRO-3's once-per-iteration collectives spread evenly over the
 ends with the later of its reduction and its own pass, slowed as the others' are. Where no flow ends later for
 it (or no resource carries both), both floors are 0: the iteration is the closed form's.
 
+Under ZeRO-3 the pass's per-layer gathers and reduce-scatters share the links with the reduction too
+(:func:`mcdla.sim.llm_floor_zero3.zero3_beside`): the reduction starts with the pass and has the logits' backward to itself, then the
+layers run beside what it has left, stepped as the engine issues their collectives (:func:`~mcdla.sim.llm_floor_zero3.layers_beside`)
+and at least as late as all their bytes drained beside it from the layers' start; the chunk's TP, CP and EP
+calls follow the layers beside what is still left. What the pass ends beyond its closed form slows each
+stage's pass, the larger of this and the layer communication's part counting.
+
 NOTE [fair drain]
 The engine shares every link and memory max-min fairly among the flows in flight (NOTE [max-min by progressive
 filling] in :mod:`mcdla.sim.flows`); a resource's busiest bytes over its capacity is not always when they are
@@ -501,10 +508,17 @@ def _compute_before_comm_s(execution: Execution, costs: StageCosts) -> float:
     runs a pass's CP ring steps, CP and EP collectives and TP collectives after its compute, the ring's attention
     beside its sends)."""
     e, c = execution, costs
-    steps = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2) if e.cp_comm == "p2p" else 0
-    layer_s = c.layer_bwd_s + c.layer_recompute_s - steps * c.layer_attention_fwd_s / e.cp
+    layer_s = c.layer_bwd_s + c.layer_recompute_s - _ring_attention_s(e, c)
     logits = c.last_bwd_s if e.pp == 1 and e.virtual_stages == 1 else 0.0  # the first stage hides the reduction
     return max(0.0, c.layers_per_stage / e.virtual_stages * layer_s + logits)
+
+
+def _ring_attention_s(execution: Execution, costs: StageCosts) -> float:
+    """The attention one layer's backward runs beside its CP ring's sends (the engine moves it out of the
+    layer's compute into the ring steps); 0 without a ring."""
+    e = execution
+    steps = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2) if e.cp_comm == "p2p" else 0
+    return steps * costs.layer_attention_fwd_s / e.cp
 
 
 def _shared(ends: dict[tuple[str, str, int], float], apart: dict[tuple[str, str, int], float]) -> bool:
@@ -551,8 +565,15 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
             own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False, tp=not overlapped)
                          ["backward"])
             timed = _after_compute(e, cluster, costs, traffic, own, dp, zero3) if own else None
+            gathers = None
+            if zero3 is not None and dp:
+                from mcdla.sim.llm_floor_zero3 import zero3_beside  # it drains on this module's path tables
+
+                gathers = zero3_beside(e, cluster, costs, own, dp, zero3)
             if timed is None or not _shared(timed[2], {**timed[0], **timed[1]}):
-                return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)  # the closed form prices each class on its link
+                if gathers is None:  # the closed form prices each class on its link
+                    return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
+                return LinkFloors(stage_s=0.0, dp_exposed_s=gathers[0], last_backward_s=gathers[1])
             alone, apart, ends = timed
         # the pass as the stage's floor has it (without offload the closed form's)
         bwd = max(phase_s["backward"], max(alone.values(), default=0.0) if offloads else 0.0)
@@ -569,4 +590,6 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         last_backward = max(0.0, *slowed) / e.virtual_stages
         if not offloads:  # the first stage ends with the later of its reduction and its own slowed pass
             dp_exposed = max(dp_exposed, costs.dp_exposed_s + last_backward)
+            if gathers is not None:
+                dp_exposed, last_backward = max(dp_exposed, gathers[0]), max(last_backward, gathers[1])
     return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed, last_backward_s=last_backward)
