@@ -98,7 +98,7 @@ from mcdla.workload.transformer import (Attention, TransformerSpec, activation_b
                                         flash_attention_exponentials, fp8_cast_bytes_per_layer,
                                         hardware_flops_per_iteration, layer_fwd_flops, logits_fwd_flops,
                                         model_flops_per_iteration)
-from mcdla.workload.memo import pure_cache
+from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
            "LlmStep", "RankTraffic", "ShardCollective", "StageCosts", "Zero3Traffic", "cluster_rejection",
@@ -110,7 +110,7 @@ DEFAULT_PRECISION = "bf16"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Precision:
+class Precision(HashOnce):
     """What a run's precision choice means for time and memory (NOTE [precision]).
 
     Attributes:
@@ -128,6 +128,8 @@ class Precision:
     element_bytes: int
     optimizer_bytes: int
     fp8_weight_bytes: int = 0
+
+    __hash__ = hash_once  # a key of the memoised figures, hashed once
 
     @property
     def fp8(self) -> bool:
@@ -768,10 +770,10 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     parts = c.iteration_parts(m, e.virtual_stages)
     dp_shared = 0.0 if floors.stage_s else dp_stretch  # without offload: the shared links slow the reduction
     parts["offload_s"] += m * stretch + dp_stretch - dp_shared
-    step = step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble, **parts)
     contention = m * stretch + dp_stretch  # what rounds away against the iteration is no contention
-    return dataclasses.replace(step, dp_comm_s=step.dp_comm_s + dp_shared,
-                               contention_s=contention if contention > 1e-12 * iteration else 0.0)
+    return step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble,
+                       dp_shared_s=dp_shared, contention_s=contention if contention > 1e-12 * iteration else 0.0,
+                       **parts)
 
 
 def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, float]]:
@@ -786,9 +788,10 @@ def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, floa
 def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageCosts, *, precision: str,
                 iteration: float, bubble: float, compute_s: float, recompute_s: float, tp_comm_s: float,
                 pp_comm_s: float, offload_s: float, fsdp_comm_s: float = 0.0, cp_comm_s: float = 0.0,
-                ep_comm_s: float = 0.0) -> LlmStep:
+                ep_comm_s: float = 0.0, dp_shared_s: float | None = None, contention_s: float = 0.0) -> LlmStep:
     """The :class:`LlmStep` of a predicted iteration: FLOPs, MFU and one rank's memory (both modes, so the
-    per-rank schedule of :mod:`mcdla.sim.llm_ranks` reports the same record)."""
+    per-rank schedule of :mod:`mcdla.sim.llm_ranks` reports the same record). ``dp_shared_s``: what the shared
+    links add to the exposed reduction (the closed form's link floor), ``contention_s`` the record's field."""
     dev = cluster.device
     prec = precision_of(precision)
     spec = _at_precision(spec, prec)
@@ -834,7 +837,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         tp_comm_s=tp_comm_s,
         pp_comm_s=pp_comm_s,
         bubble_s=bubble,
-        dp_comm_s=dp_exposed,
+        dp_comm_s=dp_exposed if dp_shared_s is None else dp_exposed + dp_shared_s,
         fsdp_comm_s=fsdp_comm_s,
         optimizer_s=optimizer,
         offload_s=offload_s,
@@ -853,6 +856,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         ep_comm_s=ep_comm_s,
         offloaded_activation_bytes=offloaded_activations,
         offloaded_weight_bytes=offloaded_weights if e.offload_weights else 0.0,
+        contention_s=contention_s,
     )
 
 
