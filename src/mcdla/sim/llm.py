@@ -78,6 +78,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import NamedTuple
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
@@ -535,19 +536,39 @@ class StageCosts:
         return self.stage_parts(self.layers_per_stage, micro_batches, virtual_stages, last=True)
 
 
-def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
-                precision: str = DEFAULT_PRECISION) -> StageCosts:
-    """The per-layer and per-stage costs of one rank (module docstring, NOTE [time model]); checks the
-    execution against the model and the cluster (:func:`cluster_rejection`)."""
-    check_execution(execution, spec)
-    e, dev = execution, cluster.device
-    why = cluster_rejection(e, cluster)
-    if why is not None:
-        raise ConfigError(why)
-    layout = ParallelDims.of(e)
-    offload_bytes_per_s = _offload_bytes_per_s(cluster)
-    prec = cluster_precision(cluster, precision)
-    spec = _at_precision(spec, prec)
+class _LayerCompute(NamedTuple):
+    """One layer's compute on one rank per micro-batch (seconds), and the rates the rest of :func:`stage_costs`
+    prices with: the parts that depend on the layer's shape on the rank, not on the pipeline, the data-parallel
+    layout, ZeRO or offload."""
+
+    gemm_s: float  # the linear layers' GEMMs, forward
+    attention_s: float  # the attention core's FLOPs, forward
+    core_fwd_s: float  # the attention kernel's memory traffic (and exponentials), forward
+    fwd_s: float  # the layer's forward
+    bwd_s: float  # its backward
+    op_recompute_s: float  # what ``selective-op`` recomputes in its backward (0 under any other recompute)
+    logits_s: float  # the vocabulary projection, forward (on the last stage)
+    loss_s: float  # the loss, forward
+    hbm_per_s: float  # the HBM bandwidth the memory-bound kernels get
+    gemm_bwd_ratio: float  # the GEMMs' backward over forward
+
+
+_LAYER_MEMO: dict[tuple[object, ...], tuple[Cluster, _LayerCompute]] = {}
+""":func:`_layer_compute`'s answers, keyed by the cluster's identity (the cluster kept in the entry) and the
+figures they depend on: a search's executions that differ in pipeline, data parallelism, ZeRO or offload share
+them."""
+
+
+def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: Precision) -> _LayerCompute:
+    """:class:`_LayerCompute` of ``spec`` at ``prec`` under ``e``'s micro-batch, TP, CP, EP, capacity factor,
+    attention kernel, kernel fusion and fp8 scaling on ``cluster``'s GPU (NOTE [time model])."""
+    op = e.recompute == OP_RECOMPUTE
+    key = (id(cluster), spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
+           e.capacity_factor, type(e.capacity_factor), e.ep, e.fp8_scaling, op)
+    got = _LAYER_MEMO.get(key)
+    if got is not None and got[0] is cluster:
+        return got[1]
+    dev = cluster.device
     b, split = e.micro_batch, e.tp * e.cp
     hbm_per_s = dev.hbm_bytes_per_s * dev.memory_efficiency
     curve = cluster.gemm_efficiency
@@ -558,7 +579,6 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     expert_rate = gemm_peak * curve.at(spec.hidden / e.tp, tokens=tokens_per_local_expert(spec, e))
     other_rate = dev.flops_per_s(prec.other_peak) * efficiency
     gemm_bwd_ratio = curve.backward_ratio
-
     flops = layer_fwd_flops(spec, b, attention=e.attention)
     ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, attention=e.attention,
                                      fused=e.fused_kernels)
@@ -585,12 +605,42 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd + permute_f
     layer_bwd = (gemm_bwd_ratio * gemm_f + 2 * block_f + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd
                  + cast_bwd + permute_f)
+    op_recompute = (op_recomputed_gemm_flops(spec, b) / split / gemm_rate + block_f - ew["last_add"] / hbm_per_s
+                    if op else 0.0)
+    logits = logits_fwd_flops(spec, b) / split / other_rate
+    loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
+    result = _LayerCompute(gemm_s=gemm_f, attention_s=attn_f, core_fwd_s=core_fwd, fwd_s=layer_fwd, bwd_s=layer_bwd,
+                           op_recompute_s=op_recompute, logits_s=logits, loss_s=loss, hbm_per_s=hbm_per_s,
+                           gemm_bwd_ratio=gemm_bwd_ratio)
+    if len(_LAYER_MEMO) > 4096:
+        _LAYER_MEMO.clear()
+    _LAYER_MEMO[key] = (cluster, result)
+    return result
+
+
+def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
+                precision: str = DEFAULT_PRECISION) -> StageCosts:
+    """The per-layer and per-stage costs of one rank (module docstring, NOTE [time model]); checks the
+    execution against the model and the cluster (:func:`cluster_rejection`)."""
+    check_execution(execution, spec)
+    e = execution
+    why = cluster_rejection(e, cluster)
+    if why is not None:
+        raise ConfigError(why)
+    layout = ParallelDims.of(e)
+    offload_bytes_per_s = _offload_bytes_per_s(cluster)
+    prec = cluster_precision(cluster, precision)
+    spec = _at_precision(spec, prec)
+    b = e.micro_batch
+    lc = _layer_compute(spec, e, cluster, prec)
+    gemm_f, attn_f, core_fwd, layer_fwd, layer_bwd = lc.gemm_s, lc.attention_s, lc.core_fwd_s, lc.fwd_s, lc.bwd_s
+    hbm_per_s, gemm_bwd_ratio = lc.hbm_per_s, lc.gemm_bwd_ratio
     shares = layer_shares(e, spec)
     full = shares.recomputed  # the mean layer of a chunk under partial recompute (NOTE [partial recompute and offload])
     if e.recompute == "full":
         layer_recompute = full * layer_fwd
     elif e.recompute == OP_RECOMPUTE:  # NOTE [op-level selective recompute]: checkpoint stops before the last add
-        layer_recompute = op_recomputed_gemm_flops(spec, b) / split / gemm_rate + block_f - ew["last_add"] / hbm_per_s
+        layer_recompute = lc.op_recompute_s
     else:
         layer_recompute = attn_f + core_fwd if e.recompute == "selective" else 0.0
     cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)
@@ -610,8 +660,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
 
     split_layers = stage_layers(e, spec)
     n_layers = max(split_layers)
-    logits = logits_fwd_flops(spec, b) / split / other_rate
-    loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
+    logits, loss = lc.logits_s, lc.loss_s
     p2p_bytes = act_bytes / e.tp
     p2p = _p2p_s(cluster, layout, p2p_bytes)
     p2p_hidden = 0.0
