@@ -85,7 +85,7 @@ from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
 from mcdla.sim.llm_eager import eager_block_bytes
-from mcdla.sim.llm_floor import link_floors
+from mcdla.sim.llm_floor import _strides, link_floors
 from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, permutation_bytes, rank_param_groups,
                                routed_expert_flops,
                                tokens_per_local_expert)
@@ -93,7 +93,6 @@ from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_b
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.op_recompute import OP_RECOMPUTE, op_recomputed_gemm_flops
-from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
                                         attention_bwd_flops_ratio, flash_attention_bytes,
                                         flash_attention_exponentials, fp8_cast_bytes_per_layer,
@@ -270,24 +269,37 @@ def _param_groups(spec: TransformerSpec, e: Execution) -> tuple[ParamGroup, ...]
     return rank_param_groups(spec, e, max(stage_layers(e, spec)))
 
 
-def _stage_params(spec: TransformerSpec, e: Execution) -> float:
-    """All parameters on the rank of the first stage (:func:`_param_groups`)."""
-    return sum(g.params for g in _param_groups(spec, e))
+_GROUP_MEMO: dict[tuple[object, ...], tuple[Cluster, float]] = {}
+""":func:`_group_collective_s`' answers, keyed by the cluster's identity (the cluster kept in the entry), the
+collective and its group: a search asks the same few groups and buffers for many executions."""
 
 
-def _tp_allreduce_s(cluster: Cluster, layout: ParallelDims, sequence_parallel: bool, nbytes: float) -> float:
+def _group_collective_s(cluster: Cluster, kind: str, nbytes: float, size: int, stride: int) -> float:
+    """:func:`collective_time` of ``kind`` on ``nbytes`` over the group of ``size`` ranks ``stride`` apart on
+    ``cluster`` (:meth:`Cluster.group_dims`), memoised per cluster."""
+    key = (id(cluster), kind, nbytes, size, stride)
+    got = _GROUP_MEMO.get(key)
+    if got is not None and got[0] is cluster:
+        return got[1]
+    seconds = collective_time(kind, nbytes, cluster.group_dims(size, stride))
+    if len(_GROUP_MEMO) > 16384:
+        _GROUP_MEMO.clear()
+    _GROUP_MEMO[key] = (cluster, seconds)
+    return seconds
+
+
+def _tp_allreduce_s(cluster: Cluster, tp: int, tp_stride: int, sequence_parallel: bool, nbytes: float) -> float:
     """One TP all-reduce (or its all-gather + reduce-scatter pair) of ``nbytes`` per rank."""
-    dims = cluster.group_dims(layout.tp, layout.stride("tp"))
     if sequence_parallel:
-        return collective_time("all-gather", nbytes, dims) + collective_time("reduce-scatter", nbytes, dims)
-    return collective_time("all-reduce", nbytes, dims)
+        return (_group_collective_s(cluster, "all-gather", nbytes, tp, tp_stride)
+                + _group_collective_s(cluster, "reduce-scatter", nbytes, tp, tp_stride))
+    return _group_collective_s(cluster, "all-reduce", nbytes, tp, tp_stride)
 
 
 def _dp_reduce_s(cluster: Cluster, groups: tuple[ParamGroup, ...], grad_bytes: float) -> float:
     """The gradient all-reduces of ZeRO 0-2 (ZeRO-1/2's reduce-scatter + all-gather: the same traffic), each
     parameter group over its replicas, one group after the other; ``grad_bytes`` per parameter."""
-    return sum(collective_time("all-reduce", grad_bytes * g.params, cluster.group_dims(g.size, g.stride))
-               for g in groups)
+    return sum(_group_collective_s(cluster, "all-reduce", grad_bytes * g.params, g.size, g.stride) for g in groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +348,7 @@ def zero3_traffic(spec: TransformerSpec, execution: Execution, element_bytes: in
 
 def _collectives_s(cluster: Cluster, collectives: tuple[ShardCollective, ...]) -> float:
     """The collectives one after the other on their groups' fabric dimensions."""
-    return sum(collective_time(c.kind, c.nbytes, cluster.group_dims(c.size, c.stride)) for c in collectives)
+    return sum(_group_collective_s(cluster, c.kind, c.nbytes, c.size, c.stride) for c in collectives)
 
 
 def _shard_groups(g: ParamGroup, e: Execution) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -356,6 +368,14 @@ def _sharded(groups: tuple[ParamGroup, ...], e: Execution, sharded: bool) -> flo
     """Parameters a rank keeps of ``groups`` when a state is sharded over each group's ZeRO shard group
     (:func:`_shard_groups`; else all)."""
     return sum(g.params / (_shard_groups(g, e)[0][0] if sharded else 1) for g in groups)
+
+
+@pure_cache(64)
+def _rank_params(spec: TransformerSpec, e: Execution) -> tuple[float, float]:
+    """The rank's parameters (:func:`_param_groups`) kept whole and sharded (:func:`_sharded`), indexed by
+    whether the state is sharded."""
+    groups = _param_groups(spec, e)
+    return _sharded(groups, e, False), _sharded(groups, e, True)
 
 
 @pure_cache(64)
@@ -418,12 +438,12 @@ def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, layers: i
     return max(compute, rs_end) - layers * compute_s
 
 
-def _p2p_s(cluster: Cluster, layout: ParallelDims, nbytes: float) -> float:
-    """One pipeline send between neighbouring stages: rank 0 of stage 0 to its peer ``stride("pp")`` ranks on,
+def _p2p_s(cluster: Cluster, pp: int, pp_stride: int, nbytes: float) -> float:
+    """One pipeline send between neighbouring stages: rank 0 of stage 0 to its peer ``pp_stride`` ranks on,
     across the dimension that separates them (:meth:`Cluster.dim_between`)."""
-    if layout.pp == 1:
+    if pp == 1:
         return 0.0
-    return p2p_time(nbytes, cluster.dim_between(0, layout.stride("pp")))
+    return p2p_time(nbytes, cluster.dim_between(0, pp_stride))
 
 
 def _offload_bytes_per_s(cluster: Cluster) -> float:
@@ -627,7 +647,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     why = cluster_rejection(e, cluster)
     if why is not None:
         raise ConfigError(why)
-    layout = ParallelDims.of(e)
+    tp_stride, pp_stride, _cp_stride, _ep_stride = _strides(e.tp, e.cp, e.dp, e.pp, e.ep)
     offload_bytes_per_s = _offload_bytes_per_s(cluster)
     prec = cluster_precision(cluster, precision)
     spec = _at_precision(spec, prec)
@@ -647,7 +667,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     ep_fwd, ep_bwd = ep_all_to_all_s(spec, e, cluster)
 
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
-    tp_one = _tp_allreduce_s(cluster, layout, e.sequence_parallel, act_bytes)
+    tp_one = _tp_allreduce_s(cluster, e.tp, tp_stride, e.sequence_parallel, act_bytes)
     tp_fwd, tp_bwd_plain, tp_bwd_full = 2 * tp_one, 2 * tp_one, 4 * tp_one
     hide_fwd = hide_bwd = 0.0
     if e.tp_comm_overlap:
@@ -662,7 +682,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     n_layers = max(split_layers)
     logits, loss = lc.logits_s, lc.loss_s
     p2p_bytes = act_bytes / e.tp
-    p2p = _p2p_s(cluster, layout, p2p_bytes)
+    p2p = _p2p_s(cluster, e.pp, pp_stride, p2p_bytes)
     p2p_hidden = 0.0
     if e.pp_comm_overlap:  # each send runs while the next chunk computes: exposed past the smallest chunk's forward
         p2p_hidden = min(p2p, min(n for row in chunk_layers(e, spec) for n in row) * layer_fwd)
@@ -701,7 +721,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
                      + (p2p if e.pp > 1 else 0.0)
                      + (gemm_bwd_ratio * logits + 2 * loss if e.pp == 1 and e.virtual_stages == 1 else 0.0))
 
-    opt_params = _sharded(groups, e, e.zero >= 1)
+    opt_params = _rank_params(spec, e)[e.zero >= 1]
     offload_step = 0.0
     optimizer = opt_params * _ADAM_TRAFFIC_BYTES / hbm_per_s
     if e.cpu_optimizer:
@@ -847,9 +867,8 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
     flops_per_s = dev.flops_per_s(prec.gemm_peak)
     m = e.micro_batches
     n_layers = c.layers_per_stage
-    groups = _param_groups(spec, e)
     act_stage = n_layers * _activation_bytes(spec, e, prec)
-    offloaded_share = layer_shares(e, spec).offloaded
+    shares = layer_shares(e, spec)
     dp_exposed, optimizer = c.dp_exposed_s, c.optimizer_s
     model_flops = model_flops_per_iteration(spec, e.global_batch)
 
@@ -861,22 +880,24 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
                                       for s, n in enumerate(c.stage_layers))
     group_bytes = _recompute_group_bytes(spec, e, prec)
     weight_bytes = prec.element_bytes + prec.fp8_weight_bytes  # with Transformer Engine's fp8 copy
-    weights = weight_bytes * _sharded(groups, e, e.zero >= 3)
-    grads = prec.element_bytes * _sharded(groups, e, e.zero >= 2)
+    params = _rank_params(spec, e)
+    weights = weight_bytes * params[e.zero >= 3]
+    grads = prec.element_bytes * params[e.zero >= 2]
     if e.zero >= 3:  # the layer computing and the ones prefetched, whole, with their gradients
         gathered = min(e.fsdp_prefetch + 1, n_layers) * sum(g.params for g in _layer_groups(spec, e))
         weights += weight_bytes * gathered
         grads += prec.element_bytes * gathered
-    opt = prec.optimizer_bytes * _sharded(groups, e, e.zero >= 1)
+    opt = prec.optimizer_bytes * params[e.zero >= 1]
     # offloaded weights: the stored copy (the shard); the gathered layers are in HBM while they compute
-    offloaded_weights = weight_bytes * _offloaded_weight_params(spec, e, groups, n_layers)
-    on_tier = (offloaded_weights if e.offload_weights else 0.0) + (opt if e.offload_optimizer else 0.0)
-    offloaded_activations = offloaded_share * activations if e.offload_activations else 0.0
+    offloaded_weights = (weight_bytes * _offloaded_weight_params(spec, e, _param_groups(spec, e), n_layers)
+                         if e.offload_weights else 0.0)
+    on_tier = offloaded_weights + (opt if e.offload_optimizer else 0.0)
+    offloaded_activations = shares.offloaded * activations if e.offload_activations else 0.0
     offloaded = offloaded_activations + on_tier
     device_bytes = activations + group_bytes + weights + grads + opt - offloaded
     pool_bytes = 0.0 if cluster.offload is None else cluster.offload.pool_bytes
     in_pool = offloaded - (on_tier if e.offload_tier == "nvme" else 0.0)
-    nvme = cluster.nvme
+    nvme = cluster.nvme if e.offload_tier == "nvme" else None
     nvme_fits = e.offload_tier != "nvme" or (nvme is not None
                                             and on_tier <= nvme.capacity_bytes / cluster.gpus_per_node)
     return LlmStep(
@@ -892,7 +913,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         offload_s=offload_s,
         model_flops=model_flops,
         hardware_flops=hardware_flops_per_iteration(spec, e.global_batch, e.recompute, attention=e.attention,
-                                                    recompute_share=layer_shares(e, spec).recomputed),
+                                                    recompute_share=shares.recomputed),
         mfu=model_flops / (e.gpus * flops_per_s * iteration),
         device_bytes=device_bytes,
         offloaded_bytes=offloaded,
@@ -904,7 +925,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         cp_comm_s=cp_comm_s,
         ep_comm_s=ep_comm_s,
         offloaded_activation_bytes=offloaded_activations,
-        offloaded_weight_bytes=offloaded_weights if e.offload_weights else 0.0,
+        offloaded_weight_bytes=offloaded_weights,
         contention_s=contention_s,
     )
 
@@ -952,14 +973,15 @@ def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = D
     spec = _at_precision(spec, prec)
     act = spec.bytes_per_element * e.micro_batch * spec.seq_len / e.cp * spec.hidden
     groups = _param_groups(spec, e)
-    params_rank = _stage_params(spec, e)
+    params_rank = sum(g.params for g in groups)  # all parameters on the rank of the first stage
     n_layers = max(stage_layers(e, spec))
     stage_act = n_layers * _activation_bytes(spec, e, prec)
+    params = _rank_params(spec, e)
     return RankTraffic(
         activation_bytes=act, p2p_bytes=act / e.tp,
         stage_activation_bytes=stage_act,
-        weight_bytes=prec.element_bytes * _sharded(groups, e, e.zero >= 3),
-        optimizer_bytes=prec.optimizer_bytes * _sharded(groups, e, e.zero >= 1),
+        weight_bytes=prec.element_bytes * params[e.zero >= 3],
+        optimizer_bytes=prec.optimizer_bytes * params[e.zero >= 1],
         gradient_bytes=prec.element_bytes * params_rank,
         offload_activation_bytes=layer_shares(e, spec).offloaded * stage_act if e.offload_activations else 0.0,
         offload_weight_bytes=(prec.element_bytes * _offloaded_weight_params(spec, e, groups, n_layers)
