@@ -281,7 +281,11 @@ def _group_collective_s(cluster: Cluster, kind: str, nbytes: float, size: int, s
     got = _GROUP_MEMO.get(key)
     if got is not None and got[0] is cluster:
         return got[1]
-    seconds = collective_time(kind, nbytes, cluster.group_dims(size, stride))
+    return _remember(cluster, key, collective_time(kind, nbytes, cluster.group_dims(size, stride)))
+
+
+def _remember(cluster: Cluster, key: tuple[object, ...], seconds: float) -> float:
+    """Keep ``seconds`` in :data:`_GROUP_MEMO` under ``key`` (whose first item is ``id(cluster)``); returns it."""
     if len(_GROUP_MEMO) > 16384:
         _GROUP_MEMO.clear()
     _GROUP_MEMO[key] = (cluster, seconds)
@@ -440,10 +444,15 @@ def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, layers: i
 
 def _p2p_s(cluster: Cluster, pp: int, pp_stride: int, nbytes: float) -> float:
     """One pipeline send between neighbouring stages: rank 0 of stage 0 to its peer ``pp_stride`` ranks on,
-    across the dimension that separates them (:meth:`Cluster.dim_between`)."""
+    across the dimension that separates them (:meth:`Cluster.dim_between`), memoised per cluster as
+    :func:`_group_collective_s` is."""
     if pp == 1:
         return 0.0
-    return p2p_time(nbytes, cluster.dim_between(0, pp_stride))
+    key = (id(cluster), "p2p", nbytes, 2, pp_stride)
+    got = _GROUP_MEMO.get(key)
+    if got is not None and got[0] is cluster:
+        return got[1]
+    return _remember(cluster, key, p2p_time(nbytes, cluster.dim_between(0, pp_stride)))
 
 
 def _offload_bytes_per_s(cluster: Cluster) -> float:
@@ -811,13 +820,16 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
         raise ConfigError(f"llm_step: got {', '.join(sorted(ranks_options))} with mode=fast; "
                           "per-rank options need mode=ranks")
     c = stage_costs(spec, execution, cluster, precision=precision)
-    if len(set(c.stage_layers)) > 1 or len({n for row in c.chunk_layers for n in row}) > 1:
+    e = execution
+    # chunks of one stage differ only when the embedding or the loss counts as a layer (chunk_layers)
+    if len(set(c.stage_layers)) > 1 or ((e.account_for_embedding_in_pipeline_split
+                                         or e.account_for_loss_in_pipeline_split)
+                                        and len({n for row in c.chunk_layers for n in row}) > 1):
         # An uneven split: the slowest stage sets the pace, but how long the others fill, drain and hold it
         # up depends on where it sits, so the schedule itself is the closed form (O(dp p m v) ops).
         from mcdla.sim.llm_ranks import ranks_step
 
         return ranks_step(spec, execution, cluster, precision=precision)
-    e = execution
     stage_mid = c.middle_stage_s(e.virtual_stages)
     # no shared link priced as idle (NOTE [link floor] in sim/llm_floor.py): the stretches are exposed offload
     zero3 = zero3_traffic(spec, e, precision_of(precision).element_bytes) if e.zero >= 3 else None
