@@ -2,7 +2,8 @@
 
 The LLM time model (``mcdla.sim.llm_step``) on a preset's generated ``Cluster`` prices each parallel group on the
 fabric dimensions it spans (``Cluster.group_dims``), which a cluster remembers per (size, stride). Baseline measured
-in the same run: the same evaluation with that memo emptied before every call (every group recomputed, as a fresh
+in the same run: the same evaluation with that memo (and the time model's per-cluster memos of costs, collectives and
+layer compute) emptied before every call (every group recomputed, as a fresh
 cluster would). CPU seconds of this process (``time.process_time``), so other jobs on the shared machine do not
 inflate them. The search row enumerates and evaluates every valid configuration of GPT-3 175B on 1,024 DGX H100
 GPUs in-process and projects the time of 90,000 configurations.
@@ -17,6 +18,7 @@ import time
 from benchmarks._results import markdown_table, record
 from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.plan.llm_search import enumerate_executions, evaluate_executions
+from mcdla.sim import llm as llm_module
 from mcdla.sim import llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
@@ -57,6 +59,9 @@ def run(calls: int) -> tuple[list[tuple[str, ...]], str]:
 
         def cold() -> None:
             memo.clear()
+            # the per-cluster memos above group_dims would answer without asking it
+            for kept in (llm_module._COSTS_MEMO, llm_module._GROUP_MEMO, llm_module._LAYER_MEMO):
+                kept.clear()
             llm_step(spec, e, cluster)
 
         warm = _per_call_s(lambda: llm_step(spec, e, cluster), calls)  # noqa: B023 - called inside the loop

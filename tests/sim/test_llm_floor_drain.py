@@ -109,6 +109,21 @@ def test_memoised_drain_equals_the_plain_drain_bit_for_bit(paths, first, scale) 
         assert llm_floor._drain_ends(cluster, flows) == _plain_drain(paths, flows)
 
 
+def test_remembered_drain_is_a_fresh_dict_and_forgets_the_oldest() -> None:
+    """A drain asked again answers as the plain drain does even after the caller edited the last answer, and
+    more distinct drains than the table remembers still each answer as the plain drain."""
+    paths = (TrafficPath(traffic="offload", latency_s=1e-6, resources=(_link("x16", 50.0),)),
+             TrafficPath(traffic="scale-out", latency_s=1e-6, resources=(_link("x16", 50.0),)))
+    cluster = SimpleNamespace(paths=paths)
+    asked = [{("", "offload", 0): ("offload", 0, 1e9 * (k + 1)), ("", "scale-out", 0): ("scale-out", 0, 3e9)}
+             for k in range(llm_floor._RECENT_DRAINS + 3)]
+    for flows in asked + asked[::-1]:
+        got = llm_floor._drain_ends(cluster, flows)
+        assert got == _plain_drain(paths, flows)
+        got[("", "offload", 0)] = -1.0  # the caller's copy
+        assert llm_floor._drain_ends(cluster, flows) == _plain_drain(paths, flows)
+
+
 def _link(name: str, gbps: float, sharers: int = 1) -> PathResource:
     return PathResource(resource=("link", name), bytes_per_s=gbps * 1e9, duplex=True, sharers=sharers)
 

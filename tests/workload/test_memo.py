@@ -1,8 +1,11 @@
 """pure_cache: memoised results equal the function's own, dict results are private copies, errors are not cached."""
 
+import dataclasses
+import pickle
+
 import pytest
 
-from mcdla.workload.memo import pure_cache
+from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 from mcdla.workload.transformer import layer_fwd_flops, preset
 
 
@@ -54,3 +57,39 @@ def test_errors_are_raised_again() -> None:
         with pytest.raises(ValueError):
             positive(-1)
     assert calls == [-1, -1]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Point(HashOnce):
+    x: int
+    y: str
+    note: str = dataclasses.field(default="", compare=False)
+
+    __hash__ = hash_once
+
+
+def test_hash_once_gives_the_dataclass_hash_and_keeps_fields() -> None:
+    """A HashOnce record hashes as the tuple of its fields (what a frozen dataclass's own hash is), computed once
+    per object; the kept hash is no field, so fields, asdict, repr, equality and pickling are the record's own."""
+    p = Point(3, "a", note="ignored")
+    assert hash(p) == hash((3, "a")) == hash(p)
+    assert [f.name for f in dataclasses.fields(p)] == ["x", "y", "note"]
+    assert dataclasses.asdict(p) == {"x": 3, "y": "a", "note": "ignored"}
+    assert repr(p) == "Point(x=3, y='a', note='ignored')"
+    assert p == Point(3, "a") and hash(Point(3, "a")) == hash(p)
+    copy = pickle.loads(pickle.dumps(p))
+    assert copy == p and hash(copy) == hash(p)
+    moved = dataclasses.replace(p, x=4)
+    assert hash(moved) == hash((4, "a"))
+
+
+def test_execution_and_spec_hash_as_their_fields() -> None:
+    """Execution and TransformerSpec keep the hash of their fields' tuple (the dataclass rule), so equal records
+    built apart are one cache key."""
+    from mcdla.workload.execution import Execution
+
+    spec = preset("gpt3-175b")
+    e = Execution(gpus=64, tp=8, pp=4, dp=2, global_batch=64)
+    for record in (spec, e):
+        assert hash(record) == hash(tuple(getattr(record, f.name) for f in dataclasses.fields(record)))
+    assert hash(Execution(gpus=64, tp=8, pp=4, dp=2, global_batch=64)) == hash(e)

@@ -369,21 +369,27 @@ class _Context:
     precision: str = DEFAULT_PRECISION
 
 
-def _evaluate_chunk(context: _Context, chunk: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """``llm_step`` of each execution (given as its field values) -> (step field values..., fits).
+def _evaluate_steps(context: _Context, executions: Iterable[Execution]) -> list[tuple[LlmStep, bool]]:
+    """``llm_step`` of each execution -> (step, fits within the memory limits).
 
     An iteration time that is not finite is refused (NOTE [bounded search]), naming the configuration.
     """
     out = []
-    for values in chunk:
-        e = Execution(**dict(zip(EXECUTION_FIELDS, values)))
+    for e in executions:
         step = llm_step(context.spec, e, context.cluster, precision=context.precision)
         if not math.isfinite(step.iteration_s):
             raise ConfigError(f"search: got iteration_s = {step.iteration_s} for tp={e.tp} pp={e.pp} dp={e.dp} "
                               f"cp={e.cp} micro_batch={e.micro_batch}; the system's figures give no finite time")
-        fits = step.fits and step.device_bytes <= context.memory_limit_bytes
-        out.append(tuple(getattr(step, name) for name in STEP_FIELDS) + (fits,))
+        out.append((step, step.fits and step.device_bytes <= context.memory_limit_bytes))
     return out
+
+
+def _evaluate_chunk(context: _Context, chunk: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """:func:`_evaluate_steps` of executions given as their field values (what a worker is sent) -> (step field
+    values..., fits)."""
+    executions = (Execution(**dict(zip(EXECUTION_FIELDS, values))) for values in chunk)
+    return [tuple(getattr(step, name) for name in STEP_FIELDS) + (fits,)
+            for step, fits in _evaluate_steps(context, executions)]
 
 
 def _pool_size(workers: int, chunks: int | None) -> int:
@@ -417,10 +423,17 @@ def _evaluate_stream(spec: TransformerSpec, cluster: Cluster, executions: Iterab
             held[i] = batch
             yield [tuple(getattr(e, name) for name in EXECUTION_FIELDS) for e in batch]
 
+    if backend == "serial":  # in this process: the executions and steps themselves, no round trip as values
+        index = 0
+        for batch in batches:
+            rows = [SearchRow(index=index + k, execution=e, step=step, fits=fits)
+                    for k, (e, (step, fits)) in enumerate(zip(batch, _evaluate_steps(context, batch)))]
+            index += len(rows)
+            yield rows
+        return
     values = as_values(enumerate(batches))
-    if backend == "serial":
-        results: Iterator[list[tuple[Any, ...]]] = (_evaluate_chunk(context, chunk) for chunk in values)
-    elif backend == "process":
+    results: Iterator[list[tuple[Any, ...]]]
+    if backend == "process":
         results = process_map(_evaluate_chunk, context, values, pool)
     else:
         results = ray_map(_evaluate_chunk, context, values, pool, ray_address)

@@ -78,13 +78,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import NamedTuple
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
 from mcdla.sim.llm_eager import eager_block_bytes
-from mcdla.sim.llm_floor import link_floors
+from mcdla.sim.llm_floor import _strides, link_floors
 from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, permutation_bytes, rank_param_groups,
                                routed_expert_flops,
                                tokens_per_local_expert)
@@ -92,13 +93,12 @@ from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_b
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.op_recompute import OP_RECOMPUTE, op_recomputed_gemm_flops
-from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
                                         attention_bwd_flops_ratio, flash_attention_bytes,
                                         flash_attention_exponentials, fp8_cast_bytes_per_layer,
                                         hardware_flops_per_iteration, layer_fwd_flops, logits_fwd_flops,
                                         model_flops_per_iteration)
-from mcdla.workload.memo import pure_cache
+from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
            "LlmStep", "RankTraffic", "ShardCollective", "StageCosts", "Zero3Traffic", "cluster_rejection",
@@ -110,7 +110,7 @@ DEFAULT_PRECISION = "bf16"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Precision:
+class Precision(HashOnce):
     """What a run's precision choice means for time and memory (NOTE [precision]).
 
     Attributes:
@@ -128,6 +128,8 @@ class Precision:
     element_bytes: int
     optimizer_bytes: int
     fp8_weight_bytes: int = 0
+
+    __hash__ = hash_once  # a key of the memoised figures, hashed once
 
     @property
     def fp8(self) -> bool:
@@ -267,24 +269,41 @@ def _param_groups(spec: TransformerSpec, e: Execution) -> tuple[ParamGroup, ...]
     return rank_param_groups(spec, e, max(stage_layers(e, spec)))
 
 
-def _stage_params(spec: TransformerSpec, e: Execution) -> float:
-    """All parameters on the rank of the first stage (:func:`_param_groups`)."""
-    return sum(g.params for g in _param_groups(spec, e))
+_GROUP_MEMO: dict[tuple[object, ...], tuple[Cluster, float]] = {}
+""":func:`_group_collective_s`' answers, keyed by the cluster's identity (the cluster kept in the entry), the
+collective and its group: a search asks the same few groups and buffers for many executions."""
 
 
-def _tp_allreduce_s(cluster: Cluster, layout: ParallelDims, sequence_parallel: bool, nbytes: float) -> float:
+def _group_collective_s(cluster: Cluster, kind: str, nbytes: float, size: int, stride: int) -> float:
+    """:func:`collective_time` of ``kind`` on ``nbytes`` over the group of ``size`` ranks ``stride`` apart on
+    ``cluster`` (:meth:`Cluster.group_dims`), memoised per cluster."""
+    key = (id(cluster), kind, nbytes, size, stride)
+    got = _GROUP_MEMO.get(key)
+    if got is not None and got[0] is cluster:
+        return got[1]
+    return _remember(cluster, key, collective_time(kind, nbytes, cluster.group_dims(size, stride)))
+
+
+def _remember(cluster: Cluster, key: tuple[object, ...], seconds: float) -> float:
+    """Keep ``seconds`` in :data:`_GROUP_MEMO` under ``key`` (whose first item is ``id(cluster)``); returns it."""
+    if len(_GROUP_MEMO) > 16384:
+        _GROUP_MEMO.clear()
+    _GROUP_MEMO[key] = (cluster, seconds)
+    return seconds
+
+
+def _tp_allreduce_s(cluster: Cluster, tp: int, tp_stride: int, sequence_parallel: bool, nbytes: float) -> float:
     """One TP all-reduce (or its all-gather + reduce-scatter pair) of ``nbytes`` per rank."""
-    dims = cluster.group_dims(layout.tp, layout.stride("tp"))
     if sequence_parallel:
-        return collective_time("all-gather", nbytes, dims) + collective_time("reduce-scatter", nbytes, dims)
-    return collective_time("all-reduce", nbytes, dims)
+        return (_group_collective_s(cluster, "all-gather", nbytes, tp, tp_stride)
+                + _group_collective_s(cluster, "reduce-scatter", nbytes, tp, tp_stride))
+    return _group_collective_s(cluster, "all-reduce", nbytes, tp, tp_stride)
 
 
 def _dp_reduce_s(cluster: Cluster, groups: tuple[ParamGroup, ...], grad_bytes: float) -> float:
     """The gradient all-reduces of ZeRO 0-2 (ZeRO-1/2's reduce-scatter + all-gather: the same traffic), each
     parameter group over its replicas, one group after the other; ``grad_bytes`` per parameter."""
-    return sum(collective_time("all-reduce", grad_bytes * g.params, cluster.group_dims(g.size, g.stride))
-               for g in groups)
+    return sum(_group_collective_s(cluster, "all-reduce", grad_bytes * g.params, g.size, g.stride) for g in groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +352,7 @@ def zero3_traffic(spec: TransformerSpec, execution: Execution, element_bytes: in
 
 def _collectives_s(cluster: Cluster, collectives: tuple[ShardCollective, ...]) -> float:
     """The collectives one after the other on their groups' fabric dimensions."""
-    return sum(collective_time(c.kind, c.nbytes, cluster.group_dims(c.size, c.stride)) for c in collectives)
+    return sum(_group_collective_s(cluster, c.kind, c.nbytes, c.size, c.stride) for c in collectives)
 
 
 def _shard_groups(g: ParamGroup, e: Execution) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -353,6 +372,14 @@ def _sharded(groups: tuple[ParamGroup, ...], e: Execution, sharded: bool) -> flo
     """Parameters a rank keeps of ``groups`` when a state is sharded over each group's ZeRO shard group
     (:func:`_shard_groups`; else all)."""
     return sum(g.params / (_shard_groups(g, e)[0][0] if sharded else 1) for g in groups)
+
+
+@pure_cache(64)
+def _rank_params(spec: TransformerSpec, e: Execution) -> tuple[float, float]:
+    """The rank's parameters (:func:`_param_groups`) kept whole and sharded (:func:`_sharded`), indexed by
+    whether the state is sharded."""
+    groups = _param_groups(spec, e)
+    return _sharded(groups, e, False), _sharded(groups, e, True)
 
 
 @pure_cache(64)
@@ -415,12 +442,17 @@ def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, layers: i
     return max(compute, rs_end) - layers * compute_s
 
 
-def _p2p_s(cluster: Cluster, layout: ParallelDims, nbytes: float) -> float:
-    """One pipeline send between neighbouring stages: rank 0 of stage 0 to its peer ``stride("pp")`` ranks on,
-    across the dimension that separates them (:meth:`Cluster.dim_between`)."""
-    if layout.pp == 1:
+def _p2p_s(cluster: Cluster, pp: int, pp_stride: int, nbytes: float) -> float:
+    """One pipeline send between neighbouring stages: rank 0 of stage 0 to its peer ``pp_stride`` ranks on,
+    across the dimension that separates them (:meth:`Cluster.dim_between`), memoised per cluster as
+    :func:`_group_collective_s` is."""
+    if pp == 1:
         return 0.0
-    return p2p_time(nbytes, cluster.dim_between(0, layout.stride("pp")))
+    key = (id(cluster), "p2p", nbytes, 2, pp_stride)
+    got = _GROUP_MEMO.get(key)
+    if got is not None and got[0] is cluster:
+        return got[1]
+    return _remember(cluster, key, p2p_time(nbytes, cluster.dim_between(0, pp_stride)))
 
 
 def _offload_bytes_per_s(cluster: Cluster) -> float:
@@ -533,19 +565,39 @@ class StageCosts:
         return self.stage_parts(self.layers_per_stage, micro_batches, virtual_stages, last=True)
 
 
-def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
-                precision: str = DEFAULT_PRECISION) -> StageCosts:
-    """The per-layer and per-stage costs of one rank (module docstring, NOTE [time model]); checks the
-    execution against the model and the cluster (:func:`cluster_rejection`)."""
-    check_execution(execution, spec)
-    e, dev = execution, cluster.device
-    why = cluster_rejection(e, cluster)
-    if why is not None:
-        raise ConfigError(why)
-    layout = ParallelDims.of(e)
-    offload_bytes_per_s = _offload_bytes_per_s(cluster)
-    prec = cluster_precision(cluster, precision)
-    spec = _at_precision(spec, prec)
+class _LayerCompute(NamedTuple):
+    """One layer's compute on one rank per micro-batch (seconds), and the rates the rest of :func:`stage_costs`
+    prices with: the parts that depend on the layer's shape on the rank, not on the pipeline, the data-parallel
+    layout, ZeRO or offload."""
+
+    gemm_s: float  # the linear layers' GEMMs, forward
+    attention_s: float  # the attention core's FLOPs, forward
+    core_fwd_s: float  # the attention kernel's memory traffic (and exponentials), forward
+    fwd_s: float  # the layer's forward
+    bwd_s: float  # its backward
+    op_recompute_s: float  # what ``selective-op`` recomputes in its backward (0 under any other recompute)
+    logits_s: float  # the vocabulary projection, forward (on the last stage)
+    loss_s: float  # the loss, forward
+    hbm_per_s: float  # the HBM bandwidth the memory-bound kernels get
+    gemm_bwd_ratio: float  # the GEMMs' backward over forward
+
+
+_LAYER_MEMO: dict[tuple[object, ...], tuple[Cluster, _LayerCompute]] = {}
+""":func:`_layer_compute`'s answers, keyed by the cluster's identity (the cluster kept in the entry) and the
+figures they depend on: a search's executions that differ in pipeline, data parallelism, ZeRO or offload share
+them."""
+
+
+def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: Precision) -> _LayerCompute:
+    """:class:`_LayerCompute` of ``spec`` at ``prec`` under ``e``'s micro-batch, TP, CP, EP, capacity factor,
+    attention kernel, kernel fusion and fp8 scaling on ``cluster``'s GPU (NOTE [time model])."""
+    op = e.recompute == OP_RECOMPUTE
+    key = (id(cluster), spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
+           e.capacity_factor, type(e.capacity_factor), e.ep, e.fp8_scaling, op)
+    got = _LAYER_MEMO.get(key)
+    if got is not None and got[0] is cluster:
+        return got[1]
+    dev = cluster.device
     b, split = e.micro_batch, e.tp * e.cp
     hbm_per_s = dev.hbm_bytes_per_s * dev.memory_efficiency
     curve = cluster.gemm_efficiency
@@ -556,7 +608,6 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     expert_rate = gemm_peak * curve.at(spec.hidden / e.tp, tokens=tokens_per_local_expert(spec, e))
     other_rate = dev.flops_per_s(prec.other_peak) * efficiency
     gemm_bwd_ratio = curve.backward_ratio
-
     flops = layer_fwd_flops(spec, b, attention=e.attention)
     ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, attention=e.attention,
                                      fused=e.fused_kernels)
@@ -583,19 +634,68 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd + permute_f
     layer_bwd = (gemm_bwd_ratio * gemm_f + 2 * block_f + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd
                  + cast_bwd + permute_f)
+    op_recompute = (op_recomputed_gemm_flops(spec, b) / split / gemm_rate + block_f - ew["last_add"] / hbm_per_s
+                    if op else 0.0)
+    logits = logits_fwd_flops(spec, b) / split / other_rate
+    loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
+    result = _LayerCompute(gemm_s=gemm_f, attention_s=attn_f, core_fwd_s=core_fwd, fwd_s=layer_fwd, bwd_s=layer_bwd,
+                           op_recompute_s=op_recompute, logits_s=logits, loss_s=loss, hbm_per_s=hbm_per_s,
+                           gemm_bwd_ratio=gemm_bwd_ratio)
+    if len(_LAYER_MEMO) > 4096:
+        _LAYER_MEMO.clear()
+    _LAYER_MEMO[key] = (cluster, result)
+    return result
+
+
+_COSTS_MEMO: dict[tuple[object, ...], tuple[Cluster, StageCosts]] = {}
+""":func:`stage_costs`' last answers, keyed by the cluster's identity (the cluster kept in the entry), the model,
+the execution and the precision: an execution evaluated again (both modes, a validation's repeats) is priced once."""
+
+
+def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
+                precision: str = DEFAULT_PRECISION) -> StageCosts:
+    """The per-layer and per-stage costs of one rank (module docstring, NOTE [time model]); checks the
+    execution against the model and the cluster (:func:`cluster_rejection`). Memoised per cluster
+    (:data:`_COSTS_MEMO`); a rejected execution raises again on every call."""
+    key = (id(cluster), spec, execution, precision, type(precision))
+    got = _COSTS_MEMO.get(key)
+    if got is not None and got[0] is cluster:
+        return got[1]
+    costs = _stage_costs(spec, execution, cluster, precision)
+    if len(_COSTS_MEMO) >= 64:
+        del _COSTS_MEMO[next(iter(_COSTS_MEMO))]  # the oldest
+    _COSTS_MEMO[key] = (cluster, costs)
+    return costs
+
+
+def _stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, precision: str) -> StageCosts:
+    """:func:`stage_costs` computed."""
+    check_execution(execution, spec)
+    e = execution
+    why = cluster_rejection(e, cluster)
+    if why is not None:
+        raise ConfigError(why)
+    tp_stride, pp_stride, _cp_stride, _ep_stride = _strides(e.tp, e.cp, e.dp, e.pp, e.ep)
+    offload_bytes_per_s = _offload_bytes_per_s(cluster)
+    prec = cluster_precision(cluster, precision)
+    spec = _at_precision(spec, prec)
+    b = e.micro_batch
+    lc = _layer_compute(spec, e, cluster, prec)
+    gemm_f, attn_f, core_fwd, layer_fwd, layer_bwd = lc.gemm_s, lc.attention_s, lc.core_fwd_s, lc.fwd_s, lc.bwd_s
+    hbm_per_s, gemm_bwd_ratio = lc.hbm_per_s, lc.gemm_bwd_ratio
     shares = layer_shares(e, spec)
     full = shares.recomputed  # the mean layer of a chunk under partial recompute (NOTE [partial recompute and offload])
     if e.recompute == "full":
         layer_recompute = full * layer_fwd
     elif e.recompute == OP_RECOMPUTE:  # NOTE [op-level selective recompute]: checkpoint stops before the last add
-        layer_recompute = op_recomputed_gemm_flops(spec, b) / split / gemm_rate + block_f - ew["last_add"] / hbm_per_s
+        layer_recompute = lc.op_recompute_s
     else:
         layer_recompute = attn_f + core_fwd if e.recompute == "selective" else 0.0
     cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)
     ep_fwd, ep_bwd = ep_all_to_all_s(spec, e, cluster)
 
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
-    tp_one = _tp_allreduce_s(cluster, layout, e.sequence_parallel, act_bytes)
+    tp_one = _tp_allreduce_s(cluster, e.tp, tp_stride, e.sequence_parallel, act_bytes)
     tp_fwd, tp_bwd_plain, tp_bwd_full = 2 * tp_one, 2 * tp_one, 4 * tp_one
     hide_fwd = hide_bwd = 0.0
     if e.tp_comm_overlap:
@@ -608,10 +708,9 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
 
     split_layers = stage_layers(e, spec)
     n_layers = max(split_layers)
-    logits = logits_fwd_flops(spec, b) / split / other_rate
-    loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
+    logits, loss = lc.logits_s, lc.loss_s
     p2p_bytes = act_bytes / e.tp
-    p2p = _p2p_s(cluster, layout, p2p_bytes)
+    p2p = _p2p_s(cluster, e.pp, pp_stride, p2p_bytes)
     p2p_hidden = 0.0
     if e.pp_comm_overlap:  # each send runs while the next chunk computes: exposed past the smallest chunk's forward
         p2p_hidden = min(p2p, min(n for row in chunk_layers(e, spec) for n in row) * layer_fwd)
@@ -650,7 +749,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
                      + (p2p if e.pp > 1 else 0.0)
                      + (gemm_bwd_ratio * logits + 2 * loss if e.pp == 1 and e.virtual_stages == 1 else 0.0))
 
-    opt_params = _sharded(groups, e, e.zero >= 1)
+    opt_params = _rank_params(spec, e)[e.zero >= 1]
     offload_step = 0.0
     optimizer = opt_params * _ADAM_TRAFFIC_BYTES / hbm_per_s
     if e.cpu_optimizer:
@@ -740,13 +839,16 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
         raise ConfigError(f"llm_step: got {', '.join(sorted(ranks_options))} with mode=fast; "
                           "per-rank options need mode=ranks")
     c = stage_costs(spec, execution, cluster, precision=precision)
-    if len(set(c.stage_layers)) > 1 or len({n for row in c.chunk_layers for n in row}) > 1:
+    e = execution
+    # chunks of one stage differ only when the embedding or the loss counts as a layer (chunk_layers)
+    if len(set(c.stage_layers)) > 1 or ((e.account_for_embedding_in_pipeline_split
+                                         or e.account_for_loss_in_pipeline_split)
+                                        and len({n for row in c.chunk_layers for n in row}) > 1):
         # An uneven split: the slowest stage sets the pace, but how long the others fill, drain and hold it
         # up depends on where it sits, so the schedule itself is the closed form (O(dp p m v) ops).
         from mcdla.sim.llm_ranks import ranks_step
 
         return ranks_step(spec, execution, cluster, precision=precision)
-    e = execution
     stage_mid = c.middle_stage_s(e.virtual_stages)
     # no shared link priced as idle (NOTE [link floor] in sim/llm_floor.py): the stretches are exposed offload
     zero3 = zero3_traffic(spec, e, precision_of(precision).element_bytes) if e.zero >= 3 else None
@@ -768,10 +870,10 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     parts = c.iteration_parts(m, e.virtual_stages)
     dp_shared = 0.0 if floors.stage_s else dp_stretch  # without offload: the shared links slow the reduction
     parts["offload_s"] += m * stretch + dp_stretch - dp_shared
-    step = step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble, **parts)
     contention = m * stretch + dp_stretch  # what rounds away against the iteration is no contention
-    return dataclasses.replace(step, dp_comm_s=step.dp_comm_s + dp_shared,
-                               contention_s=contention if contention > 1e-12 * iteration else 0.0)
+    return step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble,
+                       dp_shared_s=dp_shared, contention_s=contention if contention > 1e-12 * iteration else 0.0,
+                       **parts)
 
 
 def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, float]]:
@@ -786,18 +888,18 @@ def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, floa
 def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageCosts, *, precision: str,
                 iteration: float, bubble: float, compute_s: float, recompute_s: float, tp_comm_s: float,
                 pp_comm_s: float, offload_s: float, fsdp_comm_s: float = 0.0, cp_comm_s: float = 0.0,
-                ep_comm_s: float = 0.0) -> LlmStep:
+                ep_comm_s: float = 0.0, dp_shared_s: float | None = None, contention_s: float = 0.0) -> LlmStep:
     """The :class:`LlmStep` of a predicted iteration: FLOPs, MFU and one rank's memory (both modes, so the
-    per-rank schedule of :mod:`mcdla.sim.llm_ranks` reports the same record)."""
+    per-rank schedule of :mod:`mcdla.sim.llm_ranks` reports the same record). ``dp_shared_s``: what the shared
+    links add to the exposed reduction (the closed form's link floor), ``contention_s`` the record's field."""
     dev = cluster.device
     prec = precision_of(precision)
     spec = _at_precision(spec, prec)
     flops_per_s = dev.flops_per_s(prec.gemm_peak)
     m = e.micro_batches
     n_layers = c.layers_per_stage
-    groups = _param_groups(spec, e)
     act_stage = n_layers * _activation_bytes(spec, e, prec)
-    offloaded_share = layer_shares(e, spec).offloaded
+    shares = layer_shares(e, spec)
     dp_exposed, optimizer = c.dp_exposed_s, c.optimizer_s
     model_flops = model_flops_per_iteration(spec, e.global_batch)
 
@@ -809,22 +911,24 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
                                       for s, n in enumerate(c.stage_layers))
     group_bytes = _recompute_group_bytes(spec, e, prec)
     weight_bytes = prec.element_bytes + prec.fp8_weight_bytes  # with Transformer Engine's fp8 copy
-    weights = weight_bytes * _sharded(groups, e, e.zero >= 3)
-    grads = prec.element_bytes * _sharded(groups, e, e.zero >= 2)
+    params = _rank_params(spec, e)
+    weights = weight_bytes * params[e.zero >= 3]
+    grads = prec.element_bytes * params[e.zero >= 2]
     if e.zero >= 3:  # the layer computing and the ones prefetched, whole, with their gradients
         gathered = min(e.fsdp_prefetch + 1, n_layers) * sum(g.params for g in _layer_groups(spec, e))
         weights += weight_bytes * gathered
         grads += prec.element_bytes * gathered
-    opt = prec.optimizer_bytes * _sharded(groups, e, e.zero >= 1)
+    opt = prec.optimizer_bytes * params[e.zero >= 1]
     # offloaded weights: the stored copy (the shard); the gathered layers are in HBM while they compute
-    offloaded_weights = weight_bytes * _offloaded_weight_params(spec, e, groups, n_layers)
-    on_tier = (offloaded_weights if e.offload_weights else 0.0) + (opt if e.offload_optimizer else 0.0)
-    offloaded_activations = offloaded_share * activations if e.offload_activations else 0.0
+    offloaded_weights = (weight_bytes * _offloaded_weight_params(spec, e, _param_groups(spec, e), n_layers)
+                         if e.offload_weights else 0.0)
+    on_tier = offloaded_weights + (opt if e.offload_optimizer else 0.0)
+    offloaded_activations = shares.offloaded * activations if e.offload_activations else 0.0
     offloaded = offloaded_activations + on_tier
     device_bytes = activations + group_bytes + weights + grads + opt - offloaded
     pool_bytes = 0.0 if cluster.offload is None else cluster.offload.pool_bytes
     in_pool = offloaded - (on_tier if e.offload_tier == "nvme" else 0.0)
-    nvme = cluster.nvme
+    nvme = cluster.nvme if e.offload_tier == "nvme" else None
     nvme_fits = e.offload_tier != "nvme" or (nvme is not None
                                             and on_tier <= nvme.capacity_bytes / cluster.gpus_per_node)
     return LlmStep(
@@ -834,13 +938,13 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         tp_comm_s=tp_comm_s,
         pp_comm_s=pp_comm_s,
         bubble_s=bubble,
-        dp_comm_s=dp_exposed,
+        dp_comm_s=dp_exposed if dp_shared_s is None else dp_exposed + dp_shared_s,
         fsdp_comm_s=fsdp_comm_s,
         optimizer_s=optimizer,
         offload_s=offload_s,
         model_flops=model_flops,
         hardware_flops=hardware_flops_per_iteration(spec, e.global_batch, e.recompute, attention=e.attention,
-                                                    recompute_share=layer_shares(e, spec).recomputed),
+                                                    recompute_share=shares.recomputed),
         mfu=model_flops / (e.gpus * flops_per_s * iteration),
         device_bytes=device_bytes,
         offloaded_bytes=offloaded,
@@ -852,7 +956,8 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         cp_comm_s=cp_comm_s,
         ep_comm_s=ep_comm_s,
         offloaded_activation_bytes=offloaded_activations,
-        offloaded_weight_bytes=offloaded_weights if e.offload_weights else 0.0,
+        offloaded_weight_bytes=offloaded_weights,
+        contention_s=contention_s,
     )
 
 
@@ -891,22 +996,24 @@ class RankTraffic:
     moe_layer_share: float = 0.0
 
 
+@pure_cache(64)
 def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = DEFAULT_PRECISION) -> RankTraffic:
     """The bytes of :class:`RankTraffic` for ``execution`` at ``precision`` (the figures :func:`stage_costs`
-    divides by bandwidths)."""
+    divides by bandwidths; a pure function of its arguments, memoised)."""
     e = execution
     prec = precision_of(precision)
     spec = _at_precision(spec, prec)
     act = spec.bytes_per_element * e.micro_batch * spec.seq_len / e.cp * spec.hidden
     groups = _param_groups(spec, e)
-    params_rank = _stage_params(spec, e)
+    params_rank = sum(g.params for g in groups)  # all parameters on the rank of the first stage
     n_layers = max(stage_layers(e, spec))
     stage_act = n_layers * _activation_bytes(spec, e, prec)
+    params = _rank_params(spec, e)
     return RankTraffic(
         activation_bytes=act, p2p_bytes=act / e.tp,
         stage_activation_bytes=stage_act,
-        weight_bytes=prec.element_bytes * _sharded(groups, e, e.zero >= 3),
-        optimizer_bytes=prec.optimizer_bytes * _sharded(groups, e, e.zero >= 1),
+        weight_bytes=prec.element_bytes * params[e.zero >= 3],
+        optimizer_bytes=prec.optimizer_bytes * params[e.zero >= 1],
         gradient_bytes=prec.element_bytes * params_rank,
         offload_activation_bytes=layer_shares(e, spec).offloaded * stage_act if e.offload_activations else 0.0,
         offload_weight_bytes=(prec.element_bytes * _offloaded_weight_params(spec, e, groups, n_layers)

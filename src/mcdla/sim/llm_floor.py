@@ -184,7 +184,7 @@ class _PathTable:
     seconds per byte), each slot's duplex flag, how many engine flows a copy is, and the drains already set up
     (:class:`_Drain`, per ordered tuple of flow keys)."""
 
-    __slots__ = ("paths", "rows", "duplex", "copies", "drains")
+    __slots__ = ("paths", "rows", "duplex", "copies", "drains", "ends")
 
     def __init__(self, paths: tuple[TrafficPath, ...]) -> None:
         loads: dict[tuple[str, ...], list[tuple[str, float]]] = {}
@@ -202,6 +202,9 @@ class _PathTable:
         self.duplex = tuple(d for d, _load in kinds)
         self.copies = _pool_memories(paths)
         self.drains: dict[tuple[tuple[str, str, int], ...], _Drain] = {}
+        # the last few drains' answers by (flow keys, bytes): an evaluation drains a few sets of flows, some twice
+        # (a stage's backward alone, then beside the reduction), and an execution evaluated again drains them again
+        self.ends: dict[tuple[tuple[tuple[str, str, int], ...], tuple[float, ...]], dict[tuple[str, str, int], float]] = {}
 
     def flow_load(self, cls: str, way: int) -> dict[tuple[int, int], float]:
         """A flow of class ``cls`` and way ``way``: its seconds per byte on each resource slot (a link's
@@ -277,13 +280,14 @@ def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> di
     """When each of ``flows``, all started at once on one GPU's paths (every GPU of the node alike), is through
     under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once. Each step
     runs every flow in flight at its fair rate until the first is through (the rates of each set in flight
-    memoised by :class:`_Drain`)."""
+    memoised by :class:`_Drain`, the last few drains' answers by their flows and bytes in the path table)."""
     keys = tuple(flows)
     nbytes = [flow[2] for flow in flows.values()]
     table = _table(cluster)
-    last_table, last_keys, last_bytes, last_ends = _LAST
-    if last_table is table and last_keys == keys and last_bytes == nbytes:
-        return dict(last_ends)
+    memo_key = (keys, tuple(nbytes))
+    known = table.ends.get(memo_key)
+    if known is not None:
+        return dict(known)
     drain = table.drain(keys)
     loaded = drain.loaded
     ends = {key: 0.0 for i, key in enumerate(keys) if i not in loaded} if len(loaded) < len(keys) else {}
@@ -299,13 +303,15 @@ def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> di
             if rest <= _DRAINED * nbytes[i]:
                 ends[keys[i]] = now
                 live ^= 1 << i
-    _LAST[:] = table, keys, nbytes, dict(ends)
+    if len(table.ends) >= _RECENT_DRAINS:
+        del table.ends[next(iter(table.ends))]  # the oldest
+    table.ends[memo_key] = dict(ends)
     return ends
 
 
-_LAST: list = [None, (), [], {}]
-"""The last drain asked (path table, flow keys, bytes, ends): :func:`link_floors` asks a stage's backward pass
-again beside the reduction right after its phase floor."""
+_RECENT_DRAINS = 8
+"""Drains a path table remembers (:func:`_drain_ends`): the handful one evaluation asks, so that many fewer
+retained answers than a search's evaluations cost nothing to keep."""
 
 
 _DRAINED = 1e-9

@@ -30,7 +30,7 @@ from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, validation_line
 from mcdla.workload.op_recompute import OP_RECOMPUTE, check_op_recompute
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
-from mcdla.workload.memo import pure_cache
+from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 
 __all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "RECOMPUTE_METHODS", "Execution", "check_execution", "chunk_layers",
            "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
@@ -49,7 +49,7 @@ point-to-point sends overlapped with the attention of the block before, or one a
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Execution:
+class Execution(HashOnce):
     """How one training iteration runs on ``gpus`` devices.
 
     Attributes:
@@ -136,6 +136,8 @@ class Execution:
     recompute_num_layers: int | None = None
     offload_num_layers: int | None = None
     fused_kernels: bool = True
+
+    __hash__ = hash_once  # a key of the model's memoised figures, hashed once (mcdla.workload.memo)
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:

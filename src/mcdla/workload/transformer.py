@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from mcdla.errors import WorkloadError, brief
-from mcdla.workload.memo import pure_cache
+from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 
 __all__ = [
     "MlaAttention",
@@ -129,7 +129,7 @@ class MlaAttention:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TransformerSpec:
+class TransformerSpec(HashOnce):
     """A decoder-only transformer.
 
     Attributes:
@@ -182,6 +182,8 @@ class TransformerSpec:
     dense_layers: int = 0
     dense_ffn_hidden: int | None = None
     mla: MlaAttention | None = None
+
+    __hash__ = hash_once  # a key of the model's memoised figures, hashed once (mcdla.workload.memo)
 
     def __post_init__(self) -> None:
         owner = f"transformer {self.name!r}"
