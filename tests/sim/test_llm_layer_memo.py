@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from mcdla.errors import ConfigError
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim import llm as llm_mod
 from mcdla.sim.llm import llm_step, stage_costs
@@ -19,15 +18,8 @@ BASE = Execution(gpus=512, tp=8, pp=8, dp=8, sequence_parallel=True, micro_batch
 
 
 def _fresh(fn, *args, **kwargs):
-    """``fn`` on emptied memos: the figures computed from scratch."""
+    """``fn`` on an emptied memo: the figures computed from scratch."""
     llm_mod._LAYER_MEMO.clear()
-    llm_mod._COSTS_MEMO.clear()
-    return fn(*args, **kwargs)
-
-
-def _layer_memo_only(fn, *args, **kwargs):
-    """``fn`` with the layer memo as earlier calls left it and no whole-execution answers kept."""
-    llm_mod._COSTS_MEMO.clear()
     return fn(*args, **kwargs)
 
 
@@ -40,9 +32,10 @@ def test_shared_layer_shape_gives_fresh_answer(other):
     cluster = load_cluster("dgx-h100").for_gpus(512)
     e = dataclasses.replace(BASE, **other)
     expected_costs, expected_step = _fresh(stage_costs, SPEC, e, cluster), _fresh(llm_step, SPEC, e, cluster)
-    _fresh(llm_step, SPEC, BASE, cluster)
-    assert _layer_memo_only(stage_costs, SPEC, e, cluster) == expected_costs
-    assert _layer_memo_only(llm_step, SPEC, e, cluster) == expected_step
+    llm_mod._LAYER_MEMO.clear()
+    llm_step(SPEC, BASE, cluster)
+    assert stage_costs(SPEC, e, cluster) == expected_costs
+    assert llm_step(SPEC, e, cluster) == expected_step
 
 
 @pytest.mark.parametrize("other", [
@@ -53,8 +46,9 @@ def test_each_layer_field_keys_the_memo(other):
     cluster = load_cluster("dgx-h100").for_gpus(512)
     e = dataclasses.replace(BASE, **other)
     expected = _fresh(stage_costs, SPEC, e, cluster)
-    base = _fresh(stage_costs, SPEC, BASE, cluster)
-    got = _layer_memo_only(stage_costs, SPEC, e, cluster)
+    llm_mod._LAYER_MEMO.clear()
+    base = stage_costs(SPEC, BASE, cluster)
+    got = stage_costs(SPEC, e, cluster)
     assert got == expected
     assert got.layer_fwd_s != base.layer_fwd_s
 
@@ -64,21 +58,7 @@ def test_precision_and_cluster_key_the_memo():
     h100, a100 = load_cluster("dgx-h100").for_gpus(512), load_cluster("dgx-a100").for_gpus(512)
     expected_fp8 = _fresh(stage_costs, SPEC, BASE, h100, precision="fp8")
     expected_a100 = _fresh(stage_costs, SPEC, BASE, a100)
-    _fresh(stage_costs, SPEC, BASE, h100)
-    assert _layer_memo_only(stage_costs, SPEC, BASE, h100, precision="fp8") == expected_fp8
-    assert _layer_memo_only(stage_costs, SPEC, BASE, a100) == expected_a100
-
-
-def test_costs_memo_answers_as_fresh_and_rejections_raise_again():
-    """stage_costs asked again returns what a fresh computation gives (another cluster object its own), and an
-    execution the model rejects raises on every call."""
-    h100 = load_cluster("dgx-h100").for_gpus(512)
-    expected = _fresh(stage_costs, SPEC, BASE, h100)
-    assert stage_costs(SPEC, BASE, h100) == expected
-    a100 = load_cluster("dgx-a100").for_gpus(512)
-    assert stage_costs(SPEC, BASE, a100) == _fresh(stage_costs, SPEC, BASE, a100) != expected
-    bad = Execution(gpus=56, tp=8, pp=7, dp=1, micro_batch=1, global_batch=8)
-    seven_nodes = load_cluster("dgx-h100").for_gpus(56)
-    for _ in range(2):
-        with pytest.raises(ConfigError, match="must divide the 96 layers"):
-            stage_costs(SPEC, bad, seven_nodes)
+    llm_mod._LAYER_MEMO.clear()
+    stage_costs(SPEC, BASE, h100)
+    assert stage_costs(SPEC, BASE, h100, precision="fp8") == expected_fp8
+    assert stage_costs(SPEC, BASE, a100) == expected_a100

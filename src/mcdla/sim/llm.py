@@ -647,29 +647,10 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     return result
 
 
-_COSTS_MEMO: dict[tuple[object, ...], tuple[Cluster, StageCosts]] = {}
-""":func:`stage_costs`' last answers, keyed by the cluster's identity (the cluster kept in the entry), the model,
-the execution and the precision: an execution evaluated again (both modes, a validation's repeats) is priced once."""
-
-
 def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
                 precision: str = DEFAULT_PRECISION) -> StageCosts:
     """The per-layer and per-stage costs of one rank (module docstring, NOTE [time model]); checks the
-    execution against the model and the cluster (:func:`cluster_rejection`). Memoised per cluster
-    (:data:`_COSTS_MEMO`); a rejected execution raises again on every call."""
-    key = (id(cluster), spec, execution, precision, type(precision))
-    got = _COSTS_MEMO.get(key)
-    if got is not None and got[0] is cluster:
-        return got[1]
-    costs = _stage_costs(spec, execution, cluster, precision)
-    if len(_COSTS_MEMO) >= 64:
-        del _COSTS_MEMO[next(iter(_COSTS_MEMO))]  # the oldest
-    _COSTS_MEMO[key] = (cluster, costs)
-    return costs
-
-
-def _stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, precision: str) -> StageCosts:
-    """:func:`stage_costs` computed."""
+    execution against the model and the cluster (:func:`cluster_rejection`)."""
     check_execution(execution, spec)
     e = execution
     why = cluster_rejection(e, cluster)
