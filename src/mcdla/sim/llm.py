@@ -977,10 +977,9 @@ class RankTraffic:
     moe_layer_share: float = 0.0
 
 
-@pure_cache(64)
 def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = DEFAULT_PRECISION) -> RankTraffic:
     """The bytes of :class:`RankTraffic` for ``execution`` at ``precision`` (the figures :func:`stage_costs`
-    divides by bandwidths; a pure function of its arguments, memoised)."""
+    divides by bandwidths)."""
     e = execution
     prec = precision_of(precision)
     spec = _at_precision(spec, prec)
