@@ -109,11 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_record:
         record("llm-eval", "Analytical LLM evaluation per preset and a 90,000-configuration search (one core)",
                COMMAND, text + "\n\nCPU time of one process (`time.process_time`), median of 5 samples per "
-               "cell. Baseline (same run): the group -> fabric-dimension memo emptied before each call. For "
-               "reference, the same 18,317 configurations (every fifth of the search) took 37.6 us per "
-               "`llm_step` and 54.9 us per configuration through `evaluate_executions` on the code before the "
-               "hardware unification (the `GpuCluster` adapter, main at a26640a), against 30.0 and 47.5 us "
-               "here, measured back to back with `/tmp` scripts under the same load.")
+               "cell. Every call starts without the floor's memo of recent drains (a search never asks an "
+               "execution twice). Baseline (same run): also the group -> fabric-dimension memo and the time "
+               "model's per-cluster memos of collectives and layer compute emptied before each call.")
 
 
 if __name__ == "__main__":
