@@ -85,7 +85,7 @@ from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
 from mcdla.sim.llm_eager import eager_block_bytes
-from mcdla.sim.llm_floor import _strides, link_floors
+from mcdla.sim.llm_floor import link_floors
 from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, permutation_bytes, rank_param_groups,
                                routed_expert_flops,
                                tokens_per_local_expert)
@@ -93,6 +93,7 @@ from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_b
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.op_recompute import OP_RECOMPUTE, op_recomputed_gemm_flops
+from mcdla.workload.parallel_dims import group_strides
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
                                         attention_bwd_flops_ratio, flash_attention_bytes,
                                         flash_attention_exponentials, fp8_cast_bytes_per_layer,
@@ -278,10 +279,16 @@ def _group_collective_s(cluster: Cluster, kind: str, nbytes: float, size: int, s
     """:func:`collective_time` of ``kind`` on ``nbytes`` over the group of ``size`` ranks ``stride`` apart on
     ``cluster`` (:meth:`Cluster.group_dims`), memoised per cluster."""
     key = (id(cluster), kind, nbytes, size, stride)
-    got = _GROUP_MEMO.get(key)
-    if got is not None and got[0] is cluster:
-        return got[1]
+    got = _recall(cluster, key)
+    if got is not None:
+        return got
     return _remember(cluster, key, collective_time(kind, nbytes, cluster.group_dims(size, stride)))
+
+
+def _recall(cluster: Cluster, key: tuple[object, ...]) -> float | None:
+    """What :data:`_GROUP_MEMO` keeps under ``key`` for this very cluster (``None`` when nothing)."""
+    got = _GROUP_MEMO.get(key)
+    return got[1] if got is not None and got[0] is cluster else None
 
 
 def _remember(cluster: Cluster, key: tuple[object, ...], seconds: float) -> float:
@@ -449,9 +456,9 @@ def _p2p_s(cluster: Cluster, pp: int, pp_stride: int, nbytes: float) -> float:
     if pp == 1:
         return 0.0
     key = (id(cluster), "p2p", nbytes, 2, pp_stride)
-    got = _GROUP_MEMO.get(key)
-    if got is not None and got[0] is cluster:
-        return got[1]
+    got = _recall(cluster, key)
+    if got is not None:
+        return got
     return _remember(cluster, key, p2p_time(nbytes, cluster.dim_between(0, pp_stride)))
 
 
@@ -656,7 +663,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     why = cluster_rejection(e, cluster)
     if why is not None:
         raise ConfigError(why)
-    tp_stride, pp_stride, _cp_stride, _ep_stride = _strides(e.tp, e.cp, e.dp, e.pp, e.ep)
+    tp_stride, pp_stride, _cp_stride, _ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
     offload_bytes_per_s = _offload_bytes_per_s(cluster)
     prec = cluster_precision(cluster, precision)
     spec = _at_precision(spec, prec)

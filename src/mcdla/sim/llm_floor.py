@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from mcdla.hardware.cluster import FabricDim
 from mcdla.sim.collective_models import collective_time
-from mcdla.workload.parallel_dims import ParallelDims
+from mcdla.workload.parallel_dims import group_strides
 
 if TYPE_CHECKING:  # sim.llm calls this module; the types only
     from mcdla.hardware.cluster import Cluster
@@ -117,7 +117,7 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         act, weights = traffic.offload_activation_bytes, traffic.offload_weight_bytes
         add("forward", "offload", act, weights)
         add("backward", "offload", 0.0, act + weights)
-    tp_stride, pp_stride, cp_stride, ep_stride = _strides(e.tp, e.cp, e.dp, e.pp, e.ep)
+    tp_stride, pp_stride, cp_stride, ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
     dims = cluster.group_dims(e.tp, tp_stride)
     if dims and tp:
         kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
@@ -153,13 +153,6 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
             add(phase, cls, moved_bytes, moved_bytes)
     return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
 
-
-@lru_cache(maxsize=4096)
-def _strides(tp: int, cp: int, dp: int, pp: int, ep: int) -> tuple[int, int, int, int]:
-    """The rank strides of a layout's TP, PP, CP and EP groups (:class:`ParallelDims`, which checks the degrees).
-    Memoized: a search asks a few hundred layouts, each many times."""
-    layout = ParallelDims(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep)
-    return layout.stride("tp"), layout.stride("pp"), layout.stride("cp"), layout.stride("ep")
 
 
 def zero3_bytes_per_micro_batch(cluster: Cluster, costs: StageCosts, zero3: Zero3Traffic,

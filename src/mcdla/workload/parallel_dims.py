@@ -19,11 +19,12 @@ expert-data-parallel group that reduces the expert gradients, is ``cp dp / ep`` 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from mcdla.errors import ConfigError, brief
 
-__all__ = ["DIMENSIONS", "Dimension", "ParallelDims", "RankCoordinates"]
+__all__ = ["DIMENSIONS", "Dimension", "ParallelDims", "RankCoordinates", "group_strides"]
 
 Dimension = Literal["tp", "cp", "dp", "pp", "ep"]
 DIMENSIONS: tuple[Dimension, ...] = ("tp", "cp", "dp", "pp")
@@ -138,3 +139,11 @@ class ParallelDims:
     def _check_rank(self, rank: int) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
             raise ConfigError(f"parallel_dims.rank: got {brief(rank)}; must be an integer in 0..{self.world_size - 1}")
+
+
+@lru_cache(maxsize=4096)
+def group_strides(tp: int, cp: int, dp: int, pp: int, ep: int = 1) -> tuple[int, int, int, int]:
+    """The rank strides of a layout's TP, PP, CP and EP groups (:meth:`ParallelDims.stride`, which checks the
+    degrees), memoised: a configuration search prices a few hundred layouts, each many times."""
+    layout = ParallelDims(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep)
+    return layout.stride("tp"), layout.stride("pp"), layout.stride("cp"), layout.stride("ep")
