@@ -64,6 +64,25 @@ NOTE [hot path]
     that became final, waits for a window or a plan's budget, fetches, the prefetcher before any offload)
     runs only when its condition holds. What remains per tensor is measured in ``docs/runtime.md``.
 
+NOTE [kept fast path]
+    Under ``budget=`` (no plan), a step whose virtualizer's last finished step kept every storage under the
+    budget (nothing evicted, not aborted) saves the storages that fit as tuples ``(tensor, version, id,
+    layer)``: no record, no handle, no handle death. Such a storage never moves, so the tuple only has to
+    keep the bytes and the guarantees: the unpack checks the tensor's version counter (autograd does not
+    for hooks' tensors) and the step's abort, failure and owner process, and returns the tensor; a second
+    unpack (``retain_graph``, double backward) works the same. The tensor is the saved one itself when an
+    earlier op made it (no cycle through the saving node, as in ``_made_earlier``), else a ``detach`` (the
+    saving node's own output: holding it would tie the graph into a reference cycle). Each save keeps its
+    own tensor and version, so aliases with their own counters are checked each against its own. Bytes are
+    counted once per storage (``_kept_seen``: its id and a weak reference, so a freed and reused id never
+    matches) as resident and kept until the step finishes, including bytes autograd frees before then
+    (conservative: the kept bytes never exceed the budget). The timeline is sampled when the step leaves
+    the path and when it finishes, not at every save. A storage that does not fit ends the path for the
+    step: it and every later one get records, and eviction chooses among those (the tuples' storages cannot
+    leave), so in such a step the storages kept first stay and the later ones are offloaded; the next step
+    uses records throughout and the one after that may use the path again. A step with only tuples
+    finishes when its context exits, even if its graph is backpropagated later.
+
 NOTE [forked children]
     A step belongs to the process that entered it. A child made by ``os.fork`` during a step shares its
     records, blocks and handles but not its I/O threads: settling there waited forever for transfers no
