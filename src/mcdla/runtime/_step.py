@@ -64,6 +64,25 @@ NOTE [hot path]
     that became final, waits for a window or a plan's budget, fetches, the prefetcher before any offload)
     runs only when its condition holds. What remains per tensor is measured in ``docs/runtime.md``.
 
+NOTE [kept fast path]
+    Under ``budget=`` (no plan), a step whose virtualizer's last finished step kept every storage under the
+    budget (nothing evicted, not aborted) saves the storages that fit as tuples ``(tensor, version, id,
+    layer)``: no record, no handle, no handle death. Such a storage never moves, so the tuple only has to
+    keep the bytes and the guarantees: the unpack checks the tensor's version counter (autograd does not
+    for hooks' tensors) and the step's abort, failure and owner process, and returns the tensor; a second
+    unpack (``retain_graph``, double backward) works the same. The tensor is the saved one itself when an
+    earlier op made it (no cycle through the saving node, as in ``_made_earlier``), else a ``detach`` (the
+    saving node's own output: holding it would tie the graph into a reference cycle). Each save keeps its
+    own tensor and version, so aliases with their own counters are checked each against its own. Bytes are
+    counted once per storage (``_kept_seen``: its id and a weak reference, so a freed and reused id never
+    matches) as resident and kept until the step finishes, including bytes autograd frees before then
+    (conservative: the kept bytes never exceed the budget). The timeline is sampled when the step leaves
+    the path and when it finishes, not at every save. A storage that does not fit ends the path for the
+    step: it and every later one get records, and eviction chooses among those (the tuples' storages cannot
+    leave), so in such a step the storages kept first stay and the later ones are offloaded; the next step
+    uses records throughout and the one after that may use the path again. A step with only tuples
+    finishes when its context exits, even if its graph is backpropagated later.
+
 NOTE [forked children]
     A step belongs to the process that entered it. A child made by ``os.fork`` during a step shares its
     records, blocks and handles but not its I/O threads: settling there waited forever for transfers no
@@ -79,6 +98,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -100,6 +120,8 @@ from mcdla.runtime.report import StepReport, _ReportBuilder
 from mcdla.runtime.tiers_host import HostBufferPool
 
 __all__: list[str] = []
+
+_weakref = weakref.ref
 
 # NOTE [bytes final]: autograd's node counter (private, present in the pinned torch). Without it every
 # offload waits for the end of forward or the start of backward: still exact, with less memory freed early.
@@ -137,7 +159,7 @@ class _Step:
     """State and hooks of one step (NOTEs above and in ``_policy``, ``_prefetch``, ``_sync``)."""
 
     def __init__(self, *, index: int, pool: Pool, config: _Config, attribution: _Attribution,
-                 host_buffers: HostBufferPool, on_finish: Callable[[_Step], None]) -> None:
+                 host_buffers: HostBufferPool, on_finish: Callable[[_Step], None], kept_fast: bool = False) -> None:
         self.index = index
         self.pid = os.getpid()  # NOTE [forked children]
         self.foreign = False  # set in a forked child, by the virtualizer's fork hook (NOTE [forked children])
@@ -171,6 +193,11 @@ class _Step:
         self.lingering = _Lingering()  # NOTE [memory honesty] in ``_liveness``
         self._node_seq, self._node_count, self._node_bytes = -1, 0, 0  # the newest saving node's storages
         self._attributed = attribution.active
+        # NOTE [kept fast path]: kept storages as tuples, while the budget has room (the virtualizer decides)
+        self._kept_fast = kept_fast and config.budget_bytes is not None and not config.planned
+        self._kept_seen: dict[int, weakref.ref] = {}  # id(storage) -> the storage, of the tuples' storages
+        self._kept_bytes = 0  # their bytes: resident and kept until the step finishes
+        self.overflowed = False  # a storage did not fit under the budget (the next step keeps with records)
 
     # -- failures and accounting (under the lock) ------------------------------------------------------
     def _fail(self, exc: BaseException) -> None:
@@ -215,7 +242,7 @@ class _Step:
         """Entries in every per-record structure of this step (0 once it has finished cleanly)."""
         with self._lock:
             return (len(self._records) + len(self._by_storage) + len(self.policy) + len(self._offloading)
-                    + len(self._deferred)
+                    + len(self._deferred) + len(self._kept_seen)
                     + len(self._inflight) + self.prefetch.entries())
 
     # -- pack ------------------------------------------------------------------------------------------
@@ -243,6 +270,52 @@ class _Step:
                 self._start_offload(r)
             return t.detach()
         layer, decided = self.attr.current() if self._attributed else _NO_MODULE
+        if self._kept_fast:  # NOTE [kept fast path]: a tuple, no record, no handle
+            lock = self._lock
+            raw = lock.raw
+            raw.acquire()
+            try:
+                ref = self._kept_seen.get(id(storage))
+                if ref is not None and ref() is storage:
+                    report.saved_count += 1
+                    report.saved_bytes += t.nbytes
+                    rid = self._next_id
+                    self._next_id = rid + 1
+                    fn = t.grad_fn  # an earlier op's output is held as itself: no cycle (NOTE [kept fast path])
+                    return (t if fn is None or fn._sequence_nr() < seq - 1 else t.detach(), t._version, rid, layer)
+                policy = self.policy
+                nbytes = storage.nbytes()
+                if policy.kept_bytes + nbytes <= policy.budget and not self._deferred:
+                    report.saved_count += 1
+                    report.saved_bytes += t.nbytes
+                    rid = self._next_id
+                    self._next_id = rid + 1
+                    self._kept_seen[id(storage)] = _weakref(storage)
+                    policy.kept_bytes += nbytes
+                    self._kept_bytes += nbytes
+                    resident = self._resident = self._resident + nbytes
+                    report.managed_count += 1
+                    report.managed_bytes += nbytes
+                    if self._node_seq == seq:  # ``_count_node``, inline (NOTE [hot path])
+                        count = self._node_count = self._node_count + 1
+                        self._node_bytes += nbytes
+                        if count > report.node_saved_max_count:
+                            report.node_saved_max_count, report.node_saved_max_bytes = count, self._node_bytes
+                    else:
+                        self._node_seq, self._node_count, self._node_bytes = seq, 1, nbytes
+                        if report.node_saved_max_count == 0:
+                            report.node_saved_max_count, report.node_saved_max_bytes = 1, nbytes
+                    if nbytes >= _MIN_CHECKED_BYTES:
+                        report.untouched_bytes += untouched_bytes(storage)
+                    fn = t.grad_fn  # an earlier op's output is held as itself: no cycle (NOTE [kept fast path])
+                    return (t if fn is None or fn._sequence_nr() < seq - 1 else t.detach(), t._version, rid, layer)
+                self._kept_fast = False  # the budget is full: records from here on (NOTE [kept fast path])
+                self.overflowed = True
+                self._sample()  # the kept bytes so far, not sampled at each save
+            finally:
+                raw.release()
+                if lock.inbox:
+                    lock.run_posted()
         if root is None:
             root = t
         key = id(root)  # NOTE [one version counter] in ``_records``: a record belongs to one view root
@@ -305,16 +378,7 @@ class _Step:
         report = self.report
         report.managed_count += 1
         report.managed_bytes += nbytes
-        # for ``StepReport.not_freed``: the storages of the newest saving node
-        if self._node_seq == seq:
-            count = self._node_count = self._node_count + 1
-            self._node_bytes += nbytes
-            if count > report.node_saved_max_count:
-                report.node_saved_max_count, report.node_saved_max_bytes = count, self._node_bytes
-        else:
-            self._node_seq, self._node_count, self._node_bytes = seq, 1, nbytes
-            if report.node_saved_max_count == 0:
-                report.node_saved_max_count, report.node_saved_max_bytes = 1, nbytes
+        self._count_node(seq, nbytes)
         if nbytes >= _MIN_CHECKED_BYTES:  # smaller ones are not checked (``untouched_bytes``)
             report.untouched_bytes += untouched_bytes(storage)
         # ``policy.admit``, inline for a budget the kept bytes still fit in (NOTE [hot path])
@@ -328,11 +392,26 @@ class _Step:
         lingering = self.lingering
         report.sample(resident, resident + lingering.bytes + lingering.held)  # ``_sample``, inline (NOTE [hot path])
         if evict:
+            self.overflowed = True
             if rec in evict and _made_earlier(t, seq):  # NOTE [bytes final]: asked only of a storage leaving now
                 rec.saved_seq = -1
             self._deferred.extend(r for r in evict if r.saved_seq >= seq)
             evict = [r for r in evict if r.saved_seq < seq]
         return handle, evict
+
+    def _count_node(self, seq: int, nbytes: int) -> None:
+        """Count a new managed storage saved by autograd's node ``seq - 1``, for ``StepReport.not_freed``: the
+        most storages (and their bytes) the newest saving node holds (under the lock)."""
+        report = self.report
+        if self._node_seq == seq:
+            count = self._node_count = self._node_count + 1
+            self._node_bytes += nbytes
+            if count > report.node_saved_max_count:
+                report.node_saved_max_count, report.node_saved_max_bytes = count, self._node_bytes
+        else:
+            self._node_seq, self._node_count, self._node_bytes = seq, 1, nbytes
+            if report.node_saved_max_count == 0:
+                report.node_saved_max_count, report.node_saved_max_bytes = 1, nbytes
 
     def _take_final(self, seq: int | None, *, returned: bool = False) -> list[_Record]:
         """Deferred offloads whose bytes are final by autograd's counter ``seq`` (None: all of them);
@@ -460,6 +539,13 @@ class _Step:
     def unpack(self, h: Any) -> torch.Tensor:
         """The unpack hook: the saved tensor back on its device, bit for bit (a tensor pack left alone: itself)."""
         if type(h) is not _Handle:
+            if type(h) is tuple:  # NOTE [kept fast path]
+                alias = h[0]
+                if alias._version != h[1] or self._aborted or self._failure is not None or self.foreign:
+                    self._check_kept(h)
+                if self._deferred:  # backward began inside the context: forward's last saves are final
+                    self._start_deferred()
+                return alias
             return h
         rec = h.record
         if self.foreign:
@@ -542,6 +628,23 @@ class _Step:
                 f"{rec.label}: modified in place after it was saved (version {rec.version} -> {version}); "
                 "the gradient would be wrong"
             )
+
+    def _check_kept(self, h: tuple[torch.Tensor, int, int, str]) -> None:
+        """``_check_unpack`` for a kept tensor's tuple (NOTE [kept fast path]): raises, naming the tensor."""
+        alias, version, rid, layer = h
+        where = f"module {layer!r}" if layer else "no module"
+        label = (f"saved tensor #{rid} ({where}, {str(alias.dtype).removeprefix('torch.')}"
+                 f"[{'x'.join(str(s) for s in alias.shape)}])")
+        if self.foreign:
+            raise OffloadError(f"{label}: saved by process {self.pid}; a forked child cannot use the parent's "
+                               "saved tensors (run backward in the parent)")
+        if self._aborted:
+            raise OffloadError(f"{label}: its step was aborted ({self.report.error}); the graph cannot be used")
+        if self._failure is not None:
+            self._raise_failure()
+        if alias._version != version:
+            raise OffloadError(f"{label}: modified in place after it was saved (version {version} -> "
+                               f"{alias._version}); the gradient would be wrong")
 
     def _view(self, h: _Handle, storage: Any) -> torch.Tensor:
         """``h``'s tensor as a view of ``storage`` (``rec.bytes_now()``: the source, else the restored bytes)."""
@@ -699,6 +802,12 @@ class _Step:
 
     def _finish(self) -> None:
         self._finished = True
+        if self._kept_bytes:  # NOTE [kept fast path]: counted until now
+            self._sample()  # their peak: sampled here, not at each save
+            self._resident -= self._kept_bytes
+            self._kept_bytes = 0
+            self._kept_seen.clear()
+            self._sample()
         if self._failure is not None and not self.report.aborted:
             # a transfer failed after backward used every tensor (a CUDA fetch tail, say): nothing is left
             # to free, but the step failed and its report says so (exit then raises the failure)

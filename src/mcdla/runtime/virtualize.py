@@ -119,6 +119,7 @@ class Virtualizer(saved_tensors_hooks):
         self._last: _Step | None = None
         self._live: set[_Step] = set()  # steps entered and not yet finished
         self._count = 0
+        self._kept_fast = False  # NOTE [kept fast path] in ``_step``: the last finished step fit under the budget
         self._closed = False
         self._trace_error: ConfigError | None = None  # NOTE [trace files]
         if hasattr(os, "register_at_fork"):
@@ -145,7 +146,7 @@ class Virtualizer(saved_tensors_hooks):
         self._drain()
         self._raise_trace_error()
         step = _Step(index=self._count, pool=self.pool, config=self._config, attribution=self._attr,
-                     host_buffers=self._host_buffers, on_finish=self._finished)
+                     host_buffers=self._host_buffers, on_finish=self._finished, kept_fast=self._kept_fast)
         self._count += 1
         with self._lock:
             self._live.add(step)
@@ -179,6 +180,8 @@ class Virtualizer(saved_tensors_hooks):
         """A step finished (called under its lock, on any thread): forget it, then write its trace."""
         with self._lock:
             self._live.discard(step)
+            # NOTE [kept fast path] in ``_step``: the next step keeps storages as tuples if this one fit
+            self._kept_fast = not step.overflowed and not step.report.aborted
         path = self._config.trace_path
         if path is None or step.final_report is None:
             return
