@@ -84,11 +84,11 @@ def test_scaled_compute_adds_the_offloader_cost_to_each_pass_of_the_hooked_layer
     assert [t for l in got.layers for t in (l.fwd_time_s, l.bwd_time_s)] == pytest.approx([0.5, 1.0, 1.75, 2.25])
 
 
-def test_offloader_cost_per_unit_pass_is_the_median_round_difference_less_its_waits() -> None:
-    """(offloaded fb - plain fb - waits) per round, median, over 2 passes x units, by hand; noise below 0
+def test_offloader_cost_per_unit_pass_is_the_fastest_rounds_difference_less_its_waits() -> None:
+    """(fastest offloaded fb - fastest plain fb - smallest wait) over 2 passes x units, by hand; noise below 0
     counts as 0, and no offloaded unit costs nothing."""
-    rounds = _Rounds(plain_fb=[1.0, 1.0, 2.0], offloader_fb=[1.5, 1.2, 3.0], offloader_wait=[0.1, 0.0, 0.2])
-    # differences 0.4, 0.2, 0.8 -> median 0.4, over 2 passes x 2 units
+    rounds = _Rounds(plain_fb=[1.0, 1.1, 2.0], offloader_fb=[1.6, 1.5, 3.0], offloader_wait=[0.1, 0.3, 0.2])
+    # 1.5 - 1.0 - 0.1 = 0.4, over 2 passes x 2 units
     assert rounds.offloader_s_per_unit_pass(2) == pytest.approx(0.1)
     assert rounds.offloader_s_per_unit_pass(0) == 0.0
     faster = _Rounds(plain_fb=[2.0], offloader_fb=[1.0], offloader_wait=[0.0])
@@ -119,3 +119,13 @@ def test_offloader_waits_are_the_compute_threads_seconds_in_fetches() -> None:
         assert 4 * 0.05 <= holder.wait_s <= elapsed
     finally:
         holder.close()
+
+
+def test_fastest_keeps_each_parts_least_disturbed_round() -> None:
+    """Each list becomes its smallest value, by hand; a 0 (background updates that finished no step) is
+    passed over for the smallest positive one, and an all-zero or empty list keeps what it has."""
+    rounds = _Rounds(plain_fb=[3.0, 1.0, 2.0], shared_update=[0.0, 2.0, 1.5], offloader_wait=[0.0, 0.0],
+                     run_step=[5.0, 4.0])
+    got = rounds.fastest()
+    assert (got.plain_fb, got.shared_update, got.offloader_wait, got.run_step) == ([1.0], [1.5], [0.0], [4.0])
+    assert got.alone_update == []

@@ -97,14 +97,24 @@ class _Rounds:
         updates = [s / a for s, a in zip(self.shared_update, self.alone_update) if s > 0 and a > 0]
         return max(1.0, compute), max(1.0, statistics.median(updates)) if updates else 1.0
 
+    def fastest(self) -> _Rounds:
+        """Each part's least disturbed round alone (NOTE [least disturbed] in
+        :mod:`mcdla.report.validate_states`): the smallest positive value of each list (a 0 marks a round
+        whose background updates finished no step), or the smallest where none is positive."""
+        def least(v: list[Any]) -> list[Any]:
+            positive = [x for x in v if x > 0]
+            return [min(positive or v)] if v else []
+
+        return _Rounds(**{f.name: least(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
     def offloader_s_per_unit_pass(self, units: int) -> float:
         """Seconds the parameter offloader adds to the compute thread per offloaded unit and pass (NOTE
-        [offloader on the compute thread] in :mod:`mcdla.report.validate_states`): the median over rounds of
-        the forward + backward under ``offload_parameters`` less the same round's plain one and less its waits
+        [offloader on the compute thread] in :mod:`mcdla.report.validate_states`): the fastest forward +
+        backward under ``offload_parameters`` less the fastest plain one and less the smallest of its waits
         for fetches, over two passes per unit; at least 0."""
         if units <= 0 or not self.offloader_fb:
             return 0.0
-        extra = statistics.median(o - p - w for o, p, w in zip(self.offloader_fb, self.plain_fb, self.offloader_wait))
+        extra = min(self.offloader_fb) - min(self.plain_fb) - min(self.offloader_wait)
         return max(0.0, extra) / (2 * units)
 
 

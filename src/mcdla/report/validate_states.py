@@ -34,8 +34,18 @@ NOTE [offloader on the compute thread]
     round also times the forward + backward of the updates-alone model (its weights under
     ``offload_parameters``, gradients kept, no optimizer in backward) beside the plain one: the difference less
     that offloader's own waits for fetches (``ParameterOffloader.wait_s``, which the engine models as exposed
-    fetches) is the offloader's cost on the compute thread; its median over the rounds, per unit and pass, is
-    added to the forward and backward time of each layer whose weights the plan offloads.
+    fetches) is the offloader's cost on the compute thread, per unit and pass added to the forward and
+    backward time of each layer whose weights the plan offloads. It is a difference of two times each
+    disturbed by load, by more than the cost itself in a loaded round (a 1-2 ms cost per step against rounds
+    spread by tens of ms), so it is taken between the fastest rounds of each (load only adds time): the
+    fastest forward + backward under the offloader less the fastest plain one less the smallest wait.
+
+NOTE [least disturbed]
+    Under load from other processes single steps spread by tens of percent within a run, and a median over a
+    few rounds lands on whichever side most of them fell. Beside the medians' prediction the result holds a
+    second one from each measured part's fastest round (the least disturbed: load only adds time), the
+    compute, the rates, the stretches and the offloader's cost each taken from its own fastest round, against
+    the fastest measured step of the run.
 
 NOTE [state components]
     One step time hides which part of the model is off, so the result holds the parts side by side:
@@ -61,11 +71,11 @@ import torch
 from mcdla.errors import ConfigError
 from mcdla.hardware import PoolLink
 from mcdla.profile._steps import normalize_inputs
-from mcdla.profile.predict import predict_states
+from mcdla.profile.predict import StatePrediction, predict_states
 from mcdla.profile.probe import probe_pool
 from mcdla.profile.profiler import profile_run
 from mcdla.profile.resolve import ResolvedModel, resolve_model
-from mcdla.report._state_rounds import measure_rounds
+from mcdla.report._state_rounds import _Rounds, measure_rounds
 from mcdla.runtime import parse_pool
 from mcdla.units import format_bytes
 from mcdla.workload.model import Layer, Workload
@@ -96,6 +106,7 @@ class StateValidation:
     predicted_step_s: float  # the engine with the measured CPU sharing (NOTE [sharing measured])
     offloader_s_per_unit_pass: float  # NOTE [offloader on the compute thread]
     serial_step_s: float
+    fastest_predicted_step_s: float  # the same engine from each part's fastest round (NOTE [least disturbed])
     spare_core_step_s: float  # the engine with a core of their own for updates and fetches: cpu_sharing (1, 1)
     cpu_sharing: tuple[float, float]  # measured (compute, update) stretches while both run
     measured_step_s: float
@@ -122,6 +133,12 @@ class StateValidation:
     @property
     def step_time_error(self) -> float:
         return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+    @property
+    def fastest_error(self) -> float:
+        """The least-disturbed prediction against the fastest measured step (NOTE [least disturbed])."""
+        fastest = min(self.measured_step_samples_s)
+        return (self.fastest_predicted_step_s - fastest) / fastest
 
     @property
     def serial_step_error(self) -> float:
@@ -163,6 +180,9 @@ class StateValidation:
             f"{self.spare_core_error:+.1%}; measured CPU sharing: compute x{self.cpu_sharing[0]:.2f}, updates "
             f"x{self.cpu_sharing[1]:.2f} while both run; parameter offloader "
             f"{self.offloader_s_per_unit_pass * 1e3:.2f} ms per unit and pass)",
+            f"                (least disturbed: {self.fastest_predicted_step_s * 1e3:.2f} ms predicted from each "
+            f"part's fastest round, {min(self.measured_step_samples_s) * 1e3:.2f} ms the fastest step, error "
+            f"{self.fastest_error:+.1%})",
             f"  peak weights: predicted {format_bytes(self.predicted_peak_weight_bytes):>12}   measured "
             f"{format_bytes(self.measured_peak_weight_bytes):>12}",
             "  parts (ms)                                  predicted   measured",
@@ -220,6 +240,24 @@ def validate_states(model: str | ResolvedModel, *, pool: str = "host", plan: Pla
         torch.set_num_threads(previous)
 
 
+def _predict(workload: Workload, plan: Plan, link: PoolLink, rounds: _Rounds
+             ) -> tuple[StatePrediction, StatePrediction, float, float, tuple[float, float]]:
+    """The engine's step from the rounds' medians: with the measured CPU sharing and with a spare core, the
+    offloader's cost per unit and pass, the update rate and the sharing used."""
+    hooked = frozenset(sd.layer for sd in plan.state if sd.offloads("weights"))
+    hook_s = rounds.offloader_s_per_unit_pass(len(hooked))
+    timed = _scaled_compute(workload, statistics.median(rounds.plain_fb), hook_s, hooked)
+    cpu_updated = sum(l.param_bytes for l in workload.layers if plan.state_of(l.name).offloads("optimizer_state"))
+    update_rate = statistics.median(rounds.alone_update) / max(cpu_updated, 1.0)
+    device_rate = statistics.median(rounds.plain_update) / max(workload.param_bytes, 1.0)
+    sharing = rounds.cpu_sharing()
+    prediction = predict_states(timed, plan, link, update_s_per_param_byte=update_rate, cpu_sharing=sharing,
+                                device_update_s_per_param_byte=device_rate)
+    spare = predict_states(timed, plan, link, update_s_per_param_byte=update_rate,
+                           device_update_s_per_param_byte=device_rate)
+    return prediction, spare, hook_s, update_rate, sharing
+
+
 def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, prefetch: int | None, steps: int,
                      warmup: int, lr: float) -> StateValidation:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -246,24 +284,15 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
     finally:
         pool_obj.close()
     compute_s = statistics.median(rounds.plain_fb)
-    hooked = frozenset(sd.layer for sd in chosen.state if sd.offloads("weights"))
-    hook_s = rounds.offloader_s_per_unit_pass(len(hooked))
-    timed = _scaled_compute(workload, compute_s, hook_s, hooked)
-    cpu_updated = sum(l.param_bytes for l in workload.layers if chosen.state_of(l.name).offloads("optimizer_state"))
-    update_rate = statistics.median(rounds.alone_update) / max(cpu_updated, 1.0)
-    device_rate = statistics.median(rounds.plain_update) / max(workload.param_bytes, 1.0)
-    sharing = rounds.cpu_sharing()
-    prediction = predict_states(timed, chosen, link, update_s_per_param_byte=update_rate, cpu_sharing=sharing,
-                                device_update_s_per_param_byte=device_rate)
-    spare = predict_states(timed, chosen, link, update_s_per_param_byte=update_rate,
-                           device_update_s_per_param_byte=device_rate)
+    prediction, spare, hook_s, update_rate, sharing = _predict(workload, chosen, link, rounds)
+    fastest = _predict(workload, chosen, link, rounds.fastest())[0]
     return StateValidation(
         model=resolved.name, pool=pool,
         prefetch=tuple(sorted({sd.prefetch for sd in chosen.state if sd.offloads("weights")})),
         offloaded_weight_layers=sum(sd.offloads("weights") for sd in chosen.state),
         offloaded_optimizer_layers=sum(sd.offloads("optimizer_state") for sd in chosen.state),
         predicted_step_s=prediction.step_s, offloader_s_per_unit_pass=hook_s, serial_step_s=prediction.serial_step_s,
-        spare_core_step_s=spare.step_s, cpu_sharing=sharing,
+        fastest_predicted_step_s=fastest.step_s, spare_core_step_s=spare.step_s, cpu_sharing=sharing,
         measured_step_s=statistics.median(rounds.run_step), measured_step_samples_s=tuple(rounds.run_step),
         plain_step_s=statistics.median(rounds.plain_step), update_s_per_param_byte=update_rate,
         predicted_peak_weight_bytes=prediction.peak_weight_bytes,
