@@ -152,6 +152,10 @@ def test_validate_states_prints_exact_weight_bytes(factories: str, capsys: pytes
     assert got["offloaded_weight_layers"] == got["offloaded_optimizer_layers"] == 3
     assert got["measured_peak_weight_bytes"] == 2 * (256 * 256 + 256) * 4
     assert got["predicted_peak_weight_bytes"] == got["measured_peak_weight_bytes"]
+    # the least-disturbed comparison: its prediction against the fastest of the measured steps printed beside it
+    fastest = min(got["measured_step_samples_s"])
+    assert got["fastest_error"] == pytest.approx((got["fastest_predicted_step_s"] - fastest) / fastest)
+    assert got["offloader_s_per_unit_pass"] >= 0
 
 
 def test_validate_states_bad_prefetch_exits_2(factories: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -118,7 +118,7 @@ def _validate_states(model: str, pool: str, plan: Optional[Path], steps: int, wa
 
         print_json({"meta": results_meta(), **{k: getattr(result, k) for k in result.__dataclass_fields__
                                                if k != "link"}, "step_time_error": result.step_time_error,
-                    "spare_core_error": result.spare_core_error})
+                    "spare_core_error": result.spare_core_error, "fastest_error": result.fastest_error})
         return
     console.print(result.summary(), markup=False)
 

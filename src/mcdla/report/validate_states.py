@@ -27,6 +27,26 @@ NOTE [sharing measured]
     the rounds. On an idle machine with a core per thread both are about 1; where the process has one core
     for both threads they are about 2.
 
+NOTE [offloader on the compute thread]
+    The parameter offloader's hooks run on the compute thread before and after each offloaded unit's forward
+    and backward: Python, the fetch's hand-off to its worker thread and, with one interpreter lock for both
+    threads, the wait for the lock while the worker holds it. The engine sees only the fetch itself, so each
+    round also times the forward + backward of the updates-alone model (its weights under
+    ``offload_parameters``, gradients kept, no optimizer in backward) beside the plain one: the difference less
+    that offloader's own waits for fetches (``ParameterOffloader.wait_s``, which the engine models as exposed
+    fetches) is the offloader's cost on the compute thread, per unit and pass added to the forward and
+    backward time of each layer whose weights the plan offloads. It is a difference of two times each
+    disturbed by load, by more than the cost itself in a loaded round (a 1-2 ms cost per step against rounds
+    spread by tens of ms), so it is taken between the fastest rounds of each (load only adds time): the
+    fastest forward + backward under the offloader less the fastest plain one less the smallest wait.
+
+NOTE [least disturbed]
+    Under load from other processes single steps spread by tens of percent within a run, and a median over a
+    few rounds lands on whichever side most of them fell. Beside the medians' prediction the result holds a
+    second one from each measured part's fastest round (the least disturbed: load only adds time), the
+    compute, the rates, the stretches and the offloader's cost each taken from its own fastest round, against
+    the fastest measured step of the run.
+
 NOTE [state components]
     One step time hides which part of the model is off, so the result holds the parts side by side:
     the compute (the engine's sum of the layer times, against the plain model's forward and backward of
@@ -42,27 +62,23 @@ NOTE [state components]
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import statistics
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from mcdla.errors import ConfigError
 from mcdla.hardware import PoolLink
-from mcdla.profile._steps import compute_loss, normalize_inputs, run_forward
-from mcdla.profile.predict import predict_states
+from mcdla.profile._steps import normalize_inputs
+from mcdla.profile.predict import StatePrediction, predict_states
 from mcdla.profile.probe import probe_pool
 from mcdla.profile.profiler import profile_run
 from mcdla.profile.resolve import ResolvedModel, resolve_model
-from mcdla.runtime import offload_optimizer, offload_parameters, parse_pool
+from mcdla.report._state_rounds import _Rounds, measure_rounds
+from mcdla.runtime import parse_pool
 from mcdla.units import format_bytes
-from mcdla.workload.model import Workload
+from mcdla.workload.model import Layer, Workload
 from mcdla.workload.plan import Placement, Plan, StateDecision
 
 __all__ = ["StateValidation", "validate_states", "offload_all_plan", "adam_state_per_param_byte"]
@@ -88,7 +104,9 @@ class StateValidation:
     offloaded_weight_layers: int
     offloaded_optimizer_layers: int
     predicted_step_s: float  # the engine with the measured CPU sharing (NOTE [sharing measured])
+    offloader_s_per_unit_pass: float  # NOTE [offloader on the compute thread]
     serial_step_s: float
+    fastest_predicted_step_s: float  # the same engine from each part's fastest round (NOTE [least disturbed])
     spare_core_step_s: float  # the engine with a core of their own for updates and fetches: cpu_sharing (1, 1)
     cpu_sharing: tuple[float, float]  # measured (compute, update) stretches while both run
     measured_step_s: float
@@ -99,7 +117,7 @@ class StateValidation:
     measured_peak_weight_bytes: float
     link: PoolLink
     # the step's parts side by side (medians over the measured steps; NOTE [state components])
-    predicted_compute_s: float
+    predicted_compute_s: float  # the plain compute, without the offloader's hooks
     measured_compute_s: float  # forward + backward of the plain model, measured in the rounds of the run
     predicted_update_s: float
     measured_update_s: float  # the offloaded optimizer's worker, per step
@@ -117,6 +135,12 @@ class StateValidation:
         return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
 
     @property
+    def fastest_error(self) -> float:
+        """The least-disturbed prediction against the fastest measured step (NOTE [least disturbed])."""
+        fastest = min(self.measured_step_samples_s)
+        return (self.fastest_predicted_step_s - fastest) / fastest
+
+    @property
     def serial_step_error(self) -> float:
         return (self.serial_step_s - self.measured_step_s) / self.measured_step_s
 
@@ -128,6 +152,8 @@ class StateValidation:
         """(part, predicted s, measured s or None) for the table of :meth:`summary`."""
         return [
             ("compute (plain forward + backward)", self.predicted_compute_s, self.measured_compute_s),
+            ("parameter offloader on the compute thread",
+             self.offloader_s_per_unit_pass * 2 * self.offloaded_weight_layers, None),
             ("step beyond the compute", self.predicted_step_s - self.predicted_compute_s,
              self.measured_step_s - self.measured_compute_s),
             ("  forward + backward beyond the compute", None, self.measured_backward_s - self.measured_compute_s),
@@ -152,7 +178,11 @@ class StateValidation:
             f"{self.serial_step_s * 1e3:.2f} ms, error {self.serial_step_error:+.1%})",
             f"                (a spare core for the runtime's threads: {self.spare_core_step_s * 1e3:.2f} ms, error "
             f"{self.spare_core_error:+.1%}; measured CPU sharing: compute x{self.cpu_sharing[0]:.2f}, updates "
-            f"x{self.cpu_sharing[1]:.2f} while both run)",
+            f"x{self.cpu_sharing[1]:.2f} while both run; parameter offloader "
+            f"{self.offloader_s_per_unit_pass * 1e3:.2f} ms per unit and pass)",
+            f"                (least disturbed: {self.fastest_predicted_step_s * 1e3:.2f} ms predicted from each "
+            f"part's fastest round, {min(self.measured_step_samples_s) * 1e3:.2f} ms the fastest step, error "
+            f"{self.fastest_error:+.1%})",
             f"  peak weights: predicted {format_bytes(self.predicted_peak_weight_bytes):>12}   measured "
             f"{format_bytes(self.measured_peak_weight_bytes):>12}",
             "  parts (ms)                                  predicted   measured",
@@ -173,158 +203,22 @@ def offload_all_plan(workload: Workload, module_names: set[str]) -> Plan:
                 layer_names=workload.layer_names, planner="offload-all-state", state=state)
 
 
-def _timed_steps(model: torch.nn.Module, inputs: Any, loss_fn: Any, optimizer: Any, steps: int,
-                 on_start: Callable[[], None] = lambda: None, on_end: Callable[[], None] = lambda: None
-                 ) -> tuple[list[float], list[float], list[float]]:
-    """Seconds of each of ``steps`` Adam steps (forward, backward, ``step()``, ``zero_grad()``), of their forward
-    and backward, and of their ``step()`` calls alone."""
-    times, backwards, updates = [], [], []
-    for _ in range(steps):
-        on_start()
-        t0 = time.perf_counter()
-        compute_loss(run_forward(model, inputs), loss_fn).backward()
-        t1 = time.perf_counter()
-        backwards.append(t1 - t0)
-        optimizer.step()
-        updates.append(time.perf_counter() - t1)
-        optimizer.zero_grad()
-        times.append(time.perf_counter() - t0)
-        on_end()
-    return times, backwards, updates
-
-
-class _BackgroundUpdates:
-    """The runtime's CPU updates back to back on a thread: ``step()`` of an ``overlap=False`` offloaded optimizer
-    over a copy of the model whose gradients stay set; ``busy_s``: the worker's seconds of each ``step()`` that
-    ended while the window was open (NOTE [sharing measured])."""
-
-    def __init__(self, optimizer: Any) -> None:
-        self._opt = optimizer
-        self._stop = threading.Event()
-        self.busy_s: list[float] = []
-        self._thread = threading.Thread(target=self._run, name="mcdla-update-sharing", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._opt.step()
-            if not self._stop.is_set():
-                self.busy_s.append(self._opt.update_s)
-
-    def __enter__(self) -> _BackgroundUpdates:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-@dataclass(slots=True)
-class _Rounds:
-    """Per measured round (seconds): the plain model's forward + backward and whole Adam step, the runtime's
-    updates alone (the worker's busy seconds of an ``overlap=False`` step), the plain forward + backward with
-    updates running beside it and those updates' busy seconds per step, and the run's step and its parts."""
-
-    plain_fb: list[float] = field(default_factory=list)
-    plain_step: list[float] = field(default_factory=list)
-    plain_update: list[float] = field(default_factory=list)  # the plain Adam's step() (foreach=False)
-    alone_update: list[float] = field(default_factory=list)
-    shared_fb: list[float] = field(default_factory=list)
-    shared_update: list[float] = field(default_factory=list)
-    run_step: list[float] = field(default_factory=list)
-    run_fb: list[float] = field(default_factory=list)
-    run_step_call: list[float] = field(default_factory=list)
-    worker: list[float] = field(default_factory=list)
-    fetching: list[float] = field(default_factory=list)
-    waiting: list[float] = field(default_factory=list)
-    peaks: list[int] = field(default_factory=list)
-
-    def cpu_sharing(self) -> tuple[float, float]:
-        """(compute, update) stretches (NOTE [sharing measured]): the medians over rounds of the plain
-        forward + backward with updates beside it over the same round's alone, and of the updates' busy
-        seconds beside compute over that round's alone; at least 1 (contention does not speed anything up)."""
-        compute = statistics.median(s / p for s, p in zip(self.shared_fb, self.plain_fb))
-        updates = [s / a for s, a in zip(self.shared_update, self.alone_update) if s > 0 and a > 0]
-        return max(1.0, compute), max(1.0, statistics.median(updates)) if updates else 1.0
-
-
-def _measure_rounds(resolved: ResolvedModel, inputs: Any, pool: Any, plan: Plan, lr: float, rounds: int,
-                    warmup: int) -> _Rounds:
-    """``warmup + rounds`` rounds, each a plain step, the updates alone, the plain forward + backward beside
-    background updates, and a step of the run (NOTE [sharing measured]); the first ``warmup`` are dropped."""
-    loss_fn = resolved.loss_fn
-    plain_model = copy.deepcopy(resolved.model)
-    plain = torch.optim.Adam(plain_model.parameters(), lr=lr, foreach=False)
-    # the updates measured on the run's own path: the plan's weights in a parameter offloader, its optimizer
-    # state in the pool, gradients kept (overlap=False keeps them for step())
-    kept_grads = dataclasses.replace(plan, state=tuple(dataclasses.replace(sd, gradients=Placement.DEVICE)
-                                                       for sd in plan.state))
-    timing: list[Any] = []
-
-    def updates_only(model: torch.nn.Module) -> Any:
-        holder = offload_parameters(model, pool, plan=kept_grads)
-        timing.append(holder)
-        opt = offload_optimizer(torch.optim.Adam(model.parameters(), lr=lr), pool, overlap=False, model=model,
-                                parameters=holder, plan=kept_grads)
-        timing.append(opt)
-        return opt
-
-    alone_model, shared_model = copy.deepcopy(resolved.model), copy.deepcopy(resolved.model)
-    alone, shared = updates_only(alone_model), updates_only(shared_model)
-    compute_loss(run_forward(shared_model, inputs), loss_fn).backward()  # gradients its updates keep using
-    run_model = copy.deepcopy(resolved.model)
-    params = offload_parameters(run_model, pool, plan=plan)
-    opt = offload_optimizer(torch.optim.Adam(run_model.parameters(), lr=lr), pool, model=run_model,
-                            parameters=params, plan=plan)
-    out = _Rounds()
-
-    def run_done() -> None:
-        out.peaks.append(params.peak_resident_bytes)
-        out.worker.append(opt.update_s)
-        out.fetching.append(params.fetch_s)
-        out.waiting.append(opt.step_wait_s)
-
-    try:
-        for r in range(warmup + rounds):
-            keep = r >= warmup
-            times, fbs, plain_calls = _timed_steps(plain_model, inputs, loss_fn, plain, 1)
-            _timed_steps(alone_model, inputs, loss_fn, alone, 1)
-            alone_s = alone.update_s
-            with _BackgroundUpdates(shared) as background:
-                t0 = time.perf_counter()
-                compute_loss(run_forward(plain_model, inputs), loss_fn).backward()
-                shared_fb = time.perf_counter() - t0
-            plain.zero_grad()
-            run = _timed_steps(run_model, inputs, loss_fn, opt, 1, params.reset_report, run_done)
-            if not keep:
-                for part in (out.worker, out.fetching, out.waiting, out.peaks):
-                    part.pop()
-                continue
-            out.plain_step += times
-            out.plain_fb += fbs
-            out.plain_update += plain_calls
-            out.alone_update.append(alone_s)
-            out.shared_fb.append(shared_fb)
-            out.shared_update.append(statistics.median(background.busy_s) if background.busy_s else 0.0)
-            out.run_step += run[0]
-            out.run_fb += run[1]
-            out.run_step_call += run[2]
-    finally:
-        for o in (opt, *reversed(timing)):
-            o.close()
-        params.close()
-    return out
-
-
-def _scaled_compute(workload: Workload, compute_s: float) -> Workload:
+def _scaled_compute(workload: Workload, compute_s: float, hook_s: float = 0.0,
+                    hooked: frozenset[str] = frozenset()) -> Workload:
     """``workload`` with its layer times scaled together so that they sum to ``compute_s`` (NOTE [measuring] in
-    :mod:`mcdla.profile.rounds`: the split from the profile's layers, the total from the rounds' plain steps)."""
+    :mod:`mcdla.profile.rounds`: the split from the profile's layers, the total from the rounds' plain steps),
+    then ``hook_s`` added to the forward and to the backward of each layer in ``hooked`` (NOTE [offloader on
+    the compute thread])."""
     total = sum((l.fwd_time_s or 0.0) + (l.bwd_time_s or 0.0) for l in workload.layers)
-    if total <= 0:
+    if total <= 0 and not hook_s:
         return workload
-    k = compute_s / total
-    return workload.with_layers([dataclasses.replace(l, fwd_time_s=(l.fwd_time_s or 0.0) * k,
-                                                     bwd_time_s=(l.bwd_time_s or 0.0) * k)
+    k = compute_s / total if total > 0 else 1.0
+
+    def extra(l: Layer) -> float:
+        return hook_s if l.name in hooked else 0.0
+
+    return workload.with_layers([dataclasses.replace(l, fwd_time_s=(l.fwd_time_s or 0.0) * k + extra(l),
+                                                     bwd_time_s=(l.bwd_time_s or 0.0) * k + extra(l))
                                  for l in workload.layers])
 
 
@@ -344,6 +238,24 @@ def validate_states(model: str | ResolvedModel, *, pool: str = "host", plan: Pla
         return _validate_states(model, pool, plan, prefetch, steps, warmup, lr)
     finally:
         torch.set_num_threads(previous)
+
+
+def _predict(workload: Workload, plan: Plan, link: PoolLink, rounds: _Rounds
+             ) -> tuple[StatePrediction, StatePrediction, float, float, tuple[float, float]]:
+    """The engine's step from the rounds' medians: with the measured CPU sharing and with a spare core, the
+    offloader's cost per unit and pass, the update rate and the sharing used."""
+    hooked = frozenset(sd.layer for sd in plan.state if sd.offloads("weights"))
+    hook_s = rounds.offloader_s_per_unit_pass(len(hooked))
+    timed = _scaled_compute(workload, statistics.median(rounds.plain_fb), hook_s, hooked)
+    cpu_updated = sum(l.param_bytes for l in workload.layers if plan.state_of(l.name).offloads("optimizer_state"))
+    update_rate = statistics.median(rounds.alone_update) / max(cpu_updated, 1.0)
+    device_rate = statistics.median(rounds.plain_update) / max(workload.param_bytes, 1.0)
+    sharing = rounds.cpu_sharing()
+    prediction = predict_states(timed, plan, link, update_s_per_param_byte=update_rate, cpu_sharing=sharing,
+                                device_update_s_per_param_byte=device_rate)
+    spare = predict_states(timed, plan, link, update_s_per_param_byte=update_rate,
+                           device_update_s_per_param_byte=device_rate)
+    return prediction, spare, hook_s, update_rate, sharing
 
 
 def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, prefetch: int | None, steps: int,
@@ -368,32 +280,25 @@ def _validate_states(model: str | ResolvedModel, pool: str, plan: Plan | None, p
     pool_obj = parse_pool(pool)
     try:
         link = probe_pool(pool_obj).link
-        rounds = _measure_rounds(resolved, inputs, pool_obj, chosen, lr, steps, warmup)
+        rounds = measure_rounds(resolved, inputs, pool_obj, chosen, lr, steps, warmup)
     finally:
         pool_obj.close()
     compute_s = statistics.median(rounds.plain_fb)
-    timed = _scaled_compute(workload, compute_s)
-    cpu_updated = sum(l.param_bytes for l in workload.layers if chosen.state_of(l.name).offloads("optimizer_state"))
-    update_rate = statistics.median(rounds.alone_update) / max(cpu_updated, 1.0)
-    device_rate = statistics.median(rounds.plain_update) / max(workload.param_bytes, 1.0)
-    sharing = rounds.cpu_sharing()
-    prediction = predict_states(timed, chosen, link, update_s_per_param_byte=update_rate, cpu_sharing=sharing,
-                                device_update_s_per_param_byte=device_rate)
-    spare = predict_states(timed, chosen, link, update_s_per_param_byte=update_rate,
-                           device_update_s_per_param_byte=device_rate)
+    prediction, spare, hook_s, update_rate, sharing = _predict(workload, chosen, link, rounds)
+    fastest = _predict(workload, chosen, link, rounds.fastest())[0]
     return StateValidation(
         model=resolved.name, pool=pool,
         prefetch=tuple(sorted({sd.prefetch for sd in chosen.state if sd.offloads("weights")})),
         offloaded_weight_layers=sum(sd.offloads("weights") for sd in chosen.state),
         offloaded_optimizer_layers=sum(sd.offloads("optimizer_state") for sd in chosen.state),
-        predicted_step_s=prediction.step_s, serial_step_s=prediction.serial_step_s,
-        spare_core_step_s=spare.step_s, cpu_sharing=sharing,
+        predicted_step_s=prediction.step_s, offloader_s_per_unit_pass=hook_s, serial_step_s=prediction.serial_step_s,
+        fastest_predicted_step_s=fastest.step_s, spare_core_step_s=spare.step_s, cpu_sharing=sharing,
         measured_step_s=statistics.median(rounds.run_step), measured_step_samples_s=tuple(rounds.run_step),
         plain_step_s=statistics.median(rounds.plain_step), update_s_per_param_byte=update_rate,
         predicted_peak_weight_bytes=prediction.peak_weight_bytes,
         measured_peak_weight_bytes=float(max(rounds.peaks)),
         link=link,
-        predicted_compute_s=prediction.compute_s, measured_compute_s=compute_s,
+        predicted_compute_s=compute_s, measured_compute_s=compute_s,
         predicted_update_s=prediction.update_s, measured_update_s=statistics.median(rounds.worker),
         predicted_fetch_s=prediction.fetch_s, measured_fetch_s=statistics.median(rounds.fetching),
         predicted_copy_in_s=prediction.copy_in_s + prediction.kept_update_s,

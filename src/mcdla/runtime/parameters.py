@@ -92,6 +92,7 @@ class ParameterOffloader:
         self.fetches_ahead = 0
         self.fetches_on_demand = 0
         self.fetch_s = 0.0  # seconds the worker spent reading units from their tiers
+        self.wait_s = 0.0  # seconds the hooks' thread waited for fetches in flight
         only = None if plan is None else offloaded_modules(plan, model, "weights", self.pool)
         depth = {} if plan is None else weight_prefetch(plan)
         self._units, self._where = build_units(model, only, depth, prefetch)
@@ -127,7 +128,7 @@ class ParameterOffloader:
             self.timeline = [(0.0, self.resident_bytes)]
             self.peak_resident_bytes = self.resident_bytes
             self.fetches_ahead = self.fetches_on_demand = 0
-            self.fetch_s = 0.0
+            self.fetch_s = self.wait_s = 0.0
 
     def _account(self, delta: int) -> None:
         with self._lock:
@@ -205,11 +206,14 @@ class ParameterOffloader:
         """Wait for ``unit``'s fetch in flight, if any; a failed one leaves the unit empty and raises."""
         fut, unit.fetch = unit.fetch, None
         if fut is not None:
+            t0 = time.perf_counter()
             try:
                 fut.result()
             except BaseException:
                 self._empty(unit)  # no half-read weights: the unit is absent until a fetch succeeds
                 raise
+            finally:
+                self.wait_s += time.perf_counter() - t0
             unit.versions = [p._version for p in unit.params]
 
     def _empty(self, unit: Unit) -> None:
