@@ -155,6 +155,32 @@ def test_routed_expert_gemms_run_at_their_own_token_count(llm_cluster):
     assert llm_step(MOE, e, curved).compute_s == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_routed_expert_gemms_run_at_their_narrowest_width(tp, llm_cluster):
+    """With ``half_width`` W an expert narrower than the hidden size (f = 512 < h = 1024) runs its grouped GEMMs
+    at ``f / tp`` on the curve, the dense GEMMs (and the core and logits) at ``h / tp``: the run with W is the run
+    without it, its dense part slowed by ``e0 / eD`` and its routed part (``m l 3 x 3 x 2 b s h top_k f / (tp P
+    e0)`` by hand) by ``e0 / eE``. An expert wider than the hidden size keeps ``h / tp`` (no change)."""
+    narrow = TransformerSpec(name="narrow", layers=2, hidden=1024, heads=16, vocab=1, seq_len=1024,
+                             ffn_hidden=512, mlp="swiglu", experts=8, top_k=2, dropout=False, bias=False,
+                             position="rope", tied_embeddings=False)
+    m, b, w = 2, 1, 256.0
+    base = llm_cluster(gpus_per_node=2, nodes=4, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
+    curved = base.with_gemm_efficiency(GemmEfficiency(peak_fraction=EFF, half_width=w))
+    flat_curve = base.with_gemm_efficiency(GemmEfficiency(peak_fraction=EFF, half_width=0.0))
+    e = Execution(gpus=8, tp=tp, dp=8 // tp, ep=2, micro_batch=b, global_batch=8 // tp * b * m,
+                  sequence_parallel=tp > 1)
+    h, f = narrow.hidden / tp, int(narrow.ffn_hidden) / tp
+    e_dense, e_expert = EFF * h / (h + w), EFF * f / (f + w)
+    routed = (m * narrow.layers * 3 * (3 * 2 * b * narrow.seq_len * narrow.hidden * narrow.top_k
+                                       * int(narrow.ffn_hidden)) / (tp * PEAK * EFF))
+    flat = llm_step(narrow, e, flat_curve).compute_s
+    expected = (flat - routed) * EFF / e_dense + routed * EFF / e_expert
+    assert llm_step(narrow, e, curved).compute_s == pytest.approx(expected, rel=1e-9)
+    wide = (llm_step(MOE, e, curved).compute_s, llm_step(MOE, e, flat_curve).compute_s)  # f = 2048 > h
+    assert wide[0] == pytest.approx(wide[1] * EFF / e_dense, rel=1e-9)
+
+
 def test_expert_weights_and_sharded_state_per_rank(llm_cluster):
     """A rank holds 1/ep of the routed experts and all the rest; with ZeRO-1 the dense state is sharded over
     dp and the experts' over dp/ep, so each rank keeps 12 bytes x all parameters / dp of optimizer state."""

@@ -86,9 +86,8 @@ from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
 from mcdla.sim.llm_eager import eager_block_bytes
 from mcdla.sim.llm_floor import link_floors
-from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, permutation_bytes, rank_param_groups,
-                               routed_expert_flops,
-                               tokens_per_local_expert)
+from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, expert_gemm_width, permutation_bytes,
+                               rank_param_groups, routed_expert_flops, tokens_per_local_expert)
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import layer_shares
@@ -611,8 +610,9 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     efficiency = curve.at(spec.hidden / e.tp, tokens=b * spec.seq_len / e.cp)
     gemm_peak = dev.flops_per_s(prec.gemm_peak) * (curve.fp8_fraction if prec.fp8 else 1.0)
     gemm_rate = gemm_peak * efficiency
-    # the routed experts' grouped GEMMs, each over its own expert's tokens (NOTE [expert parallelism])
-    expert_rate = gemm_peak * curve.at(spec.hidden / e.tp, tokens=tokens_per_local_expert(spec, e))
+    # the routed experts' grouped GEMMs, each over its own expert's tokens and at its own narrowest dimension
+    # (NOTE [expert parallelism])
+    expert_rate = gemm_peak * curve.at(expert_gemm_width(spec, e), tokens=tokens_per_local_expert(spec, e))
     other_rate = dev.flops_per_s(prec.other_peak) * efficiency
     gemm_bwd_ratio = curve.backward_ratio
     flops = layer_fwd_flops(spec, b, attention=e.attention)

@@ -17,7 +17,9 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   over its own tokens, ``b s / cp x top_k x C x ep / experts`` per micro-batch
   (:func:`tokens_per_local_expert`): far fewer than a dense GEMM's ``b s / cp`` when experts are many and
   small (Qwen3-30B-A3B on EP 8: ``b s / 2``), so the GEMM curve's token term
-  (:meth:`~mcdla.hardware.gemm.GemmEfficiency.at`) prices them at their own count.
+  (:meth:`~mcdla.hardware.gemm.GemmEfficiency.at`) prices them at their own count, and its width term at
+  their own narrowest dimension, ``min(hidden, ffn_hidden) / tp`` (:func:`expert_gemm_width`; Qwen3-30B-A3B's
+  768-wide experts against its 2048 hidden), where a dense layer's GEMMs take ``hidden / tp``.
 * The token permutations (Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with ``moe_permute_fusion``, the
   Transformer Engine kernels): each token's hidden vector is copied to its ``r = top_k x C`` expert rows
   (``permute``: read ``t h``, write ``r t h`` elements, ``t = b s / (cp tp)``), the rows received are sorted by
@@ -48,7 +50,8 @@ from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 from mcdla.workload.memo import pure_cache
 
-__all__ = ["ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "expert_params_per_layer", "permutation_bytes",
+__all__ = ["ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "expert_gemm_width", "expert_params_per_layer",
+           "permutation_bytes",
            "rank_param_groups", "routed_expert_flops", "tokens_per_local_expert"]
 
 
@@ -111,6 +114,15 @@ def routed_expert_flops(spec: TransformerSpec, execution: Execution) -> float:
     routed = (spec.ffn_matrices * 2.0 * e.micro_batch * spec.seq_len * spec.hidden * spec.top_k
               * int(spec.ffn_hidden) * spec.moe_layers / spec.layers)  # type: ignore[arg-type]
     return e.capacity_factor * routed
+
+
+def expert_gemm_width(spec: TransformerSpec, execution: Execution) -> float:
+    """The per-rank width the GEMM curve prices a routed expert's GEMMs at (NOTE [expert parallelism]): their
+    narrowest dimension, ``min(hidden, ffn_hidden) / tp`` (fc1 multiplies ``h`` by ``f``-wide weights, fc2 sums
+    over ``f``; expert TP = TP). A dense layer's narrowest per-rank dimension is ``hidden / tp`` (the projection
+    sums over it, and its FFN is wider), the curve's width for its GEMMs; an expert narrower than the hidden size
+    (Qwen3-30B-A3B: 768 against 2048) fills fewer tiles along its ``f``."""
+    return min(spec.hidden, int(spec.ffn_hidden)) / execution.tp  # type: ignore[arg-type]
 
 
 @pure_cache(64)
