@@ -83,7 +83,7 @@ from typing import NamedTuple
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
-from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes
+from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes, ring_attention_moved_s
 from mcdla.sim.llm_eager import eager_block_bytes
 from mcdla.sim.llm_floor import link_floors
 from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, expert_gemm_width, permutation_bytes,
@@ -505,6 +505,8 @@ class StageCosts:
     offload_bwd_s: float  # and backward
     fsdp_fwd_s: float = 0.0  # exposed ZeRO-3 weight gathers per micro-batch and stage, forward
     fsdp_bwd_s: float = 0.0  # and backward (gathers + gradient reduce-scatters)
+    last_fsdp_s: float = 0.0  # what the last stage's (forward + backward) differs by: a CP ring's attention
+    # comes out of its layers after its logits' (<= 0; 0 with one stage)
     dp_full_s: float  # the data-parallel gradient reduction, whole
     dp_hidden_s: float  # how much of it the last backward hides (``dp_overlap``), else 0
     optimizer_s: float  # the Adam step
@@ -544,7 +546,7 @@ class StageCosts:
         return (n * (self.layer_fwd_s + self.layer_bwd_s) + n * self.layer_recompute_s
                 + n * (self.layer_comm_fwd_s + self.layer_comm_bwd_s) + 2 * virtual_stages * self.p2p_s
                 + self.offload_fwd_s + self.offload_bwd_s + self.fsdp_fwd_s + self.fsdp_bwd_s
-                + (self.last_fwd_s + self.last_bwd_s if last else 0.0))
+                + (self.last_fwd_s + self.last_bwd_s + self.last_fsdp_s if last else 0.0))
 
     def middle_stage_s(self, virtual_stages: int) -> float:
         """A middle stage's time per micro-batch (:meth:`stage_s` of ``layers_per_stage`` layers)."""
@@ -561,7 +563,7 @@ class StageCosts:
                     recompute_s=m * (n * self.layer_recompute_s),
                     tp_comm_s=m * (n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s)),
                     pp_comm_s=m * (2 * virtual_stages * self.p2p_s),
-                    fsdp_comm_s=m * (self.fsdp_fwd_s + self.fsdp_bwd_s),
+                    fsdp_comm_s=m * (self.fsdp_fwd_s + self.fsdp_bwd_s + (self.last_fsdp_s if last else 0.0)),
                     offload_s=m * (self.offload_fwd_s + self.offload_bwd_s) + self.offload_step_s,
                     cp_comm_s=m * (n * (self.layer_cp_fwd_s + self.layer_cp_bwd_s)),
                     ep_comm_s=m * (n * (self.layer_ep_fwd_s + self.layer_ep_bwd_s)))
@@ -717,15 +719,32 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * layer_bwd)
 
-    fsdp_fwd = fsdp_bwd = 0.0
+    fsdp_fwd = fsdp_bwd = last_fsdp = 0.0
     if e.zero >= 3:
         z3 = zero3_traffic(spec, e, prec.element_bytes)
         gather, reduce = _collectives_s(cluster, z3.gathers), _collectives_s(cluster, z3.reduces)
         chunk = max(1, n_layers // e.virtual_stages)
-        fsdp_fwd = e.virtual_stages * fsdp_exposed_s(gather, reduce, layer_fwd, chunk, prefetch=e.fsdp_prefetch,
-                                                     backward=False)
-        fsdp_bwd = e.virtual_stages * fsdp_exposed_s(gather, reduce, layer_bwd + layer_recompute, chunk,
-                                                     prefetch=e.fsdp_prefetch, backward=True)
+        # a CP ring's steps take the attention out of the layers the gathers hide behind, the last chunk's
+        # logits and loss giving theirs up first: the first stage's chunks are priced (the only one's with one
+        # stage), the last stage's differs by last_fsdp_s
+        logits_fb = (logits + loss, gemm_bwd_ratio * logits + 2 * loss)
+        ring = e.cp > 1 and e.cp_comm == "p2p"
+
+        def exposed(moved: tuple[float, float]) -> tuple[float, float]:
+            return (fsdp_exposed_s(gather, reduce, layer_fwd - moved[0] / chunk, chunk, prefetch=e.fsdp_prefetch,
+                                   backward=False),
+                    fsdp_exposed_s(gather, reduce, layer_bwd + layer_recompute - moved[1] / chunk, chunk,
+                                   prefetch=e.fsdp_prefetch, backward=True))
+
+        one = e.pp == 1 and e.virtual_stages == 1
+        first_fb = exposed(ring_attention_moved_s(spec, e, cluster, layers=chunk, attention_fwd_s=attn_f + core_fwd,
+                                                  recomputed=full, act_bytes=act_bytes,
+                                                  last=logits_fb if one else (0.0, 0.0)) if ring else (0.0, 0.0))
+        fsdp_fwd, fsdp_bwd = e.virtual_stages * first_fb[0], e.virtual_stages * first_fb[1]
+        if ring and not one:
+            last_fb = exposed(ring_attention_moved_s(spec, e, cluster, layers=chunk, attention_fwd_s=attn_f + core_fwd,
+                                                     recomputed=full, act_bytes=act_bytes, last=logits_fb))
+            last_fsdp = sum(last_fb) - sum(first_fb)
         dp_full = _collectives_s(cluster, z3.step)
     else:
         dp_full = _dp_reduce_s(cluster, groups, prec.element_bytes)
@@ -754,7 +773,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=layer_bwd,
         layer_recompute_s=layer_recompute, layer_tp_fwd_s=tp_fwd, layer_tp_bwd_s=tp_bwd, p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=gemm_bwd_ratio * logits + 2 * loss, offload_fwd_s=off_fwd,
-        offload_bwd_s=off_bwd, fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd,
+        offload_bwd_s=off_bwd, fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd, last_fsdp_s=last_fsdp,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=optimizer,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec),
         layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
@@ -844,7 +863,7 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     stretch = max(0.0, floors.stage_s - stage_mid)
     stage_mid += stretch
     dp_stretch = max(0.0, floors.dp_exposed_s - c.dp_exposed_s) + (e.pp - 1) * floors.last_backward_s
-    stage_last = stage_mid + c.last_fwd_s + c.last_bwd_s
+    stage_last = stage_mid + c.last_fwd_s + c.last_bwd_s + c.last_fsdp_s
     m = e.micro_batches
     # The exact length of Megatron's (interleaved) 1F1B schedule when every stage but the last costs
     # stage_mid and the last is the slowest: the last stage never waits once fed, the fill and the drain are

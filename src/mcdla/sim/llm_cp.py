@@ -25,16 +25,18 @@ NOTE [context parallel exchange] (also ``docs/llm.md``):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mcdla.hardware.cluster import Cluster
+from mcdla.hardware.cluster import Cluster, FabricDim
 from mcdla.sim.collective_models import collective_time, p2p_time
+from mcdla.sim.llm_moe import all_to_all_bytes
 from mcdla.workload.execution import Execution
 from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["CpExchange", "cp_exchange", "kv_block_bytes"]
+__all__ = ["CpExchange", "batched_latency_s", "cp_exchange", "kv_block_bytes", "ring_attention_moved_s"]
 
 
 def kv_block_bytes(spec: TransformerSpec, micro_batch: int, *, tp: int, cp: int) -> float:
@@ -76,3 +78,41 @@ def cp_exchange(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     if again:
         bwd_comm, bwd_exposed = bwd_comm + again * fwd_comm, bwd_exposed + again * fwd_exposed
     return CpExchange(fwd_comm_s=fwd_comm, bwd_comm_s=bwd_comm, fwd_exposed_s=fwd_exposed, bwd_exposed_s=bwd_exposed)
+
+
+def batched_latency_s(kind: str, nbytes: float, count: float, dims: Sequence[FabricDim]) -> float:
+    """What ``count`` calls of ``kind`` on ``nbytes`` take beyond one call of ``count`` times the bytes on
+    ``dims``: the latency terms the engine charges with a pass's compute when it runs the pass's calls of one
+    kind as one (NOTE [CP and EP lowering] in :mod:`mcdla.sim.llm_lower_cpep`)."""
+    return count * collective_time(kind, nbytes, dims) - collective_time(kind, count * nbytes, dims)
+
+
+def ring_attention_moved_s(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, layers: int,
+                           attention_fwd_s: float, recomputed: float, act_bytes: float,
+                           last: tuple[float, float]) -> tuple[float, float]:
+    """Under ZeRO-3, the attention a chunk pass of ``layers`` layers runs in its CP ring's steps instead of in
+    its layers, forward and backward (NOTE [ZeRO lowering] in :mod:`mcdla.sim.llm_lower_zero`): the ring steps'
+    attention (``attention_fwd_s / cp`` per layer and step, ``cp - 1`` steps forward, ``2 (cp - 1)`` backward,
+    ``cp - 1`` more with a recomputed attention) less the pass's other compute, which gives it up first: the
+    batched TP calls' latency terms (``act_bytes`` a call, the ``recomputed`` share of the layers calling
+    twice as many in the backward), the EP all-to-alls' (:func:`batched_latency_s`) and ``last`` (the last
+    chunk's logits and loss, forward and backward; zeros for any other chunk). 0 where that is more, and
+    without a ring. The layers the gathers hide behind are then that much shorter."""
+    e = execution
+    if e.cp == 1 or e.cp_comm != "p2p":
+        return 0.0, 0.0
+    layout = ParallelDims.of(e)
+    rest = list(last)
+    if e.tp > 1:
+        dims = cluster.group_dims(e.tp, layout.stride("tp"))
+        kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
+        for i, calls in enumerate((2.0, 2 + 2 * recomputed)):
+            rest[i] += sum(batched_latency_s(k, act_bytes, calls * layers, dims) for k in kinds)
+    a2a = all_to_all_bytes(spec, e) if e.ep > 1 and spec.moe_layers else 0.0
+    if a2a:
+        dims, share = cluster.group_dims(e.ep, layout.stride("ep")), spec.moe_layers / spec.layers
+        for i, calls in enumerate((2, 4 if e.recompute == "full" else 2)):
+            rest[i] += batched_latency_s("all-to-all", a2a, calls * layers * share, dims)
+    step = layers * attention_fwd_s / e.cp
+    back = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2)
+    return max(0.0, (e.cp - 1) * step - rest[0]), max(0.0, back * step - rest[1])

@@ -47,9 +47,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mcdla.hardware.cluster import Cluster, FabricDim
-from mcdla.sim.collective_models import Collective, collective_time
+from mcdla.sim.collective_models import Collective
 from mcdla.sim.ir import CollectiveOp, Compute, Op, Recv, Send
 from mcdla.sim.llm import RankTraffic, StageCosts
+from mcdla.sim.llm_cp import batched_latency_s
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 
@@ -65,7 +66,7 @@ def batched_collectives(kinds: Sequence[str], nbytes: float, count: float, group
         return []
     levels, algs = tuple(d.size for d in dims), tuple(d.algorithm for d in dims)
     return [(Collective(kind=k, nbytes=count * nbytes, group=group, levels=levels, algorithm=algs),
-             count * collective_time(k, nbytes, dims) - collective_time(k, count * nbytes, dims)) for k in kinds]
+             batched_latency_s(k, nbytes, count, dims)) for k in kinds]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

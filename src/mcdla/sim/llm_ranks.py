@@ -178,7 +178,7 @@ def _chunk_durations(c: StageCosts, e: Execution, chunks: Sequence[Sequence[int]
             n = chunks[s][ch]
             last = s == p - 1 and ch == v - 1
             f_row.append(k * (n * c.layer_fwd_s + (c.last_fwd_s if last else 0.0)) + n * c.layer_comm_fwd_s
-                         + c.p2p_s + (c.offload_fwd_s + c.fsdp_fwd_s) / v)
+                         + c.p2p_s + (c.offload_fwd_s + c.fsdp_fwd_s) / v + (c.last_fsdp_s if last else 0.0))
             b_row.append(k * (n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last else 0.0))
                          + n * c.layer_comm_bwd_s + c.p2p_s + (c.offload_bwd_s + c.fsdp_bwd_s) / v)
         fwd.append(f_row)
