@@ -18,7 +18,6 @@ import time
 from benchmarks._results import markdown_table, record
 from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.plan.llm_search import enumerate_executions, evaluate_executions
-from mcdla.sim import llm as llm_module
 from mcdla.sim import llm_floor
 from mcdla.sim import llm_step
 from mcdla.workload.execution import Execution
@@ -57,8 +56,8 @@ def run(calls: int) -> tuple[list[tuple[str, ...]], str]:
         cluster = load_cluster(name).for_gpus(1024)
         e = _execution(cluster)
         memo = cluster._group_memo
-
-        drains = llm_floor._table(cluster).ends
+        table = llm_floor._table(cluster)
+        drains = table.ends
 
         def fresh() -> None:
             # the floor remembers its last few drains by their bytes: a search never asks the same execution
@@ -68,9 +67,10 @@ def run(calls: int) -> tuple[list[tuple[str, ...]], str]:
 
         def cold() -> None:
             memo.clear()
-            # the per-cluster memos above group_dims would answer without asking it
-            for kept in (llm_module._GROUP_MEMO, llm_module._LAYER_MEMO):
-                kept.clear()
+            # the time model's per-cluster memo above group_dims would answer without asking it; the floor's
+            # path table stays, as in a search
+            cluster.model_memo.clear()
+            cluster.model_memo[llm_floor._TABLE_KEY] = table
             fresh()
 
         warm = _per_call_s(fresh, calls)
