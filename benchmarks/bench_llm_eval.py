@@ -2,8 +2,9 @@
 
 The LLM time model (``mcdla.sim.llm_step``) on a preset's generated ``Cluster`` prices each parallel group on the
 fabric dimensions it spans (``Cluster.group_dims``), which a cluster remembers per (size, stride). Baseline measured
-in the same run: the same evaluation with that memo (and the time model's per-cluster memos of collectives and
-layer compute) emptied before every call (every group recomputed, as a fresh cluster would). Both columns empty
+in the same run: the same evaluation with that memo and the time model's per-cluster memo above it
+(``Cluster.model_memo``: collectives, pipeline sends, layer compute; the floor's path table kept) emptied before
+every call (every group recomputed, as a fresh cluster would). Both columns empty
 the floor's memo of recent drains before each call, so a repeated execution is priced as a new one is in a search. CPU seconds of this process (``time.process_time``), so other jobs on the shared machine do not
 inflate them. The search row enumerates and evaluates every valid configuration of GPT-3 175B on 1,024 DGX H100
 GPUs in-process and projects the time of 90,000 configurations.
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
                COMMAND, text + "\n\nCPU time of one process (`time.process_time`), median of 5 samples per "
                "cell. Every call starts without the floor's memo of recent drains (a search never asks an "
                "execution twice). Baseline (same run): also the group -> fabric-dimension memo and the time "
-               "model's per-cluster memos of collectives and layer compute emptied before each call.")
+               "model's per-cluster memo (`Cluster.model_memo`: collectives, pipeline sends, layer compute; the "
+               "floor's path table kept) emptied before each call.")
 
 
 if __name__ == "__main__":
