@@ -2,8 +2,9 @@
 
 The LLM time model (``mcdla.sim.llm_step``) on a preset's generated ``Cluster`` prices each parallel group on the
 fabric dimensions it spans (``Cluster.group_dims``), which a cluster remembers per (size, stride). Baseline measured
-in the same run: the same evaluation with that memo (and the time model's per-cluster memos of collectives and
-layer compute) emptied before every call (every group recomputed, as a fresh cluster would). Both columns empty
+in the same run: the same evaluation with that memo and the time model's per-cluster memo above it
+(``Cluster.model_memo``: collectives, pipeline sends, layer compute; the floor's path table kept) emptied before
+every call (every group recomputed, as a fresh cluster would). Both columns empty
 the floor's memo of recent drains before each call, so a repeated execution is priced as a new one is in a search. CPU seconds of this process (``time.process_time``), so other jobs on the shared machine do not
 inflate them. The search row enumerates and evaluates every valid configuration of GPT-3 175B on 1,024 DGX H100
 GPUs in-process and projects the time of 90,000 configurations.
@@ -18,7 +19,6 @@ import time
 from benchmarks._results import markdown_table, record
 from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.plan.llm_search import enumerate_executions, evaluate_executions
-from mcdla.sim import llm as llm_module
 from mcdla.sim import llm_floor
 from mcdla.sim import llm_step
 from mcdla.workload.execution import Execution
@@ -57,8 +57,8 @@ def run(calls: int) -> tuple[list[tuple[str, ...]], str]:
         cluster = load_cluster(name).for_gpus(1024)
         e = _execution(cluster)
         memo = cluster._group_memo
-
-        drains = llm_floor._table(cluster).ends
+        table = llm_floor._table(cluster)
+        drains = table.ends
 
         def fresh() -> None:
             # the floor remembers its last few drains by their bytes: a search never asks the same execution
@@ -68,9 +68,10 @@ def run(calls: int) -> tuple[list[tuple[str, ...]], str]:
 
         def cold() -> None:
             memo.clear()
-            # the per-cluster memos above group_dims would answer without asking it
-            for kept in (llm_module._GROUP_MEMO, llm_module._LAYER_MEMO):
-                kept.clear()
+            # the time model's per-cluster memo above group_dims would answer without asking it; the floor's
+            # path table stays, as in a search
+            cluster.model_memo.clear()
+            cluster.model_memo[llm_floor._TABLE_KEY] = table
             fresh()
 
         warm = _per_call_s(fresh, calls)
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
                COMMAND, text + "\n\nCPU time of one process (`time.process_time`), median of 5 samples per "
                "cell. Every call starts without the floor's memo of recent drains (a search never asks an "
                "execution twice). Baseline (same run): also the group -> fabric-dimension memo and the time "
-               "model's per-cluster memos of collectives and layer compute emptied before each call.")
+               "model's per-cluster memo (`Cluster.model_memo`: collectives, pipeline sends, layer compute; the "
+               "floor's path table kept) emptied before each call.")
 
 
 if __name__ == "__main__":

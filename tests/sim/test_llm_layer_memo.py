@@ -3,11 +3,12 @@ priced gets the StageCosts and LlmStep it gets on a fresh memo, and every field 
 keys them."""
 
 import dataclasses
+import gc
+import weakref
 
 import pytest
 
-from mcdla.hardware.cluster import load_cluster
-from mcdla.sim import llm as llm_mod
+from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.sim.llm import llm_step, stage_costs
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
@@ -19,8 +20,15 @@ BASE = Execution(gpus=512, tp=8, pp=8, dp=8, sequence_parallel=True, micro_batch
 
 def _fresh(fn, *args, **kwargs):
     """``fn`` on an emptied memo: the figures computed from scratch."""
-    llm_mod._LAYER_MEMO.clear()
+    _forget(*args)
     return fn(*args, **kwargs)
+
+
+def _forget(*args):
+    """Empty the per-cluster memo of every cluster among ``args``."""
+    for arg in args:
+        if isinstance(arg, Cluster):
+            arg.model_memo.clear()
 
 
 @pytest.mark.parametrize("other", [
@@ -32,7 +40,7 @@ def test_shared_layer_shape_gives_fresh_answer(other):
     cluster = load_cluster("dgx-h100").for_gpus(512)
     e = dataclasses.replace(BASE, **other)
     expected_costs, expected_step = _fresh(stage_costs, SPEC, e, cluster), _fresh(llm_step, SPEC, e, cluster)
-    llm_mod._LAYER_MEMO.clear()
+    _forget(cluster)
     llm_step(SPEC, BASE, cluster)
     assert stage_costs(SPEC, e, cluster) == expected_costs
     assert llm_step(SPEC, e, cluster) == expected_step
@@ -46,7 +54,7 @@ def test_each_layer_field_keys_the_memo(other):
     cluster = load_cluster("dgx-h100").for_gpus(512)
     e = dataclasses.replace(BASE, **other)
     expected = _fresh(stage_costs, SPEC, e, cluster)
-    llm_mod._LAYER_MEMO.clear()
+    _forget(cluster)
     base = stage_costs(SPEC, BASE, cluster)
     got = stage_costs(SPEC, e, cluster)
     assert got == expected
@@ -58,7 +66,34 @@ def test_precision_and_cluster_key_the_memo():
     h100, a100 = load_cluster("dgx-h100").for_gpus(512), load_cluster("dgx-a100").for_gpus(512)
     expected_fp8 = _fresh(stage_costs, SPEC, BASE, h100, precision="fp8")
     expected_a100 = _fresh(stage_costs, SPEC, BASE, a100)
-    llm_mod._LAYER_MEMO.clear()
+    _forget(h100, a100)
     stage_costs(SPEC, BASE, h100)
     assert stage_costs(SPEC, BASE, h100, precision="fp8") == expected_fp8
     assert stage_costs(SPEC, BASE, a100) == expected_a100
+
+
+def test_clusters_do_not_share_memo_entries():
+    """Two equal clusters built apart each keep their own memo: pricing on one fills its memo only, and the
+    other prices the same execution from scratch to the same record; a replaced cluster starts empty."""
+    one, two = load_cluster("dgx-h100").for_gpus(512), load_cluster("dgx-h100").for_gpus(512)
+    assert one == two and one.model_memo is not two.model_memo
+    first = llm_step(SPEC, BASE, one)
+    assert one.model_memo and not two.model_memo
+    assert llm_step(SPEC, BASE, two) == first
+    assert two.model_memo.keys() == one.model_memo.keys()
+    assert not dataclasses.replace(one).model_memo
+
+
+def test_memo_dies_with_its_cluster():
+    """What a cluster's memo holds is released with the cluster (no module-level table keeps it)."""
+    class Held:
+        pass
+
+    cluster = load_cluster("dgx-h100").for_gpus(512)
+    llm_step(SPEC, BASE, cluster)
+    held = Held()
+    cluster.model_memo[("test-entry",)] = held
+    alive = weakref.ref(held)
+    del held, cluster
+    gc.collect()
+    assert alive() is None

@@ -1,11 +1,13 @@
-"""pure_cache: memoised results equal the function's own, dict results are private copies, errors are not cached."""
+"""pure_cache: memoised results equal the function's own, dict results are private copies, errors are not cached; slot_init
+builds the record the generated __init__ builds."""
 
 import dataclasses
+import inspect
 import pickle
 
 import pytest
 
-from mcdla.workload.memo import HashOnce, hash_once, pure_cache
+from mcdla.workload.memo import HashOnce, hash_once, pure_cache, slot_init
 from mcdla.workload.transformer import layer_fwd_flops, preset
 
 
@@ -93,3 +95,57 @@ def test_execution_and_spec_hash_as_their_fields() -> None:
     for record in (spec, e):
         assert hash(record) == hash(tuple(getattr(record, f.name) for f in dataclasses.fields(record)))
     assert hash(Execution(gpus=64, tp=8, pp=4, dp=2, global_batch=64)) == hash(e)
+
+
+def _pair(**options):
+    """The same frozen slotted dataclass twice: with its generated ``__init__`` and with :func:`slot_init`'s."""
+    made = []
+    for wrap in (lambda cls: cls, slot_init):
+        @wrap
+        @dataclasses.dataclass(frozen=True, slots=True, **options)
+        class Rec:
+            a: float
+            b: int = 2
+            c: tuple[int, ...] = ()
+
+        made.append(Rec)
+    return made
+
+
+@pytest.mark.parametrize("options", [{}, {"kw_only": True}])
+def test_slot_init_builds_the_record_the_generated_init_builds(options):
+    """Same signature, same field values, repr and hash; still frozen; a missing argument is still an error."""
+    plain, fast = _pair(**options)
+    assert str(inspect.signature(fast)) == str(inspect.signature(plain))
+    args = {"a": 1.5, "b": 7, "c": (1, 2)}
+    for kwargs in (args, {"a": 0.25}):
+        got, want = fast(**kwargs), plain(**kwargs)
+        assert repr(got).replace(fast.__qualname__, "") == repr(want).replace(plain.__qualname__, "")
+        assert dataclasses.astuple(got) == dataclasses.astuple(want) and hash(got) == hash(want)
+    assert dataclasses.replace(fast(**args), b=9).b == 9
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast(**args).a = 2.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        fast()  # type: ignore[call-arg]
+
+
+def test_slot_init_refuses_what_it_cannot_copy():
+    """A class without slots, with a default factory or with ``__post_init__`` is refused, naming it."""
+    @dataclasses.dataclass(frozen=True)
+    class Open:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Factory:
+        a: list = dataclasses.field(default_factory=list)
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Post:
+        a: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    for cls in (Open, Factory, Post):
+        with pytest.raises(TypeError, match=cls.__name__):
+            slot_init(cls)

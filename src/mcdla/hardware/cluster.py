@@ -166,6 +166,17 @@ class Cluster:
     # same node? -> dim_between's answer, for the same reason
     _between_memo: dict[bool, FabricDim] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
+    # the time model's figures derived from this cluster alone (``model_memo``)
+    _model_memo: dict[tuple[object, ...], object] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def model_memo(self) -> dict[tuple[object, ...], object]:
+        """The time model's memo of figures that depend on this cluster and the key alone (a collective's time
+        on a group, one layer's compute, the per-link floor's path table), each key's first item naming its kind.
+        It lives and dies with the cluster (a replaced or reloaded cluster starts empty), so two clusters never
+        share an answer and a search over one cluster asks each figure once."""
+        return self._model_memo
 
     @property
     def n_devices(self) -> int:

@@ -78,7 +78,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
@@ -90,7 +90,7 @@ from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, ex
                                rank_param_groups, routed_expert_flops, tokens_per_local_expert)
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
-from mcdla.workload.layer_counts import layer_shares
+from mcdla.workload.layer_counts import LayerShares, layer_shares
 from mcdla.workload.op_recompute import OP_RECOMPUTE, op_recomputed_gemm_flops
 from mcdla.workload.parallel_dims import group_strides
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
@@ -98,7 +98,7 @@ from mcdla.workload.transformer import (Attention, TransformerSpec, activation_b
                                         flash_attention_exponentials, fp8_cast_bytes_per_layer,
                                         hardware_flops_per_iteration, layer_fwd_flops, logits_fwd_flops,
                                         model_flops_per_iteration)
-from mcdla.workload.memo import HashOnce, hash_once, pure_cache
+from mcdla.workload.memo import HashOnce, hash_once, pure_cache, slot_init
 
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
            "LlmStep", "RankTraffic", "ShardCollective", "StageCosts", "Zero3Traffic", "cluster_rejection",
@@ -180,6 +180,7 @@ _ADAM_TRAFFIC_BYTES = ADAM_TRAFFIC_BYTES
 _LOSS_PASSES, _LOSS_ELEMENT_BYTES = 4, 4
 
 
+@slot_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LlmStep:
     """One iteration's predicted time (seconds) and its parts, and one rank's memory (bytes).
@@ -269,33 +270,32 @@ def _param_groups(spec: TransformerSpec, e: Execution) -> tuple[ParamGroup, ...]
     return rank_param_groups(spec, e, max(stage_layers(e, spec)))
 
 
-_GROUP_MEMO: dict[tuple[object, ...], tuple[Cluster, float]] = {}
-""":func:`_group_collective_s`' answers, keyed by the cluster's identity (the cluster kept in the entry), the
-collective and its group: a search asks the same few groups and buffers for many executions."""
+T = TypeVar("T")
+
+_MEMO_ENTRIES = 16384
+"""Most entries :func:`_remember` lets a cluster's :attr:`~mcdla.hardware.cluster.Cluster.model_memo` hold
+before emptying it (a search asks a few hundred)."""
 
 
 def _group_collective_s(cluster: Cluster, kind: str, nbytes: float, size: int, stride: int) -> float:
     """:func:`collective_time` of ``kind`` on ``nbytes`` over the group of ``size`` ranks ``stride`` apart on
-    ``cluster`` (:meth:`Cluster.group_dims`), memoised per cluster."""
-    key = (id(cluster), kind, nbytes, size, stride)
-    got = _recall(cluster, key)
+    ``cluster`` (:meth:`Cluster.group_dims`), memoised in the cluster's ``model_memo``: a search asks the same
+    few groups and buffers for many executions."""
+    key = (kind, nbytes, size, stride)
+    got = cluster.model_memo.get(key)
     if got is not None:
-        return got
+        return got  # type: ignore[return-value]
     return _remember(cluster, key, collective_time(kind, nbytes, cluster.group_dims(size, stride)))
 
 
-def _recall(cluster: Cluster, key: tuple[object, ...]) -> float | None:
-    """What :data:`_GROUP_MEMO` keeps under ``key`` for this very cluster (``None`` when nothing)."""
-    got = _GROUP_MEMO.get(key)
-    return got[1] if got is not None and got[0] is cluster else None
-
-
-def _remember(cluster: Cluster, key: tuple[object, ...], seconds: float) -> float:
-    """Keep ``seconds`` in :data:`_GROUP_MEMO` under ``key`` (whose first item is ``id(cluster)``); returns it."""
-    if len(_GROUP_MEMO) > 16384:
-        _GROUP_MEMO.clear()
-    _GROUP_MEMO[key] = (cluster, seconds)
-    return seconds
+def _remember(cluster: Cluster, key: tuple[object, ...], value: T) -> T:
+    """Keep ``value`` in ``cluster``'s ``model_memo`` under ``key`` (emptied past :data:`_MEMO_ENTRIES`);
+    returns it."""
+    memo = cluster.model_memo
+    if len(memo) > _MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def _tp_allreduce_s(cluster: Cluster, tp: int, tp_stride: int, sequence_parallel: bool, nbytes: float) -> float:
@@ -454,10 +454,10 @@ def _p2p_s(cluster: Cluster, pp: int, pp_stride: int, nbytes: float) -> float:
     :func:`_group_collective_s` is."""
     if pp == 1:
         return 0.0
-    key = (id(cluster), "p2p", nbytes, 2, pp_stride)
-    got = _recall(cluster, key)
+    key = ("p2p", nbytes, 2, pp_stride)
+    got = cluster.model_memo.get(key)
     if got is not None:
-        return got
+        return got  # type: ignore[return-value]
     return _remember(cluster, key, p2p_time(nbytes, cluster.dim_between(0, pp_stride)))
 
 
@@ -480,6 +480,7 @@ def cluster_rejection(execution: Execution, cluster: Cluster) -> str | None:
     return tier_rejection(e, cluster)
 
 
+@slot_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageCosts:
     """Per-rank durations (seconds) of one micro-batch on one pipeline stage, shared by the closed form
@@ -590,21 +591,15 @@ class _LayerCompute(NamedTuple):
     gemm_bwd_ratio: float  # the GEMMs' backward over forward
 
 
-_LAYER_MEMO: dict[tuple[object, ...], tuple[Cluster, _LayerCompute]] = {}
-""":func:`_layer_compute`'s answers, keyed by the cluster's identity (the cluster kept in the entry) and the
-figures they depend on: a search's executions that differ in pipeline, data parallelism, ZeRO or offload share
-them."""
-
-
 def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: Precision) -> _LayerCompute:
     """:class:`_LayerCompute` of ``spec`` at ``prec`` under ``e``'s micro-batch, TP, CP, EP, capacity factor,
     attention kernel, kernel fusion and fp8 scaling on ``cluster``'s GPU (NOTE [time model])."""
     op = e.recompute == OP_RECOMPUTE
-    key = (id(cluster), spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
+    key = ("layer", spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
            e.capacity_factor, type(e.capacity_factor), e.ep, e.fp8_scaling, op)
-    got = _LAYER_MEMO.get(key)
-    if got is not None and got[0] is cluster:
-        return got[1]
+    got = cluster.model_memo.get(key)
+    if got is not None:
+        return got  # type: ignore[return-value]
     dev = cluster.device
     b, split = e.micro_batch, e.tp * e.cp
     hbm_per_s = dev.hbm_bytes_per_s * dev.memory_efficiency
@@ -650,10 +645,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     result = _LayerCompute(gemm_s=gemm_f, attention_s=attn_f, core_fwd_s=core_fwd, fwd_s=layer_fwd, bwd_s=layer_bwd,
                            op_recompute_s=op_recompute, logits_s=logits, loss_s=loss, hbm_per_s=hbm_per_s,
                            gemm_bwd_ratio=gemm_bwd_ratio)
-    if len(_LAYER_MEMO) > 4096:
-        _LAYER_MEMO.clear()
-    _LAYER_MEMO[key] = (cluster, result)
-    return result
+    return _remember(cluster, key, result)
 
 
 def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
@@ -668,12 +660,13 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     tp_stride, pp_stride, _cp_stride, _ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
     offload_bytes_per_s = _offload_bytes_per_s(cluster)
     prec = cluster_precision(cluster, precision)
-    spec = _at_precision(spec, prec)
+    fig = _figures(spec, e, prec)
+    spec = fig.spec
     b = e.micro_batch
     lc = _layer_compute(spec, e, cluster, prec)
     gemm_f, attn_f, core_fwd, layer_fwd, layer_bwd = lc.gemm_s, lc.attention_s, lc.core_fwd_s, lc.fwd_s, lc.bwd_s
     hbm_per_s, gemm_bwd_ratio = lc.hbm_per_s, lc.gemm_bwd_ratio
-    shares = layer_shares(e, spec)
+    shares = fig.shares
     full = shares.recomputed  # the mean layer of a chunk under partial recompute (NOTE [partial recompute and offload])
     if e.recompute == "full":
         layer_recompute = full * layer_fwd
@@ -696,19 +689,18 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         hide_fwd, hide_bwd = gemm_f, gemm_bwd_ratio * gemm_f + full * gemm_f
     tp_bwd = full * tp_bwd_full + (1.0 - full) * tp_bwd_plain if full else tp_bwd_plain
 
-    split_layers = stage_layers(e, spec)
-    n_layers = max(split_layers)
+    split_layers, n_layers = fig.split_layers, fig.n_layers
+    chunks = chunk_layers(e, spec)
     logits, loss = lc.logits_s, lc.loss_s
     p2p_bytes = act_bytes / e.tp
     p2p = _p2p_s(cluster, e.pp, pp_stride, p2p_bytes)
     p2p_hidden = 0.0
     if e.pp_comm_overlap:  # each send runs while the next chunk computes: exposed past the smallest chunk's forward
-        p2p_hidden = min(p2p, min(n for row in chunk_layers(e, spec) for n in row) * layer_fwd)
+        p2p_hidden = min(p2p, min(n for row in chunks for n in row) * layer_fwd)
         p2p -= p2p_hidden
 
     off_fwd = off_bwd = 0.0
-    act_stage = n_layers * _activation_bytes(spec, e, prec)
-    groups = _param_groups(spec, e)
+    act_stage, groups = fig.act_stage, fig.groups
     if e.offload_activations:
         move = shares.offloaded * act_stage / offload_bytes_per_s
         off_fwd += max(0.0, move - n_layers * layer_fwd)
@@ -750,13 +742,13 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         dp_full = _dp_reduce_s(cluster, groups, prec.element_bytes)
     hidden_by = 0.0
     if e.dp_overlap:  # the first stage's last backward pass (NOTE [overlapped reduction])
-        first = chunk_layers(e, spec)[0][0]
+        first = chunks[0][0]
         hidden_by = (first * (layer_bwd + layer_recompute + tp_bwd + cp.bwd_exposed_s + ep_bwd)
                      + (fsdp_bwd / e.virtual_stages if e.zero >= 3 else 0.0)
                      + (p2p if e.pp > 1 else 0.0)
                      + (gemm_bwd_ratio * logits + 2 * loss if e.pp == 1 and e.virtual_stages == 1 else 0.0))
 
-    opt_params = _rank_params(spec, e)[e.zero >= 1]
+    opt_params = fig.params[e.zero >= 1]
     offload_step = 0.0
     optimizer = opt_params * _ADAM_TRAFFIC_BYTES / hbm_per_s
     if e.cpu_optimizer:
@@ -775,7 +767,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
         last_fwd_s=logits + loss, last_bwd_s=gemm_bwd_ratio * logits + 2 * loss, offload_fwd_s=off_fwd,
         offload_bwd_s=off_bwd, fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd, last_fsdp_s=last_fsdp,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=optimizer,
-        offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunk_layers(e, spec),
+        offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunks,
         layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
         recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd, layer_tp_hide_fwd_s=hide_fwd,
         layer_tp_hide_bwd_s=hide_bwd, p2p_hidden_s=p2p_hidden)
@@ -786,6 +778,30 @@ def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
     if spec.bytes_per_element == prec.element_bytes:
         return spec
     return replace(spec, bytes_per_element=prec.element_bytes)
+
+
+class _Figures(NamedTuple):
+    """What :func:`stage_costs`, :func:`rank_traffic` and :func:`step_record` each derive from the model, the
+    execution and the precision alone, derived once (:func:`_figures`)."""
+
+    spec: TransformerSpec  # the model at the precision's element size
+    split_layers: tuple[int, ...]  # layers of each pipeline stage
+    n_layers: int  # the most of them
+    shares: LayerShares  # the layers' recompute and offload shares
+    act_stage: float  # activation bytes one micro-batch stashes on the fullest stage
+    groups: tuple[ParamGroup, ...]  # the first stage's parameters by reduction group
+    params: tuple[float, float]  # the rank's parameters whole and sharded
+
+
+@pure_cache(64)
+def _figures(spec: TransformerSpec, e: Execution, prec: Precision) -> _Figures:
+    """The :class:`_Figures` of ``spec`` run as ``e`` at ``prec``."""
+    spec = _at_precision(spec, prec)
+    split_layers = stage_layers(e, spec)
+    n_layers = max(split_layers)
+    return _Figures(spec=spec, split_layers=split_layers, n_layers=n_layers, shares=layer_shares(e, spec),
+                    act_stage=n_layers * _activation_bytes(spec, e, prec), groups=_param_groups(spec, e),
+                    params=_rank_params(spec, e))
 
 
 @pure_cache(64)
@@ -901,12 +917,13 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
     links add to the exposed reduction (the closed form's link floor), ``contention_s`` the record's field."""
     dev = cluster.device
     prec = precision_of(precision)
-    spec = _at_precision(spec, prec)
+    fig = _figures(spec, e, prec)
+    spec = fig.spec
     flops_per_s = dev.flops_per_s(prec.gemm_peak)
     m = e.micro_batches
     n_layers = c.layers_per_stage
-    act_stage = n_layers * _activation_bytes(spec, e, prec)
-    shares = layer_shares(e, spec)
+    act_stage = fig.act_stage if n_layers == fig.n_layers else n_layers * _activation_bytes(spec, e, prec)
+    shares = fig.shares
     dp_exposed, optimizer = c.dp_exposed_s, c.optimizer_s
     model_flops = model_flops_per_iteration(spec, e.global_batch)
 
@@ -918,7 +935,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
                                       for s, n in enumerate(c.stage_layers))
     group_bytes = _recompute_group_bytes(spec, e, prec)
     weight_bytes = prec.element_bytes + prec.fp8_weight_bytes  # with Transformer Engine's fp8 copy
-    params = _rank_params(spec, e)
+    params = fig.params
     weights = weight_bytes * params[e.zero >= 3]
     grads = prec.element_bytes * params[e.zero >= 2]
     if e.zero >= 3:  # the layer computing and the ones prefetched, whole, with their gradients
@@ -927,7 +944,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
         grads += prec.element_bytes * gathered
     opt = prec.optimizer_bytes * params[e.zero >= 1]
     # offloaded weights: the stored copy (the shard); the gathered layers are in HBM while they compute
-    offloaded_weights = (weight_bytes * _offloaded_weight_params(spec, e, _param_groups(spec, e), n_layers)
+    offloaded_weights = (weight_bytes * _offloaded_weight_params(spec, e, fig.groups, n_layers)
                          if e.offload_weights else 0.0)
     on_tier = offloaded_weights + (opt if e.offload_optimizer else 0.0)
     offloaded_activations = shares.offloaded * activations if e.offload_activations else 0.0
@@ -968,6 +985,7 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
     )
 
 
+@slot_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankTraffic:
     """The bytes one rank moves, as :func:`stage_costs` prices them, for the lowering onto the program IR
@@ -1008,20 +1026,17 @@ def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = D
     divides by bandwidths)."""
     e = execution
     prec = precision_of(precision)
-    spec = _at_precision(spec, prec)
+    fig = _figures(spec, e, prec)
+    spec, groups, n_layers, stage_act, params = fig.spec, fig.groups, fig.n_layers, fig.act_stage, fig.params
     act = spec.bytes_per_element * e.micro_batch * spec.seq_len / e.cp * spec.hidden
-    groups = _param_groups(spec, e)
     params_rank = sum(g.params for g in groups)  # all parameters on the rank of the first stage
-    n_layers = max(stage_layers(e, spec))
-    stage_act = n_layers * _activation_bytes(spec, e, prec)
-    params = _rank_params(spec, e)
     return RankTraffic(
         activation_bytes=act, p2p_bytes=act / e.tp,
         stage_activation_bytes=stage_act,
         weight_bytes=prec.element_bytes * params[e.zero >= 3],
         optimizer_bytes=prec.optimizer_bytes * params[e.zero >= 1],
         gradient_bytes=prec.element_bytes * params_rank,
-        offload_activation_bytes=layer_shares(e, spec).offloaded * stage_act if e.offload_activations else 0.0,
+        offload_activation_bytes=fig.shares.offloaded * stage_act if e.offload_activations else 0.0,
         offload_weight_bytes=(prec.element_bytes * _offloaded_weight_params(spec, e, groups, n_layers)
                               if e.offload_weights else 0.0),
         kv_block_bytes=kv_block_bytes(spec, e.micro_batch, tp=e.tp, cp=e.cp) if e.cp > 1 else 0.0,

@@ -55,13 +55,17 @@ class CpExchange:
     bwd_exposed_s: float
 
 
+_NO_EXCHANGE = CpExchange(fwd_comm_s=0.0, bwd_comm_s=0.0, fwd_exposed_s=0.0, bwd_exposed_s=0.0)
+"""The exchange without context parallelism (a frozen record, so every such execution shares it)."""
+
+
 def cp_exchange(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
                 attention_fwd_s: float) -> CpExchange:
     """The exchange of NOTE [context parallel exchange] for one layer; ``attention_fwd_s`` is the rank's
     attention-core forward time of that layer (seconds), the compute a ring send overlaps with."""
     e = execution
     if e.cp == 1:
-        return CpExchange(fwd_comm_s=0.0, bwd_comm_s=0.0, fwd_exposed_s=0.0, bwd_exposed_s=0.0)
+        return _NO_EXCHANGE
     layout = ParallelDims.of(e)
     dims = cluster.group_dims(e.cp, layout.stride("cp"))
     block = kv_block_bytes(spec, e.micro_batch, tp=e.tp, cp=e.cp)

@@ -217,18 +217,16 @@ class _PathTable:
         return got
 
 
-_TABLES: dict[int, _PathTable] = {}
-"""Per ``Cluster.paths`` (by identity, the tuple kept in the entry): its :class:`_PathTable`."""
-
-
 def _table(cluster: Cluster) -> _PathTable:
-    got = _TABLES.get(id(cluster.paths))
-    if got is not None and got.paths is cluster.paths:
-        return got
-    if len(_TABLES) > 256:
-        _TABLES.clear()
-    got = _TABLES[id(cluster.paths)] = _PathTable(cluster.paths)
-    return got
+    """``cluster``'s :class:`_PathTable`, kept in its ``model_memo``."""
+    got = cluster.model_memo.get(_TABLE_KEY)
+    if got is None:
+        got = cluster.model_memo[_TABLE_KEY] = _PathTable(cluster.paths)
+    return got  # type: ignore[return-value]
+
+
+_TABLE_KEY = ("floor-path-table",)
+"""The key of a cluster's :class:`_PathTable` in its ``model_memo``."""
 
 
 class _Drain:
@@ -459,23 +457,22 @@ def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, tr
     return alone, apart, ends
 
 
-_CROSSED: dict[int, tuple[object, dict[str, set[tuple[str, ...]]]]] = {}
-"""Per ``Cluster.paths`` (by identity, the tuple kept alongside): :func:`_resources_by_class`'s answer."""
-
-
 def _resources_by_class(cluster: Cluster) -> dict[str, set[tuple[str, ...]]]:
-    """The finite resources each traffic class's paths cross, the GPU's own HBM left out (as in the drain)."""
-    got = _CROSSED.get(id(cluster.paths))
-    if got is not None and got[0] is cluster.paths:
-        return got[1]
+    """The finite resources each traffic class's paths cross, the GPU's own HBM left out (as in the drain),
+    kept in ``cluster``'s ``model_memo``."""
+    got = cluster.model_memo.get(_CROSSED_KEY)
+    if got is not None:
+        return got  # type: ignore[return-value]
     crossed: dict[str, set[tuple[str, ...]]] = {}
     for path in cluster.paths:
         crossed.setdefault(path.traffic, set()).update(
             res.resource for res in path.resources if res.resource[0] != "hbm" and res.load_s_per_byte() > 0)
-    if len(_CROSSED) > 256:
-        _CROSSED.clear()
-    _CROSSED[id(cluster.paths)] = (cluster.paths, crossed)
+    cluster.model_memo[_CROSSED_KEY] = crossed
     return crossed
+
+
+_CROSSED_KEY = ("floor-crossed",)
+"""The key of :func:`_resources_by_class`' answer in a cluster's ``model_memo``."""
 
 
 def _reduction_between(cluster: Cluster, traffic: RankTraffic, end_s: float, begin_s: float, until_s: float,
