@@ -117,14 +117,12 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         act, weights = traffic.offload_activation_bytes, traffic.offload_weight_bytes
         add("forward", "offload", act, weights)
         add("backward", "offload", 0.0, act + weights)
-    tp_stride, pp_stride, cp_stride, ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
-    dims = cluster.group_dims(e.tp, tp_stride)
-    if dims and tp:
-        kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
-        per_call_bytes = traffic.activation_bytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds)
+    _tp_stride, pp_stride, cp_stride, ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
+    if tp:
         for phase, calls in (("forward", 2.0), ("backward", 2 + 2 * costs.recomputed_share)):
-            tp_bytes = costs.layers_per_stage * calls * per_call_bytes
-            add(phase, "scale-up", tp_bytes, tp_bytes)
+            tp_bytes = costs.layers_per_stage * calls * _tp_call(e, cluster, traffic)[0]
+            if tp_bytes > 0:
+                add(phase, "scale-up", tp_bytes, tp_bytes)
     if e.pp > 1 and sends:
         p2p = e.virtual_stages * traffic.p2p_bytes
         within = pp_stride < cluster.gpus_per_node and cluster.scale_up is not None
@@ -153,6 +151,20 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
             add(phase, cls, moved_bytes, moved_bytes)
     return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
 
+
+
+def _tp_call(execution: Execution, cluster: Cluster, traffic: RankTraffic, *, timed: bool = False,
+             ) -> tuple[float, float]:
+    """One layer's TP call (an all-reduce, or with SP its all-gather + reduce-scatter pair): the bytes one GPU
+    moves each way through its TP group's dimensions and (``timed``) its closed-form time; 0 with no TP group."""
+    e = execution
+    dims = cluster.group_dims(e.tp, group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)[0])
+    if not dims:
+        return 0.0, 0.0
+    kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
+    nbytes = traffic.activation_bytes
+    return (nbytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds),
+            sum(collective_time(k, nbytes, dims) for k in kinds) if timed else 0.0)
 
 
 def zero3_bytes_per_micro_batch(cluster: Cluster, costs: StageCosts, zero3: Zero3Traffic,
@@ -431,17 +443,17 @@ Ends: TypeAlias = dict[tuple[str, str, int], float]
 
 def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
                    own: dict[tuple[str, str, int], Flow], dp: dict[tuple[str, str, int], Flow],
-                   zero3: Zero3Traffic | None) -> tuple[Ends, Ends, Ends] | None:
+                   zero3: Zero3Traffic | None, *, last: bool = False) -> tuple[Ends, Ends, Ends] | None:
     """Without offload, the ends (from the reduction's start) of the last backward pass's layer communication
     ``own`` alone, of the reduction's flows ``dp`` alone, and of both: the pass communicates after its compute
     (:func:`_compute_before_comm_s`) up to its closed-form end, beside what the reduction moves meanwhile
     (:func:`_reduction_between`; ZeRO-3's once-per-iteration collectives spread evenly over their time); None
-    when the reduction moves nothing then."""
+    when the reduction moves nothing then; ``last``: the last stage's pass (the logits' backward first)."""
     crossed = _resources_by_class(cluster)
     if not any(crossed.get(a, set()) & crossed.get(b, set()) for a, _way, _n in own.values()
                for b, _to, _m in dp.values()):
         return None  # on resources of their own
-    start = _compute_before_comm_s(execution, costs)
+    start = _compute_before_comm_s(execution, costs, last=last)
     alone = {key: start + end for key, end in _drain_ends(cluster, own).items()}
     until = max(costs.dp_hidden_s, max(alone.values(), default=start))  # its latencies and ring steps in it
     if zero3 is None:
@@ -455,6 +467,35 @@ def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, tr
     apart = {**{key: start for key in dp}, **{key: start + end for key, end in _drain_ends(cluster, left).items()}}
     ends = {**apart, **{key: start + end for key, end in _drain_ends(cluster, {**own, **left}).items()}}
     return alone, apart, ends
+
+
+def _tp_beside(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+               dp: dict[tuple[str, str, int], Flow]) -> tuple[float, float] | None:
+    """Without offload, the TP calls of the last backward chunk beside its GEMMs (``tp_comm_overlap``): the engine
+    runs their latencies, then the calls, from the pass's start, when the overlapped reduction starts too, so
+    they drain beside what the reduction moves meanwhile, its phases as early as they run (a hierarchical one's
+    in-node reduce-scatter first). How much later the reduction's flows end for them, and how much longer the
+    chunk is (the calls' end past the GEMMs less the closed form's); None where no resource carries both."""
+    e, c = execution, costs
+    per_byte, call_s = _tp_call(e, cluster, traffic, timed=True)
+    calls = c.layers_per_stage / e.virtual_stages * (2 + 2 * c.recomputed_share)
+    own = _flows({"scale-up": (calls * per_byte,) * 2}, "tp")
+    crossed = _resources_by_class(cluster)
+    if not own or not any(crossed.get("scale-up", set()) & crossed.get(cls, set()) for cls, _w, _n in dp.values()):
+        return None
+    drained = max(_drain_ends(cluster, own).values())
+    alone = max(calls * call_s, drained)  # the closed form's calls: their latencies, then their bytes
+    start = (alone - drained) * max(0.0, calls - 1) / calls  # the engine runs a pass's calls of a kind as one
+    during = _reduction_between(cluster, traffic, 0.0, start, alone, early=True)
+    left = {key: (cls, way, during[cls]) for key, (cls, way, _got) in dp.items() if during.get(cls, 0.0) > 0}
+    if not left:
+        return None
+    apart = _drain_ends(cluster, left)
+    ends = _drain_ends(cluster, {**own, **left})
+    hide = c.layers_per_stage / e.virtual_stages * c.layer_tp_hide_bwd_s
+    tp_end = start + max(ends[key] for key in own)
+    slow_dp = max(0.0, *(ends[key] - apart[key] for key in left))
+    return slow_dp, max(0.0, tp_end - hide) - max(0.0, alone - hide)
 
 
 def _resources_by_class(cluster: Cluster) -> dict[str, set[tuple[str, ...]]]:
@@ -476,11 +517,11 @@ _CROSSED_KEY = ("floor-crossed",)
 
 
 def _reduction_between(cluster: Cluster, traffic: RankTraffic, end_s: float, begin_s: float, until_s: float,
-                       ) -> dict[str, float]:
+                       *, early: bool = False) -> dict[str, float]:
     """Bytes per class the reduction's all-reduces move each way from ``begin_s`` to ``until_s`` of a reduction
-    that ends at ``end_s``, its phases as late as they can run: per reduction group one after another, a
-    hierarchical one's reduce-scatter inward, all-reduce on the outermost dimension and all-gather back (NOTE
-    [collective flow phases]), each phase its bytes over its dimension's bandwidth."""
+    that ends at ``end_s``, its phases as late as they can run (``early``: as early, from 0): per reduction group
+    one after another, a hierarchical one's reduce-scatter inward, all-reduce on the outermost dimension and
+    all-gather back (NOTE [collective flow phases]), each phase its bytes over its dimension's bandwidth."""
     phases: list[tuple[str, float, float]] = []  # (class, bytes, seconds), in the order they run
     for nbytes, size, stride in traffic.gradient_groups:
         dims = cluster.group_dims(size, stride)
@@ -490,6 +531,8 @@ def _reduction_between(cluster: Cluster, traffic: RankTraffic, end_s: float, beg
         inward = [(_dim_class(cluster, d), b / 2, b / 2 / d.bytes_per_s) for d, b in zip(dims[:-1], moved[:-1])]
         outer = (_dim_class(cluster, dims[-1]), moved[-1], moved[-1] / dims[-1].bytes_per_s)
         phases += [*inward, outer, *reversed(inward)]
+    if early:
+        end_s = sum(seconds for _cls, _b, seconds in phases)
     between: dict[str, float] = {}
     for cls, nbytes, seconds in reversed(phases):
         overlap = min(end_s, until_s) - max(end_s - seconds, begin_s)
@@ -499,13 +542,13 @@ def _reduction_between(cluster: Cluster, traffic: RankTraffic, end_s: float, beg
     return between
 
 
-def _compute_before_comm_s(execution: Execution, costs: StageCosts) -> float:
+def _compute_before_comm_s(execution: Execution, costs: StageCosts, *, last: bool = False) -> float:
     """How long the last backward pass of a stage's chunk computes before its communication starts (the engine
     runs a pass's CP ring steps, CP and EP collectives and TP collectives after its compute, the ring's attention
-    beside its sends)."""
+    beside its sends); the first stage's (that hides the reduction), or with ``last`` the last stage's."""
     e, c = execution, costs
     layer_s = c.layer_bwd_s + c.layer_recompute_s - _ring_attention_s(e, c)
-    logits = c.last_bwd_s if e.pp == 1 and e.virtual_stages == 1 else 0.0  # the first stage hides the reduction
+    logits = c.last_bwd_s if (e.pp == 1 or last) and e.virtual_stages == 1 else 0.0  # its chunk has the loss
     return max(0.0, c.layers_per_stage / e.virtual_stages * layer_s + logits)
 
 
@@ -551,6 +594,7 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     if e.dp_overlap and e.dp * e.cp > 1:
         reduced = reduction_bytes(e, cluster, traffic, zero3)
         dp = _flows({cls: (b, b) for cls, b in reduced.items()}, "dp")
+        beside: tuple[float, float] | None = None  # TP calls beside the GEMMs and the reduction (no offload)
         if offloads:  # the pass's flows and the reduction's start together
             own = flows["backward"]
             alone, apart = _drain_ends(cluster, own), _drain_ends(cluster, dp)
@@ -566,16 +610,26 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
                 from mcdla.sim.llm_floor_zero3 import zero3_beside  # it drains on this module's path tables
 
                 gathers = zero3_beside(e, cluster, costs, own, dp, zero3)
+            beside = _tp_beside(e, cluster, costs, traffic, dp) if overlapped and zero3 is None else None
+            # the last stage's pass starts its communication after the logits' backward, later beside the reduction
+            tail = None
+            if e.pp > 1 and e.virtual_stages == 1 and zero3 is None and own:
+                got = _after_compute(e, cluster, costs, traffic, own, dp, zero3, last=True)
+                tail = max(0.0, *(got[2][key] - got[0][key] for key in own)) if got is not None else 0.0
             if timed is None or not _shared(timed[2], {**timed[0], **timed[1]}):
-                if gathers is None:  # the closed form prices each class on its link
+                if (beside is not None and (beside[0] > 0 or beside[1] > 0)) or tail:
+                    zeros = dict.fromkeys((*own, *dp), 0.0)  # those parts alone
+                    timed = zeros, zeros, zeros
+                elif gathers is None:  # the closed form prices each class on its link
                     return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
-                return LinkFloors(stage_s=0.0, dp_exposed_s=gathers[0], last_backward_s=gathers[1])
+                else:
+                    return LinkFloors(stage_s=0.0, dp_exposed_s=gathers[0], last_backward_s=gathers[1])
             alone, apart, ends = timed
         # the pass as the stage's floor has it (without offload the closed form's)
         bwd = max(phase_s["backward"], max(alone.values(), default=0.0) if offloads else 0.0)
         # the reduction's collectives run one after another, each its phases in turn (its closed-form time), beside
         # the whole pass (its exposed copies too): what the pass's flows slow them is exposed beyond that
-        slow_dp = max(0.0, *(ends[key] - apart[key] for key in dp))
+        slow_dp = max(0.0, *(ends[key] - apart[key] for key in dp)) + (beside[0] if beside else 0.0)
         hidden = costs.dp_hidden_s + costs.offload_bwd_s + bwd - phase_s["backward"]
         # the drain beyond the pass (without offload the hiding pass, the logits' and loss's backward in it)
         dp_exposed = max(0.0, max(ends.values(), default=0.0) - (phase_s["backward"] if offloads else hidden),
@@ -583,9 +637,11 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         # the pass's own flows beside the reduction: its communication is on its critical path (the closed form
         # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
         slowed = [ends[key] - (bwd if key[1] == "offload" else alone[key]) for key in own]
-        last_backward = max(0.0, *slowed) / e.virtual_stages
+        last_backward = max(0.0, max(slowed, default=0.0)) / e.virtual_stages + (beside[1] if beside else 0.0)
         if not offloads:  # the first stage ends with the later of its reduction and its own slowed pass
             dp_exposed = max(dp_exposed, costs.dp_exposed_s + last_backward)
+            if tail is not None:  # the p - 1 stages after the first: p - 2 middle ones and the last
+                last_backward += (tail + (beside[1] if beside else 0.0) - last_backward) / (e.pp - 1)
             if gathers is not None:
                 dp_exposed, last_backward = max(dp_exposed, gathers[0]), max(last_backward, gathers[1])
     return LinkFloors(stage_s=stage, dp_exposed_s=dp_exposed, last_backward_s=last_backward)
