@@ -12,8 +12,12 @@ from that directory on its own, with its three imports of NF4Tensor, TiedLinear 
 class itself is unchanged). Both need CUDA (OffloadActivations takes ``torch.cuda.default_stream()`` when
 built; CPUOffloadOptimizer asserts CUDA or XPU); without it their rows say so.
 
-Memory: on a CPU-only machine a copy into host memory (save_on_cpu, the host tier, torchtune) frees nothing
-by construction, so only the file tier saves memory there (its RSS is measured by ``bench_runtime_rss``).
+Memory: each step's peak resident set over the resident set before it (``VmHWM`` after ``clear_refs`` 5, with
+glibc's mmap threshold pinned at 64 KiB so that freed activations go back to the system at once), the
+median over the measured steps, and the memory saved against the plain step's. The host tier's pool keeps its
+free buffers between steps (resident before the step starts), so they count as that step's memory. On a CPU-only machine a copy
+into host memory (save_on_cpu, the host tier, torchtune) frees nothing by construction, so only the file tier
+saves memory there (``bench_runtime_rss`` measures it on a step of more than 2 GB).
 
     .venv/bin/python -m benchmarks.bench_runtime_offload_compare [--extra-path /tmp/tt] [--repeats 8] [--write]
 """
@@ -22,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import logging
+import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +41,7 @@ import torch
 
 from benchmarks.bench_runtime_host_overhead import make_model
 from mcdla.runtime import virtualize
+from mcdla.runtime.tiers_host import HostTier
 
 
 def load_torchtune_offload(extra: Path) -> Any:
@@ -53,7 +60,40 @@ def load_torchtune_offload(extra: Path) -> Any:
     return module.OffloadActivations
 
 
-def run(args: argparse.Namespace, directory: str) -> tuple[dict[str, float], dict[str, int], dict[str, str]]:
+_M_MMAP_THRESHOLD = -3  # glibc malloc.h: setting it also turns off the dynamic threshold
+
+
+def pin_mmap_threshold(nbytes: int = 64 * 1024) -> bool:
+    """Serve every allocation of ``nbytes`` or more by its own mmap, so a freed activation leaves the resident
+    set at once (glibc otherwise raises the threshold after the first free and keeps such blocks in its heap).
+    False where the C library has no ``mallopt`` (not glibc): the RSS columns then include the heap's slack."""
+    try:
+        return bool(ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, nbytes))
+    except (AttributeError, OSError):
+        return False
+
+
+def _rss_bytes(key: str) -> int:
+    """A ``/proc/self/status`` figure (``VmRSS``, ``VmHWM``) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {key}")
+
+
+def _reset_peak() -> int:
+    """Reset the kernel's high-water mark to the current resident set (``clear_refs`` 5) and return it."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _rss_bytes("VmRSS")
+
+
+def _pooled_bytes(pool: Any) -> int:
+    """Bytes of free buffers the host tiers of ``pool`` keep resident between steps."""
+    return sum(t.buffers.cached_bytes for t in pool.tiers if isinstance(t, HostTier))
+
+
+def run(args: argparse.Namespace, directory: str
+        ) -> tuple[dict[str, float], dict[str, int], dict[str, str], dict[str, float]]:
     model = make_model(args.dim, args.layers, 4)
     x = torch.randn(args.batch, args.seq, args.dim)
     host = virtualize("host", min_bytes=args.min_bytes, model=model)
@@ -84,11 +124,13 @@ def run(args: argparse.Namespace, directory: str) -> tuple[dict[str, float], dic
     else:
         skipped["torchtune OffloadActivations"] = skipped["torchao CPUOffloadOptimizer"] = "no --extra-path given"
     times: dict[str, list[float]] = {m: [] for m in modes}
+    growth: dict[str, list[int]] = {m: [] for m in modes}
     losses: dict[str, float] = {}
     moved: dict[str, int] = {}
     for i in range(args.repeats + 2):
         for name, ctx in modes.items():
             model.zero_grad()
+            before = _reset_peak() - (_pooled_bytes(host.pool) if name == "mcdla host tier" else 0)
             t0 = time.perf_counter()
             with ctx():
                 loss = model(x * 1.0).square().mean()
@@ -97,11 +139,13 @@ def run(args: argparse.Namespace, directory: str) -> tuple[dict[str, float], dic
                 (host if "host" in name else disk).synchronize()
             if i >= 2:
                 times[name].append(time.perf_counter() - t0)
+                growth[name].append(_rss_bytes("VmHWM") - before)
             losses[name] = loss.item()
     assert len(set(losses.values())) == 1, losses
     moved["mcdla host tier"], moved["mcdla file tier"] = host.report.offloaded_bytes, disk.report.offloaded_bytes
     host.close(), disk.close()
-    return {m: min(t) for m, t in times.items()}, moved, skipped
+    return ({m: min(t) for m, t in times.items()}, moved, skipped,
+            {m: statistics.median(g) for m, g in growth.items()})
 
 
 def main() -> None:
@@ -118,17 +162,22 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    pinned = pin_mmap_threshold()
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        best, moved, skipped = run(args, d)
-    plain = best["plain"]
+        best, moved, skipped, growth = run(args, d)
+    plain, plain_growth = best["plain"], growth["plain"]
     lines = [f"Transformer {args.layers} x dim {args.dim}, batch {args.batch} x seq {args.seq}, torch threads "
-             f"{args.threads}, {'CUDA' if torch.cuda.is_available() else 'CPU only'}; fastest of {args.repeats}.", "",
-             "| mode | step ms | step time / plain | bytes moved out per step |", "|---|---|---|---|"]
+             f"{args.threads}, {'CUDA' if torch.cuda.is_available() else 'CPU only'}; fastest of {args.repeats}; "
+             f"peak RSS growth = median over the steps of the step's peak resident set over the one before it "
+             f"(mmap threshold {'pinned at 64 KiB' if pinned else 'not pinned: no glibc mallopt'}).", "",
+             "| mode | step ms | step time / plain | bytes moved out per step | peak RSS growth | memory saved vs plain |",
+             "|---|---|---|---|---|---|"]
     for name, s in best.items():
         lines.append(f"| {name} | {1e3 * s:.2f} | {s / plain:.3f} | "
-                     f"{f'{moved[name] / 2**20:.1f} MiB' if name in moved else '-'} |")
+                     f"{f'{moved[name] / 2**20:.1f} MiB' if name in moved else '-'} | "
+                     f"{growth[name] / 2**20:.1f} MiB | {round(1 - growth[name] / plain_growth, 2) + 0.0:.0%} |")
     for name, why in skipped.items():
-        lines.append(f"| {name} | not run: {why} | | |")
+        lines.append(f"| {name} | not run: {why} | | | | |")
     text = "\n".join(lines)
     print(text)
     if args.write:
