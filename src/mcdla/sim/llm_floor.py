@@ -88,9 +88,12 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from mcdla.hardware.cluster import FabricDim
 from mcdla.sim.collective_models import collective_time
+from mcdla.workload.memo import slot_init
 from mcdla.workload.parallel_dims import group_strides
 
 if TYPE_CHECKING:  # sim.llm calls this module; the types only
+    from collections.abc import Mapping, Sequence
+
     from mcdla.hardware.cluster import Cluster
     from mcdla.hardware.traffic import TrafficPath
     from mcdla.sim.llm import RankTraffic, StageCosts, Zero3Traffic
@@ -105,6 +108,14 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
     """Bytes one GPU of a stage moves per micro-batch, per phase (``forward``, ``backward``), ``(out, in)`` per
     traffic class (NOTE [link floor]), ZeRO-3's per-layer collectives apart (:func:`zero3_bytes_per_micro_batch`);
     ``sends=False`` leaves the pipeline's sends out, ``tp=False`` the TP collectives."""
+    moved = _class_bytes(execution, cluster, costs, traffic, sends=sends, tp=tp)
+    return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
+
+
+def _class_bytes(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
+                 *, sends: bool = True, tp: bool = True) -> dict[str, dict[str, list[float]]]:
+    """:func:`class_bytes_per_micro_batch` as ``[out, in]`` lists, which :func:`_flows` reads as they are (the
+    floor asks this once or twice per evaluation)."""
     e = execution
     moved: dict[str, dict[str, list[float]]] = {"forward": {}, "backward": {}}
 
@@ -119,8 +130,9 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
         add("backward", "offload", 0.0, act + weights)
     _tp_stride, pp_stride, cp_stride, ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
     if tp:
+        per_call = _tp_call(e, cluster, traffic)[0]
         for phase, calls in (("forward", 2.0), ("backward", 2 + 2 * costs.recomputed_share)):
-            tp_bytes = costs.layers_per_stage * calls * _tp_call(e, cluster, traffic)[0]
+            tp_bytes = costs.layers_per_stage * calls * per_call
             if tp_bytes > 0:
                 add(phase, "scale-up", tp_bytes, tp_bytes)
     if e.pp > 1 and sends:
@@ -149,7 +161,7 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
     for phase, kind, nbytes, dims in calls:
         for cls, moved_bytes in _dims_bytes(cluster, kind, nbytes, dims).items():
             add(phase, cls, moved_bytes, moved_bytes)
-    return {phase: {cls: (o, i) for cls, (o, i) in by_cls.items()} for phase, by_cls in moved.items()}
+    return moved
 
 
 
@@ -158,13 +170,25 @@ def _tp_call(execution: Execution, cluster: Cluster, traffic: RankTraffic, *, ti
     """One layer's TP call (an all-reduce, or with SP its all-gather + reduce-scatter pair): the bytes one GPU
     moves each way through its TP group's dimensions and (``timed``) its closed-form time; 0 with no TP group."""
     e = execution
-    dims = cluster.group_dims(e.tp, group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)[0])
-    if not dims:
-        return 0.0, 0.0
+    tp_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)[0]
     kinds = ("all-gather", "reduce-scatter") if e.sequence_parallel else ("all-reduce",)
+    # the bytes per byte of buffer depend on the group alone: kept in the cluster's model_memo (None: no group)
+    key = (_TP_KEY, e.tp, tp_stride, e.sequence_parallel)
+    memo = cluster.model_memo
+    if key in memo:
+        per_byte = memo[key]
+    else:
+        dims = cluster.group_dims(e.tp, tp_stride)
+        per_byte = memo[key] = sum(_level_bytes_per_byte(k, dims)[0] for k in kinds) if dims else None
+    if per_byte is None:
+        return 0.0, 0.0
     nbytes = traffic.activation_bytes
-    return (nbytes * sum(_level_bytes_per_byte(k, dims)[0] for k in kinds),
-            sum(collective_time(k, nbytes, dims) for k in kinds) if timed else 0.0)
+    return (nbytes * per_byte,  # type: ignore[operator]
+            sum(collective_time(k, nbytes, cluster.group_dims(e.tp, tp_stride)) for k in kinds) if timed else 0.0)
+
+
+_TP_KEY = "floor-tp-bytes"
+"""The first item of :func:`_tp_call`'s keys in a cluster's ``model_memo``."""
 
 
 def zero3_bytes_per_micro_batch(cluster: Cluster, costs: StageCosts, zero3: Zero3Traffic,
@@ -207,9 +231,9 @@ class _PathTable:
         self.duplex = tuple(d for d, _load in kinds)
         self.copies = _pool_memories(paths)
         self.drains: dict[tuple[tuple[str, str, int], ...], _Drain] = {}
-        # the last few drains' answers by (flow keys, bytes): an evaluation drains a few sets of flows, some twice
+        # the last few drains' answers by (their _Drain, bytes): an evaluation drains a few sets of flows, some twice
         # (a stage's backward alone, then beside the reduction), and an execution evaluated again drains them again
-        self.ends: dict[tuple[tuple[tuple[str, str, int], ...], tuple[float, ...]], dict[tuple[str, str, int], float]] = {}
+        self.ends: dict[tuple[_Drain, tuple[float, ...]], dict[tuple[str, str, int], float]] = {}
 
     def flow_load(self, cls: str, way: int) -> dict[tuple[int, int], float]:
         """A flow of class ``cls`` and way ``way``: its seconds per byte on each resource slot (a link's
@@ -243,17 +267,19 @@ _TABLE_KEY = ("floor-path-table",)
 
 class _Drain:
     """The fair drain of one ordered set of flows on one path table, apart from their bytes: which flows cross a
-    finite resource (``loaded``, their indices in order), and the max-min fair rates of each set of them still in
-    flight (a bit mask over the indices), computed by :func:`_fair_rates` on the first ask. The rates depend on
-    which flows are in flight, never on their bytes, so a search's evaluations compute each set's rates once and
-    the drain's steps are the same floating-point operations as progressive filling at every step."""
+    finite resource (``loaded``, their indices in order; ``idle``, the keys of the others, which end at once), and
+    the max-min fair rates of each set of them still in flight (a bit mask over the indices), computed by
+    :func:`_fair_rates` on the first ask. The rates depend on which flows are in flight, never on their bytes, so
+    a search's evaluations compute each set's rates once and the drain's steps are the same floating-point
+    operations as progressive filling at every step."""
 
-    __slots__ = ("loaded", "mask", "_loads", "_counts", "memo")
+    __slots__ = ("loaded", "mask", "idle", "_loads", "_counts", "memo")
 
     def __init__(self, table: _PathTable, keys: tuple[tuple[str, str, int], ...]) -> None:
         loads = [table.flow_load(cls, way) for _tag, cls, way in keys]
         self.loaded = tuple(i for i, load in enumerate(loads) if load)
         self.mask = sum(1 << i for i in self.loaded)
+        self.idle = tuple(key for key, load in zip(keys, loads) if not load)
         self._loads = loads
         self._counts = [table.copies if cls == "offload" else 1 for _tag, cls, _way in keys]
         self.memo: dict[int, list[tuple[int, float]]] = {}
@@ -273,7 +299,7 @@ Flow: TypeAlias = tuple[str, int, float]
 """A flow of the drain: its traffic class, its way (0 out of the GPU, 1 in) and its bytes."""
 
 
-def _flows(moved: dict[str, tuple[float, float]], tag: str = "") -> dict[tuple[str, str, int], Flow]:
+def _flows(moved: Mapping[str, Sequence[float]], tag: str = "") -> dict[tuple[str, str, int], Flow]:
     """One flow per class and way of ``moved`` (``(out, in)`` bytes per class), keyed ``(tag, class, way)``."""
     return {(tag, cls, way): (cls, way, nbytes) for cls, both in moved.items() for way, nbytes in enumerate(both)
             if nbytes > 0}
@@ -283,34 +309,51 @@ def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> di
     """When each of ``flows``, all started at once on one GPU's paths (every GPU of the node alike), is through
     under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once. Each step
     runs every flow in flight at its fair rate until the first is through (the rates of each set in flight
-    memoised by :class:`_Drain`, the last few drains' answers by their flows and bytes in the path table)."""
+    memoised by :class:`_Drain`, the last few drains' answers by their flows and bytes in the path table).
+
+    A search runs this a few times per evaluation on a handful of flows, so its fixed costs count as much as its
+    steps: the drain is found by the flows' keys once, the recent answers are keyed by that drain and the bytes,
+    each flow's "through" threshold is computed once, and a step's length is found by a plain loop (a list and
+    ``min`` cost more on a few flows)."""
+    return _drain_table_ends(_table(cluster), flows)
+
+
+def _drain_table_ends(table: _PathTable, flows: dict[tuple[str, str, int], Flow]) -> dict[tuple[str, str, int], float]:
+    """:func:`_drain_ends` on the path table ``table`` (a caller draining several sets of flows looks it up
+    once)."""
     keys = tuple(flows)
+    drain = table.drains.get(keys) or table.drain(keys)
     nbytes = [flow[2] for flow in flows.values()]
-    table = _table(cluster)
-    memo_key = (keys, tuple(nbytes))
-    known = table.ends.get(memo_key)
+    memo_key = (drain, tuple(nbytes))
+    recent = table.ends
+    known = recent.get(memo_key)
     if known is not None:
         return dict(known)
-    drain = table.drain(keys)
-    loaded = drain.loaded
-    ends = {key: 0.0 for i, key in enumerate(keys) if i not in loaded} if len(loaded) < len(keys) else {}
+    ends = dict.fromkeys(drain.idle, 0.0) if drain.idle else {}
     left = nbytes.copy()
+    through = [_DRAINED * b for b in nbytes]
     live, memo = drain.mask, drain.memo
     now = 0.0
     while live:
         rates = memo.get(live) or drain.rates(live)
-        step = min([left[i] / rate for i, rate in rates])
+        step = _INF  # the first flow through: the least of its bytes left over its rate (a loop, not min())
+        for i, rate in rates:
+            until = left[i] / rate
+            if until < step:
+                step = until
         now += step
         for i, rate in rates:
             rest = left[i] = left[i] - rate * step
-            if rest <= _DRAINED * nbytes[i]:
+            if rest <= through[i]:
                 ends[keys[i]] = now
                 live ^= 1 << i
-    if len(table.ends) >= _RECENT_DRAINS:
-        del table.ends[next(iter(table.ends))]  # the oldest
-    table.ends[memo_key] = dict(ends)
+    if len(recent) >= _RECENT_DRAINS:
+        del recent[next(iter(recent))]  # the oldest
+    recent[memo_key] = ends.copy()
     return ends
 
+
+_INF = float("inf")
 
 _RECENT_DRAINS = 8
 """Drains a path table remembers (:func:`_drain_ends`): the handful one evaluation asks, so that many fewer
@@ -374,17 +417,22 @@ def _phase_flows(execution: Execution, cluster: Cluster, costs: StageCosts, traf
                  zero3: Zero3Traffic | None) -> dict[str, dict[tuple[str, str, int], Flow]]:
     """Each phase's flows (:func:`_flows`): one per class and way, ZeRO-3's per-layer collectives tagged
     ``fsdp``."""
-    moved = class_bytes_per_micro_batch(execution, cluster, costs, traffic)
-    gathered = zero3_bytes_per_micro_batch(cluster, costs, zero3) if zero3 is not None else {}
+    moved = _class_bytes(execution, cluster, costs, traffic)
+    if zero3 is None:
+        return {phase: _flows(by_cls) for phase, by_cls in moved.items()}
+    gathered = zero3_bytes_per_micro_batch(cluster, costs, zero3)
     return {phase: {**_flows(moved[phase]), **_flows(gathered.get(phase, {}), "fsdp")} for phase in moved}
 
 
-def _phase_floor_s(cluster: Cluster, phase_s: float, flows: dict[tuple[str, str, int], Flow]) -> float:
-    """A phase's floor: its flows drained fairly, and its closed-form time ``phase_s`` plus what the copies slow
-    ZeRO-3's collectives, which the layers wait for (NOTE [link floor])."""
-    ends = _drain_ends(cluster, flows)
+def _phase_floor_s(cluster: Cluster, phase_s: float, flows: dict[tuple[str, str, int], Flow],
+                   ends: dict[tuple[str, str, int], float] | None = None, *, zero3: bool = True) -> float:
+    """A phase's floor: its flows drained fairly (``ends``, where the caller drained them already), and its
+    closed-form time ``phase_s`` plus what the copies slow ZeRO-3's collectives, which the layers wait for (NOTE
+    [link floor]); ``zero3=False``: no ZeRO-3 flows among them (none looked for)."""
+    if ends is None:
+        ends = _drain_ends(cluster, flows)
     slowed = 0.0
-    if any(key[0] == "fsdp" for key in flows) and any(key[1] == "offload" for key in flows):
+    if zero3 and any(key[0] == "fsdp" for key in flows) and any(key[1] == "offload" for key in flows):
         alone = _drain_ends(cluster, {key: flow for key, flow in flows.items() if key[1] != "offload"})
         slowed = max(0.0, *(ends[key] - alone[key] for key in flows if key[0] == "fsdp"))
     return max(phase_s + slowed, max(ends.values(), default=0.0))
@@ -399,9 +447,31 @@ def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic
              [("all-reduce", nbytes, size, stride) for nbytes, size, stride in traffic.gradient_groups])
     moved: dict[str, float] = {}
     for kind, nbytes, size, stride in calls:
-        for cls, got in _dims_bytes(cluster, kind, nbytes, cluster.group_dims(size, stride)).items():
+        for cls, per_bytes in _group_levels(cluster, kind, size, stride):
+            got = 0.0  # the group's bytes in this class, summed as _dims_bytes sums them
+            for per_byte in per_bytes:
+                got += nbytes * per_byte
             moved[cls] = moved.get(cls, 0.0) + got
     return moved
+
+
+def _group_levels(cluster: Cluster, kind: str, size: int, stride: int) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """Per traffic class (in the order of the group's fabric dimensions), the bytes each GPU moves each way per
+    byte of a ``kind`` buffer on each of the group's dimensions of that class (:func:`_level_bytes_per_byte`);
+    they depend on the group alone, so they are kept in the cluster's ``model_memo``."""
+    key = (_LEVELS_KEY, kind, size, stride)
+    got = cluster.model_memo.get(key)
+    if got is None:
+        dims = cluster.group_dims(size, stride)
+        by_cls: dict[str, list[float]] = {}
+        for dim, per_byte in zip(dims, _level_bytes_per_byte(kind, dims) if dims else ()):
+            by_cls.setdefault(_dim_class(cluster, dim), []).append(per_byte)
+        got = cluster.model_memo[key] = tuple((cls, tuple(per)) for cls, per in by_cls.items())
+    return got  # type: ignore[return-value]
+
+
+_LEVELS_KEY = "floor-group-levels"
+"""The first item of :func:`_group_levels`' keys in a cluster's ``model_memo``."""
 
 
 def _dim_class(cluster: Cluster, dim: FabricDim) -> str:
@@ -566,6 +636,7 @@ def _shared(ends: dict[tuple[str, str, int], float], apart: dict[tuple[str, str,
     return any(end - apart[key] > _DRAINED * end for key, end in ends.items())
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class LinkFloors:
     """What :func:`mcdla.sim.llm.llm_step` keeps: ``stage_s``, the least time of one micro-batch on a stage
@@ -589,21 +660,24 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         return LinkFloors(stage_s=0.0, dp_exposed_s=0.0)
     phase_s = _phase_s(e, costs)
     flows = _phase_flows(e, cluster, costs, traffic, zero3) if offloads else {}
-    stage = sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s) if offloads else 0.0
+    # each phase's drain once: the backward's is also the pass's own flows beside the reduction below
+    table = _table(cluster)
+    drained = {phase: _drain_table_ends(table, flows[phase]) for phase in phase_s} if offloads else {}
+    stage = (sum(_phase_floor_s(cluster, phase_s[phase], flows[phase], drained[phase], zero3=zero3 is not None)
+                 for phase in phase_s) if offloads else 0.0)
     dp_exposed = last_backward = 0.0
     if e.dp_overlap and e.dp * e.cp > 1:
         reduced = reduction_bytes(e, cluster, traffic, zero3)
-        dp = _flows({cls: (b, b) for cls, b in reduced.items()}, "dp")
+        dp = {("dp", cls, way): (cls, way, b) for cls, b in reduced.items() if b > 0 for way in (0, 1)}  # _flows'
         beside: tuple[float, float] | None = None  # TP calls beside the GEMMs and the reduction (no offload)
         if offloads:  # the pass's flows and the reduction's start together
             own = flows["backward"]
-            alone, apart = _drain_ends(cluster, own), _drain_ends(cluster, dp)
-            ends = _drain_ends(cluster, {**own, **dp})
+            alone, apart = drained["backward"], _drain_table_ends(table, dp)
+            ends = _drain_table_ends(table, {**own, **dp})
         else:
             # TP calls beside the GEMMs hide behind them, their slowdown too (the closed form exposes the excess)
             overlapped = costs.layer_tp_hide_bwd_s > 0
-            own = _flows(class_bytes_per_micro_batch(e, cluster, costs, traffic, sends=False, tp=not overlapped)
-                         ["backward"])
+            own = _flows(_class_bytes(e, cluster, costs, traffic, sends=False, tp=not overlapped)["backward"])
             timed = _after_compute(e, cluster, costs, traffic, own, dp, zero3) if own else None
             gathers = None
             if zero3 is not None and dp:
