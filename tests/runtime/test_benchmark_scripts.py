@@ -52,6 +52,8 @@ def test_offload_compare_measures_the_file_tier_saving(tmp_path):
 
     script = _load("bench_runtime_offload_compare")
     script.pin_mmap_threshold()
+    if not script.peak_is_tracked():
+        pytest.skip("this kernel keeps no resettable peak RSS (clear_refs 5 / VmHWM), so no step peak to measure")
     args = argparse.Namespace(dim=128, layers=2, seq=64, batch=8, min_bytes=1024, repeats=2, extra_path=None)
     _, moved, _, growth = script.run(args, str(tmp_path))
     assert growth["save_on_cpu"] >= 0.95 * growth["plain"]
