@@ -53,11 +53,28 @@ def test_every_published_row_is_a_record():
 
 
 # Megatron-Bridge v0.2.1 (the 25.11 container's) scripts/performance/configs/llama3/workload_base_configs.py: the
-# FP8-CS recipes that count layers; set_recompute_overrides makes recompute_num_layers a full, block recompute and
-# cpu_offloading_num_layers an activation offload (weights kept). The other rows' recipes count none.
-RECIPE_COUNTS = {("dgx-h100", "llama3-8b"): ("full", "block", 5, None),
-                 ("gb200-nvl72", "llama3-70b"): ("none", "block", None, 40),
+# FP8-CS recipes that count layers; set_recompute_overrides makes cpu_offloading_num_layers an activation offload
+# (weights kept). The H100 8B row runs the earlier base config (FSDP, no recompute: test below); the other rows'
+# recipes count none.
+RECIPE_COUNTS = {("gb200-nvl72", "llama3-70b"): ("none", "block", None, 40),
                  ("gb300-nvl72", "llama3-70b"): ("none", "block", None, 20)}
+# The table's FSDP column (1 = Megatron-FSDP, recorded as ZeRO-3) for the Llama rows.
+PUBLISHED_FSDP = {("dgx-h100", "llama3-8b"), ("gb200-nvl72", "llama3-70b"), ("gb300-nvl72", "llama3-70b")}
+
+
+@pytest.mark.parametrize("run", BRIDGE_FP8_RUNS, ids=lambda r: r.name)
+def test_bridge_records_shard_as_the_tables_fsdp_column(run):
+    """FSDP 1 rows run ZeRO-3 over all their data-parallel ranks, FSDP 0 rows the distributed optimizer (ZeRO-1)."""
+    fsdp = (run.system, run.model) in PUBLISHED_FSDP
+    assert run.execution.zero == (3 if fsdp else 1)
+
+
+def test_h100_8b_runs_the_base_config_its_fsdp_column_names():
+    """The H100 8B row's FSDP 1 is the base config before Megatron-Bridge commit cb62f8620 (use_megatron_fsdp, no
+    recompute_num_layers), so the record recomputes nothing; the choices cite both configs."""
+    (run,) = (r for r in BRIDGE_FP8_RUNS if (r.system, r.model) == ("dgx-h100", "llama3-8b"))
+    assert run.execution.recompute == "none" and run.execution.zero == 3
+    assert "278b9baad" in run.choices and "cb62f8620" in run.choices
 
 
 @pytest.mark.parametrize("run", BRIDGE_FP8_RUNS, ids=lambda r: r.name)
