@@ -6,7 +6,10 @@ the two Megatron families of ``validate-llm`` (:data:`FIT_FAMILIES`: the 12 A100
 Megatron-Bridge FP8 runs; the shipped ``fp8_fraction`` was fitted when that family held its first 8); each GPU keeps
 its own width curve (the fitted ``dgx-a100`` one, the other presets' defaults). The baseline, measured in the
 same run, is the model with those figures neutral (no token dependence, backward 2x, fp8 GEMMs at the bf16
-fraction of the fp8 peak); the table reports each family's mean and max |error| under both. Run::
+fraction of the fp8 peak); the table reports each family's mean and max |error| under both. The grid's
+``fp8_fraction`` replaces every preset's, so it is the device-independent default (``DEFAULT_FP8_FRACTION``); the
+four Bridge presets now carry their own, each fitted on its rows (``tests/report/test_llm_validation_families.py
+-k fitted``, ``docs/llm.md`` "Megatron-Bridge FP8"). Run::
 
     .venv/bin/python -m benchmarks.bench_llm_kernel_fit               # run, print and record in RESULTS.md
     .venv/bin/python -m benchmarks.bench_llm_kernel_fit --no-record   # print only

@@ -1,8 +1,16 @@
-"""The validation families of ``validate-llm``: the Megatron-Bridge FP8 records against the published table."""
+"""The validation families of ``validate-llm``: the Megatron-Bridge FP8 records against the published table, and the
+fitted fp8 fraction of each of their presets against a re-run of its grid."""
+
+import dataclasses
+import math
 
 import pytest
 
-from mcdla.report.llm_validation import BRIDGE_FP8_RUNS, FAMILIES, family_runs, summary, validate_llm
+from mcdla.hardware.cluster import load_cluster
+from mcdla.hardware.gemm import DEFAULT_HALF_WIDTH
+from mcdla.report.llm_validation import BRIDGE_FP8_RUNS, FAMILIES, family_runs, run_cluster, summary, validate_llm
+from mcdla.sim.llm import llm_step
+from mcdla.workload.transformer import preset
 
 # Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Megatron-Bridge): (system, model) -> GPUs, GBS, mbs, TP, PP, VP,
 # tokens/s/GPU, as published.
@@ -53,11 +61,28 @@ def test_every_published_row_is_a_record():
 
 
 # Megatron-Bridge v0.2.1 (the 25.11 container's) scripts/performance/configs/llama3/workload_base_configs.py: the
-# FP8-CS recipes that count layers; set_recompute_overrides makes recompute_num_layers a full, block recompute and
-# cpu_offloading_num_layers an activation offload (weights kept). The other rows' recipes count none.
-RECIPE_COUNTS = {("dgx-h100", "llama3-8b"): ("full", "block", 5, None),
-                 ("gb200-nvl72", "llama3-70b"): ("none", "block", None, 40),
+# FP8-CS recipes that count layers; set_recompute_overrides makes cpu_offloading_num_layers an activation offload
+# (weights kept). The H100 8B row runs the earlier base config (FSDP, no recompute: test below); the other rows'
+# recipes count none.
+RECIPE_COUNTS = {("gb200-nvl72", "llama3-70b"): ("none", "block", None, 40),
                  ("gb300-nvl72", "llama3-70b"): ("none", "block", None, 20)}
+# The table's FSDP column (1 = Megatron-FSDP, recorded as ZeRO-3) for the Llama rows.
+PUBLISHED_FSDP = {("dgx-h100", "llama3-8b"), ("gb200-nvl72", "llama3-70b"), ("gb300-nvl72", "llama3-70b")}
+
+
+@pytest.mark.parametrize("run", BRIDGE_FP8_RUNS, ids=lambda r: r.name)
+def test_bridge_records_shard_as_the_tables_fsdp_column(run):
+    """FSDP 1 rows run ZeRO-3 over all their data-parallel ranks, FSDP 0 rows the distributed optimizer (ZeRO-1)."""
+    fsdp = (run.system, run.model) in PUBLISHED_FSDP
+    assert run.execution.zero == (3 if fsdp else 1)
+
+
+def test_h100_8b_runs_the_base_config_its_fsdp_column_names():
+    """The H100 8B row's FSDP 1 is the base config before Megatron-Bridge commit cb62f8620 (use_megatron_fsdp, no
+    recompute_num_layers), so the record recomputes nothing; the choices cite both configs."""
+    (run,) = (r for r in BRIDGE_FP8_RUNS if (r.system, r.model) == ("dgx-h100", "llama3-8b"))
+    assert run.execution.recompute == "none" and run.execution.zero == 3
+    assert "278b9baad" in run.choices and "cb62f8620" in run.choices
 
 
 @pytest.mark.parametrize("run", BRIDGE_FP8_RUNS, ids=lambda r: r.name)
@@ -71,3 +96,40 @@ def test_bridge_records_carry_their_recipes_layer_counts(run):
     for count in want[2:]:
         if count is not None:
             assert f"_num_layers={count}" in run.choices
+
+
+# The presets the family runs on, each with its own fitted fp8_fraction (node.gemm_efficiency).
+FP8_PRESETS = ("dgx-h100", "b200", "gb200-nvl72", "gb300-nvl72")
+
+
+def _fp8_rms(system: str, fraction: float) -> float:
+    """RMS relative error of the family's runs on ``system`` with its curve's fp8_fraction set to ``fraction``,
+    through llm_step."""
+    errors = []
+    for run in (r for r in BRIDGE_FP8_RUNS if r.system == system):
+        cluster = run_cluster(run, None)
+        curve = dataclasses.replace(cluster.gemm_efficiency, fp8_fraction=fraction)
+        step = llm_step(preset(run.model), run.execution, dataclasses.replace(cluster, gemm_efficiency=curve),
+                        precision=run.precision)
+        errors.append(step.iteration_s / run.measured_s - 1.0)
+    return math.sqrt(sum(e * e for e in errors) / len(errors))
+
+
+@pytest.mark.parametrize("system", FP8_PRESETS)
+def test_fitted_fp8_fraction_is_the_grid_minimum(system):
+    """Each preset's fp8_fraction is the 0.01 grid point with the least RMS error over its rows of the family:
+    no worse than either neighbour on that grid nor than any point of the 0.05 grid over 0.60-1.00 (the error is
+    smooth in the fraction, so these bound the full 0.01 grid's minimum); its peak fraction and half-width are
+    those of a preset without a curve, so the fit changes nothing but fp8 GEMMs."""
+    cluster = load_cluster(system)
+    curve = cluster.gemm_efficiency
+    assert curve.peak_fraction == cluster.device.compute_efficiency and curve.half_width == DEFAULT_HALF_WIDTH
+    fitted = _fp8_rms(system, curve.fp8_fraction)
+    for other in (curve.fp8_fraction - 0.01, curve.fp8_fraction + 0.01, *(i / 100 for i in range(60, 101, 5))):
+        assert fitted <= _fp8_rms(system, round(other, 2)) + 1e-12
+
+
+def test_bridge_fp8_family_is_within_the_goal():
+    """With the per-preset fp8 fractions the family's mean |error| is within 5 % and its max within 10 %."""
+    s = summary(validate_llm(runs=BRIDGE_FP8_RUNS))
+    assert s["mean_abs_error"] <= 0.05 and s["max_abs_error"] <= 0.10

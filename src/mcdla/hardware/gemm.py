@@ -25,11 +25,13 @@ DEFAULT_BACKWARD_RATIO = 2.0
 """Backward over forward time of a GEMM (its dgrad and wgrad, twice the FLOPs) at the same efficiency."""
 
 DEFAULT_FP8_FRACTION = 0.76
-"""Fraction of the bf16 curve's efficiency an fp8 GEMM reaches against the fp8 peak: the least-squares fit on
-Megatron-Bridge 25.11's FP8 runs (``validate-llm --family megatron-bridge-fp8``; with their recipes' partial
-recompute and offload, gradient-reduction and pipeline-send overlap, and FlashAttention's softmax exponentials)
-by ``python -m benchmarks.bench_llm_kernel_fit``
-(``benchmarks/RESULTS.md``, ``docs/llm.md`` "Kernel times")."""
+"""Fraction of the bf16 curve's efficiency an fp8 GEMM reaches against the fp8 peak, for a GPU whose file gives
+none: the device-independent least-squares fit on Megatron-Bridge 25.11's FP8 runs (``validate-llm --family
+megatron-bridge-fp8``; with their recipes' partial recompute and offload, gradient-reduction and pipeline-send
+overlap, and FlashAttention's softmax exponentials) by ``python -m benchmarks.bench_llm_kernel_fit``
+(``benchmarks/RESULTS.md``, ``docs/llm.md`` "Kernel times"). The presets those runs ran on carry their own, fitted
+on their rows (``node.gemm_efficiency.fp8_fraction``; ``docs/llm.md`` "Megatron-Bridge FP8"): what an fp8 GEMM
+sustains of the datasheet peak under the GPU's power limit is a property of the part."""
 
 
 def _check(name: str, value: object, low: float, high: float = math.inf, low_open: bool = False) -> float:

@@ -123,11 +123,12 @@ def _bridge(system: str, model: str, gpus: int, gbs: int, tokens_per_s_per_gpu: 
 
 
 BRIDGE_FP8_RUNS: tuple[MeasuredRun, ...] = (
-    _bridge("dgx-h100", "llama3-8b", 8, 128, 14451, "FSDP=1 -> zero=3 over dp 8; full recompute of the first 5 "
-            f"of the 32 layers, recompute_method block, recompute_num_layers 5 ({_RECIPES}: "
-            "LLAMA3_8B_H100_FP8_CS_BASE_CONFIG recompute_num_layers=5, which set_recompute_overrides turns into "
-            "recompute_granularity full, recompute_method block)", dp=8, zero=3, micro_batch=1, recompute="full",
-            recompute_method="block", recompute_num_layers=5),
+    _bridge("dgx-h100", "llama3-8b", 8, 128, 14451, "FSDP=1 -> zero=3 over dp 8; no recompute: the table's FSDP 1 "
+            "is the base config the scripts carried until 21 Nov 2025 (NVIDIA-NeMo/Megatron-Bridge commit 278b9baad, "
+            "scripts/performance/configs/llama3/workload_base_configs.py LLAMA3_8B_H100_FP8_CS_BASE_CONFIG "
+            "use_megatron_fsdp=True and no recompute_num_layers; the 25.09 table's row is FSDP 1 too), not the "
+            f"one of {_RECIPES} (recompute_num_layers=5 and no Megatron-FSDP, from commit cb62f8620), which the "
+            "table's FSDP column contradicts", dp=8, zero=3, micro_batch=1),
     _bridge("dgx-h100", "llama3-70b", 64, 128, 1602, "TP4 PP8 VP5 -> dp 2, zero=1; sequence_parallel and "
             "tp_comm_overlap on (the Llama 3 70B recipe's)", tp=4, pp=8, dp=2, virtual_stages=5,
             sequence_parallel=True, zero=1, micro_batch=1, tp_comm_overlap=True),
