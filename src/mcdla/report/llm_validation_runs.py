@@ -27,9 +27,11 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
   those records' ``choices`` gives that rate against its own (the alltoall rows at 0.50-0.76 of it, HybridEP's
   GB200 row at the same), evidence of the dropless alltoall path's host cost, which is not modelled.
 
-Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so): the
-``grand-teton-h100`` preset's on torchtitan's three H100 rows (their 500 W clock is not published) and the
-``fms-h100-800g`` preset's on fms-fsdp's three H100 rows (``dgx-h100`` has no fitted bf16 curve).
+Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so) and one host figure
+for the MoE family: the ``grand-teton-h100`` preset's peak fraction on torchtitan's three H100 rows (their 500 W clock
+is not published), the ``fms-h100-800g`` preset's on fms-fsdp's three H100 rows (``dgx-h100`` has no fitted bf16
+curve), and ``host_call_time`` (the host's time per per-expert GEMM call of a grouped GEMM, NOTE [expert
+parallelism]) of ``dgx-h100``, ``b200``, ``gb200-nvl72`` and ``gb300-nvl72`` on the seven MoE rows.
 """
 
 from __future__ import annotations

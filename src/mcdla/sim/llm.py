@@ -18,7 +18,8 @@ NOTE [time model] (also ``docs/llm.md``):
   NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts
   and, with ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x; an MoE
-  layer's token permutations move as many bytes each way (NOTE [expert parallelism]).
+  layer's token permutations move as many bytes each way, and its grouped GEMMs wait for the host's per-expert
+  calls where those outlast them (NOTE [expert parallelism]).
   ``fused_kernels: false`` counts those kernels as eager PyTorch runs them, one per op (NOTE [eager kernels] in
   :mod:`mcdla.sim.llm_eager`). Recompute adds a forward (``full``), the attention core with its softmax and
   dropout (``selective``) or torchtitan's op policy's every second matrix product and the memory-bound kernels
