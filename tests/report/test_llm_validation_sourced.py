@@ -91,6 +91,16 @@ def test_moe_records_match_the_published_rows(run):
     assert run.precision == precision and run.choices and "Megatron-Bridge 25.11" in run.source
 
 
+@pytest.mark.parametrize("run", BRIDGE_MOE_RUNS, ids=lambda r: r.name)
+def test_moe_records_take_the_recipes_overlaps(run):
+    """The Qwen3 MoE recipe's ``overlap_grad_reduce`` (dp_overlap) on every row, ``overlap_p2p_comm``
+    (pp_comm_overlap) exactly where the row interleaves (comm_overlap.py: when vp > 1), both named in the
+    record's choices."""
+    e = run.execution
+    assert e.dp_overlap and e.pp_comm_overlap == (e.virtual_stages > 1)
+    assert "overlap_grad_reduce" in run.choices and "overlap_p2p_comm" in run.choices
+
+
 def test_moe_235b_jobs_take_the_launchers_segment_of_each_rack():
     """Megatron-Bridge's launcher (r0.2.0 utils/executors.py) gives a GB job of more than 18 four-GPU trays Slurm's
     --segment, the largest tray count up to 18 that divides its trays: 64 trays -> 16, 64 GPUs per rack; the

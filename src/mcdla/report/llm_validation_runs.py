@@ -133,7 +133,10 @@ _BRIDGE_SUMMARY = ("Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Me
 _BRIDGE_RECIPES = ("the 25.11 container's performance scripts (Megatron-Bridge r0.2.0, tag v0.2.0 at commit 7af9601c9da7, "
                    "scripts/performance: configs/qwen3/qwen3_llm_pretrain.py, configs/qwen3/workload_base_configs.py, "
                    "utils/executors.py; src/megatron/bridge/models/qwen/qwen_provider.py)")
-_MOE_COMMON = ("distributed optimizer as ZeRO-1; no recompute (set_qwen3_common_configs sets recompute_granularity "
+_MOE_COMMON = ("distributed optimizer as ZeRO-1; dp_overlap on (src/megatron/bridge/recipes/qwen/qwen3_moe.py "
+               "_qwen3_moe_common: DistributedDataParallelConfig overlap_grad_reduce and overlap_param_gather True); "
+               "with interleaving pp_comm_overlap on (training/comm_overlap.py: overlap_p2p_comm True when vp > 1); "
+               "no recompute (set_qwen3_common_configs sets recompute_granularity "
                "None over the 30B recipe's uniform full recompute); grouped GEMM (the provider's moe_grouped_gemm "
                "True); permute fusion (moe_permute_fusion True: the permutations' HBM bytes as its fused kernels "
                "move them); router fusion (moe_router_fusion True) not modelled apart; token-dropless "
@@ -170,8 +173,8 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
                f"TP{tp} PP{pp} VP{vp} EP{ep}",
         choices=f"{choices}; {dispatcher}; {_MOE_COMMON}",
         execution=Execution(gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), virtual_stages=vp, ep=ep, zero=1,
-                            micro_batch=mbs, global_batch=gbs, sequence_parallel=tp > 1,
-                            **execution))  # type: ignore[arg-type]
+                            micro_batch=mbs, global_batch=gbs, sequence_parallel=tp > 1, dp_overlap=True,
+                            pp_comm_overlap=vp > 1, **execution))  # type: ignore[arg-type]
 
 
 _MX = "FP8-MX (MXFP8, 32-element block scales) taken as fp8: its GEMMs at the fp8 peak"
