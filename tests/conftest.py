@@ -16,19 +16,21 @@ def figures_cluster(*, gpus_per_node: int = 8, nodes: int = 1, peak_flops_per_s:
                     network_latency_s: float = 0.0, offload_bytes_per_s: float = 0.0,
                     pool_bytes_per_gpu: float = 1e15, host_dram_bytes_per_s: float = math.inf,
                     nvme_read_bytes_per_s: float = 0.0, nvme_write_bytes_per_s: float = 0.0,
-                    via_gpu_link: bool = False) -> Cluster:
+                    via_gpu_link: bool = False, host_call_s: float = 0.0) -> Cluster:
     """A generated cluster with the given figures (bytes, bytes/s, s): ``nodes`` nodes of ``gpus_per_node`` GPUs
     on one NVLink switch and a network rail per GPU; with ``offload_bytes_per_s`` each GPU has its own socket
     link to ``pool_bytes_per_gpu`` of host memory whose DRAM (``host_dram_bytes_per_s``) never binds by default;
     with ``nvme_read_bytes_per_s`` a node's NVMe drives (one drive of those figures); with ``via_gpu_link`` the
-    network rail behind the GPU's socket link (a NIC on the GPU's PCIe switch)."""
+    network rail behind the GPU's socket link (a NIC on the GPU's PCIe switch); ``host_call_s`` the GPU's
+    ``host_call_time`` (0: not given)."""
     def bw(value: float) -> float | str:
         return "inf" if math.isinf(value) else value  # an idealised link that never binds
 
     node = {
         "gpus": gpus_per_node, "source": "test figures",
         "gpu": {"peak_flops_per_s": {"bf16": peak_flops_per_s, "fp16": peak_flops_per_s}, "hbm": hbm_bytes,
-                "hbm_bandwidth": "inf" if math.isinf(hbm_bytes_per_s) else hbm_bytes_per_s, "source": "test"},
+                "hbm_bandwidth": "inf" if math.isinf(hbm_bytes_per_s) else hbm_bytes_per_s, "source": "test",
+                **({"host_call_time": host_call_s} if host_call_s else {})},
         "gemm_efficiency": {"peak_fraction": gemm_peak_fraction, "half_width": gemm_half_width, "source": "test"},
     }
     if gpus_per_node > 1:

@@ -1,11 +1,12 @@
 """The torchtitan FSDP2, PyTorch FSDP (fms-fsdp) and Megatron-Bridge MoE families: records against the published
-tables, the one fitted figure of the grand-teton-h100 and fms-h100-800g presets against a re-run of its grid."""
+tables, the one fitted figure of the grand-teton-h100 and fms-h100-800g presets and the MoE family's host call time
+against re-runs of their grids."""
 
 import math
 
 import pytest
 
-from mcdla.hardware.cluster import load_cluster
+from mcdla.hardware.cluster import cluster_from_dict, load_cluster
 from mcdla.report.llm_validation import FAMILIES, family_runs, run_cluster
 from mcdla.report.llm_validation_runs import BRIDGE_MOE_RUNS, FMS_FSDP_RUNS, SOURCED_FAMILIES, TORCHTITAN_RUNS
 from mcdla.sim.llm import llm_step
@@ -90,6 +91,16 @@ def test_moe_records_match_the_published_rows(run):
     assert run.precision == precision and run.choices and "Megatron-Bridge 25.11" in run.source
 
 
+@pytest.mark.parametrize("run", BRIDGE_MOE_RUNS, ids=lambda r: r.name)
+def test_moe_records_take_the_recipes_overlaps(run):
+    """The Qwen3 MoE recipe's ``overlap_grad_reduce`` (dp_overlap) on every row, ``overlap_p2p_comm``
+    (pp_comm_overlap) exactly where the row interleaves (comm_overlap.py: when vp > 1), both named in the
+    record's choices."""
+    e = run.execution
+    assert e.dp_overlap and e.pp_comm_overlap == (e.virtual_stages > 1)
+    assert "overlap_grad_reduce" in run.choices and "overlap_p2p_comm" in run.choices
+
+
 def test_moe_235b_jobs_take_the_launchers_segment_of_each_rack():
     """Megatron-Bridge's launcher (r0.2.0 utils/executors.py) gives a GB job of more than 18 four-GPU trays Slurm's
     --segment, the largest tray count up to 18 that divides its trays: 64 trays -> 16, 64 GPUs per rack; the
@@ -129,6 +140,27 @@ def test_fitted_peak_fraction_is_the_grid_minimum(family, system):
 
     best = min((i / 100 for i in range(30, 81)), key=rms)
     assert base.gemm_efficiency.peak_fraction == pytest.approx(best)
+
+
+def test_fitted_host_call_time_is_the_grid_minimum():
+    """The ``host_call_time`` of the four systems of the MoE family (one figure, docs/llm.md "Megatron-Bridge MoE")
+    is the 10 us grid point (0-150 us) with the least RMS relative error over the family's seven rows, each run on
+    its preset with the figure replaced, re-run here through llm_step."""
+    systems = {r.system for r in BRIDGE_MOE_RUNS}
+
+    def rms(call_s: float) -> float:
+        errors = []
+        for r in BRIDGE_MOE_RUNS:
+            c = cluster_from_dict({"format": "mcdla-system/1", "extends": r.system, "name": r.system,
+                                   "node": {"gpu": {"host_call_time": call_s}}}, "test")
+            c = (c.with_gpus_per_node(r.gpus_per_node) if r.gpus_per_node else c).for_gpus(r.execution.gpus)
+            step = llm_step(preset(r.model), r.execution, c, precision=r.precision)
+            errors.append(step.iteration_s / r.measured_s - 1)
+        return math.sqrt(sum(e * e for e in errors) / len(errors))
+
+    best = min((i * 10e-6 for i in range(16)), key=rms)
+    for system in systems:
+        assert load_cluster(system).device.host_call_s == pytest.approx(best, rel=1e-9)
 
 
 @pytest.mark.parametrize("name, total, active", [("qwen3-30b-a3b", 30.5e9, 3.3e9), ("qwen3-235b-a22b", 235e9, 22e9),

@@ -11,7 +11,9 @@ import pytest
 from mcdla.errors import ConfigError
 from mcdla.hardware.gemm import GemmEfficiency
 from mcdla.sim.llm import llm_step
-from mcdla.sim.llm_moe import permutation_bytes, tokens_per_local_expert
+from mcdla.errors import HardwareError
+from mcdla.hardware.cluster import load_cluster
+from mcdla.sim.llm_moe import grouped_gemm_issue_s, permutation_bytes, tokens_per_local_expert
 from mcdla.workload.execution import Execution
 from mcdla.workload.hf_config import load_hf_config
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -153,6 +155,51 @@ def test_routed_expert_gemms_run_at_their_own_token_count(llm_cluster):
     flat = llm_step(MOE, e, base).compute_s
     expected = (flat - routed) * EFF / e_dense + routed * EFF / e_expert
     assert llm_step(MOE, e, curved).compute_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_grouped_gemm_issue_by_hand():
+    """Qwen3-30B-A3B (every layer MoE) on EP 8 keeps 128 / 8 = 16 local experts: 2 x 16 calls forward (fc1, fc2)
+    and 4 x 16 backward (their data and weight gradients), each ``call_s``; EP 128 keeps one expert, a dense
+    model none."""
+    spec, call = preset("qwen3-30b-a3b"), 70e-6
+    e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8)
+    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((32 * call, 64 * call), rel=1e-12)
+    e = Execution(gpus=128, dp=128, ep=128, micro_batch=1, global_batch=128)
+    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((2 * call, 4 * call), rel=1e-12)
+    assert grouped_gemm_issue_s(preset("llama3-8b"), Execution(gpus=1, micro_batch=1, global_batch=1), call) == (0, 0)
+
+
+@pytest.mark.parametrize("call_s", [5e-6, 15e-6, 50e-6])
+def test_issue_time_binds_only_past_the_expert_gemms(call_s, llm_cluster):
+    """One rank holds all 8 experts (EP 1). The routed GEMMs of a layer take ``g = 3 x 2 b s h top_k f / (P e)``
+    forward and ``2 g`` backward on a flat curve; the host issues ``2 x 8`` calls forward and ``4 x 8`` backward of
+    ``call_s`` each. The run with ``host_call_s`` computes ``m l (max(0, 16 c - g) + max(0, 32 c - 2 g))`` longer
+    than the run without it: nothing at 5 us (80 us of calls against g = 172 us), part of the calls at 15 us,
+    most of them at 50 us."""
+    m, b = 3, 1
+    plain = llm_cluster(gpus_per_node=1, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
+    hosted = llm_cluster(gpus_per_node=1, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF, host_call_s=call_s)
+    assert hosted.device.host_call_s == call_s and hosted.gemm_efficiency.backward_ratio == 2.0
+    e = Execution(gpus=1, micro_batch=b, global_batch=b * m)
+    g = 3 * 2 * b * MOE.seq_len * MOE.hidden * MOE.top_k * int(MOE.ffn_hidden) / (PEAK * EFF)
+    local = MOE.experts
+    wait = max(0.0, 2 * local * call_s - g) + max(0.0, 4 * local * call_s - 2 * g)
+    assert (wait == 0.0) == (call_s == 5e-6)
+    extra = llm_step(MOE, e, hosted).compute_s - llm_step(MOE, e, plain).compute_s
+    assert extra == pytest.approx(m * MOE.layers * wait, rel=1e-9, abs=1e-15)
+    dense = TransformerSpec(name="dense", layers=2, hidden=1024, heads=16, vocab=1, seq_len=1024, ffn_hidden=2048,
+                            mlp="swiglu", dropout=False, bias=False, position="rope", tied_embeddings=False)
+    assert llm_step(dense, e, hosted) == llm_step(dense, e, plain)
+
+
+def test_host_call_time_of_the_presets_and_its_bounds(llm_cluster):
+    """The four systems of the Megatron-Bridge MoE rows carry the fitted 70 us (docs/llm.md); a preset without the
+    figure charges nothing; a time past the latency bounds is a one-line error."""
+    for name in ("dgx-h100", "b200", "gb200-nvl72", "gb300-nvl72"):
+        assert load_cluster(name).device.host_call_s == pytest.approx(70e-6, rel=1e-12)
+    assert load_cluster("dgx-a100").device.host_call_s == 0.0
+    with pytest.raises(HardwareError, match="host_call_time"):
+        llm_cluster(host_call_s=2.0)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

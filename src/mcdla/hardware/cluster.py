@@ -450,7 +450,7 @@ def cluster_from_dict(data: Any, where: str = "system") -> Cluster:
     dev = _DeviceSpec.model_validate({"name": "gpu", **node.gpu})
     device = Device(name="gpu", peak_flops_per_s=dev.peak_flops_per_s, hbm_bytes=dev.hbm, hbm_bytes_per_s=dev.hbm_bandwidth,
                     compute_efficiency=dev.compute_efficiency, memory_efficiency=dev.memory_efficiency,
-                    exp_per_s=dev.exp_rate, source=dev.source)
+                    exp_per_s=dev.exp_rate, host_call_s=dev.host_call_time, source=dev.source)
     return _cluster(spec, where, device)
 
 

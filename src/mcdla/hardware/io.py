@@ -113,7 +113,13 @@ class _DeviceSpec(_Spec):
     compute_efficiency: float = Field(default=0.7, allow_inf_nan=False)
     memory_efficiency: float = Field(default=0.8, allow_inf_nan=False)
     exp_rate: _Quantity = Field(default=0.0, description="special-function exponentials per second, e.g. 3.9Texp/s")
+    host_call_time: _Quantity = Field(default=0.0, description="host time to issue one library GEMM call, e.g. 70us")
     source: str
+
+    @field_validator("host_call_time")
+    @classmethod
+    def _host_call(cls, v: _Quantity) -> float:
+        return 0.0 if v == 0 else latency_figure(v, "host_call_time")
 
     @field_validator("exp_rate")
     @classmethod
@@ -223,6 +229,7 @@ def explicit_system(data: Any, where: str = "system") -> System:
                 compute_efficiency=d.compute_efficiency,
                 memory_efficiency=d.memory_efficiency,
                 exp_per_s=d.exp_rate,
+                host_call_s=d.host_call_time,
                 source=d.source,
             )
             for d in spec.devices
@@ -262,6 +269,7 @@ def system_to_dict(system: System) -> dict[str, Any]:
                 "compute_efficiency": d.compute_efficiency,
                 "memory_efficiency": d.memory_efficiency,
                 **({"exp_rate": _quantity(d.exp_per_s, "exp/s")} if d.exp_per_s else {}),
+                **({"host_call_time": _quantity(d.host_call_s, "s")} if d.host_call_s else {}),
                 "source": d.source,
             }
             for d in system.devices

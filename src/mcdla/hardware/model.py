@@ -46,6 +46,9 @@ class Device:
         memory_efficiency: fraction of HBM bandwidth a layer reaches.
         exp_per_s: exponentials per second of the special-function units (``MUFU.EX2``), the rate FlashAttention's
             softmax runs at besides its two matrix products; 0 = not given (no softmax term is charged).
+        host_call_s: the host's time to issue one library GEMM call with its operand quantization to this device
+            (Transformer Engine's per-expert cuBLASLt calls of a grouped GEMM, NOTE [expert parallelism]), which
+            bounds many small expert GEMMs; 0 = not given (no issue time is charged).
         source: where the figures come from.
     """
 
@@ -56,11 +59,13 @@ class Device:
     compute_efficiency: float = 0.7
     memory_efficiency: float = 0.8
     exp_per_s: float = 0.0
+    host_call_s: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:
         owner = f"device {brief(self.name)}"
         object.__setattr__(self, "exp_per_s", _check_nonnegative(owner, "exp_per_s", self.exp_per_s))
+        object.__setattr__(self, "host_call_s", _check_nonnegative(owner, "host_call_s", self.host_call_s))
         if not self.peak_flops_per_s:
             raise HardwareError(f"{owner}.peak_flops_per_s: got empty; must give at least one precision")
         object.__setattr__(

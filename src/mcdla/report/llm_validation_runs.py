@@ -27,9 +27,11 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
   those records' ``choices`` gives that rate against its own (the alltoall rows at 0.50-0.76 of it, HybridEP's
   GB200 row at the same), evidence of the dropless alltoall path's host cost, which is not modelled.
 
-Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so): the
-``grand-teton-h100`` preset's on torchtitan's three H100 rows (their 500 W clock is not published) and the
-``fms-h100-800g`` preset's on fms-fsdp's three H100 rows (``dgx-h100`` has no fitted bf16 curve).
+Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so) and one host figure
+for the MoE family: the ``grand-teton-h100`` preset's peak fraction on torchtitan's three H100 rows (their 500 W clock
+is not published), the ``fms-h100-800g`` preset's on fms-fsdp's three H100 rows (``dgx-h100`` has no fitted bf16
+curve), and ``host_call_time`` (the host's time per per-expert GEMM call of a grouped GEMM, NOTE [expert
+parallelism]) of ``dgx-h100``, ``b200``, ``gb200-nvl72`` and ``gb300-nvl72`` on the seven MoE rows.
 """
 
 from __future__ import annotations
@@ -131,7 +133,10 @@ _BRIDGE_SUMMARY = ("Megatron-Bridge 25.11 performance-summary.md (NVIDIA-NeMo/Me
 _BRIDGE_RECIPES = ("the 25.11 container's performance scripts (Megatron-Bridge r0.2.0, tag v0.2.0 at commit 7af9601c9da7, "
                    "scripts/performance: configs/qwen3/qwen3_llm_pretrain.py, configs/qwen3/workload_base_configs.py, "
                    "utils/executors.py; src/megatron/bridge/models/qwen/qwen_provider.py)")
-_MOE_COMMON = ("distributed optimizer as ZeRO-1; no recompute (set_qwen3_common_configs sets recompute_granularity "
+_MOE_COMMON = ("distributed optimizer as ZeRO-1; dp_overlap on (src/megatron/bridge/recipes/qwen/qwen3_moe.py "
+               "_qwen3_moe_common: DistributedDataParallelConfig overlap_grad_reduce and overlap_param_gather True); "
+               "with interleaving pp_comm_overlap on (training/comm_overlap.py: overlap_p2p_comm True when vp > 1); "
+               "no recompute (set_qwen3_common_configs sets recompute_granularity "
                "None over the 30B recipe's uniform full recompute); grouped GEMM (the provider's moe_grouped_gemm "
                "True); permute fusion (moe_permute_fusion True: the permutations' HBM bytes as its fused kernels "
                "move them); router fusion (moe_router_fusion True) not modelled apart; token-dropless "
@@ -168,8 +173,8 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
                f"TP{tp} PP{pp} VP{vp} EP{ep}",
         choices=f"{choices}; {dispatcher}; {_MOE_COMMON}",
         execution=Execution(gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), virtual_stages=vp, ep=ep, zero=1,
-                            micro_batch=mbs, global_batch=gbs, sequence_parallel=tp > 1,
-                            **execution))  # type: ignore[arg-type]
+                            micro_batch=mbs, global_batch=gbs, sequence_parallel=tp > 1, dp_overlap=True,
+                            pp_comm_overlap=vp > 1, **execution))  # type: ignore[arg-type]
 
 
 _MX = "FP8-MX (MXFP8, 32-element block scales) taken as fp8: its GEMMs at the fp8 peak"

@@ -18,7 +18,8 @@ NOTE [time model] (also ``docs/llm.md``):
   NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts
   and, with ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x; an MoE
-  layer's token permutations move as many bytes each way (NOTE [expert parallelism]).
+  layer's token permutations move as many bytes each way, and its grouped GEMMs wait for the host's per-expert
+  calls where those outlast them (NOTE [expert parallelism]).
   ``fused_kernels: false`` counts those kernels as eager PyTorch runs them, one per op (NOTE [eager kernels] in
   :mod:`mcdla.sim.llm_eager`). Recompute adds a forward (``full``), the attention core with its softmax and
   dropout (``selective``) or torchtitan's op policy's every second matrix product and the memory-bound kernels
@@ -86,8 +87,8 @@ from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes, ring_attention_moved_s
 from mcdla.sim.llm_eager import eager_block_bytes
 from mcdla.sim.llm_floor import link_floors
-from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, expert_gemm_width, permutation_bytes,
-                               rank_param_groups, routed_expert_flops, tokens_per_local_expert)
+from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, expert_gemm_width, grouped_gemm_issue_s,
+                               permutation_bytes, rank_param_groups, routed_expert_flops, tokens_per_local_expert)
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import LayerShares, layer_shares
@@ -617,7 +618,11 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
                                      fused=e.fused_kernels)
     routed = routed_expert_flops(spec, e)
     dense_gemm = flops["gemm"] - routed / e.capacity_factor
-    gemm_f = dense_gemm / split / gemm_rate + (routed / split / expert_rate if routed else 0.0)
+    expert_f = routed / split / expert_rate if routed else 0.0
+    gemm_f = dense_gemm / split / gemm_rate + expert_f
+    # the host's per-expert GEMM calls, where they outlast the experts' GEMMs (NOTE [expert parallelism])
+    issue_f, issue_b = grouped_gemm_issue_s(spec, e, dev.host_call_s)
+    issue_wait_f, issue_wait_b = max(0.0, issue_f - expert_f), max(0.0, issue_b - curve.backward_ratio * expert_f)
     attn_f = flops["attention"] / split / other_rate
     if e.attention == "flash":
         kernel = flash_attention_bytes(spec, b, tp=e.tp, cp=e.cp)
@@ -635,9 +640,9 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
         cast_fwd, cast_bwd = cast["fwd"] / hbm_per_s, cast["bwd"] / hbm_per_s
     block_f = ew["block"] / hbm_per_s
     permute_f = permutation_bytes(spec, e) / hbm_per_s  # the MoE token permutations, as many bytes backward
-    layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd + permute_f
+    layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd + permute_f + issue_wait_f
     layer_bwd = (gemm_bwd_ratio * gemm_f + 2 * block_f + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd
-                 + cast_bwd + permute_f)
+                 + cast_bwd + permute_f + issue_wait_b)
     op_recompute = (op_recomputed_gemm_flops(spec, b) / split / gemm_rate + block_f - ew["last_add"] / hbm_per_s
                     if op else 0.0)
     logits = logits_fwd_flops(spec, b) / split / other_rate

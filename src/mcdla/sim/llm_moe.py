@@ -50,8 +50,8 @@ from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 from mcdla.workload.memo import pure_cache
 
-__all__ = ["ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "expert_gemm_width", "expert_params_per_layer",
-           "permutation_bytes",
+__all__ = ["GROUPED_GEMM_CALLS", "ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "expert_gemm_width",
+           "expert_params_per_layer", "grouped_gemm_issue_s", "permutation_bytes",
            "rank_param_groups", "routed_expert_flops", "tokens_per_local_expert"]
 
 
@@ -123,6 +123,22 @@ def expert_gemm_width(spec: TransformerSpec, execution: Execution) -> float:
     sums over it, and its FFN is wider), the curve's width for its GEMMs; an expert narrower than the hidden size
     (Qwen3-30B-A3B: 768 against 2048) fills fewer tiles along its ``f``."""
     return min(spec.hidden, int(spec.ffn_hidden)) / execution.tp  # type: ignore[arg-type]
+
+
+GROUPED_GEMM_CALLS: tuple[int, int] = (2, 4)
+"""GEMM calls per local expert of one MoE layer and micro-batch, forward and backward: fc1 and fc2 forward (the
+SwiGLU's gate and up projections are one fused fc1), the data gradient and the weight gradient of each backward."""
+
+
+def grouped_gemm_issue_s(spec: TransformerSpec, execution: Execution, call_s: float) -> tuple[float, float]:
+    """Host time to issue one mean layer's per-expert GEMM calls on one rank per micro-batch, forward and
+    backward (NOTE [expert parallelism]): ``2 L call_s`` and ``4 L call_s`` for ``L = experts / ep`` local experts
+    (:data:`GROUPED_GEMM_CALLS`), over the share of MoE layers; ``call_s`` is the device's ``host_call_s``. Zero
+    for a dense model."""
+    if spec.moe_layers == 0:
+        return 0.0, 0.0
+    issued = spec.experts // execution.ep * call_s * spec.moe_layers / spec.layers
+    return GROUPED_GEMM_CALLS[0] * issued, GROUPED_GEMM_CALLS[1] * issued
 
 
 @pure_cache(64)
