@@ -71,9 +71,13 @@ filling] in :mod:`mcdla.sim.flows`); a resource's busiest bytes over its capacit
 through. A memory's bus carries both directions: on a DGX H100 socket four GPUs each send activations out and
 fetch weights in through the 307.2 GB/s DDR5 behind their 51.2 GB/s-each-way x16s, so the eight flows get 38.4
 GB/s each; once the weights are in, the activations go on at the x16's 51.2 GB/s and the DDR5 is no longer full.
-The floor drains a GPU's flows the same way on its paths' resources (every GPU of the node alike): progressive
-filling with a flow's weight on a resource its seconds per byte there (``sharers fraction / capacity``), a copy
-as one engine flow per pool memory; when a flow is through, the rest are refilled. At most one step per flow.
+The floor drains a GPU's flows the same way on its paths' resources (every GPU of the node in use alike; on a
+node the job uses only part of, as the engine loads it, only the GPUs in use share the pool's resources: 8 GPUs
+of an NVL72 rack with memory-nodes fetch over the 36 memory-nodes' links at their NVLink port's bandwidth, where
+the whole rack gets a third of it, :meth:`Cluster.paths_for_gpus
+<mcdla.hardware.cluster.Cluster.paths_for_gpus>`): progressive filling with a flow's weight on a resource its
+seconds per byte there (``sharers fraction / capacity``), a copy as one engine flow per pool memory; when a flow
+is through, the rest are refilled. At most one step per flow.
 The fair rates depend on which flows are in flight, never on their bytes: each path table keeps them per set
 of flows in flight (``_Drain``), so a search's evaluations fill each set once and their steps only divide and
 subtract, the same floating-point operations as filling at every step.
