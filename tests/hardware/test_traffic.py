@@ -88,6 +88,8 @@ def test_paths_of_a_partly_used_node_equal_routed_max_min_over_the_gpus_in_use(n
     if name == "gb200-nvl72-memnode":
         assert got.offload_bytes_per_s == pytest.approx(900e9) and c.offload.offload_bytes_per_s == pytest.approx(300e9)
     assert c.paths_for_gpus(c.gpus_per_node) is c.paths and c.paths_for_gpus(gpus) is c.paths_for_gpus(gpus)
+    with pytest.raises(HardwareError, match=r"paths_for_gpus: got 0; must be an integer >= 1"):
+        c.paths_for_gpus(0)
 
 
 def test_direction_sharing_by_hand() -> None:

@@ -307,11 +307,11 @@ class Cluster:
 
     def paths_for_gpus(self, gpus: int) -> tuple[TrafficPath, ...]:
         """One GPU's paths in a job of ``gpus`` GPUs, as the engine loads them: :attr:`paths` when the job fills
-        its nodes' GPU slots (``gpus`` at least :attr:`gpus_per_node`: GPU 0's node is whole), otherwise those
-        of a node where only GPUs ``0 .. gpus - 1`` send (ranks fill a node's GPUs in order), so the resources
-        their pool copies cross are shared by those GPUs alone (8 GPUs of an NVL72 rack with memory-nodes spread
-        their copies over the 36 memory-nodes' links, not 72 GPUs' worth). The copies are their paths'
-        business: the scale-up and scale-out resources stay as they are. Kept per ``gpus``; one-line
+        its nodes' GPU slots (``gpus`` at least :attr:`gpus_per_node`: GPU 0's node is whole) or the node has no
+        pool, otherwise those of a node where only GPUs ``0 .. gpus - 1`` send (ranks fill a node's GPUs in
+        order), so the resources their pool copies cross are shared by those GPUs alone (8 GPUs of an NVL72 rack
+        with memory-nodes spread their copies over the 36 memory-nodes' links, not 72 GPUs' worth). Only the
+        pool's resources change: the scale-up and scale-out ones are each GPU's own. Kept per ``gpus``; one-line
         HardwareError for a count below 1."""
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise HardwareError(f"cluster {self.name!r}.paths_for_gpus: got {brief(gpus)}; must be an integer >= 1")

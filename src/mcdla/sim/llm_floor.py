@@ -316,10 +316,10 @@ def _flows(moved: Mapping[str, Sequence[float]], tag: str = "") -> dict[tuple[st
 
 def _drain_ends(table: _PathTable, flows: dict[tuple[str, str, int], Flow]) -> dict[tuple[str, str, int], float]:
     """When each of ``flows``, all started at once on one GPU's paths (``table``, :func:`_table`; every GPU of
-    the node in use alike), is through
-    under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once. Each step
-    runs every flow in flight at its fair rate until the first is through (the rates of each set in flight
-    memoised by :class:`_Drain`, the last few drains' answers by their flows and bytes in the path table).
+    the node in use alike), is through under max-min fair sharing (NOTE [fair drain]); flows that cross no
+    finite resource end at once. Each step runs every flow in flight at its fair rate until the first is through
+    (the rates of each set in flight memoised by :class:`_Drain`, the last few drains' answers by their flows
+    and bytes in the path table).
 
     A search runs this a few times per evaluation on a handful of flows, so its fixed costs count as much as its
     steps: the drain is found by the flows' keys once, the recent answers are keyed by that drain and the bytes,
@@ -431,9 +431,9 @@ def _phase_flows(execution: Execution, cluster: Cluster, costs: StageCosts, traf
 
 def _phase_floor_s(table: _PathTable, phase_s: float, flows: dict[tuple[str, str, int], Flow],
                    ends: dict[tuple[str, str, int], float] | None = None, *, zero3: bool = True) -> float:
-    """A phase's floor: its flows drained fairly on ``table`` (``ends``, where the caller drained them already), and its
-    closed-form time ``phase_s`` plus what the copies slow ZeRO-3's collectives, which the layers wait for (NOTE
-    [link floor]); ``zero3=False``: no ZeRO-3 flows among them (none looked for)."""
+    """A phase's floor: its flows drained fairly on ``table`` (``ends``, where the caller drained them already),
+    and its closed-form time ``phase_s`` plus what the copies slow ZeRO-3's collectives, which the layers wait for
+    (NOTE [link floor]); ``zero3=False``: no ZeRO-3 flows among them (none looked for)."""
     if ends is None:
         ends = _drain_ends(table, flows)
     slowed = 0.0

@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mcdla.sim.collective_models import collective_time
-from mcdla.sim.llm_floor import (_DRAINED, Ends, Flow, _dims_bytes, _drain_ends, _flows, _PathTable, _ring_attention_s,
-                                 _shared, _table, zero3_bytes_per_micro_batch)
+from mcdla.sim.llm_floor import (_DRAINED, Ends, Flow, _dims_bytes, _drain_ends, _flows, _ring_attention_s, _shared,
+                                 _table, zero3_bytes_per_micro_batch)
 
 if TYPE_CHECKING:
     from mcdla.hardware.cluster import Cluster
+    from mcdla.sim.llm_floor import _PathTable
     from mcdla.sim.llm import StageCosts, Zero3Traffic
     from mcdla.workload.execution import Execution
 
