@@ -57,7 +57,7 @@ def run(calls: int) -> tuple[list[tuple[str, ...]], str]:
         cluster = load_cluster(name).for_gpus(1024)
         e = _execution(cluster)
         memo = cluster._group_memo
-        table = llm_floor._table(cluster)
+        table = llm_floor._table(cluster, e.gpus)
         drains = table.ends
 
         def fresh() -> None:

@@ -1,6 +1,7 @@
 """Traffic-class paths of generated nodes and their closed-form offload link, against the routed max-min
 computation of the event engine's flows (mcdla.sim.pool_link) and hand counts from the presets' figures."""
 
+import dataclasses
 import time
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from mcdla.errors import HardwareError
 from mcdla.hardware.cluster import cluster_from_dict, load_cluster
 from mcdla.hardware.io import load_system, preset_names
-from mcdla.hardware.traffic import routed_offload_link
+from mcdla.hardware.traffic import offload_link, routed_offload_link
 from mcdla.sim import pool_link
 
 PRESETS_2018 = ("dc-dla", "hc-dla", "mc-dla", "mc-dla-1n", "oracle")
@@ -64,6 +65,31 @@ def test_closed_form_equals_routed_max_min_on_small_nodes(gpus, sockets, expande
                                 "source": "t"}
     c = cluster_from_dict({"format": "mcdla-system/1", "name": "small", "node": node})
     assert _same(c.pool_link(), pool_link(c.expand()))
+
+
+@pytest.mark.parametrize(("name", "gpus"), [("gb200-nvl72-memnode", 8), ("gb200-nvl72-memnode", 1),
+                                           ("dgx-h100", 2), ("dgx-h100", 6), ("dgx-h100-cxl", 3), ("dgx-a100", 5),
+                                           ("gb200-nvl72", 4), ("dc-dla", 1), ("dc-dla", 3), ("mc-dla", 2)])
+def test_paths_of_a_partly_used_node_equal_routed_max_min_over_the_gpus_in_use(name, gpus) -> None:
+    """A job of fewer GPUs than a node (ranks on GPUs 0 .. gpus - 1): Cluster.paths_for_gpus' offload path gives
+    the bandwidth each way, direction sharing and latency of the routed max-min computation on the expanded node
+    where only those GPUs have a pool; 8 GPUs of the memory-node rack spread their copies over 36 memory-node
+    links of 600 GB/s (2.7 TB/s each), so their 900 GB/s NVLink port binds, where the whole rack gets 300 GB/s."""
+    c = load_cluster(name)
+    system = c.node_system()
+    used = {d.name: system.pools[d.name] for d in system.devices[:gpus] if d.name in system.pools}
+    partial = dataclasses.replace(system, pools=used)
+    got = offload_link(c.paths_for_gpus(gpus)[0], pool_bytes=1.0, source="")
+    for want in (routed_offload_link(partial), pool_link(partial)):
+        close = lambda x, y: x == pytest.approx(y, rel=1e-9)
+        assert close(got.offload_bytes_per_s, want.offload_bytes_per_s)
+        assert close(got.prefetch_bytes_per_s, want.prefetch_bytes_per_s)
+        assert close(got.latency_s, want.latency_s) and got.shared_direction == want.shared_direction
+    if name == "gb200-nvl72-memnode":
+        assert got.offload_bytes_per_s == pytest.approx(900e9) and c.offload.offload_bytes_per_s == pytest.approx(300e9)
+    assert c.paths_for_gpus(c.gpus_per_node) is c.paths and c.paths_for_gpus(gpus) is c.paths_for_gpus(gpus)
+    with pytest.raises(HardwareError, match=r"paths_for_gpus: got 0; must be an integer >= 1"):
+        c.paths_for_gpus(0)
 
 
 def test_direction_sharing_by_hand() -> None:

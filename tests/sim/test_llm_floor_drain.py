@@ -6,8 +6,6 @@ through."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -102,11 +100,11 @@ def _flows(draw: st.DrawFn) -> dict:
 @settings(max_examples=150, deadline=None)
 @given(paths=_paths(), first=_flows(), scale=st.floats(0.1, 10.0))
 def test_memoised_drain_equals_the_plain_drain_bit_for_bit(paths, first, scale) -> None:  # type: ignore[no-untyped-def]
-    cluster = SimpleNamespace(paths=paths, model_memo={})
+    table = llm_floor._PathTable(paths)
     # the same flows with other bytes reuse the memoised rates; a drain asked twice at once takes the last answer
     second = {key: (cls, way, nbytes * scale) for key, (cls, way, nbytes) in first.items()}
     for flows in (first, second, second, first):
-        assert llm_floor._drain_ends(cluster, flows) == _plain_drain(paths, flows)
+        assert llm_floor._drain_ends(table, flows) == _plain_drain(paths, flows)
 
 
 def test_remembered_drain_is_a_fresh_dict_and_forgets_the_oldest() -> None:
@@ -114,14 +112,14 @@ def test_remembered_drain_is_a_fresh_dict_and_forgets_the_oldest() -> None:
     more distinct drains than the table remembers still each answer as the plain drain."""
     paths = (TrafficPath(traffic="offload", latency_s=1e-6, resources=(_link("x16", 50.0),)),
              TrafficPath(traffic="scale-out", latency_s=1e-6, resources=(_link("x16", 50.0),)))
-    cluster = SimpleNamespace(paths=paths, model_memo={})
+    table = llm_floor._PathTable(paths)
     asked = [{("", "offload", 0): ("offload", 0, 1e9 * (k + 1)), ("", "scale-out", 0): ("scale-out", 0, 3e9)}
              for k in range(llm_floor._RECENT_DRAINS + 3)]
     for flows in asked + asked[::-1]:
-        got = llm_floor._drain_ends(cluster, flows)
+        got = llm_floor._drain_ends(table, flows)
         assert got == _plain_drain(paths, flows)
         got[("", "offload", 0)] = -1.0  # the caller's copy
-        assert llm_floor._drain_ends(cluster, flows) == _plain_drain(paths, flows)
+        assert llm_floor._drain_ends(table, flows) == _plain_drain(paths, flows)
 
 
 def _link(name: str, gbps: float, sharers: int = 1) -> PathResource:
@@ -137,7 +135,7 @@ def test_flows_on_resources_of_their_own_end_at_their_bytes_over_their_bottlenec
                                                                     _link(f"{cls}b", caps[2 * i + 1])))
                   for i, cls in enumerate(TRAFFIC_CLASSES))
     flows = {("", cls, way): (cls, way, nbytes[2 * i + way]) for i, cls in enumerate(TRAFFIC_CLASSES) for way in (0, 1)}
-    ends = llm_floor._drain_ends(SimpleNamespace(paths=paths, model_memo={}), flows)
+    ends = llm_floor._drain_ends(llm_floor._PathTable(paths), flows)
     for i, cls in enumerate(TRAFFIC_CLASSES):
         bottleneck = min(caps[2 * i] * 1e9 / sharers, caps[2 * i + 1] * 1e9)
         for way in (0, 1):
@@ -150,7 +148,7 @@ def test_two_flows_on_one_memory_split_its_bus_until_the_smaller_is_through() ->
     # through at 20 ms, then the rest (2 GB) goes at 100 GB/s, 20 ms more
     dram = PathResource(resource=("dram", "m0"), bytes_per_s=100e9, duplex=False, sharers=1)
     paths = (TrafficPath(traffic="scale-out", latency_s=0.0, resources=(dram,)),)
-    ends = llm_floor._drain_ends(SimpleNamespace(paths=paths, model_memo={}),
+    ends = llm_floor._drain_ends(llm_floor._PathTable(paths),
                                  {("", "scale-out", 0): ("scale-out", 0, 1e9), ("", "scale-out", 1): ("scale-out", 1, 3e9)})
     assert ends[("", "scale-out", 0)] == pytest.approx(0.02, rel=1e-12)
     assert ends[("", "scale-out", 1)] == pytest.approx(0.04, rel=1e-12)

@@ -166,6 +166,9 @@ class Cluster:
     # same node? -> dim_between's answer, for the same reason
     _between_memo: dict[bool, FabricDim] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
+    # GPUs in use on a partly used node -> paths_for_gpus' answer
+    _paths_memo: dict[int, tuple[TrafficPath, ...]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
     # the time model's figures derived from this cluster alone (``model_memo``)
     _model_memo: dict[tuple[object, ...], object] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
@@ -301,6 +304,32 @@ class Cluster:
             return dataclasses.replace(self, gemm_efficiency=gemm)
         spec = self._spec.model_copy(update={"node": self._spec.node.model_copy(update={"gemm_efficiency": curve})})
         return _cluster(spec, self._where, self.device)
+
+    def paths_for_gpus(self, gpus: int) -> tuple[TrafficPath, ...]:
+        """One GPU's paths in a job of ``gpus`` GPUs, as the engine loads them: :attr:`paths` when the job fills
+        its nodes' GPU slots (``gpus`` at least :attr:`gpus_per_node`: GPU 0's node is whole) or the node has no
+        pool, otherwise those of a node where only GPUs ``0 .. gpus - 1`` send (ranks fill a node's GPUs in
+        order), so the resources their pool copies cross are shared by those GPUs alone (8 GPUs of an NVL72 rack
+        with memory-nodes spread their copies over the 36 memory-nodes' links, not 72 GPUs' worth). Only the
+        pool's resources change: the scale-up and scale-out ones are each GPU's own. Kept per ``gpus``; one-line
+        HardwareError for a count below 1."""
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise HardwareError(f"cluster {self.name!r}.paths_for_gpus: got {brief(gpus)}; must be an integer >= 1")
+        if gpus >= self.gpus_per_node or self.offload is None:
+            return self.paths
+        got = self._paths_memo.get(gpus)
+        if got is None:
+            if self._spec is None:
+                assert self._graph is not None
+                got = graph_paths(self._graph, in_use=gpus)[0]
+            elif self._spec.node.scale_up is not None and self._spec.node.scale_up.topology in DIRECT_TOPOLOGIES:
+                from mcdla.hardware.io import explicit_system
+
+                got = graph_paths(explicit_system(expand_dict(self._spec), where=self._where), in_use=gpus)[0]
+            else:
+                got = node_paths(self._spec.node, self._spec.scale_out, self.device, in_use=gpus)[0]
+            self._paths_memo[gpus] = got
+        return got
 
     def path(self, traffic: str) -> TrafficPath:
         """One GPU's path for ``traffic`` (``offload``, ``scale-up``, ``scale-out``); one-line HardwareError

@@ -195,11 +195,18 @@ def _memory(figures: dict[str, Any]) -> tuple[float, float, str]:
     return spec.capacity, spec.dram_bandwidth, spec.source
 
 
-def node_paths(node: Any, scale_out: Any, device: Device) -> tuple[tuple[TrafficPath, ...], float]:
+def node_paths(node: Any, scale_out: Any, device: Device, *, in_use: int | None = None,
+               ) -> tuple[tuple[TrafficPath, ...], float]:
     """GPU 0's :class:`TrafficPath` s of a validated node spec (``mcdla.hardware.cluster``'s file spec) and its
     share of its pool memories (bytes; 0 without a pool), as :meth:`Cluster.expand` wires the node (NOTE
-    [generated names] there: GPU i on socket ``i * sockets // gpus``, pools per ``node.pool``)."""
+    [generated names] there: GPU i on socket ``i * sockets // gpus``, pools per ``node.pool``).
+
+    ``in_use``: only GPUs ``0 .. in_use - 1`` of the node send (a job smaller than one node; ranks fill the GPUs
+    in order), so a resource of the pool is shared by those of its GPUs alone: a socket's, a PCIe switch's and
+    the memory-nodes' (each GPU's group of sharers is GPUs ``0 ..`` its size, so the count is the lesser of the
+    two). The scale-up and scale-out resources are the GPU's own either way."""
     k = node.gpus
+    used = k if in_use is None else max(1, min(in_use, k))
     paths: list[TrafficPath] = []
     up = node.scale_up
     port = None
@@ -216,7 +223,7 @@ def node_paths(node: Any, scale_out: Any, device: Device) -> tuple[tuple[Traffic
                                  sharers=1, source=src), lat * 2 if switch else lat)
         if switch is not None:
             uplink = PathResource(resource=("link", "pcie0", "cpu0"), bytes_per_s=bw, duplex=True,
-                                  sharers=switch.shared_by, source=src)
+                                  sharers=min(switch.shared_by, used), source=src)
     if scale_out is not None:
         rail = PathResource(resource=("link", "gpu0", scale_out.name), bytes_per_s=scale_out.bandwidth, duplex=True,
                             sharers=1, source=scale_out.source)
@@ -225,7 +232,7 @@ def node_paths(node: Any, scale_out: Any, device: Device) -> tuple[tuple[Traffic
 
     groups = node.pool if node.pool is not None else [
         g for g in ("sockets", "expanders", "memory_nodes") if getattr(node, g) is not None]
-    on_socket = sum(1 for i in range(k) if i * node.sockets.count // k == 0) if node.sockets is not None else 0
+    on_socket = sum(1 for i in range(used) if i * node.sockets.count // k == 0) if node.sockets is not None else 0
     # pool memories of GPU 0: (resources beyond the GPU's first hop, capacity, GPUs sharing the memory, latency)
     targets: list[tuple[list[PathResource], float, int, float]] = []
     if "sockets" in groups:
@@ -248,10 +255,10 @@ def node_paths(node: Any, scale_out: Any, device: Device) -> tuple[tuple[Traffic
         behind_port = node.memory_nodes.count
         for m in range(node.memory_nodes.count):
             name = f"mem{m}"
-            targets.append(([PathResource(resource=("link", "nvswitch", name), bytes_per_s=bw, duplex=True, sharers=k,
-                                          source=lsrc),
-                             PathResource(resource=("dram", name), bytes_per_s=dram, duplex=False, sharers=k,
-                                          source=msrc)], cap, k, up.latency / 2 + lat))
+            targets.append(([PathResource(resource=("link", "nvswitch", name), bytes_per_s=bw, duplex=True,
+                                          sharers=used, source=lsrc),
+                             PathResource(resource=("dram", name), bytes_per_s=dram, duplex=False, sharers=used,
+                                          source=msrc)], cap, used, up.latency / 2 + lat))
     if not targets:
         return tuple(paths), 0.0
     q = len(targets)
@@ -274,7 +281,7 @@ def node_paths(node: Any, scale_out: Any, device: Device) -> tuple[tuple[Traffic
     return tuple(paths), sum(cap / users for _res, cap, users, _lat in targets)
 
 
-def graph_paths(system: System) -> tuple[tuple[TrafficPath, ...], float]:
+def graph_paths(system: System, *, in_use: int | None = None) -> tuple[tuple[TrafficPath, ...], float]:
     """The first device's :class:`TrafficPath` s on a listed graph (a node without a scale-up switch,
     :mod:`mcdla.hardware.direct_topology`, or an explicit system file) and its share of its pool memories (bytes;
     0 without a pool), from the graph's routes: ``scale-up`` is its hop on each collective ring (a collective's
@@ -282,7 +289,9 @@ def graph_paths(system: System) -> tuple[tuple[TrafficPath, ...], float]:
 
     A resource's ``sharers`` are the devices whose hops or routes cross it, each taken to send the first
     device's share: exact on the symmetric 2018 graphs (tests check the offload bandwidth against
-    :func:`routed_offload_link`), an estimate on an asymmetric file."""
+    :func:`routed_offload_link`), an estimate on an asymmetric file. ``in_use``: only the first ``in_use``
+    devices offload (a job smaller than the node), so only their routes share the pool's resources; the rings
+    stay the whole node's."""
     from mcdla.hardware.topology import Topology
 
     topo = Topology(system)
@@ -315,7 +324,7 @@ def graph_paths(system: System) -> tuple[tuple[TrafficPath, ...], float]:
         return tuple(paths), 0.0
     users = {}
     holders: dict[str, int] = {}
-    for dev in system.devices:
+    for dev in system.devices[:in_use]:
         for mem in system.pools.get(dev.name, ()):
             holders[mem] = holders.get(mem, 0) + 1
             for res in (("hbm", dev.name), *topo.route(dev.name, mem).resources):

@@ -71,9 +71,13 @@ filling] in :mod:`mcdla.sim.flows`); a resource's busiest bytes over its capacit
 through. A memory's bus carries both directions: on a DGX H100 socket four GPUs each send activations out and
 fetch weights in through the 307.2 GB/s DDR5 behind their 51.2 GB/s-each-way x16s, so the eight flows get 38.4
 GB/s each; once the weights are in, the activations go on at the x16's 51.2 GB/s and the DDR5 is no longer full.
-The floor drains a GPU's flows the same way on its paths' resources (every GPU of the node alike): progressive
-filling with a flow's weight on a resource its seconds per byte there (``sharers fraction / capacity``), a copy
-as one engine flow per pool memory; when a flow is through, the rest are refilled. At most one step per flow.
+The floor drains a GPU's flows the same way on its paths' resources (every GPU of the node in use alike; on a
+node the job uses only part of, as the engine loads it, only the GPUs in use share the pool's resources: 8 GPUs
+of an NVL72 rack with memory-nodes fetch over the 36 memory-nodes' links at their NVLink port's bandwidth, where
+the whole rack gets a third of it, :meth:`Cluster.paths_for_gpus
+<mcdla.hardware.cluster.Cluster.paths_for_gpus>`): progressive filling with a flow's weight on a resource its
+seconds per byte there (``sharers fraction / capacity``), a copy as one engine flow per pool memory; when a flow
+is through, the rest are refilled. At most one step per flow.
 The fair rates depend on which flows are in flight, never on their bytes: each path table keeps them per set
 of flows in flight (``_Drain``), so a search's evaluations fill each set once and their steps only divide and
 subtract, the same floating-point operations as filling at every step.
@@ -253,16 +257,21 @@ class _PathTable:
         return got
 
 
-def _table(cluster: Cluster) -> _PathTable:
-    """``cluster``'s :class:`_PathTable`, kept in its ``model_memo``."""
-    got = cluster.model_memo.get(_TABLE_KEY)
+def _table(cluster: Cluster, gpus: int) -> _PathTable:
+    """The :class:`_PathTable` of a job of ``gpus`` GPUs on ``cluster``, kept in its ``model_memo``: its paths
+    as the engine loads them (:meth:`Cluster.paths_for_gpus <mcdla.hardware.cluster.Cluster.paths_for_gpus>`: on
+    a partly used node only the GPUs in use share the pool's resources), one table for every job that fills its
+    nodes."""
+    key = _TABLE_KEY if gpus >= cluster.gpus_per_node else (_TABLE_KEY[0], gpus)
+    got = cluster.model_memo.get(key)
     if got is None:
-        got = cluster.model_memo[_TABLE_KEY] = _PathTable(cluster.paths)
+        got = cluster.model_memo[key] = _PathTable(cluster.paths_for_gpus(gpus))
     return got  # type: ignore[return-value]
 
 
 _TABLE_KEY = ("floor-path-table",)
-"""The key of a cluster's :class:`_PathTable` in its ``model_memo``."""
+"""The key of a cluster's :class:`_PathTable` in its ``model_memo`` for jobs that fill their nodes (a partly used
+node's has the job's GPU count after the key's first item)."""
 
 
 class _Drain:
@@ -305,22 +314,17 @@ def _flows(moved: Mapping[str, Sequence[float]], tag: str = "") -> dict[tuple[st
             if nbytes > 0}
 
 
-def _drain_ends(cluster: Cluster, flows: dict[tuple[str, str, int], Flow]) -> dict[tuple[str, str, int], float]:
-    """When each of ``flows``, all started at once on one GPU's paths (every GPU of the node alike), is through
-    under max-min fair sharing (NOTE [fair drain]); flows that cross no finite resource end at once. Each step
-    runs every flow in flight at its fair rate until the first is through (the rates of each set in flight
-    memoised by :class:`_Drain`, the last few drains' answers by their flows and bytes in the path table).
+def _drain_ends(table: _PathTable, flows: dict[tuple[str, str, int], Flow]) -> dict[tuple[str, str, int], float]:
+    """When each of ``flows``, all started at once on one GPU's paths (``table``, :func:`_table`; every GPU of
+    the node in use alike), is through under max-min fair sharing (NOTE [fair drain]); flows that cross no
+    finite resource end at once. Each step runs every flow in flight at its fair rate until the first is through
+    (the rates of each set in flight memoised by :class:`_Drain`, the last few drains' answers by their flows
+    and bytes in the path table).
 
     A search runs this a few times per evaluation on a handful of flows, so its fixed costs count as much as its
     steps: the drain is found by the flows' keys once, the recent answers are keyed by that drain and the bytes,
     each flow's "through" threshold is computed once, and a step's length is found by a plain loop (a list and
     ``min`` cost more on a few flows)."""
-    return _drain_table_ends(_table(cluster), flows)
-
-
-def _drain_table_ends(table: _PathTable, flows: dict[tuple[str, str, int], Flow]) -> dict[tuple[str, str, int], float]:
-    """:func:`_drain_ends` on the path table ``table`` (a caller draining several sets of flows looks it up
-    once)."""
     keys = tuple(flows)
     drain = table.drains.get(keys) or table.drain(keys)
     nbytes = [flow[2] for flow in flows.values()]
@@ -410,7 +414,8 @@ def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traf
     slow ZeRO-3's collectives (NOTE [link floor]); ``zero3``: a ZeRO-3 execution's collectives."""
     phase_s = _phase_s(execution, costs)
     flows = _phase_flows(execution, cluster, costs, traffic, zero3)
-    return sum(_phase_floor_s(cluster, phase_s[phase], flows[phase]) for phase in phase_s)
+    table = _table(cluster, execution.gpus)
+    return sum(_phase_floor_s(table, phase_s[phase], flows[phase]) for phase in phase_s)
 
 
 def _phase_flows(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
@@ -424,16 +429,16 @@ def _phase_flows(execution: Execution, cluster: Cluster, costs: StageCosts, traf
     return {phase: {**_flows(moved[phase]), **_flows(gathered.get(phase, {}), "fsdp")} for phase in moved}
 
 
-def _phase_floor_s(cluster: Cluster, phase_s: float, flows: dict[tuple[str, str, int], Flow],
+def _phase_floor_s(table: _PathTable, phase_s: float, flows: dict[tuple[str, str, int], Flow],
                    ends: dict[tuple[str, str, int], float] | None = None, *, zero3: bool = True) -> float:
-    """A phase's floor: its flows drained fairly (``ends``, where the caller drained them already), and its
-    closed-form time ``phase_s`` plus what the copies slow ZeRO-3's collectives, which the layers wait for (NOTE
-    [link floor]); ``zero3=False``: no ZeRO-3 flows among them (none looked for)."""
+    """A phase's floor: its flows drained fairly on ``table`` (``ends``, where the caller drained them already),
+    and its closed-form time ``phase_s`` plus what the copies slow ZeRO-3's collectives, which the layers wait for
+    (NOTE [link floor]); ``zero3=False``: no ZeRO-3 flows among them (none looked for)."""
     if ends is None:
-        ends = _drain_ends(cluster, flows)
+        ends = _drain_ends(table, flows)
     slowed = 0.0
     if zero3 and any(key[0] == "fsdp" for key in flows) and any(key[1] == "offload" for key in flows):
-        alone = _drain_ends(cluster, {key: flow for key, flow in flows.items() if key[1] != "offload"})
+        alone = _drain_ends(table, {key: flow for key, flow in flows.items() if key[1] != "offload"})
         slowed = max(0.0, *(ends[key] - alone[key] for key in flows if key[0] == "fsdp"))
     return max(phase_s + slowed, max(ends.values(), default=0.0))
 
@@ -523,8 +528,9 @@ def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, tr
     if not any(crossed.get(a, set()) & crossed.get(b, set()) for a, _way, _n in own.values()
                for b, _to, _m in dp.values()):
         return None  # on resources of their own
+    table = _table(cluster, execution.gpus)
     start = _compute_before_comm_s(execution, costs, last=last)
-    alone = {key: start + end for key, end in _drain_ends(cluster, own).items()}
+    alone = {key: start + end for key, end in _drain_ends(table, own).items()}
     until = max(costs.dp_hidden_s, max(alone.values(), default=start))  # its latencies and ring steps in it
     if zero3 is None:
         during = _reduction_between(cluster, traffic, costs.dp_full_s, start, until)
@@ -534,8 +540,8 @@ def _after_compute(execution: Execution, cluster: Cluster, costs: StageCosts, tr
     left = {key: (cls, way, during[cls]) for key, (cls, way, _got) in dp.items() if during.get(cls, 0.0) > 0}
     if not left:
         return None
-    apart = {**{key: start for key in dp}, **{key: start + end for key, end in _drain_ends(cluster, left).items()}}
-    ends = {**apart, **{key: start + end for key, end in _drain_ends(cluster, {**own, **left}).items()}}
+    apart = {**{key: start for key in dp}, **{key: start + end for key, end in _drain_ends(table, left).items()}}
+    ends = {**apart, **{key: start + end for key, end in _drain_ends(table, {**own, **left}).items()}}
     return alone, apart, ends
 
 
@@ -553,15 +559,16 @@ def _tp_beside(execution: Execution, cluster: Cluster, costs: StageCosts, traffi
     crossed = _resources_by_class(cluster)
     if not own or not any(crossed.get("scale-up", set()) & crossed.get(cls, set()) for cls, _w, _n in dp.values()):
         return None
-    drained = max(_drain_ends(cluster, own).values())
+    table = _table(cluster, e.gpus)
+    drained = max(_drain_ends(table, own).values())
     alone = max(calls * call_s, drained)  # the closed form's calls: their latencies, then their bytes
     start = (alone - drained) * max(0.0, calls - 1) / calls  # the engine runs a pass's calls of a kind as one
     during = _reduction_between(cluster, traffic, 0.0, start, alone, early=True)
     left = {key: (cls, way, during[cls]) for key, (cls, way, _got) in dp.items() if during.get(cls, 0.0) > 0}
     if not left:
         return None
-    apart = _drain_ends(cluster, left)
-    ends = _drain_ends(cluster, {**own, **left})
+    apart = _drain_ends(table, left)
+    ends = _drain_ends(table, {**own, **left})
     hide = c.layers_per_stage / e.virtual_stages * c.layer_tp_hide_bwd_s
     tp_end = start + max(ends[key] for key in own)
     slow_dp = max(0.0, *(ends[key] - apart[key] for key in left))
@@ -661,9 +668,9 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     phase_s = _phase_s(e, costs)
     flows = _phase_flows(e, cluster, costs, traffic, zero3) if offloads else {}
     # each phase's drain once: the backward's is also the pass's own flows beside the reduction below
-    table = _table(cluster)
-    drained = {phase: _drain_table_ends(table, flows[phase]) for phase in phase_s} if offloads else {}
-    stage = (sum(_phase_floor_s(cluster, phase_s[phase], flows[phase], drained[phase], zero3=zero3 is not None)
+    table = _table(cluster, e.gpus)
+    drained = {phase: _drain_ends(table, flows[phase]) for phase in phase_s} if offloads else {}
+    stage = (sum(_phase_floor_s(table, phase_s[phase], flows[phase], drained[phase], zero3=zero3 is not None)
                  for phase in phase_s) if offloads else 0.0)
     dp_exposed = last_backward = 0.0
     if e.dp_overlap and e.dp * e.cp > 1:
@@ -672,8 +679,8 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         beside: tuple[float, float] | None = None  # TP calls beside the GEMMs and the reduction (no offload)
         if offloads:  # the pass's flows and the reduction's start together
             own = flows["backward"]
-            alone, apart = drained["backward"], _drain_table_ends(table, dp)
-            ends = _drain_table_ends(table, {**own, **dp})
+            alone, apart = drained["backward"], _drain_ends(table, dp)
+            ends = _drain_ends(table, {**own, **dp})
         else:
             # TP calls beside the GEMMs hide behind them, their slowdown too (the closed form exposes the excess)
             overlapped = costs.layer_tp_hide_bwd_s > 0

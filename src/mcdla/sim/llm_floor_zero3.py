@@ -14,6 +14,7 @@ from mcdla.sim.llm_floor import (_DRAINED, Ends, Flow, _dims_bytes, _drain_ends,
 
 if TYPE_CHECKING:
     from mcdla.hardware.cluster import Cluster
+    from mcdla.sim.llm_floor import _PathTable
     from mcdla.sim.llm import StageCosts, Zero3Traffic
     from mcdla.workload.execution import Execution
 
@@ -49,26 +50,27 @@ def zero3_beside(execution: Execution, cluster: Cluster, costs: StageCosts,
     ring_s = chunk * _ring_attention_s(e, c)
     layers_s = chunk * (c.layer_bwd_s + c.layer_recompute_s) + c.fsdp_bwd_s / v - ring_s
     after_s = c.layers_per_stage / v * c.layer_comm_bwd_s  # the chunk's TP, CP and EP calls, closed form
-    comm_alone = _drain_ends(cluster, comm) if comm else {}
-    apart = _drain_ends(cluster, dp)
+    table = _table(cluster, e.gpus)
+    comm_alone = _drain_ends(table, comm) if comm else {}
+    apart = _drain_ends(table, dp)
 
     def late(head: float) -> tuple[float, float, float]:
         """The pass's lateness, the reduction's end beyond the closed-form pass and its slowdown (both from
         the layers' start), with a head start of ``head``."""
         left = {key: (cls, way, got * (1 - head / apart[key])) for key, (cls, way, got) in dp.items()
                 if apart[key] > head}
-        ends = _drain_ends(cluster, {**own, **left})
+        ends = _drain_ends(table, {**own, **left})
         gathered = max(ends[key] for key in own)
         stepped, rest, dp_end = layers_beside(e, cluster, c, zero3, left)
         layers_end = max(gathered, layers_s + stepped)
         if gathered > layers_s + stepped:  # the drain binds: what it leaves, then alone while the layers compute
-            rest = drain_left(cluster, drain_left(cluster, left, gathered, own), layers_end - gathered)
+            rest = drain_left(table, drain_left(table, left, gathered, own), layers_end - gathered)
             dp_end = max([0.0, *(ends[key] for key in left if key not in rest)])
-        joint = _drain_ends(cluster, {**comm, **rest}) if comm or rest else {}
+        joint = _drain_ends(table, {**comm, **rest}) if comm or rest else {}
         comm_end = max([after_s, *(joint[key] - comm_alone[key] + after_s for key in comm)])
         pass_late = layers_end + comm_end - layers_s - after_s
         red_end = max([dp_end, *(layers_end + joint[key] for key in rest)])
-        alone_end = max([0.0, *(_drain_ends(cluster, left).values())]) if left else 0.0
+        alone_end = max([0.0, *(_drain_ends(table, left).values())]) if left else 0.0
         return pass_late, red_end - layers_s - after_s, red_end - alone_end
 
     logits_head = max(0.0, c.last_bwd_s - ring_s)  # the logits' backward, less the ring's attention
@@ -109,6 +111,8 @@ def layers_beside(execution: Execution, cluster: Cluster, costs: StageCosts, zer
         return seconds, _flows({cls: (got, got) for cls, got in moved.items()}, "fsdp")
 
     gather, reduce = op(zero3.gathers), op(zero3.reduces)
+    table = _table(cluster, e.gpus)
+
     def run(flows: dict[tuple[str, str, int], Flow] | None) -> tuple[float, float, dict[tuple[str, str, int], Flow]]:
         left, dp_now, dp_end = dict(flows or {}), 0.0, 0.0
 
@@ -117,14 +121,14 @@ def layers_beside(execution: Execution, cluster: Cluster, costs: StageCosts, zer
             seconds, own = item
             if not left or not own:
                 return start + seconds
-            left = drain_left(cluster, left, start - dp_now)  # alone while the links idle
+            left = drain_left(table, left, start - dp_now)  # alone while the links idle
             if not left:
                 dp_end = dp_end or start
                 return start + seconds
-            alone, ends = _drain_ends(cluster, own), _drain_ends(cluster, {**own, **left})
+            alone, ends = _drain_ends(table, own), _drain_ends(table, {**own, **left})
             took = max(ends[key] for key in own)
             late = max(0.0, took - max(alone.values()))
-            rest = drain_left(cluster, left, took, own)
+            rest = drain_left(table, left, took, own)
             if not rest:
                 dp_end = start + max(ends[key] for key in left)
             left, dp_now = rest, start + took
@@ -149,22 +153,22 @@ def layers_beside(execution: Execution, cluster: Cluster, costs: StageCosts, zer
             compute = start + compute_s
             link = on_link(max(link, compute), reduce)
         end = max(link, compute)
-        return end, dp_end, drain_left(cluster, left, end - dp_now) if left else {}
+        return end, dp_end, drain_left(table, left, end - dp_now) if left else {}
 
     got, dp_end, left = run(dp)
     base = run(None)[0]
     return max(0.0, got - base), left, dp_end if not left else 0.0
 
 
-def drain_left(cluster: Cluster, flows: dict[tuple[str, str, int], Flow], until_s: float,
+def drain_left(table: _PathTable, flows: dict[tuple[str, str, int], Flow], until_s: float,
                beside: dict[tuple[str, str, int], Flow] | None = None) -> dict[tuple[str, str, int], Flow]:
-    """What is left of ``flows`` after ``until_s`` seconds of the fair drain (NOTE [fair drain]) beside the flows
-    ``beside`` (started with them, not returned): each a flow with the bytes it still has to move, those through
-    left out."""
+    """What is left of ``flows`` after ``until_s`` seconds of the fair drain (NOTE [fair drain]) on the path table
+    ``table`` (the job's, :func:`mcdla.sim.llm_floor._table`) beside the flows ``beside`` (started with them, not
+    returned): each a flow with the bytes it still has to move, those through left out."""
     both = {**(beside or {}), **flows}
     keys = tuple(both)
     left = [flow[2] for flow in both.values()]
-    drain = _table(cluster).drain(keys)
+    drain = table.drain(keys)
     live, now = drain.mask, 0.0
     while live and now < until_s:
         rates = drain.rates(live)
