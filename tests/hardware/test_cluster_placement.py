@@ -62,3 +62,14 @@ def test_placement_equals_the_variant_file_written_by_hand() -> None:
     assert placed.dims == by_hand.dims and placed.group_dims(16, stride=4) == by_hand.group_dims(16, stride=4)
     for figure in ("offload_bytes_per_s", "prefetch_bytes_per_s", "pool_bytes", "latency_s"):
         assert getattr(placed.offload, figure) == getattr(by_hand.offload, figure)
+
+
+@pytest.mark.parametrize(("size", "stride"), [(2, 8), (4, 8), (2, 16), (3, 8), (9, 4), (32, 1)])
+def test_a_job_in_one_rack_prices_every_group_on_nvlink(size: int, stride: int) -> None:
+    """A job of 32 or fewer ranks in one NVL72 rack: every group ``r, r + stride, ...`` lies in the rack (brute
+    force over the groups that fit), so it is priced on NVLink alone, whether or not ``stride`` tiles the 72 GPUs."""
+    gpus = 32 if size * stride <= 32 else size * stride
+    rack = load_cluster("gb200-nvl72").for_gpus(gpus)
+    groups = [range(r, r + size * stride, stride) for r in range(gpus - (size - 1) * stride)]
+    assert rack.nodes == 1 and all(len(_nodes_of(g, 72)) == 1 for g in groups)
+    assert [(d.name, d.size) for d in rack.group_dims(size, stride)] == [("nvlink", size)]

@@ -41,6 +41,10 @@ _NO_SHARED_LINK = [
                       sequence_parallel=True, pp_comm_overlap=True)),
     ("dgx-h100", dict(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, virtual_stages=3,
                       pp_comm_overlap=True, dp_overlap=True, zero=1)),
+    # a partly used NVL72 rack: groups whose stride does not divide the rack's 72 GPUs are still all NVLink
+    ("gb200-nvl72", dict(gpus=32, tp=8, dp=2, cp=2, micro_batch=1, global_batch=8, zero=3,
+                         sequence_parallel=True)),
+    ("gb200-nvl72", dict(gpus=32, tp=8, dp=4, micro_batch=1, global_batch=8, zero=1, sequence_parallel=True)),
 ]
 
 
@@ -51,7 +55,7 @@ def test_engine_equals_the_analytical_model_without_a_shared_link(system: str, f
     """With no link carrying two classes at once (no offload; every stage one node), the engine's iteration
     equals the closed form and the per-rank schedule to 1e-9 and reports no contention, with one pipeline
     (the reduction's closed form) or every replica (the reduction as collectives)."""
-    spec = _GPT3 if system != "gh200" else preset("megatron-1.7b")
+    spec = _GPT3 if system == "dgx-h100" else preset("megatron-1.7b")
     e = Execution(**fields)  # type: ignore[arg-type]
     cluster = load_cluster(system).for_gpus(e.gpus)
     got = engine_step(spec, e, cluster, replicas=replicas)

@@ -345,8 +345,10 @@ class Cluster:
 
         The group is ranks ``r, r + stride, ..., r + (size - 1) stride`` in node-major rank order
         (:class:`~mcdla.workload.parallel_dims.ParallelDims` gives each dimension's size and stride). A node
-        holds ``gcd(size, gpus_per_node / stride)`` members when ``stride`` divides the node, else one; the
-        scale-up dimension joins those, the scale-out one the rest. A group that does not tile the nodes evenly
+        holds every member when the cluster is one node (a job of 32 GPUs in an NVL72 rack: its data-parallel
+        group of stride 8 is all NVLink), else ``gcd(size, gpus_per_node / stride)`` members when ``stride``
+        divides the node and one otherwise (the group that straddles two nodes, which the collective waits for);
+        the scale-up dimension joins those, the scale-out one the rest. A group that does not tile the nodes evenly
         (a data-parallel group of 128 over the 9 tensor-parallel groups of an NVL72 rack) is priced with the
         ``gcd`` members per node, which counts more scale-out traffic than the layout has. A group of one rank
         spans no dimension. Every GPU has its own port and rail, so groups side by side share no bandwidth here.
@@ -365,7 +367,10 @@ class Cluster:
                 f"cluster {self.name!r}.group_dims: size {size} x stride {stride} got {size * stride} ranks; "
                 f"must be at most the {self.n_devices} GPUs")
         k = self.gpus_per_node
-        per_node = math.gcd(size, k // stride) if stride < k and k % stride == 0 else 1
+        if self.nodes == 1:
+            per_node = size  # one node holds every rank: no member crosses the scale-out fabric
+        else:
+            per_node = math.gcd(size, k // stride) if stride < k and k % stride == 0 else 1
         dims: list[FabricDim] = []
         if per_node > 1:
             up = self.scale_up
