@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import signal
 import threading
@@ -104,6 +105,8 @@ def test_sigterm_to_child_keeps_parent_blocks(tmp_path):
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # says it is ready first: Python drops signals that arrive while it sets up a child
+        # a child still alive at half the deadline prints where it is (the test's captured stderr) and exits 1
+        faulthandler.dump_traceback_later(_CHILD_DEADLINE_S / 2, exit=True)
         os.write(write, b"r")
         time.sleep(_CHILD_DEADLINE_S)
         os._exit(3)
@@ -112,7 +115,8 @@ def test_sigterm_to_child_keeps_parent_blocks(tmp_path):
     os.close(read)
     os.kill(pid, signal.SIGTERM)
     status = _wait_child(pid)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, (
+        f"child ended with wait status {status}, not by SIGTERM (its traceback, if it hung: captured stderr)")
     assert sorted(tmp_path.iterdir()) == files
     loss.backward()
     _assert_exact(ref, model)
