@@ -1,5 +1,5 @@
-"""Published runs of the families beyond Megatron-LM: torchtitan's FSDP2 runs, IBM's PyTorch FSDP runs (fms-fsdp)
-and Megatron-Bridge's MoE runs.
+"""Published runs of the families beyond Megatron-LM: torchtitan's FSDP2 runs, IBM's PyTorch FSDP runs (fms-fsdp),
+Megatron-Bridge's MoE runs and DeepSpeed's ZeRO-Offload tutorial run.
 
 Each record is copied from its source with the repository, path and commit, and states every field the source
 does not publish (``choices``), chosen before comparing. Measured seconds per iteration are the source's
@@ -26,6 +26,10 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
   (``MeasuredRun.gpus_per_node``). Four rows' layouts appear token-drop in the same page's 25.09 table; each of
   those records' ``choices`` gives that rate against its own (the alltoall rows at 0.50-0.76 of it, HybridEP's
   GB200 row at the same), evidence of the dropless alltoall path's host cost, which is not modelled.
+* ``deepspeed-zero-offload``: DeepSpeed's ZeRO-Offload tutorial (deepspeedai/DeepSpeed
+  ``docs/_tutorials/zero-offload.md``), a 10B GPT-2 on one V100-SXM3 32 GB with Adam on the CPU: its measured
+  seconds are the mean "elapsed time per iteration" of the three iterations its log screenshot shows, its
+  configuration the DeepSpeedExamples script of the same days (commit ece5e0e0), on the ``dgx-2-v100`` preset.
 
 Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so) and one host figure
 for the MoE family: the ``grand-teton-h100`` preset's peak fraction on torchtitan's three H100 rows (their 500 W clock
