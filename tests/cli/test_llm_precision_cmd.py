@@ -66,4 +66,5 @@ def test_validate_llm_unknown_family_is_one_line(run_cli):
     code, _, err = run_cli("validate-llm", "--family", "mlperf")
     assert code == 2
     assert err == ("mcdla: error: validate-llm.family: got 'mlperf'; must be one of megatron-a100, "
-                   "megatron-bridge-fp8, torchtitan-fsdp2, pytorch-fsdp, megatron-bridge-moe, all\n")
+                   "megatron-bridge-fp8, torchtitan-fsdp2, pytorch-fsdp, megatron-bridge-moe, deepspeed-zero-offload, "
+                   "all\n")

@@ -44,8 +44,8 @@ def validate_llm_cmd(
         help="Published runs: megatron-a100 (Korthikanti Table 5, SC21 Table 1), megatron-bridge-fp8 "
              "(Megatron-Bridge 25.11 FP8 on H100/GB200, each on its own preset), torchtitan-fsdp2 (torchtitan's "
              "FSDP2 runs on A100 and Grand Teton H100), pytorch-fsdp (IBM fms-fsdp's FSDP runs of Llama 2), "
-             "megatron-bridge-moe (Megatron-Bridge 25.11 Qwen3 MoE) "
-             "or all.")] = "megatron-a100",
+             "megatron-bridge-moe (Megatron-Bridge 25.11 Qwen3 MoE), deepspeed-zero-offload (DeepSpeed's "
+             "ZeRO-Offload tutorial run, Adam on the CPU, one V100 of a DGX-2) or all.")] = "megatron-a100",
 ) -> None:
     """Predict published runs (by default Korthikanti et al. 2022 Table 5 and SC21 Table 1, 1.7B-18.4B) and print
     the error per family; then each held-out family (DeepSpeed ZeRO-3, SC21 Table 2), never fitted, with its own."""

@@ -24,8 +24,9 @@ A second family, ``megatron-bridge-fp8`` (:data:`BRIDGE_FP8_RUNS`): Megatron-Bri
 (tokens/s/GPU x GPUs)``. Every unpublished field is stated in the run's ``choices``. FlashAttention (Megatron-Bridge runs TE's fused
 attention), ``precision="fp8"``.
 
-Three more families, each record with its source and choices, live in :mod:`mcdla.report.llm_validation_runs`
-(``torchtitan-fsdp2``, ``pytorch-fsdp``, ``megatron-bridge-moe``) and are registered in :data:`FAMILIES`.
+Four more families, each record with its source and choices, live in :mod:`mcdla.report.llm_validation_runs`
+(``torchtitan-fsdp2``, ``pytorch-fsdp``, ``megatron-bridge-moe``, ``deepspeed-zero-offload``) and are registered in
+:data:`FAMILIES`.
 
 Held out (:data:`HELD_OUT_FAMILIES`, reported apart, never fitted): DeepSpeed ZeRO-3 on DGX A100, SC21 Table 2
 (:data:`ZERO3_SC21_RUNS`), with ZeRO-3 as run (per-layer gathers and reduce-scatters).
@@ -165,7 +166,8 @@ FP8-MX, left out)."""
 FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {"megatron-a100": RUNS, "megatron-bridge-fp8": BRIDGE_FP8_RUNS,
                                                  **SOURCED_FAMILIES}
 """The validation families by name: the published A100 Megatron-LM runs, Megatron-Bridge's FP8 runs and the
-families of :mod:`mcdla.report.llm_validation_runs` (torchtitan FSDP2, PyTorch FSDP, Megatron-Bridge MoE)."""
+families of :mod:`mcdla.report.llm_validation_runs` (torchtitan FSDP2, PyTorch FSDP, Megatron-Bridge MoE, DeepSpeed
+ZeRO-Offload)."""
 
 
 def family_runs(family: str) -> tuple[MeasuredRun, ...]:

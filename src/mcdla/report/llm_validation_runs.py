@@ -1,5 +1,5 @@
-"""Published runs of the families beyond Megatron-LM: torchtitan's FSDP2 runs, IBM's PyTorch FSDP runs (fms-fsdp)
-and Megatron-Bridge's MoE runs.
+"""Published runs of the families beyond Megatron-LM: torchtitan's FSDP2 runs, IBM's PyTorch FSDP runs (fms-fsdp),
+Megatron-Bridge's MoE runs and DeepSpeed's ZeRO-Offload tutorial run.
 
 Each record is copied from its source with the repository, path and commit, and states every field the source
 does not publish (``choices``), chosen before comparing. Measured seconds per iteration are the source's
@@ -26,6 +26,10 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
   (``MeasuredRun.gpus_per_node``). Four rows' layouts appear token-drop in the same page's 25.09 table; each of
   those records' ``choices`` gives that rate against its own (the alltoall rows at 0.50-0.76 of it, HybridEP's
   GB200 row at the same), evidence of the dropless alltoall path's host cost, which is not modelled.
+* ``deepspeed-zero-offload``: DeepSpeed's ZeRO-Offload tutorial (deepspeedai/DeepSpeed
+  ``docs/_tutorials/zero-offload.md``), a 10B GPT-2 on one V100-SXM3 32 GB with Adam on the CPU: its measured
+  seconds are the mean "elapsed time per iteration" of the three iterations its log screenshot shows, its
+  configuration the DeepSpeedExamples script of the same days (commit ece5e0e0), on the ``dgx-2-v100`` preset.
 
 Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so) and one host figure
 for the MoE family: the ``grand-teton-h100`` preset's peak fraction on torchtitan's three H100 rows (their 500 W clock
@@ -39,7 +43,8 @@ from __future__ import annotations
 from mcdla.report.llm_records import MeasuredRun
 from mcdla.workload.execution import Execution
 
-__all__ = ["TORCHTITAN_RUNS", "FMS_FSDP_RUNS", "BRIDGE_MOE_RUNS", "SOURCED_FAMILIES"]
+__all__ = ["TORCHTITAN_RUNS", "FMS_FSDP_RUNS", "BRIDGE_MOE_RUNS", "ZERO_OFFLOAD_RUNS", "ZO_TUTORIAL_ITERATIONS_MS",
+           "SOURCED_FAMILIES"]
 
 _TITAN_A100 = ("pytorch/torchtitan docs/performance.md (commit 4d88a8a44fe4), \"Llama 3 performance numbers\" "
                "(FSDP2 on 64 A100 80GB)")
@@ -206,9 +211,45 @@ BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
 )
 """Megatron-Bridge 25.11's Qwen3 MoE runs (30B-A3B on H100, B200, GB200, GB300; 235B-A22B on GB200, GB300, B200)."""
 
+_ZO_TUTORIAL = ("deepspeedai/DeepSpeed docs/_tutorials/zero-offload.md and its training-log screenshot "
+                "docs/assets/images/zero_offload_dp1_10B_log.png (commit 38327e07f6cd), one V100-SXM3 32 GB")
+_ZO_SCRIPT = ("microsoft/DeepSpeedExamples commit ece5e0e0 (9 Sep 2020, \"ZeRO-Offload updates\"), "
+              "Megatron-LM/scripts/ds_zero-offload_10B_pretrain_gpt2_model_parallel.sh and "
+              "ds_zero-offload_10B_config.json")
+ZO_TUTORIAL_ITERATIONS_MS: tuple[float, ...] = (25765.4, 26756.4, 25680.7)
+"""The "elapsed time per iteration (ms)" of iterations 8, 9 and 10 in the tutorial's log screenshot (the three
+the screenshot shows; logged 2020-09-10, the day after the script's commit)."""
+
+
+def _zero_offload_tutorial() -> MeasuredRun:
+    """The 10B GPT-2 of DeepSpeed's ZeRO-Offload tutorial on one V100: its measured seconds per iteration are the
+    mean of the three iterations its log screenshot shows (no FLOP count involved)."""
+    seconds = sum(ZO_TUTORIAL_ITERATIONS_MS) / len(ZO_TUTORIAL_ITERATIONS_MS) / 1e3
+    shown = ", ".join(f"{ms:g}" for ms in ZO_TUTORIAL_ITERATIONS_MS)
+    return MeasuredRun(
+        name="gpt2-10b ZeRO-Offload 1 V100", model="gpt2-10b", system="dgx-2-v100", precision="fp16",
+        measured_s=seconds, family="deepspeed-zero-offload",
+        source=f"{_ZO_TUTORIAL}: elapsed time per iteration {shown} ms (iterations 8-10), batch 10; configuration "
+               f"from {_ZO_SCRIPT}: 50 layers, hidden 4096, 32 heads, seq 1024, batch 10, fp16",
+        choices=("ZeRO stage 2 with cpu_offload on one GPU -> zero=0 with offload_optimizer and cpu_optimizer (one "
+                 "rank: nothing to shard; the execution record takes zero >= 1 only with dp > 1), DeepSpeedCPUAdam "
+                 "(--cpu-optimizer); full recompute (--checkpoint-activations) with the checkpoints in host memory "
+                 "(activation_checkpointing.cpu_checkpointing true) -> offload_activations; no delayed parameter "
+                 "update (the config sets none); materialized attention (Megatron-LM GPT-2 of 2020, no flash "
+                 "attention); the tutorial names a single V100-SXM3 32 GB, not its host: the dgx-2-v100 preset, "
+                 "the machine of the ZeRO-Offload paper's evaluation, with the job's one GPU sized by its GPUs"),
+        execution=Execution(gpus=1, dp=1, zero=0, micro_batch=10, global_batch=10, recompute="full",
+                            offload_activations=True, offload_optimizer=True, cpu_optimizer=True,
+                            attention="materialized"))
+
+
+ZERO_OFFLOAD_RUNS: tuple[MeasuredRun, ...] = (_zero_offload_tutorial(),)
+"""DeepSpeed's ZeRO-Offload (Adam on the CPU) on one V100: the tutorial's 10B GPT-2 run."""
+
 SOURCED_FAMILIES: dict[str, tuple[MeasuredRun, ...]] = {
     "torchtitan-fsdp2": TORCHTITAN_RUNS,
     "pytorch-fsdp": FMS_FSDP_RUNS,
     "megatron-bridge-moe": BRIDGE_MOE_RUNS,
+    "deepspeed-zero-offload": ZERO_OFFLOAD_RUNS,
 }
 """The families of this module by name, registered into :data:`mcdla.report.llm_validation.FAMILIES`."""

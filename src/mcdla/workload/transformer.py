@@ -523,6 +523,10 @@ _LLAMA2 = ("Llama 2 as fms-fsdp trains it (foundation-model-stack/fms-fsdp fms_f
            "and 80 layers, FFN 22016 and 28672; 7B the LLaMAConfig defaults 4096 x 32 x 32, FFN 11008 [Llama 2 "
            "paper, Touvron et al. 2023, not re-read]); SwiGLU, RoPE, vocab 32000, untied; sequence 4096 (its "
            "train_config.seq_length)")
+_GPT2_10B = ("DeepSpeed's ZeRO-Offload tutorial model, Megatron-LM GPT-2 (microsoft/DeepSpeedExamples commit ece5e0e0, "
+             "Megatron-LM/scripts/ds_zero-offload_10B_pretrain_gpt2_model_parallel.sh: 50 layers, hidden 4096, 32 "
+             "heads, seq-length 1024; GPT2BPETokenizer's 50257 tokens padded to 50304 by arguments.py's "
+             "make-vocab-size-divisible-by 128), learned positions, GeLU MLP 4h, tied embeddings")
 PRESETS: dict[str, TransformerSpec] = {
     s.name: s for s in (
         _spec(name="gpt3-175b", layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048,
@@ -546,6 +550,7 @@ PRESETS: dict[str, TransformerSpec] = {
               source="Narayanan et al. SC21, Table 1"),
         _spec(name="megatron-310.1b", layers=96, hidden=16384, heads=128, vocab=51200, seq_len=2048,
               source="Narayanan et al. SC21, Table 1"),
+        _spec(name="gpt2-10b", layers=50, hidden=4096, heads=32, vocab=50304, seq_len=1024, source=_GPT2_10B),
         _spec(name="llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, mlp="swiglu",
               vocab=128256, seq_len=8192, dropout=False, bias=False, position="rope", tied_embeddings=False,
               source=_LLAMA3),
