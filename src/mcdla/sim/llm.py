@@ -343,11 +343,22 @@ def zero3_traffic(spec: TransformerSpec, execution: Execution, element_bytes: in
     parameter (the run's precision)."""
     e = execution
     layer = _layer_groups(spec, e)
-    gathers = tuple(ShardCollective("all-gather", element_bytes * g.params, *_shard_groups(g, e)[0]) for g in layer)
-    reduces = tuple(dataclasses.replace(c, kind="reduce-scatter") for c in gathers)
     groups = _param_groups(spec, e)
-    other = groups[0].params - max(stage_layers(e, spec)) * layer[0].params  # the embedding
     step: list[ShardCollective] = []
+    if e.zero3_collectives == "per-tensor":  # one dense group (check_execution): one collective per tensor
+        shard = _shard_groups(layer[0], e)[0]
+        tensors = [numel / e.tp for _, numel in spec.layer_tensors()]
+        kept = [n for n in tensors if n < e.zero3_persist_numel]
+        gathers = tuple(ShardCollective("all-gather", element_bytes * n, *shard)
+                        for n in tensors if n >= e.zero3_persist_numel)
+        reduces = tuple(ShardCollective("reduce-scatter", element_bytes * n, *shard) for n in tensors)
+        if kept and shard[0] > 1:  # the persisted tensors, gathered once after the step
+            step.append(ShardCollective("all-gather", element_bytes * sum(kept) * max(stage_layers(e, spec)), *shard))
+    else:
+        gathers = tuple(ShardCollective("all-gather", element_bytes * g.params, *_shard_groups(g, e)[0])
+                        for g in layer)
+        reduces = tuple(dataclasses.replace(c, kind="reduce-scatter") for c in gathers)
+    other = groups[0].params - max(stage_layers(e, spec)) * layer[0].params  # the embedding
     for k, g in enumerate(groups):
         shard, replicas = _shard_groups(g, e)
         if k == 0 and shard[0] > 1:
