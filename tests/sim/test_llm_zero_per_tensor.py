@@ -123,3 +123,15 @@ def test_option_read_from_a_file_and_refused_for_moe():
     moe = Execution(gpus=8, dp=8, zero=3, global_batch=8, zero3_collectives="per-tensor")
     with pytest.raises(ConfigError, match="execution.zero3_collectives: got 'per-tensor' for mixtral-8x7b"):
         llm_step(preset("mixtral-8x7b"), moe, load_cluster("dgx-h100").for_gpus(8))
+
+
+def test_exporters_note_that_their_frameworks_do_not_gather_per_tensor():
+    """Neither Megatron-LM nor torchtitan can gather one tensor at a time: the exported configs say so."""
+    from mcdla.report.export_config import megatron_args, torchtitan_toml
+
+    e = Execution(gpus=8, dp=8, zero=3, global_batch=8, zero3_collectives="per-tensor")
+    _, notes = megatron_args(e, SMALL, "bf16")
+    assert any("zero3_collectives per-tensor" in n for n in notes)
+    assert "zero3_collectives per-tensor" in torchtitan_toml(e, SMALL, "bf16")
+    plain = dataclasses.replace(e, zero3_collectives="per-layer")
+    assert not any("zero3_collectives" in n for n in megatron_args(plain, SMALL, "bf16")[1])
