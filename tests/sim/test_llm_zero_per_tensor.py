@@ -1,5 +1,5 @@
-"""ZeRO-3 with one collective per parameter tensor (``zero3_collectives="per-tensor"``, DeepSpeed ZeRO-3 0.3.13
-to 0.5.7) against hand-computed closed forms: collective count x per-collective ring time."""
+"""ZeRO-3 with one collective per parameter tensor (``zero3_collectives="per-tensor"``, DeepSpeed ZeRO-3 0.3.12
+to 0.5.4) against hand-computed closed forms: collective count x per-collective ring time."""
 
 import dataclasses
 

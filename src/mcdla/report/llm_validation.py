@@ -197,7 +197,7 @@ _SC21_ZERO3_CHOICES = (
     "DeepSpeed's default prefetch bucket (stage3_prefetch_bucket_size 5e7 parameters) is smaller than one of this "
     "model's 1.8e9-parameter layers, and each prefetched gather waits on torch.cuda.synchronize() "
     "(partition_parameters.py _allgather_param), so no whole layer is gathered ahead; zero3_collectives "
-    "per-tensor: DeepSpeed ZeRO-3 of the paper's time (v0.3.13 to v0.5.7, microsoft/DeepSpeed 599258f97 to "
+    "per-tensor: DeepSpeed ZeRO-3 of the paper's time (v0.3.12 to v0.5.4, microsoft/DeepSpeed 599258f97 until "
     "c0eeb69df) all-gathers one parameter at a time (fetch_sub_module -> _all_gather(async_op=True) -> one "
     "_allgather_param, one torch.distributed.all_gather, per parameter) and reduce-scatters each parameter of a "
     "gradient bucket on its own (_reduce_scatter_gradients: one torch.distributed.reduce_scatter per "

@@ -68,7 +68,7 @@ NOTE [time model] (also ``docs/llm.md``):
   per iteration the non-layer parameters are reduce-scattered and gathered, and under HSDP (``hsdp_shard``) each
   gradient shard is all-reduced across the replicas (``dp_comm_s``). Memory: the model state over the shard group
   plus ``fsdp_prefetch + 1`` whole layers' weights and gradients. With ``zero3_collectives="per-tensor"``
-  (DeepSpeed ZeRO-3 0.3.13-0.5.7, which gathers and reduce-scatters one parameter at a time) a layer's gather
+  (DeepSpeed ZeRO-3 0.3.12-0.5.4, which gathers and reduce-scatters one parameter at a time) a layer's gather
   and reduce-scatter are one collective per parameter tensor (``TransformerSpec.layer_tensors``), run one after
   the other, each with its own latency terms; tensors under ``zero3_persist_numel`` elements are not gathered
   per layer but once per iteration with the step's collectives, their gradients still reduce-scattered.

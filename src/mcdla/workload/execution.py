@@ -96,7 +96,7 @@ class Execution(HashOnce):
         zero3_collectives: with ``zero=3``, what one gather or reduce-scatter moves: ``per-layer`` (one
             collective for a layer's weights, FSDP's flat parameter per wrapped block) or ``per-tensor`` (one per
             parameter tensor, :meth:`~mcdla.workload.transformer.TransformerSpec.layer_tensors`: DeepSpeed
-            ZeRO-3 from 0.3.13 to 0.5.7, ``_allgather_param`` per parameter, ``_reduce_scatter_gradients`` per
+            ZeRO-3 from 0.3.12 to 0.5.4, ``_allgather_param`` per parameter, ``_reduce_scatter_gradients`` per
             parameter of a bucket); NOTE [ZeRO-3 as run] in :mod:`mcdla.sim.llm`.
         zero3_persist_numel: with ``per-tensor``, tensors of fewer elements (per TP rank) stay gathered on every
             rank and are not gathered per layer (DeepSpeed's ``stage3_param_persistence_threshold``); their
