@@ -69,7 +69,7 @@ def _record(tmp_path, e: Execution) -> str:
 
 def test_llm_predict_engine_on_the_held_out_zero3_record(run_cli, tmp_path):
     """The held-out DeepSpeed ZeRO-3 record (GPT-3 175B on 384 DGX A100 GPUs, one pipeline folded): --engine runs
-    its per-layer gathers and reduce-scatters at their closed-form times, which no other transfer shares, so the
+    its per-tensor gathers and reduce-scatters at their closed-form times, which no other transfer shares, so the
     engine's iteration is the closed form's and no link class loses time."""
     run = ZERO3_SC21_RUNS[0]
     code, out, err = run_cli("llm-predict", "--model", run.model, "--execution", _record(tmp_path, run.execution),

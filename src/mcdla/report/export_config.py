@@ -197,6 +197,9 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
         else:
             notes.append("FSDP prefetch without dp_overlap: Megatron's --overlap-param-gather needs "
                          "--overlap-grad-reduce")
+    if e.zero3_collectives == "per-tensor":
+        notes.append("zero3_collectives per-tensor: Megatron's distributed optimizer gathers and reduces buckets of "
+                     "parameters, not one tensor at a time")
     cpu_optimizer = _megatron_cpu_optimizer(e)
     if cpu_optimizer:
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer"]
@@ -329,6 +332,9 @@ def torchtitan_toml(e: Execution, spec: TransformerSpec, precision: str) -> str:
         parallelism["enable_async_tensor_parallel"] = True
     if e.zero == 3 and e.fsdp_prefetch != 1:
         notes.append(f"fsdp_prefetch {e.fsdp_prefetch}: FSDP2 prefetches one layer's gather ahead")
+    if e.zero3_collectives == "per-tensor":
+        notes.append("zero3_collectives per-tensor: FSDP2 gathers and reduce-scatters each block's parameters in "
+                     "one collective")
     if not e.dp_overlap and e.dp > 1 and sharded:
         notes.append("dp_overlap off: FSDP2 always overlaps its gradient reduce-scatter")
     if spec.experts > 1 and e.capacity_factor != 1:

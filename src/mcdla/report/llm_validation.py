@@ -29,7 +29,8 @@ Four more families, each record with its source and choices, live in :mod:`mcdla
 :data:`FAMILIES`.
 
 Held out (:data:`HELD_OUT_FAMILIES`, reported apart, never fitted): DeepSpeed ZeRO-3 on DGX A100, SC21 Table 2
-(:data:`ZERO3_SC21_RUNS`), with ZeRO-3 as run (per-layer gathers and reduce-scatters).
+(:data:`ZERO3_SC21_RUNS`), with ZeRO-3 as DeepSpeed ran it then (one gather and one reduce-scatter per parameter
+tensor).
 """
 
 from __future__ import annotations
@@ -193,13 +194,25 @@ def run_cluster(run: MeasuredRun, system: str | Cluster | None) -> Cluster:
     return cluster.for_gpus(run.execution.gpus)
 
 
+_SC21_ZERO3_CHOICES = (
+    "full recomputation (eq. 3 counts it; Megatron-DeepSpeed's checkpointed activations); fsdp_prefetch 0: "
+    "DeepSpeed's default prefetch bucket (stage3_prefetch_bucket_size 5e7 parameters) is smaller than one of this "
+    "model's 1.8e9-parameter layers, and each prefetched gather waits on torch.cuda.synchronize() "
+    "(partition_parameters.py _allgather_param), so no whole layer is gathered ahead; zero3_collectives "
+    "per-tensor: DeepSpeed ZeRO-3 of the paper's time (v0.3.12 to v0.5.4, microsoft/DeepSpeed 599258f97 until "
+    "c0eeb69df) all-gathers one parameter at a time (fetch_sub_module -> _all_gather(async_op=True) -> one "
+    "_allgather_param, one torch.distributed.all_gather, per parameter) and reduce-scatters each parameter of a "
+    "gradient bucket on its own (_reduce_scatter_gradients: one torch.distributed.reduce_scatter per "
+    "parameter); zero3_persist_numel 100000: stage3_param_persistence_threshold's default (runtime/zero/"
+    "constants.py), which keeps the biases and LayerNorms (< 1e5 elements) gathered; no separate gradient "
+    "overlap; materialized attention (Megatron-DeepSpeed's fused softmax, as the A100 Megatron runs)")
+
+
 def _sc21_zero3(gpus: int, micro_batch: int, tflops_per_gpu: float) -> MeasuredRun:
     """A row of SC21 Table 2, "ZeRO-3 without model parallelism", GPT-3 175B, batch 1536, in seconds per
-    iteration by the paper's eq. 3 (as :func:`_sc21`). Unpublished fields, chosen before comparing: full
-    recomputation (eq. 3 counts it; Megatron-DeepSpeed's checkpointed activations); ``fsdp_prefetch=0``:
-    DeepSpeed's default prefetch bucket (``stage3_prefetch_bucket_size`` 5e7 parameters) is smaller than one
-    of this model's 1.8e9-parameter layers, so no whole layer is gathered ahead; no separate gradient overlap;
-    materialized attention (Megatron-DeepSpeed's fused softmax, as the A100 Megatron runs)."""
+    iteration by the paper's eq. 3 (as :func:`_sc21`). Unpublished fields, chosen before comparing and stated in
+    :data:`_SC21_ZERO3_CHOICES`: full recomputation, no prefetch, DeepSpeed's per-parameter collectives with its
+    default persistence threshold, materialized attention."""
     spec = preset("gpt3-175b")
     seconds = hardware_flops_per_iteration(spec, 1536, "full") / (gpus * tflops_per_gpu * 1e12)
     return MeasuredRun(
@@ -207,8 +220,10 @@ def _sc21_zero3(gpus: int, micro_batch: int, tflops_per_gpu: float) -> MeasuredR
         source=f"Narayanan et al. SC21, Table 2 (ZeRO-3, DeepSpeed): {tflops_per_gpu:g} TFLOP/s per GPU on {gpus} "
                f"GPUs, micro-batch {micro_batch}, batch 1536 [the 1,536-GPU row read from the table; the "
                "others from the same table, not re-read here]",
+        choices=_SC21_ZERO3_CHOICES,
         execution=Execution(gpus=gpus, dp=gpus, zero=3, fsdp_prefetch=0, micro_batch=micro_batch,
-                            global_batch=1536, recompute="full", attention="materialized"))
+                            global_batch=1536, recompute="full", attention="materialized",
+                            zero3_collectives="per-tensor", zero3_persist_numel=100_000))
 
 
 ZERO3_SC21_RUNS: tuple[MeasuredRun, ...] = (

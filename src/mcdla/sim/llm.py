@@ -67,7 +67,11 @@ NOTE [time model] (also ``docs/llm.md``):
   links while the layers compute (:func:`fsdp_exposed_s`); what the compute does not hide is ``fsdp_comm_s``. Once
   per iteration the non-layer parameters are reduce-scattered and gathered, and under HSDP (``hsdp_shard``) each
   gradient shard is all-reduced across the replicas (``dp_comm_s``). Memory: the model state over the shard group
-  plus ``fsdp_prefetch + 1`` whole layers' weights and gradients.
+  plus ``fsdp_prefetch + 1`` whole layers' weights and gradients. With ``zero3_collectives="per-tensor"``
+  (DeepSpeed ZeRO-3 0.3.12-0.5.4, which gathers and reduce-scatters one parameter at a time) a layer's gather
+  and reduce-scatter are one collective per parameter tensor (``TransformerSpec.layer_tensors``), run one after
+  the other, each with its own latency terms; tensors under ``zero3_persist_numel`` elements are not gathered
+  per layer but once per iteration with the step's collectives, their gradients still reduce-scattered.
 * CPU optimizer and NVMe tier (ZeRO-Offload, ZeRO-Infinity): :mod:`mcdla.sim.llm_offload`.
 * Offload: activations go out during forward and come back during backward, weights are fetched for every
   forward and backward of a micro-batch, optimizer state crosses the link twice per step, at the offload
@@ -327,9 +331,10 @@ class ShardCollective:
 @dataclass(frozen=True, slots=True)
 class Zero3Traffic:
     """What ZeRO-3 runs (NOTE [ZeRO-3 as run]): per layer, micro-batch and pass the weights' all-gathers
-    (``gathers``, one per parameter group) and in the backward the gradients' reduce-scatters (``reduces``);
-    once per iteration ``step``: the non-layer parameters reduce-scattered and gathered back over their shard
-    group, then under HSDP each gradient shard all-reduced across the replicas (groups of one rank left out).
+    (``gathers``, one per parameter group, or per parameter tensor with ``zero3_collectives="per-tensor"``) and in
+    the backward the gradients' reduce-scatters (``reduces``);
+    once per iteration ``step``: the tensors under ``zero3_persist_numel`` gathered, the non-layer parameters
+    reduce-scattered and gathered back over their shard group, then under HSDP each gradient shard all-reduced across the replicas (groups of one rank left out).
     The analytical model prices these, the engine lowering (:mod:`mcdla.sim.llm_lower_zero`) runs them."""
 
     gathers: tuple[ShardCollective, ...]
@@ -343,11 +348,22 @@ def zero3_traffic(spec: TransformerSpec, execution: Execution, element_bytes: in
     parameter (the run's precision)."""
     e = execution
     layer = _layer_groups(spec, e)
-    gathers = tuple(ShardCollective("all-gather", element_bytes * g.params, *_shard_groups(g, e)[0]) for g in layer)
-    reduces = tuple(dataclasses.replace(c, kind="reduce-scatter") for c in gathers)
     groups = _param_groups(spec, e)
-    other = groups[0].params - max(stage_layers(e, spec)) * layer[0].params  # the embedding
     step: list[ShardCollective] = []
+    if e.zero3_collectives == "per-tensor":  # one dense group (check_execution): one collective per tensor
+        shard = _shard_groups(layer[0], e)[0]
+        tensors = [numel / e.tp for _, numel in spec.layer_tensors()]
+        kept = [n for n in tensors if n < e.zero3_persist_numel]
+        gathers = tuple(ShardCollective("all-gather", element_bytes * n, *shard)
+                        for n in tensors if n >= e.zero3_persist_numel)
+        reduces = tuple(ShardCollective("reduce-scatter", element_bytes * n, *shard) for n in tensors)
+        if kept and shard[0] > 1:  # the persisted tensors, gathered once after the step
+            step.append(ShardCollective("all-gather", element_bytes * sum(kept) * max(stage_layers(e, spec)), *shard))
+    else:
+        gathers = tuple(ShardCollective("all-gather", element_bytes * g.params, *_shard_groups(g, e)[0])
+                        for g in layer)
+        reduces = tuple(dataclasses.replace(c, kind="reduce-scatter") for c in gathers)
+    other = groups[0].params - max(stage_layers(e, spec)) * layer[0].params  # the embedding
     for k, g in enumerate(groups):
         shard, replicas = _shard_groups(g, e)
         if k == 0 and shard[0] > 1:

@@ -13,7 +13,8 @@ NOTE [ZeRO lowering]
   and its TP collectives (and CP/EP exchanges) after the last layer and its reduce-scatter, so the layers'
   exposure is the closed form's (:func:`mcdla.sim.llm.fsdp_exposed_s`); the attention the CP ring runs beside
   its sends comes off the layer ops evenly. Bytes, groups and order come from
-  :func:`mcdla.sim.llm.zero3_traffic`. With every replica simulated the gathers and reduce-scatters are
+  :func:`mcdla.sim.llm.zero3_traffic` (one per parameter tensor with ``zero3_collectives="per-tensor"``, issued
+  one after the other in the layer's turn). With every replica simulated the gathers and reduce-scatters are
   collectives on the shard group's fabric dimensions (HSDP: the shard group inside ``hsdp_shard``) and the
   once-per-iteration reduction (the embedding's reduce-scatter and gather, HSDP's all-reduce of each shard
   across the replicas) runs as collectives on the ``dp`` stream; with one pipeline folded the shard group's

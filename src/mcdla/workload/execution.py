@@ -32,8 +32,8 @@ from mcdla.workload.op_recompute import OP_RECOMPUTE, check_op_recompute
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
 from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 
-__all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "RECOMPUTE_METHODS", "Execution", "check_execution", "chunk_layers",
-           "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
+__all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "RECOMPUTE_METHODS", "ZERO3_COLLECTIVES", "Execution", "check_execution",
+           "chunk_layers", "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "selective-op", "full")
 RECOMPUTE_METHODS = ("block", "uniform")
@@ -42,6 +42,10 @@ RECOMPUTE_METHODS = ("block", "uniform")
 OFFLOAD_TIERS = ("host", "nvme")
 """Second tiers offloaded state can live in: host memory (ZeRO-Offload) or NVMe (ZeRO-Infinity)."""
 OffloadTier = Literal["host", "nvme"]
+ZERO3_COLLECTIVES = ("per-layer", "per-tensor")
+"""What one ZeRO-3 gather or reduce-scatter moves: a layer's weights, or one parameter tensor
+(``Execution.zero3_collectives``)."""
+Zero3Collectives = Literal["per-layer", "per-tensor"]
 _INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "ep", "virtual_stages", "micro_batch", "global_batch")
 CP_COMM_TYPES = ("p2p", "all_gather")
 """How context-parallel attention exchanges K and V (Megatron-Core's ``--cp-comm-type``): a ring of
@@ -89,6 +93,14 @@ class Execution(HashOnce):
             forward/backward prefetch, DeepSpeed's prefetch bucket); 0 gathers each layer when it is needed.
         hsdp_shard: with ``zero=3``, the size of the shard group (FSDP2 HSDP: shard inside, replicate across the
             ``dp / hsdp_shard`` groups); 0 shards over the whole DP group.
+        zero3_collectives: with ``zero=3``, what one gather or reduce-scatter moves: ``per-layer`` (one
+            collective for a layer's weights, FSDP's flat parameter per wrapped block) or ``per-tensor`` (one per
+            parameter tensor, :meth:`~mcdla.workload.transformer.TransformerSpec.layer_tensors`: DeepSpeed
+            ZeRO-3 from 0.3.12 to 0.5.4, ``_allgather_param`` per parameter, ``_reduce_scatter_gradients`` per
+            parameter of a bucket); NOTE [ZeRO-3 as run] in :mod:`mcdla.sim.llm`.
+        zero3_persist_numel: with ``per-tensor``, tensors of fewer elements (per TP rank) stay gathered on every
+            rank and are not gathered per layer (DeepSpeed's ``stage3_param_persistence_threshold``); their
+            gradients are still reduce-scattered, and they are gathered once after the optimizer step. 0: none.
         cpu_optimizer: ZeRO-Offload: the Adam step runs on the host CPU over optimizer state in the second tier;
             fp16/bf16 gradients go out and parameters come back over the offload link.
         offload_tier: where offloaded optimizer state (and weights) live: ``host`` memory or ``nvme``
@@ -122,6 +134,8 @@ class Execution(HashOnce):
     pp_comm_overlap: bool = False
     fsdp_prefetch: int = 1
     hsdp_shard: int = 0
+    zero3_collectives: Zero3Collectives = "per-layer"
+    zero3_persist_numel: int = 0
     cpu_optimizer: bool = False
     offload_tier: OffloadTier = "host"
     delayed_param_update: bool = False
@@ -207,7 +221,7 @@ class Execution(HashOnce):
 
     def _check_zero_options(self) -> None:
         """The FSDP/HSDP and ZeRO-Offload/Infinity fields: integers in range, each only with what it needs."""
-        for name, low in (("fsdp_prefetch", 0), ("hsdp_shard", 0)):
+        for name, low in (("fsdp_prefetch", 0), ("hsdp_shard", 0), ("zero3_persist_numel", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= {low}")
@@ -217,6 +231,16 @@ class Execution(HashOnce):
                                   "HSDP shards weights, needs zero=3")
             if self.dp % self.hsdp_shard:
                 raise ConfigError(f"execution.hsdp_shard: got {self.hsdp_shard}; must divide dp = {self.dp}")
+        if self.zero3_collectives not in ZERO3_COLLECTIVES:
+            raise ConfigError(f"execution.zero3_collectives: got {brief(self.zero3_collectives)}; must be one of "
+                              f"{', '.join(ZERO3_COLLECTIVES)}")
+        if self.zero3_collectives != "per-layer" and self.zero != 3:
+            raise ConfigError(f"execution.zero3_collectives: got {self.zero3_collectives!r} with zero={self.zero}; "
+                              "it says how ZeRO-3 gathers weights, needs zero=3")
+        if self.zero3_persist_numel and self.zero3_collectives != "per-tensor":
+            raise ConfigError(f"execution.zero3_persist_numel: got {self.zero3_persist_numel} with "
+                              f"zero3_collectives={self.zero3_collectives!r}; it keeps small tensors gathered, "
+                              "needs zero3_collectives='per-tensor'")
         if self.offload_tier not in OFFLOAD_TIERS:
             raise ConfigError(f"execution.offload_tier: got {brief(self.offload_tier)}; must be one of "
                               f"{', '.join(OFFLOAD_TIERS)}")
@@ -349,6 +373,9 @@ def check_execution(execution: Execution, spec: TransformerSpec) -> None:
         layer_shares(e, spec)
     if e.recompute == OP_RECOMPUTE:
         check_op_recompute(spec, e.tp, e.attention)
+    if e.zero3_collectives == "per-tensor" and (spec.experts > 1 or spec.mla is not None):
+        raise ConfigError(f"execution.zero3_collectives: got 'per-tensor' for {spec.name}; the per-tensor "
+                          "collectives are named for a dense model without MLA, use 'per-layer'")
     if e.ep > 1 and (spec.experts == 1 or spec.experts % e.ep):
         raise ConfigError(f"execution.ep: got {e.ep}; must divide the {spec.experts} experts of {spec.name}"
                           + (" (a dense model: ep must be 1)" if spec.experts == 1 else ""))
@@ -393,6 +420,8 @@ class _ExecutionFile(BaseModel):
     pp_comm_overlap: bool = False
     fsdp_prefetch: int = Field(default=1, ge=0, le=_MAX_COUNT)
     hsdp_shard: int = Field(default=0, ge=0, le=_MAX_COUNT)
+    zero3_collectives: Literal["per-layer", "per-tensor"] = "per-layer"
+    zero3_persist_numel: int = Field(default=0, ge=0, le=_MAX_COUNT)
     cpu_optimizer: bool = False
     offload_tier: Literal["host", "nvme"] = "host"
     delayed_param_update: bool = False

@@ -299,6 +299,39 @@ class TransformerSpec(HashOnce):
         biases = self.experts * ((self.ffn_matrices - 1) * f + h) if self.bias else 0
         return self.attention_params() + ffn + router + norms + biases
 
+    @pure_cache(1024)
+    def layer_tensors(self) -> tuple[tuple[str, int], ...]:
+        """The parameter tensors of one layer of a dense model without MLA, ``(name, elements)`` in the order
+        the layer's modules run: the first norm, the fused QKV projection (one tensor, as Megatron-LM's
+        ``query_key_value``) and its bias, the QK norms, the output projection and its bias, the second norm,
+        then each FFN matrix and its bias; their sum is :meth:`params_per_layer`. What a framework that gathers
+        and reduces one tensor at a time issues one collective for (NOTE [ZeRO-3 as run] in
+        :mod:`mcdla.sim.llm`). WorkloadError for an MoE or MLA model, whose tensors this list does not name."""
+        if self.experts > 1 or self.mla is not None:
+            raise WorkloadError(f"transformer {self.name!r}: layer_tensors names the tensors of a dense model "
+                                "without MLA; this one has " + ("experts" if self.experts > 1 else "MLA"))
+        h, f = self.hidden, int(self.ffn_hidden)  # type: ignore[arg-type]
+        qkv = self.q_width + self.kv_hidden + self.v_width
+
+        def norm(label: str) -> list[tuple[str, int]]:
+            return [(f"{label}.weight", h), *([(f"{label}.bias", h)] if self.bias else [])]
+
+        tensors = [*norm("norm1"), ("qkv.weight", h * qkv)]
+        if self.bias or self.qkv_bias:
+            tensors.append(("qkv.bias", qkv))
+        if self.qk_norm:
+            tensors += [("q_norm.weight", self.head_dim), ("k_norm.weight", self.head_dim)]
+        tensors.append(("proj.weight", self.attention_out_width * h))
+        if self.bias:
+            tensors.append(("proj.bias", h))
+        tensors += norm("norm2")
+        ffn = ("fc1", "fc2") if self.ffn_matrices == 2 else ("gate", "up", "down")
+        for k, label in enumerate(ffn):
+            tensors.append((f"{label}.weight", h * f))
+            if self.bias:
+                tensors.append((f"{label}.bias", h if k == len(ffn) - 1 else f))
+        return tuple(tensors)
+
     def dense_layer_params(self) -> int:
         """Parameters of one of the ``dense_layers`` leading layers (attention, one FFN of
         ``dense_ffn_hidden``, norms); equals :meth:`params_per_layer` for a dense model."""
