@@ -500,6 +500,26 @@ _DP_FLOWS_KEY = "floor-dp-flows"
 """The first item of :func:`_reduction_flows`' keys in a cluster's ``model_memo``."""
 
 
+def _reduction_alone(cluster: Cluster, table: _PathTable, traffic: RankTraffic,
+                     dp: dict[tuple[str, str, int], Flow], zero3: Zero3Traffic | None) -> Ends:
+    """The ends of the reduction's flows ``dp`` (:func:`_reduction_flows`) drained alone on ``table``, ``cluster``'s
+    path table. Without ZeRO-3 they depend on the reduction groups' bytes alone, so they are kept in the cluster's
+    ``model_memo`` beside the flows; callers only read the answer."""
+    key = (_DP_ALONE_KEY, traffic.gradient_groups) if zero3 is None else None
+    if key is not None:
+        got = cluster.model_memo.get(key)
+        if got is not None:
+            return got  # type: ignore[return-value]
+    ends = _drain_table_ends(table, dp)
+    if key is not None:
+        cluster.model_memo[key] = ends
+    return ends
+
+
+_DP_ALONE_KEY = "floor-dp-alone"
+"""The first item of :func:`_reduction_alone`' keys in a cluster's ``model_memo``."""
+
+
 def _group_levels(cluster: Cluster, kind: str, size: int, stride: int) -> tuple[tuple[str, tuple[float, ...]], ...]:
     """Per traffic class (in the order of the group's fabric dimensions), the bytes each GPU moves each way per
     byte of a ``kind`` buffer on each of the group's dimensions of that class (:func:`_level_bytes_per_byte`);
@@ -721,7 +741,7 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         beside: tuple[float, float] | None = None  # TP calls beside the GEMMs and the reduction (no offload)
         if offloads:  # the pass's flows and the reduction's start together
             own = flows["backward"]
-            alone, apart = drained["backward"], _drain_table_ends(table, dp)
+            alone, apart = drained["backward"], _reduction_alone(cluster, table, traffic, dp, zero3)
             ends = _drain_table_ends(table, {**own, **dp})
         else:
             # TP calls beside the GEMMs hide behind them, their slowdown too (the closed form exposes the excess)
@@ -752,7 +772,7 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         bwd = max(phase_s["backward"], (max(alone.values()) if alone else 0.0) if offloads else 0.0)
         # the reduction's collectives run one after another, each its phases in turn (its closed-form time), beside
         # the whole pass (its exposed copies too): what the pass's flows slow them is exposed beyond that
-        slow_dp = max(0.0, *(ends[key] - apart[key] for key in dp)) + (beside[0] if beside else 0.0)
+        slow_dp = max(0.0, *[ends[key] - apart[key] for key in dp]) + (beside[0] if beside else 0.0)
         hidden = costs.dp_hidden_s + costs.offload_bwd_s + bwd - phase_s["backward"]
         # the drain beyond the pass (without offload the hiding pass, the logits' and loss's backward in it)
         dp_exposed = max(0.0, (max(ends.values()) if ends else 0.0) - (phase_s["backward"] if offloads else hidden),
