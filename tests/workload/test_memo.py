@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from mcdla.workload.memo import HashOnce, hash_once, pure_cache, slot_init
+from mcdla.workload.memo import _TWIN_FIELDS, HashOnce, hash_once, pure_cache, slot_init
 from mcdla.workload.transformer import layer_fwd_flops, preset
 
 
@@ -149,3 +149,30 @@ def test_slot_init_refuses_what_it_cannot_copy():
     for cls in (Open, Factory, Post):
         with pytest.raises(TypeError, match=cls.__name__):
             slot_init(cls)
+
+
+def test_slot_init_builds_a_wide_record_through_its_twin():
+    """Past ``_TWIN_FIELDS`` fields the record is built through its twin class: the same record as the generated
+    ``__init__``'s (repr, hash, fields), of its own class and still frozen; a subclass's record is built by the
+    per-slot stores, of the subclass."""
+    names = [f"f{i}" for i in range(_TWIN_FIELDS + 3)]
+    made = []
+    for wrap in (lambda cls: cls, slot_init):
+        cls = type("Wide", (), {"__annotations__": dict.fromkeys(names, "float"), "__module__": __name__,
+                                "f0": 0.5})
+        made.append(wrap(dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)))
+    plain, fast = made
+    values = {name: i + 0.25 for i, name in enumerate(names)}
+    for kwargs in (values, {k: v for k, v in values.items() if k != "f0"}):
+        got, want = fast(**kwargs), plain(**kwargs)
+        assert type(got) is fast
+        assert repr(got) == repr(want) and hash(got) == hash(want)
+        assert dataclasses.astuple(got) == dataclasses.astuple(want)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast(**values).f1 = 2.0  # type: ignore[attr-defined]
+
+    class Sub(fast):  # type: ignore[misc, valid-type]  # inherits slot_init's __init__
+        __slots__ = ()
+
+    sub = Sub(**values)
+    assert type(sub) is Sub and dataclasses.astuple(sub) == dataclasses.astuple(fast(**values))

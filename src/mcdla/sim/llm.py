@@ -304,17 +304,25 @@ def _remember(cluster: Cluster, key: tuple[object, ...], value: T) -> T:
 
 
 def _tp_allreduce_s(cluster: Cluster, tp: int, tp_stride: int, sequence_parallel: bool, nbytes: float) -> float:
-    """One TP all-reduce (or its all-gather + reduce-scatter pair) of ``nbytes`` per rank."""
-    if sequence_parallel:
-        return (_group_collective_s(cluster, "all-gather", nbytes, tp, tp_stride)
-                + _group_collective_s(cluster, "reduce-scatter", nbytes, tp, tp_stride))
-    return _group_collective_s(cluster, "all-reduce", nbytes, tp, tp_stride)
+    """One TP all-reduce (or its all-gather + reduce-scatter pair) of ``nbytes`` per rank, the pair's sum
+    memoised under one key of the cluster's ``model_memo`` beside its two collectives'."""
+    if not sequence_parallel:
+        return _group_collective_s(cluster, "all-reduce", nbytes, tp, tp_stride)
+    key = ("tp-pair", nbytes, tp, tp_stride)
+    got = cluster.model_memo.get(key)
+    if got is not None:
+        return got  # type: ignore[return-value]
+    return _remember(cluster, key, _group_collective_s(cluster, "all-gather", nbytes, tp, tp_stride)
+                     + _group_collective_s(cluster, "reduce-scatter", nbytes, tp, tp_stride))
 
 
 def _dp_reduce_s(cluster: Cluster, groups: tuple[ParamGroup, ...], grad_bytes: float) -> float:
     """The gradient all-reduces of ZeRO 0-2 (ZeRO-1/2's reduce-scatter + all-gather: the same traffic), each
     parameter group over its replicas, one group after the other; ``grad_bytes`` per parameter."""
-    return sum(_group_collective_s(cluster, "all-reduce", grad_bytes * g.params, g.size, g.stride) for g in groups)
+    total = 0  # summed as sum() sums, from the integer 0
+    for g in groups:
+        total += _group_collective_s(cluster, "all-reduce", grad_bytes * g.params, g.size, g.stride)
+    return total  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,6 +505,11 @@ def cluster_rejection(execution: Execution, cluster: Cluster) -> str | None:
     return tier_rejection(e, cluster)
 
 
+def _uneven(layers: tuple[int, ...]) -> bool:
+    """Whether the stages hold different numbers of layers (``len(set(layers)) > 1``, without the set)."""
+    return bool(layers) and layers.count(layers[0]) != len(layers)
+
+
 @slot_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageCosts:
@@ -673,15 +686,27 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
                 precision: str = DEFAULT_PRECISION) -> StageCosts:
     """The per-layer and per-stage costs of one rank (module docstring, NOTE [time model]); checks the
     execution against the model and the cluster (:func:`cluster_rejection`)."""
-    check_execution(execution, spec)
-    e = execution
+    prec, fig = _checked(spec, execution, cluster, precision)
+    return _stage_costs(execution, cluster, prec, fig)
+
+
+def _checked(spec: TransformerSpec, e: Execution, cluster: Cluster, precision: str) -> tuple[Precision, _Figures]:
+    """The checks of :func:`stage_costs` (the execution against the model, then the cluster, then the
+    precision against the GPU: the first failing one's ConfigError), and the :class:`Precision` and the
+    :func:`_figures` every part of one evaluation reads."""
+    check_execution(e, spec)
     why = cluster_rejection(e, cluster)
     if why is not None:
         raise ConfigError(why)
+    group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)  # checks the degrees
+    prec = cluster_precision(cluster, precision)
+    return prec, _figures(spec, e, prec)
+
+
+def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures) -> StageCosts:
+    """:func:`stage_costs` of an execution :func:`_checked` passed, at ``prec``, from its figures ``fig``."""
     tp_stride, pp_stride, _cp_stride, _ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
     offload_bytes_per_s = _offload_bytes_per_s(cluster)
-    prec = cluster_precision(cluster, precision)
-    fig = _figures(spec, e, prec)
     spec = fig.spec
     b = e.micro_batch
     lc = _layer_compute(spec, e, cluster, prec)
@@ -711,7 +736,7 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
     tp_bwd = full * tp_bwd_full + (1.0 - full) * tp_bwd_plain if full else tp_bwd_plain
 
     split_layers, n_layers = fig.split_layers, fig.n_layers
-    chunks = chunk_layers(e, spec)
+    chunks = fig.chunks
     logits, loss = lc.logits_s, lc.loss_s
     p2p_bytes = act_bytes / e.tp
     p2p = _p2p_s(cluster, e.pp, pp_stride, p2p_bytes)
@@ -722,10 +747,12 @@ def stage_costs(spec: TransformerSpec, execution: Execution, cluster: Cluster, *
 
     off_fwd = off_bwd = 0.0
     act_stage, groups = fig.act_stage, fig.groups
-    if e.offload_activations:
+    if e.offload_activations:  # what the compute does not hide: max(0.0, x) as x if x > 0.0 else 0.0
         move = shares.offloaded * act_stage / offload_bytes_per_s
-        off_fwd += max(0.0, move - n_layers * layer_fwd)
-        off_bwd += max(0.0, move - n_layers * (layer_bwd + layer_recompute))
+        exposed_move = move - n_layers * layer_fwd
+        off_fwd += exposed_move if exposed_move > 0.0 else 0.0
+        exposed_move = move - n_layers * (layer_bwd + layer_recompute)
+        off_bwd += exposed_move if exposed_move > 0.0 else 0.0
     if e.offload_weights:  # under ZeRO-3 each rank fetches its shard, the all-gathers bring the rest
         stored = _offloaded_weight_params(spec, e, groups, n_layers)
         move = prec.element_bytes * stored / tier_bytes_per_s(cluster, e.offload_tier)[1]
@@ -807,6 +834,7 @@ class _Figures(NamedTuple):
 
     spec: TransformerSpec  # the model at the precision's element size
     split_layers: tuple[int, ...]  # layers of each pipeline stage
+    chunks: tuple[tuple[int, ...], ...]  # layers of each stage's model chunks
     n_layers: int  # the most of them
     shares: LayerShares  # the layers' recompute and offload shares
     act_stage: float  # activation bytes one micro-batch stashes on the fullest stage
@@ -820,7 +848,8 @@ def _figures(spec: TransformerSpec, e: Execution, prec: Precision) -> _Figures:
     spec = _at_precision(spec, prec)
     split_layers = stage_layers(e, spec)
     n_layers = max(split_layers)
-    return _Figures(spec=spec, split_layers=split_layers, n_layers=n_layers, shares=layer_shares(e, spec),
+    return _Figures(spec=spec, split_layers=split_layers, chunks=chunk_layers(e, spec), n_layers=n_layers,
+                    shares=layer_shares(e, spec),
                     act_stage=n_layers * _activation_bytes(spec, e, prec), groups=_param_groups(spec, e),
                     params=_rank_params(spec, e))
 
@@ -882,24 +911,27 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     if ranks_options:
         raise ConfigError(f"llm_step: got {', '.join(sorted(ranks_options))} with mode=fast; "
                           "per-rank options need mode=ranks")
-    c = stage_costs(spec, execution, cluster, precision=precision)
     e = execution
+    prec, fig = _checked(spec, e, cluster, precision)
+    c = _stage_costs(e, cluster, prec, fig)
     # chunks of one stage differ only when the embedding or the loss counts as a layer (chunk_layers)
-    if len(set(c.stage_layers)) > 1 or ((e.account_for_embedding_in_pipeline_split
-                                         or e.account_for_loss_in_pipeline_split)
-                                        and len({n for row in c.chunk_layers for n in row}) > 1):
+    if _uneven(c.stage_layers) or ((e.account_for_embedding_in_pipeline_split
+                                    or e.account_for_loss_in_pipeline_split)
+                                   and len({n for row in c.chunk_layers for n in row}) > 1):
         # An uneven split: the slowest stage sets the pace, but how long the others fill, drain and hold it
         # up depends on where it sits, so the schedule itself is the closed form (O(dp p m v) ops).
         from mcdla.sim.llm_ranks import ranks_step
 
         return ranks_step(spec, execution, cluster, precision=precision)
-    stage_mid = c.middle_stage_s(e.virtual_stages)
+    stage_mid = c.stage_s(c.layers_per_stage, e.virtual_stages)
     # no shared link priced as idle (NOTE [link floor] in sim/llm_floor.py): the stretches are exposed offload
-    zero3 = zero3_traffic(spec, e, precision_of(precision).element_bytes) if e.zero >= 3 else None
-    floors = link_floors(e, cluster, c, rank_traffic(spec, e, precision), zero3)
-    stretch = max(0.0, floors.stage_s - stage_mid)
+    zero3 = zero3_traffic(spec, e, prec.element_bytes) if e.zero >= 3 else None
+    floors = link_floors(e, cluster, c, _rank_traffic(e, prec, fig), zero3)
+    stretch = floors.stage_s - stage_mid
+    stretch = stretch if stretch > 0.0 else 0.0  # max(0.0, stretch), max's own comparison
     stage_mid += stretch
-    dp_stretch = max(0.0, floors.dp_exposed_s - c.dp_exposed_s) + (e.pp - 1) * floors.last_backward_s
+    dp_exposed = c.dp_exposed_s
+    dp_stretch = max(0.0, floors.dp_exposed_s - dp_exposed) + (e.pp - 1) * floors.last_backward_s
     stage_last = stage_mid + c.last_fwd_s + c.last_bwd_s + c.last_fsdp_s
     m = e.micro_batches
     # The exact length of Megatron's (interleaved) 1F1B schedule when every stage but the last costs
@@ -910,14 +942,20 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     # pp_comm_overlap: the hidden part of each send still delays its receiver: the fill passes v p - 1 chunk
     # boundaries before the last stage runs the last chunk, and the drain as many back (NOTE [rank schedule])
     bubble += 2 * (e.virtual_stages * e.pp - 1) * c.p2p_hidden_s
-    iteration = m * stage_last + bubble + c.dp_exposed_s + dp_stretch + c.optimizer_s + c.offload_step_s
-    parts = c.iteration_parts(m, e.virtual_stages)
+    iteration = m * stage_last + bubble + dp_exposed + dp_stretch + c.optimizer_s + c.offload_step_s
     dp_shared = 0.0 if floors.stage_s else dp_stretch  # without offload: the shared links slow the reduction
-    parts["offload_s"] += m * stretch + dp_stretch - dp_shared
     contention = m * stretch + dp_stretch  # what rounds away against the iteration is no contention
-    return step_record(spec, e, cluster, c, precision=precision, iteration=iteration, bubble=bubble,
-                       dp_shared_s=dp_shared, contention_s=contention if contention > 1e-12 * iteration else 0.0,
-                       **parts)
+    # the parts are the last stage's (StageCosts.iteration_parts), the same expressions written out: building
+    # and unpacking its dict costs more than the sums
+    n, v = c.layers_per_stage, e.virtual_stages
+    offload = m * (c.offload_fwd_s + c.offload_bwd_s) + c.offload_step_s
+    offload += m * stretch + dp_stretch - dp_shared
+    return _record(e, cluster, c, prec, fig, iteration, bubble,
+                   m * (n * (c.layer_fwd_s + c.layer_bwd_s) + (c.last_fwd_s + c.last_bwd_s)),
+                   m * (n * c.layer_recompute_s), m * (n * (c.layer_tp_fwd_s + c.layer_tp_bwd_s)),
+                   m * (2 * v * c.p2p_s), offload, m * (c.fsdp_fwd_s + c.fsdp_bwd_s + c.last_fsdp_s),
+                   m * (n * (c.layer_cp_fwd_s + c.layer_cp_bwd_s)), m * (n * (c.layer_ep_fwd_s + c.layer_ep_bwd_s)),
+                   dp_shared, contention if contention > 1e-12 * iteration else 0.0)
 
 
 def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, float]]:
@@ -936,9 +974,18 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
     """The :class:`LlmStep` of a predicted iteration: FLOPs, MFU and one rank's memory (both modes, so the
     per-rank schedule of :mod:`mcdla.sim.llm_ranks` reports the same record). ``dp_shared_s``: what the shared
     links add to the exposed reduction (the closed form's link floor), ``contention_s`` the record's field."""
-    dev = cluster.device
     prec = precision_of(precision)
-    fig = _figures(spec, e, prec)
+    return _record(e, cluster, c, prec, _figures(spec, e, prec), iteration, bubble, compute_s, recompute_s,
+                   tp_comm_s, pp_comm_s, offload_s, fsdp_comm_s, cp_comm_s, ep_comm_s, dp_shared_s, contention_s)
+
+
+def _record(e: Execution, cluster: Cluster, c: StageCosts, prec: Precision, fig: _Figures, iteration: float,
+            bubble: float, compute_s: float, recompute_s: float, tp_comm_s: float, pp_comm_s: float,
+            offload_s: float, fsdp_comm_s: float, cp_comm_s: float, ep_comm_s: float, dp_shared_s: float | None,
+            contention_s: float) -> LlmStep:
+    """:func:`step_record` on the precision ``prec`` and the figures ``fig`` (:func:`_figures`) already looked
+    up, its arguments positional (:func:`llm_step` calls it once per evaluation)."""
+    dev = cluster.device
     spec = fig.spec
     flops_per_s = dev.flops_per_s(prec.gemm_peak)
     m = e.micro_batches
@@ -950,11 +997,11 @@ def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageC
 
     in_flight = min(m, e.pp) * (1 + (e.pp - 1) / (e.pp * e.virtual_stages)) if e.virtual_stages > 1 else min(m, e.pp)
     activations = act_stage * in_flight
-    if len(set(c.stage_layers)) > 1:  # uneven split: the stage holding the most layers in flight (1F1B: p - s)
+    if _uneven(c.stage_layers):  # uneven split: the stage holding the most layers in flight (1F1B: p - s)
         per_layer = act_stage / n_layers
         activations = per_layer * max(n * min(m, e.pp - s) * in_flight / min(m, e.pp)
                                       for s, n in enumerate(c.stage_layers))
-    group_bytes = _recompute_group_bytes(spec, e, prec)
+    group_bytes = _recompute_group_bytes(spec, e, prec) if e.recompute_num_layers is not None else 0.0
     weight_bytes = prec.element_bytes + prec.fp8_weight_bytes  # with Transformer Engine's fp8 copy
     params = fig.params
     weights = weight_bytes * params[e.zero >= 3]
@@ -1045,12 +1092,18 @@ class RankTraffic:
 def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = DEFAULT_PRECISION) -> RankTraffic:
     """The bytes of :class:`RankTraffic` for ``execution`` at ``precision`` (the figures :func:`stage_costs`
     divides by bandwidths)."""
-    e = execution
     prec = precision_of(precision)
-    fig = _figures(spec, e, prec)
+    return _rank_traffic(execution, prec, _figures(spec, execution, prec))
+
+
+def _rank_traffic(e: Execution, prec: Precision, fig: _Figures) -> RankTraffic:
+    """:func:`rank_traffic` on the precision ``prec`` and the figures ``fig`` (:func:`_figures`) already looked
+    up."""
     spec, groups, n_layers, stage_act, params = fig.spec, fig.groups, fig.n_layers, fig.act_stage, fig.params
     act = spec.bytes_per_element * e.micro_batch * spec.seq_len / e.cp * spec.hidden
-    params_rank = sum(g.params for g in groups)  # all parameters on the rank of the first stage
+    params_rank = 0  # all parameters on the rank of the first stage, summed as sum() sums
+    for g in groups:
+        params_rank += g.params
     return RankTraffic(
         activation_bytes=act, p2p_bytes=act / e.tp,
         stage_activation_bytes=stage_act,
@@ -1061,6 +1114,6 @@ def rank_traffic(spec: TransformerSpec, execution: Execution, precision: str = D
         offload_weight_bytes=(prec.element_bytes * _offloaded_weight_params(spec, e, groups, n_layers)
                               if e.offload_weights else 0.0),
         kv_block_bytes=kv_block_bytes(spec, e.micro_batch, tp=e.tp, cp=e.cp) if e.cp > 1 else 0.0,
-        gradient_groups=tuple((prec.element_bytes * g.params, g.size, g.stride) for g in groups),
+        gradient_groups=tuple([(prec.element_bytes * g.params, g.size, g.stride) for g in groups]),
         all_to_all_bytes=all_to_all_bytes(spec, e) if e.ep > 1 and spec.moe_layers else 0.0,
         moe_layer_share=spec.moe_layers / spec.layers)

@@ -86,6 +86,7 @@ subtract, the same floating-point operations as filling at every step.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, TypeAlias
@@ -119,39 +120,52 @@ def class_bytes_per_micro_batch(execution: Execution, cluster: Cluster, costs: S
 def _class_bytes(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
                  *, sends: bool = True, tp: bool = True) -> dict[str, dict[str, list[float]]]:
     """:func:`class_bytes_per_micro_batch` as ``[out, in]`` lists, which :func:`_flows` reads as they are (the
-    floor asks this once or twice per evaluation)."""
+    floor asks this once or twice per evaluation). Each class's bytes are sums from 0.0 in the order the classes
+    come (offload, TP, pipeline sends, CP, EP), the first add of a class making its entry: the order of a
+    phase's classes is the order of its flows."""
     e = execution
-    moved: dict[str, dict[str, list[float]]] = {"forward": {}, "backward": {}}
+    fwd: dict[str, list[float]] = {}
+    bwd: dict[str, list[float]] = {}
 
-    def add(phase: str, cls: str, out: float, inward: float) -> None:
-        got = moved[phase].setdefault(cls, [0.0, 0.0])
-        got[0] += out
-        got[1] += inward
+    def add(by_cls: dict[str, list[float]], cls: str, out: float, inward: float) -> None:
+        got = by_cls.get(cls)
+        if got is None:
+            by_cls[cls] = [0.0 + out, 0.0 + inward]
+        else:
+            got[0] += out
+            got[1] += inward
 
-    if cluster.offload is not None:
+    if cluster.offload is not None:  # the first class of each phase
         act, weights = traffic.offload_activation_bytes, traffic.offload_weight_bytes
-        add("forward", "offload", act, weights)
-        add("backward", "offload", 0.0, act + weights)
-    _tp_stride, pp_stride, cp_stride, ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
-    if tp:
+        fwd["offload"] = [0.0 + act, 0.0 + weights]
+        bwd["offload"] = [0.0, 0.0 + (act + weights)]
+    n = costs.layers_per_stage
+    if tp:  # scale-up's first bytes (only offload comes before)
         per_call = _tp_call(e, cluster, traffic)[0]
-        for phase, calls in (("forward", 2.0), ("backward", 2 + 2 * costs.recomputed_share)):
-            tp_bytes = costs.layers_per_stage * calls * per_call
-            if tp_bytes > 0:
-                add(phase, "scale-up", tp_bytes, tp_bytes)
+        tp_bytes = n * 2.0 * per_call
+        if tp_bytes > 0:
+            fwd["scale-up"] = [0.0 + tp_bytes, 0.0 + tp_bytes]
+        tp_bytes = n * (2 + 2 * costs.recomputed_share) * per_call
+        if tp_bytes > 0:
+            bwd["scale-up"] = [0.0 + tp_bytes, 0.0 + tp_bytes]
     if e.pp > 1 and sends:
+        pp_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)[1]
         p2p = e.virtual_stages * traffic.p2p_bytes
-        within = pp_stride < cluster.gpus_per_node and cluster.scale_up is not None
-        for phase in ("forward", "backward"):
-            add(phase, "scale-up" if within else "scale-out", p2p, p2p)
-    n, recomputes = costs.layers_per_stage, e.recompute in ("selective", "full")
+        cls = "scale-up" if pp_stride < cluster.gpus_per_node and cluster.scale_up is not None else "scale-out"
+        add(fwd, cls, p2p, p2p)
+        add(bwd, cls, p2p, p2p)
+    if e.cp == 1 and (e.ep == 1 or not traffic.all_to_all_bytes):
+        return {"forward": fwd, "backward": bwd}
+    _tp_stride, _pp_stride, cp_stride, ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
+    moved = {"forward": fwd, "backward": bwd}
+    recomputes = e.recompute in ("selective", "full")
     calls: list[tuple[str, str, float, tuple[FabricDim, ...]]] = []  # (phase, kind, bytes, dimensions)
     if e.cp > 1:
         dims = cluster.group_dims(e.cp, cp_stride)
         if e.cp_comm == "p2p":
             for phase, steps in (("forward", e.cp - 1), ("backward", (e.cp - 1) * (3 if recomputes else 2))):
                 ring = n * steps * traffic.kv_block_bytes
-                add(phase, _dim_class(cluster, dims[-1]), ring, ring)
+                add(moved[phase], _dim_class(cluster, dims[-1]), ring, ring)
         else:
             gathered = n * e.cp * traffic.kv_block_bytes
             calls += [("forward", "all-gather", gathered, dims),
@@ -164,9 +178,8 @@ def _class_bytes(execution: Execution, cluster: Cluster, costs: StageCosts, traf
                   ("backward", "all-to-all", (4 if e.recompute == "full" else 2) * per_layer, dims)]
     for phase, kind, nbytes, dims in calls:
         for cls, moved_bytes in _dims_bytes(cluster, kind, nbytes, dims).items():
-            add(phase, cls, moved_bytes, moved_bytes)
+            add(moved[phase], cls, moved_bytes, moved_bytes)
     return moved
-
 
 
 def _tp_call(execution: Execution, cluster: Cluster, traffic: RankTraffic, *, timed: bool = False,
@@ -310,8 +323,13 @@ Flow: TypeAlias = tuple[str, int, float]
 
 def _flows(moved: Mapping[str, Sequence[float]], tag: str = "") -> dict[tuple[str, str, int], Flow]:
     """One flow per class and way of ``moved`` (``(out, in)`` bytes per class), keyed ``(tag, class, way)``."""
-    return {(tag, cls, way): (cls, way, nbytes) for cls, both in moved.items() for way, nbytes in enumerate(both)
-            if nbytes > 0}
+    flows: dict[tuple[str, str, int], Flow] = {}
+    for cls, (out, inward) in moved.items():
+        if out > 0:
+            flows[(tag, cls, 0)] = (cls, 0, out)
+        if inward > 0:
+            flows[(tag, cls, 1)] = (cls, 1, inward)
+    return flows
 
 
 def _drain_ends(table: _PathTable, flows: dict[tuple[str, str, int], Flow]) -> dict[tuple[str, str, int], float]:
@@ -327,20 +345,20 @@ def _drain_ends(table: _PathTable, flows: dict[tuple[str, str, int], Flow]) -> d
     ``min`` cost more on a few flows)."""
     keys = tuple(flows)
     drain = table.drains.get(keys) or table.drain(keys)
-    nbytes = [flow[2] for flow in flows.values()]
-    memo_key = (drain, tuple(nbytes))
+    nbytes = tuple(map(_BYTES, flows.values()))
+    memo_key = (drain, nbytes)
     recent = table.ends
     known = recent.get(memo_key)
     if known is not None:
         return dict(known)
     ends = dict.fromkeys(drain.idle, 0.0) if drain.idle else {}
-    left = nbytes.copy()
-    through = [_DRAINED * b for b in nbytes]
+    left = list(nbytes)
+    through = list(map(_DRAINED.__mul__, nbytes))  # _DRAINED * b each
     live, memo = drain.mask, drain.memo
-    now = 0.0
+    now, inf = 0.0, _INF
     while live:
         rates = memo.get(live) or drain.rates(live)
-        step = _INF  # the first flow through: the least of its bytes left over its rate (a loop, not min())
+        step = inf  # the first flow through: the least of its bytes left over its rate (a loop, not min())
         for i, rate in rates:
             until = left[i] / rate
             if until < step:
@@ -358,6 +376,8 @@ def _drain_ends(table: _PathTable, flows: dict[tuple[str, str, int], Flow]) -> d
 
 
 _INF = float("inf")
+_BYTES = operator.itemgetter(2)
+"""A :data:`Flow`'s bytes."""
 
 _RECENT_DRAINS = 8
 """Drains a path table remembers (:func:`_drain_ends`): the handful one evaluation asks, so that many fewer
@@ -402,8 +422,11 @@ def _phase_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
     """The closed form's time of one micro-batch's forward and backward on a stage (its layers' compute and
     TP, CP and EP communication, the pipeline transfers, the exposed offload)."""
     c, n, v = costs, costs.layers_per_stage, execution.virtual_stages
-    return {"forward": n * (c.layer_fwd_s + c.layer_comm_fwd_s) + v * c.p2p_s + c.offload_fwd_s + c.fsdp_fwd_s,
-            "backward": n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_comm_bwd_s) + v * c.p2p_s
+    # the layers' link time: StageCosts.layer_comm_fwd_s and layer_comm_bwd_s, summed as they sum
+    comm_fwd = c.layer_tp_fwd_s + c.layer_cp_fwd_s + c.layer_ep_fwd_s
+    comm_bwd = c.layer_tp_bwd_s + c.layer_cp_bwd_s + c.layer_ep_bwd_s
+    return {"forward": n * (c.layer_fwd_s + comm_fwd) + v * c.p2p_s + c.offload_fwd_s + c.fsdp_fwd_s,
+            "backward": n * (c.layer_bwd_s + c.layer_recompute_s + comm_bwd) + v * c.p2p_s
             + c.offload_bwd_s + c.fsdp_bwd_s}
 
 
@@ -440,7 +463,7 @@ def _phase_floor_s(table: _PathTable, phase_s: float, flows: dict[tuple[str, str
     if zero3 and any(key[0] == "fsdp" for key in flows) and any(key[1] == "offload" for key in flows):
         alone = _drain_ends(table, {key: flow for key, flow in flows.items() if key[1] != "offload"})
         slowed = max(0.0, *(ends[key] - alone[key] for key in flows if key[0] == "fsdp"))
-    return max(phase_s + slowed, max(ends.values(), default=0.0))
+    return max(phase_s + slowed, max(ends.values()) if ends else 0.0)
 
 
 def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic,
@@ -458,6 +481,48 @@ def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic
                 got += nbytes * per_byte
             moved[cls] = moved.get(cls, 0.0) + got
     return moved
+
+
+def _reduction_flows(execution: Execution, cluster: Cluster, traffic: RankTraffic,
+                     zero3: Zero3Traffic | None) -> dict[tuple[str, str, int], Flow]:
+    """The reduction's flows, one per class and way of :func:`reduction_bytes` keyed ``("dp", class, way)`` (as
+    :func:`_flows` keys them). Without ZeRO-3 they depend on the reduction groups' bytes alone, so they are kept
+    in the cluster's ``model_memo`` by :attr:`~mcdla.sim.llm.RankTraffic.gradient_groups` (many executions of a
+    search share them); callers only read the answer."""
+    key = (_DP_FLOWS_KEY, traffic.gradient_groups) if zero3 is None else None
+    if key is not None:
+        got = cluster.model_memo.get(key)
+        if got is not None:
+            return got  # type: ignore[return-value]
+    reduced = reduction_bytes(execution, cluster, traffic, zero3)
+    dp = {("dp", cls, way): (cls, way, b) for cls, b in reduced.items() if b > 0 for way in (0, 1)}
+    if key is not None:
+        cluster.model_memo[key] = dp
+    return dp
+
+
+_DP_FLOWS_KEY = "floor-dp-flows"
+"""The first item of :func:`_reduction_flows`' keys in a cluster's ``model_memo``."""
+
+
+def _reduction_alone(cluster: Cluster, table: _PathTable, traffic: RankTraffic,
+                     dp: dict[tuple[str, str, int], Flow], zero3: Zero3Traffic | None) -> Ends:
+    """The ends of the reduction's flows ``dp`` (:func:`_reduction_flows`) drained alone on ``table``, the job's
+    path table on ``cluster`` (:func:`_table`). Without ZeRO-3 they depend on the table and the reduction groups'
+    bytes alone, so they are kept in the cluster's ``model_memo`` beside the flows; callers only read the answer."""
+    key = (_DP_ALONE_KEY, table, traffic.gradient_groups) if zero3 is None else None  # a partly used node's own
+    if key is not None:
+        got = cluster.model_memo.get(key)
+        if got is not None:
+            return got  # type: ignore[return-value]
+    ends = _drain_ends(table, dp)
+    if key is not None:
+        cluster.model_memo[key] = ends
+    return ends
+
+
+_DP_ALONE_KEY = "floor-dp-alone"
+"""The first item of :func:`_reduction_alone`' keys in a cluster's ``model_memo``."""
 
 
 def _group_levels(cluster: Cluster, kind: str, size: int, stride: int) -> tuple[tuple[str, tuple[float, ...]], ...]:
@@ -669,17 +734,21 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     flows = _phase_flows(e, cluster, costs, traffic, zero3) if offloads else {}
     # each phase's drain once: the backward's is also the pass's own flows beside the reduction below
     table = _table(cluster, e.gpus)
-    drained = {phase: _drain_ends(table, flows[phase]) for phase in phase_s} if offloads else {}
-    stage = (sum(_phase_floor_s(table, phase_s[phase], flows[phase], drained[phase], zero3=zero3 is not None)
-                 for phase in phase_s) if offloads else 0.0)
+    drained: dict[str, Ends] = {}
+    stage = 0.0
+    if offloads:
+        floors = []  # the forward's and the backward's, summed as sum() sums
+        for phase, seconds in phase_s.items():
+            ends = drained[phase] = _drain_ends(table, flows[phase])
+            floors.append(_phase_floor_s(table, seconds, flows[phase], ends, zero3=zero3 is not None))
+        stage = sum(floors)
     dp_exposed = last_backward = 0.0
     if e.dp_overlap and e.dp * e.cp > 1:
-        reduced = reduction_bytes(e, cluster, traffic, zero3)
-        dp = {("dp", cls, way): (cls, way, b) for cls, b in reduced.items() if b > 0 for way in (0, 1)}  # _flows'
+        dp = _reduction_flows(e, cluster, traffic, zero3)
         beside: tuple[float, float] | None = None  # TP calls beside the GEMMs and the reduction (no offload)
         if offloads:  # the pass's flows and the reduction's start together
             own = flows["backward"]
-            alone, apart = drained["backward"], _drain_ends(table, dp)
+            alone, apart = drained["backward"], _reduction_alone(cluster, table, traffic, dp, zero3)
             ends = _drain_ends(table, {**own, **dp})
         else:
             # TP calls beside the GEMMs hide behind them, their slowdown too (the closed form exposes the excess)
@@ -707,18 +776,18 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
                     return LinkFloors(stage_s=0.0, dp_exposed_s=gathers[0], last_backward_s=gathers[1])
             alone, apart, ends = timed
         # the pass as the stage's floor has it (without offload the closed form's)
-        bwd = max(phase_s["backward"], max(alone.values(), default=0.0) if offloads else 0.0)
+        bwd = max(phase_s["backward"], (max(alone.values()) if alone else 0.0) if offloads else 0.0)
         # the reduction's collectives run one after another, each its phases in turn (its closed-form time), beside
         # the whole pass (its exposed copies too): what the pass's flows slow them is exposed beyond that
-        slow_dp = max(0.0, *(ends[key] - apart[key] for key in dp)) + (beside[0] if beside else 0.0)
+        slow_dp = max(0.0, *[ends[key] - apart[key] for key in dp]) + (beside[0] if beside else 0.0)
         hidden = costs.dp_hidden_s + costs.offload_bwd_s + bwd - phase_s["backward"]
         # the drain beyond the pass (without offload the hiding pass, the logits' and loss's backward in it)
-        dp_exposed = max(0.0, max(ends.values(), default=0.0) - (phase_s["backward"] if offloads else hidden),
+        dp_exposed = max(0.0, (max(ends.values()) if ends else 0.0) - (phase_s["backward"] if offloads else hidden),
                          costs.dp_full_s + slow_dp - hidden)
         # the pass's own flows beside the reduction: its communication is on its critical path (the closed form
         # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
         slowed = [ends[key] - (bwd if key[1] == "offload" else alone[key]) for key in own]
-        last_backward = max(0.0, max(slowed, default=0.0)) / e.virtual_stages + (beside[1] if beside else 0.0)
+        last_backward = max(0.0, max(slowed) if slowed else 0.0) / e.virtual_stages + (beside[1] if beside else 0.0)
         if not offloads:  # the first stage ends with the later of its reduction and its own slowed pass
             dp_exposed = max(dp_exposed, costs.dp_exposed_s + last_backward)
             if tail is not None:  # the p - 1 stages after the first: p - 2 middle ones and the last
