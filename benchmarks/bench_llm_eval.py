@@ -19,7 +19,7 @@ import time
 from benchmarks._results import markdown_table, record
 from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.plan.llm_search import enumerate_executions, evaluate_executions
-from mcdla.sim import llm_floor
+from mcdla.sim import llm_floor_drain
 from mcdla.sim import llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
@@ -57,7 +57,7 @@ def run(calls: int) -> tuple[list[tuple[str, ...]], str]:
         cluster = load_cluster(name).for_gpus(1024)
         e = _execution(cluster)
         memo = cluster._group_memo
-        table = llm_floor._table(cluster, e.gpus)
+        table = llm_floor_drain._table(cluster, e.gpus)
         drains = table.ends
 
         def fresh() -> None:
@@ -71,7 +71,7 @@ def run(calls: int) -> tuple[list[tuple[str, ...]], str]:
             # the time model's per-cluster memo above group_dims would answer without asking it; the floor's
             # path table stays, as in a search
             cluster.model_memo.clear()
-            cluster.model_memo[llm_floor._TABLE_KEY] = table
+            cluster.model_memo[llm_floor_drain._TABLE_KEY] = table
             fresh()
 
         warm = _per_call_s(fresh, calls)

@@ -1,4 +1,4 @@
-"""The per-link floor's fair drain (sim/llm_floor.py, NOTE [fair drain]) against a plain one written here: the
+"""The per-link floor's fair drain (sim/llm_floor_drain.py, NOTE [fair drain]) against a plain one written here: the
 module memoises each set of flows' rates per path table and answers a drain asked twice at once from the last
 one; neither may change a bit of the answer. Also the drain's answers against closed forms: flows that share no
 resource each end at their bytes over their bottleneck, two flows on one resource split it until the smaller is
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcdla.hardware.traffic import TRAFFIC_CLASSES, PathResource, TrafficPath
-from mcdla.sim import llm_floor
+from mcdla.sim import llm_floor_drain as llm_floor
 
 _DRAINED = 1e-9  # a flow is through below this fraction of its bytes (the module's rounding rule)
 

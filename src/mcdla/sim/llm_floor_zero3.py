@@ -1,6 +1,6 @@
 """The per-link floor's ZeRO-3 part without offload (NOTE [link floor] in :mod:`mcdla.sim.llm_floor`): the last
 backward's per-layer gathers and reduce-scatters and its layer communication beside the overlapped reduction's
-once-per-iteration collectives, drained on the floor's path tables (NOTE [fair drain] there) and stepped as the
+once-per-iteration collectives, drained on the floor's path tables (NOTE [fair drain] in :mod:`mcdla.sim.llm_floor_drain`) and stepped as the
 engine issues the layers' collectives. Apart from :mod:`mcdla.sim.llm_floor` for its size; it calls this
 module only for a ZeRO-3 execution whose reduction is overlapped."""
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mcdla.sim.collective_models import collective_time
-from mcdla.sim.llm_floor import (_DRAINED, Ends, Flow, _dims_bytes, _drain_ends, _flows, _ring_attention_s, _shared,
-                                 _table, zero3_bytes_per_micro_batch)
+from mcdla.sim.llm_floor import _dims_bytes, _ring_attention_s, _shared, zero3_bytes_per_micro_batch
+from mcdla.sim.llm_floor_drain import _DRAINED, Ends, Flow, _drain_ends, _flows, _table
 
 if TYPE_CHECKING:
     from mcdla.hardware.cluster import Cluster
-    from mcdla.sim.llm_floor import _PathTable
+    from mcdla.sim.llm_floor_drain import _PathTable
     from mcdla.sim.llm import StageCosts, Zero3Traffic
     from mcdla.workload.execution import Execution
 
@@ -163,7 +163,7 @@ def layers_beside(execution: Execution, cluster: Cluster, costs: StageCosts, zer
 def drain_left(table: _PathTable, flows: dict[tuple[str, str, int], Flow], until_s: float,
                beside: dict[tuple[str, str, int], Flow] | None = None) -> dict[tuple[str, str, int], Flow]:
     """What is left of ``flows`` after ``until_s`` seconds of the fair drain (NOTE [fair drain]) on the path table
-    ``table`` (the job's, :func:`mcdla.sim.llm_floor._table`) beside the flows ``beside`` (started with them, not
+    ``table`` (the job's, :func:`mcdla.sim.llm_floor_drain._table`) beside the flows ``beside`` (started with them, not
     returned): each a flow with the bytes it still has to move, those through left out."""
     both = {**(beside or {}), **flows}
     keys = tuple(both)
