@@ -822,7 +822,8 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
 
     opt_params = fig.params[e.zero >= 1]
     offload_step = 0.0
-    adam_bytes = foreach_adam_bytes(2 if prec.element_bytes < 4 else 4) if e.optimizer_kernels == "foreach" else _ADAM_TRAFFIC_BYTES
+    adam_bytes = (foreach_adam_bytes(2 if prec.element_bytes < 4 else 4) if e.optimizer_kernels == "foreach"
+                  else _ADAM_TRAFFIC_BYTES)  # NOTE [foreach optimizer]
     optimizer = opt_params * adam_bytes / hbm_per_s
     if e.cpu_optimizer:
         cpu = cpu_optimizer_step(e, cluster, opt_params,

@@ -67,9 +67,10 @@ def eager_block_bytes(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, s
     mask = 1.0 if spec.dropout else 0.0
     norms = 2 * (2 * e if spec.bias else 28 + 4 * e) * tokens * h  # LayerNorm (biased models) is one kernel
     add = (3 * e + mask * (2 * e + 1)) * tokens * h  # with dropout: its kernel, then the add
-    rope = ((32 if rope == "rotation" else 16) + 2 * e) * tokens * (spec.q_width + spec.kv_hidden) if spec.position == "rope" else 0.0
+    per_qk = (32 if rope == "rotation" else 16) + 2 * e
+    rope_bytes = per_qk * tokens * (spec.q_width + spec.kv_hidden) if spec.position == "rope" else 0.0
     n = spec.heads // int(spec.kv_heads)  # type: ignore[arg-type]
     repeat = 2 * n * e * tokens * (spec.kv_hidden + spec.v_width) if n > 1 else 0.0
     activation = (5 * e if spec.ffn_matrices == 3 else 2 * e) * tokens * f
     outside = (norms + 2 * add) / (tp if sp else 1)
-    return {"block": outside + (rope + repeat + activation) / tp, "last_add": add / (tp if sp else 1)}
+    return {"block": outside + (rope_bytes + repeat + activation) / tp, "last_add": add / (tp if sp else 1)}

@@ -32,7 +32,8 @@ from mcdla.workload.op_recompute import OP_RECOMPUTE, check_op_recompute
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
 from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 
-__all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "OPTIMIZER_KERNELS", "ROPE_KERNELS", "RECOMPUTE_METHODS", "ZERO3_COLLECTIVES", "Execution", "check_execution",
+__all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "OPTIMIZER_KERNELS", "RECOMPUTE_METHODS", "ROPE_KERNELS", "ZERO3_COLLECTIVES",
+           "Execution", "check_execution",
            "chunk_layers", "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "selective-op", "full")
