@@ -103,7 +103,14 @@ TORCHTITAN_RUNS: tuple[MeasuredRun, ...] = (
 _FMS = ("foundation-model-stack/fms-fsdp README.md (commit 4ffb9bdf), \"Training throughput benchmarks\" (PyTorch "
         "FSDP, eager, batch size 2 per GPU, seq 4096)")
 _FMS_COMMON = ("bf16 parameters and reductions (fms-fsdp's bfSixteen policy); fsdp_prefetch 1 (FSDP's default "
-               "backward prefetch, limit_all_gathers); flash attention (SDPA); eager mode, each PyTorch op a kernel")
+               "backward prefetch, limit_all_gathers); flash attention (SDPA); eager mode, each PyTorch op a kernel: "
+               "fused_kernels false, rope_kernels rotation (foundation-model-stack 6440fee8, the ibm-fms fms-fsdp "
+               "installed: fms/modules/positions.py adjusted_qk); optimizer_kernels foreach (optim.AdamW with neither "
+               "foreach nor fused given, clip_grad_norm_ each step)")
+
+
+_HSDP = (", hsdp_shard=8, dp_overlap (FSDP1's _reduce_grad all-reduces each unit's shard across the replicas "
+         "right after its reduce-scatter, on its all-reduce stream: NOTE [HSDP all-reduce as issued])")
 
 
 def _fms(model: str, system: str, gpus: int, tokens_per_s_per_gpu: float, strategy: str,
@@ -118,9 +125,11 @@ def _fms(model: str, system: str, gpus: int, tokens_per_s_per_gpu: float, strate
         name=f"{model} {gpu} {strategy.upper()}", model=model, system=system, measured_s=seconds,
         family="pytorch-fsdp",
         source=f"{_FMS}: {size} {strategy.upper()} {ac}, {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} {gpu}",
-        choices=f"{strategy.upper()} -> zero=3{', hsdp_shard=8' if strategy == 'hsdp' else ''}; {_FMS_COMMON}",
+        choices=f"{strategy.upper()} -> zero=3{_HSDP if strategy == 'hsdp' else ''}; {_FMS_COMMON}",
         execution=Execution(gpus=gpus, dp=gpus, zero=3, fsdp_prefetch=1, hsdp_shard=8 if strategy == "hsdp" else 0,
-                            micro_batch=2, global_batch=2 * gpus, recompute=recompute))  # type: ignore[arg-type]
+                            dp_overlap=strategy == "hsdp", micro_batch=2, global_batch=2 * gpus, recompute=recompute,
+                            fused_kernels=False, rope_kernels="rotation",
+                            optimizer_kernels="foreach"))  # type: ignore[arg-type]
 
 
 FMS_FSDP_RUNS: tuple[MeasuredRun, ...] = (

@@ -72,6 +72,15 @@ NOTE [time model] (also ``docs/llm.md``):
   and reduce-scatter are one collective per parameter tensor (``TransformerSpec.layer_tensors``), run one after
   the other, each with its own latency terms; tensors under ``zero3_persist_numel`` elements are not gathered
   per layer but once per iteration with the step's collectives, their gradients still reduce-scattered.
+* NOTE [HSDP all-reduce as issued]: FSDP's hybrid sharding (PyTorch's FSDP1 ``_reduce_grad``) all-reduces each
+  unit's gradient shard across the replicas right after that unit's reduce-scatter, on its own all-reduce stream,
+  so with ``dp_overlap`` the all-reduce of the stage's layers but the last one the backward reaches starts with
+  the backward (``Zero3Traffic.step``, hidden as NOTE [overlapped reduction] says) and that of the last layer and
+  of the non-layer parameters (the root unit, whose gradients are complete only at the backward's end) is
+  issued after it (``Zero3Traffic.after_backward``, ``StageCosts.dp_tail_s``, exposed whole). The layers'
+  all-reduces are priced as one collective (their latency terms once); the non-layer parameters' reduce-scatter
+  and gather over the shard group stay in ``step`` (a simplification: FSDP runs the root's after the backward).
+  Without ``dp_overlap`` the whole all-reduce runs after the backward.
 * CPU optimizer and NVMe tier (ZeRO-Offload, ZeRO-Infinity): :mod:`mcdla.sim.llm_offload`.
 * Offload: activations go out during forward and come back during backward, weights are fetched for every
   forward and backward of a micro-batch, optimizer state crosses the link twice per step, at the offload
@@ -89,7 +98,7 @@ from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes, ring_attention_moved_s
-from mcdla.sim.llm_eager import eager_block_bytes
+from mcdla.sim.llm_eager import eager_block_bytes, foreach_adam_bytes
 from mcdla.sim.llm_floor import link_floors
 from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, expert_gemm_width, grouped_gemm_issue_s,
                                permutation_bytes, rank_param_groups, routed_expert_flops, tokens_per_local_expert)
@@ -244,7 +253,7 @@ class LlmStep:
 @pure_cache(64, copy_dict=True)
 def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, sp: bool = False,
                                 cp: int = 1, attention: Attention = "materialized",
-                                fused: bool = True) -> dict[str, float]:
+                                fused: bool = True, rope: str = "complex") -> dict[str, float]:
     """HBM bytes of a layer's memory-bound forward kernels on one rank: ``block`` (two norms read and write
     ``b s h``; two bias-dropout-adds read input and residual, write output and a 1-byte mask; the activation
     function reads its input(s) and writes ``b s f``) and ``scores`` (softmax reads and writes the ``a s^2 b``
@@ -253,7 +262,7 @@ def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: 
     score kernels (``scores`` is 0; the fused kernel's traffic is
     :func:`~mcdla.workload.transformer.flash_attention_bytes`). ``last_add``: the second residual add's part of
     ``block``. ``fused=False``: ``block`` as eager PyTorch runs it, one kernel per op (NOTE [eager kernels] in
-    :mod:`mcdla.sim.llm_eager`)."""
+    :mod:`mcdla.sim.llm_eager`; ``rope``: its RoPE code, ``Execution.rope_kernels``)."""
     e = spec.bytes_per_element
     b, s, h = micro_batch, spec.seq_len / cp, spec.hidden
     mask = 1.0 if spec.dropout else 0.0
@@ -263,7 +272,7 @@ def elementwise_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: 
     activation = spec.ffn_matrices * e * s * b * spec.ffn_width_per_token  # GELU: read f, write f; SwiGLU: read 2f
     scores = spec.heads * s * spec.seq_len * b * (2 * e + mask * (2 * e + 1)) if attention == "materialized" else 0.0
     if not fused:
-        return {**eager_block_bytes(spec, micro_batch, tp=tp, sp=sp, cp=cp), "scores": scores / tp}
+        return {**eager_block_bytes(spec, micro_batch, tp=tp, sp=sp, cp=cp, rope=rope), "scores": scores / tp}
     return {"block": (norms + residual) / (tp if sp else 1) + activation / tp, "scores": scores / tp,
             "last_add": residual / 2 / (tp if sp else 1)}
 
@@ -343,11 +352,14 @@ class Zero3Traffic:
     the backward the gradients' reduce-scatters (``reduces``);
     once per iteration ``step``: the tensors under ``zero3_persist_numel`` gathered, the non-layer parameters
     reduce-scattered and gathered back over their shard group, then under HSDP each gradient shard all-reduced across the replicas (groups of one rank left out).
+    ``after_backward``: under HSDP with ``dp_overlap``, the part of that all-reduce FSDP issues only once the
+    backward has ended (NOTE [HSDP all-reduce as issued]); ``step`` then all-reduces the rest.
     The analytical model prices these, the engine lowering (:mod:`mcdla.sim.llm_lower_zero`) runs them."""
 
     gathers: tuple[ShardCollective, ...]
     reduces: tuple[ShardCollective, ...]
     step: tuple[ShardCollective, ...]
+    after_backward: tuple[ShardCollective, ...] = ()
 
 
 @pure_cache(64)
@@ -371,14 +383,23 @@ def zero3_traffic(spec: TransformerSpec, execution: Execution, element_bytes: in
         gathers = tuple(ShardCollective("all-gather", element_bytes * g.params, *_shard_groups(g, e)[0])
                         for g in layer)
         reduces = tuple(dataclasses.replace(c, kind="reduce-scatter") for c in gathers)
-    other = groups[0].params - max(stage_layers(e, spec)) * layer[0].params  # the embedding
+    n_layers = max(stage_layers(e, spec))
+    other = groups[0].params - n_layers * layer[0].params  # the embedding
+    after: list[ShardCollective] = []
+    # NOTE [HSDP all-reduce as issued]: with dp_overlap the all-reduce of the layers that backward leaves before
+    # its last one starts with the backward; that of its last layer and of the non-layer parameters after it
+    per_unit = e.dp_overlap and len(layer) == len(groups)
     for k, g in enumerate(groups):
         shard, replicas = _shard_groups(g, e)
         if k == 0 and shard[0] > 1:
             step += [ShardCollective(kind, element_bytes * other, *shard) for kind in ("reduce-scatter", "all-gather")]
         if replicas[0] > 1:
-            step.append(ShardCollective("all-reduce", element_bytes * g.params / shard[0], *replicas))
-    return Zero3Traffic(gathers=gathers, reduces=reduces, step=tuple(step))
+            early = (n_layers - 1) * layer[k].params if per_unit else 0.0
+            if early > 0:
+                step.append(ShardCollective("all-reduce", element_bytes * early / shard[0], *replicas))
+            (after if per_unit else step).append(
+                ShardCollective("all-reduce", element_bytes * (g.params - early) / shard[0], *replicas))
+    return Zero3Traffic(gathers=gathers, reduces=reduces, step=tuple(step), after_backward=tuple(after))
 
 
 def _collectives_s(cluster: Cluster, collectives: tuple[ShardCollective, ...]) -> float:
@@ -554,6 +575,7 @@ class StageCosts:
     layer_tp_hide_bwd_s: float = 0.0  # and of its backward (+ the recomputed forward's with full recompute)
     p2p_hidden_s: float = 0.0  # the part of a send the sender's next chunk hides (``pp_comm_overlap``); its
     # receiver still waits for it, so the fill and the drain of the schedule each cross v p - 1 of them
+    dp_tail_s: float = 0.0  # the reduction's part issued only after the backward (HSDP's last units, ``dp_overlap``)
 
     @property
     def layer_comm_fwd_s(self) -> float:
@@ -567,8 +589,9 @@ class StageCosts:
 
     @property
     def dp_exposed_s(self) -> float:
-        """The reduction's part that is not hidden behind the last backward."""
-        return max(0.0, self.dp_full_s - self.dp_hidden_s)
+        """The reduction's part that is not hidden behind the last backward, then what waits for the
+        backward's end (``dp_tail_s``)."""
+        return max(0.0, self.dp_full_s - self.dp_hidden_s) + self.dp_tail_s
 
     def stage_s(self, layers: int, virtual_stages: int, *, last: bool = False) -> float:
         """One micro-batch on a stage of ``layers`` layers over its ``virtual_stages`` chunks: compute,
@@ -626,7 +649,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     attention kernel, kernel fusion and fp8 scaling on ``cluster``'s GPU (NOTE [time model])."""
     op = e.recompute == OP_RECOMPUTE
     key = ("layer", spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
-           e.capacity_factor, type(e.capacity_factor), e.ep, e.fp8_scaling, op)
+           e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.fp8_scaling, op)
     got = cluster.model_memo.get(key)
     if got is not None:
         return got  # type: ignore[return-value]
@@ -644,7 +667,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     gemm_bwd_ratio = curve.backward_ratio
     flops = layer_fwd_flops(spec, b, attention=e.attention)
     ew = elementwise_bytes_per_layer(spec, b, tp=e.tp, sp=e.sequence_parallel, cp=e.cp, attention=e.attention,
-                                     fused=e.fused_kernels)
+                                     fused=e.fused_kernels, rope=e.rope_kernels)
     routed = routed_expert_flops(spec, e)
     dense_gemm = flops["gemm"] - routed / e.capacity_factor
     expert_f = routed / split / expert_rate if routed else 0.0
@@ -759,7 +782,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * layer_bwd)
 
-    fsdp_fwd = fsdp_bwd = last_fsdp = 0.0
+    fsdp_fwd = fsdp_bwd = last_fsdp = dp_tail = 0.0
     if e.zero >= 3:
         z3 = zero3_traffic(spec, e, prec.element_bytes)
         gather, reduce = _collectives_s(cluster, z3.gathers), _collectives_s(cluster, z3.reduces)
@@ -786,6 +809,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
                                                      recomputed=full, act_bytes=act_bytes, last=logits_fb))
             last_fsdp = sum(last_fb) - sum(first_fb)
         dp_full = _collectives_s(cluster, z3.step)
+        dp_tail = _collectives_s(cluster, z3.after_backward)
     else:
         dp_full = _dp_reduce_s(cluster, groups, prec.element_bytes)
     hidden_by = 0.0
@@ -798,7 +822,9 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
 
     opt_params = fig.params[e.zero >= 1]
     offload_step = 0.0
-    optimizer = opt_params * _ADAM_TRAFFIC_BYTES / hbm_per_s
+    adam_bytes = (foreach_adam_bytes(2 if prec.element_bytes < 4 else 4) if e.optimizer_kernels == "foreach"
+                  else _ADAM_TRAFFIC_BYTES)  # NOTE [foreach optimizer]
+    optimizer = opt_params * adam_bytes / hbm_per_s
     if e.cpu_optimizer:
         cpu = cpu_optimizer_step(e, cluster, opt_params,
                                  last_backward_s=n_layers * (layer_bwd + layer_recompute),
@@ -814,7 +840,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         layer_recompute_s=layer_recompute, layer_tp_fwd_s=tp_fwd, layer_tp_bwd_s=tp_bwd, p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=gemm_bwd_ratio * logits + 2 * loss, offload_fwd_s=off_fwd,
         offload_bwd_s=off_bwd, fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd, last_fsdp_s=last_fsdp,
-        dp_full_s=dp_full, dp_hidden_s=hidden_by, optimizer_s=optimizer,
+        dp_full_s=dp_full, dp_hidden_s=hidden_by, dp_tail_s=dp_tail, optimizer_s=optimizer,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunks,
         layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
         recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd, layer_tp_hide_fwd_s=hide_fwd,

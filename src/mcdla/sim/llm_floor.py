@@ -569,7 +569,7 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
         hidden = costs.dp_hidden_s + costs.offload_bwd_s + bwd - phase_s["backward"]
         # the drain beyond the pass (without offload the hiding pass, the logits' and loss's backward in it)
         dp_exposed = max(0.0, (max(ends.values()) if ends else 0.0) - (phase_s["backward"] if offloads else hidden),
-                         costs.dp_full_s + slow_dp - hidden)
+                         costs.dp_full_s + slow_dp - hidden) + costs.dp_tail_s  # then what waits for the pass
         # the pass's own flows beside the reduction: its communication is on its critical path (the closed form
         # exposes it after the compute), so its slowdown adds to the pass; its copies add what exceeds the pass
         slowed = [ends[key] - (bwd if key[1] == "offload" else alone[key]) for key in own]

@@ -79,8 +79,8 @@ def zero3_beside(execution: Execution, cluster: Cluster, costs: StageCosts,
     if pass_late <= _DRAINED * layers_s and red_late <= 0:
         return None
     # the closed form's first stage: the reduction starts its hiding pass before the pass's end
-    first = max(c.dp_exposed_s + pass_late, red_late + layers_s + after_s + first_head - c.dp_hidden_s,
-                c.dp_full_s + slow_dp - c.dp_hidden_s)
+    first = max(c.dp_exposed_s + pass_late, red_late + layers_s + after_s + first_head - c.dp_hidden_s + c.dp_tail_s,
+                c.dp_full_s + slow_dp - c.dp_hidden_s + c.dp_tail_s)
     others = late(logits_head if v == 1 else 0.0)[0] if e.pp > 1 else 0.0
     return max(0.0, first), max(0.0, others)
 

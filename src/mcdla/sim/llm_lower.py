@@ -303,17 +303,19 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
                 for t in range(e.tp):
                     r = rank(t, x, s, d)
                     pool = system.pools.get(device(r), ())
+                    dp_tail: list[Collective] = []
                     if not every:
                         dp_colls = None
                     elif zero3 is not None:
                         dp_colls = zero3_step_collectives(e, cluster, zero3, r)
+                        dp_tail = zero3_step_collectives(e, cluster, zero3, r, after_backward=True)
                     else:
                         dp_colls = gradient_collectives(e, cluster, traffic, r)
                     exchanges = {n: pass_exchanges(e, cluster, c, traffic, r, n) for n in sizes}
                     fsdp = fsdp_ops(e, cluster, zero3, r, collectives=every) if zero3 is not None else None
                     weights_from = (nvme.of(device(r))[0],) if nvme is not None else pool
                     ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, weights_from, colls, dp_colls, exchanges,
-                                    fsdp, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d))
+                                    fsdp, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d), dp_tail=dp_tail)
                     ops += step_ops(e, cluster, system, device(r), pool, tail=ops[-1].name,
                                     last_backward=_last_backward_waits(ops), optimizer_bytes=traffic.optimizer_bytes,
                                     optimizer_s=c.optimizer_s, precision=precision, nvme=nvme)
@@ -354,7 +356,7 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
               e: Execution, traffic: RankTraffic, pool: Sequence[str], weights_from: Sequence[str],
               colls: dict[tuple[int, bool], list[tuple[Collective, float]]], dp_colls: list[Collective] | None,
               exchanges: dict[int, tuple[PassExchange, PassExchange]], fsdp: FsdpOps | None, *,
-              peer: Callable[[int], int]) -> list[Op]:
+              peer: Callable[[int], int], dp_tail: Sequence[Collective] = ()) -> list[Op]:
     """The ops of rank ``r`` on stage ``s`` up to its optimizer step (NOTE [LLM lowering]); ``peer(stage)``: the
     same TP x CP slot there; ``weights_from``: the memories offloaded weights are fetched from; ``colls``: the TP
     collectives of a chunk of ``n`` layers by ``(n, forward)``; ``dp_colls``: the data-parallel reduction as
@@ -430,12 +432,14 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
             b.last = b.add(Send(name=f"send-{tag}", peer=peer(dst[0]), nbytes=traffic.p2p_bytes, waits=(done,)))
     tail = b.add(Compute(name="pipeline-end", seconds=0.0,
                          waits=tuple(w for w in (b.last, *b.copies, *in_flight) if w)))
-    if dp_colls:
+    if dp_colls or dp_tail:
         done = reduce_waits if e.dp_overlap else (tail,)
-        for i, coll in enumerate(dp_colls):
+        for i, coll in enumerate(dp_colls or ()):
             done = (b.add(CollectiveOp(name=f"dp{i}", stream="dp", collective=coll, waits=done)),)
+        for i, coll in enumerate(dp_tail):  # issued once the backward has ended (HSDP's last units)
+            done = (b.add(CollectiveOp(name=f"dp-after{i}", stream="dp", collective=coll, waits=(tail, *done))),)
         b.add(Compute(name="dp-end", seconds=0.0, waits=(tail, *done)))
-    elif c.dp_full_s > 0:
+    elif c.dp_full_s > 0 or c.dp_tail_s > 0:
         b.add(Compute(name="dp-reduce", seconds=c.dp_exposed_s, waits=(tail,)))
     return b.ops
 

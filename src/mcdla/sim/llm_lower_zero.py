@@ -17,7 +17,8 @@ NOTE [ZeRO lowering]
   one after the other in the layer's turn). With every replica simulated the gathers and reduce-scatters are
   collectives on the shard group's fabric dimensions (HSDP: the shard group inside ``hsdp_shard``) and the
   once-per-iteration reduction (the embedding's reduce-scatter and gather, HSDP's all-reduce of each shard
-  across the replicas) runs as collectives on the ``dp`` stream; with one pipeline folded the shard group's
+  across the replicas) runs as collectives on the ``dp`` stream, the part HSDP issues after the backward
+  (``Zero3Traffic.after_backward``) after the pipeline and the rest; with one pipeline folded the shard group's
   other members have no programs, so each runs for its closed-form time on the ``fsdp`` stream and shares no
   link.
 * ZeRO-Offload (``cpu_optimizer``): the rank's 16-bit gradient shard goes out to the host memories of its pool
@@ -86,9 +87,11 @@ def fsdp_ops(e: Execution, cluster: Cluster, traffic: Zero3Traffic, rank: int, *
                    reduces=tuple(one(c) for c in traffic.reduces if c.size > 1), prefetch=e.fsdp_prefetch)
 
 
-def zero3_step_collectives(e: Execution, cluster: Cluster, traffic: Zero3Traffic, rank: int) -> list[Collective]:
-    """ZeRO-3's once-per-iteration reduction of ``rank`` as collectives (NOTE [ZeRO lowering])."""
-    return [_collective(c, e, cluster, rank) for c in traffic.step]
+def zero3_step_collectives(e: Execution, cluster: Cluster, traffic: Zero3Traffic, rank: int,
+                           *, after_backward: bool = False) -> list[Collective]:
+    """ZeRO-3's once-per-iteration reduction of ``rank`` as collectives (NOTE [ZeRO lowering]): ``step``, or
+    with ``after_backward`` the part issued once the backward has ended (HSDP's last units)."""
+    return [_collective(c, e, cluster, rank) for c in (traffic.after_backward if after_backward else traffic.step)]
 
 
 def _op(name: str, item: Collective | float, waits: tuple[str, ...]) -> Op:

@@ -228,7 +228,7 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
         fwd, bwd = _chunk_durations(c, e, chunks, factor[d])
         pipelines.append(schedule_pipeline(fwd, bwd, e.micro_batches, transit_s=c.p2p_hidden_s))
     # The DP reduction of stage s waits for the slowest replica's last backward of that stage.
-    if c.dp_full_s > 0:
+    if c.dp_full_s > 0 or c.dp_tail_s > 0:
         reduced = [max(pl.end_s[s] for pl in pipelines) + c.dp_exposed_s for s in range(p)]
     else:
         reduced = [0.0] * p

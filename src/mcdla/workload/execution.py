@@ -32,7 +32,8 @@ from mcdla.workload.op_recompute import OP_RECOMPUTE, check_op_recompute
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
 from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 
-__all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "RECOMPUTE_METHODS", "ZERO3_COLLECTIVES", "Execution", "check_execution",
+__all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "OPTIMIZER_KERNELS", "RECOMPUTE_METHODS", "ROPE_KERNELS", "ZERO3_COLLECTIVES",
+           "Execution", "check_execution",
            "chunk_layers", "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "selective-op", "full")
@@ -47,6 +48,12 @@ ZERO3_COLLECTIVES = ("per-layer", "per-tensor")
 (``Execution.zero3_collectives``)."""
 Zero3Collectives = Literal["per-layer", "per-tensor"]
 _INT_FIELDS = ("gpus", "tp", "pp", "dp", "cp", "ep", "virtual_stages", "micro_batch", "global_batch")
+ROPE_KERNELS = ("complex", "rotation")
+"""How eager PyTorch applies RoPE (``Execution.rope_kernels``): a complex product (torchtitan) or the 2 x 2 rotation
+tables multiplied and summed in fp32 (foundation-model-stack's ``adjusted_qk``); NOTE [eager kernels]."""
+OPTIMIZER_KERNELS = ("fused", "foreach")
+"""How the GPU's Adam step runs (``Execution.optimizer_kernels``): one pass over the state, or PyTorch's foreach
+AdamW one kernel per op (NOTE [foreach optimizer] in :mod:`mcdla.sim.llm_eager`)."""
 CP_COMM_TYPES = ("p2p", "all_gather")
 """How context-parallel attention exchanges K and V (Megatron-Core's ``--cp-comm-type``): a ring of
 point-to-point sends overlapped with the attention of the block before, or one all-gather before it."""
@@ -80,6 +87,10 @@ class Execution(HashOnce):
         dp_overlap: overlap the gradient reduction with backward (else it runs after the last backward).
         fused_kernels: the memory-bound kernels are fused as Megatron-LM runs them (true) or run as eager
             PyTorch's one kernel per op (false; NOTE [eager kernels] in :mod:`mcdla.sim.llm_eager`).
+        rope_kernels: with ``fused_kernels: false``, the model code's RoPE: ``complex`` (torchtitan's complex
+            product) or ``rotation`` (foundation-model-stack's fp32 product with the rotation tables and its sum).
+        optimizer_kernels: the GPU's Adam step fused (one pass over the state) or ``foreach`` (PyTorch's
+            default AdamW, one kernel per op, with ``clip_grad_norm_`` and FSDP's cast of the reduced gradient).
         attention: ``flash`` (fused FlashAttention-2, no stored scores) or ``materialized`` (the ``s x s``
             scores in HBM, Megatron's fused softmax of the published A100 runs); NOTE [flash attention] in
             :mod:`mcdla.workload.transformer`.
@@ -150,6 +161,8 @@ class Execution(HashOnce):
     recompute_num_layers: int | None = None
     offload_num_layers: int | None = None
     fused_kernels: bool = True
+    rope_kernels: Literal["complex", "rotation"] = "complex"
+    optimizer_kernels: Literal["fused", "foreach"] = "fused"
 
     __hash__ = hash_once  # a key of the model's memoised figures, hashed once (mcdla.workload.memo)
 
@@ -180,6 +193,15 @@ class Execution(HashOnce):
                               "expert parallelism with tensor parallelism needs sequence parallelism (Megatron-Core)")
         if self.recompute not in _RECOMPUTE:
             raise ConfigError(f"execution.recompute: got {brief(self.recompute)}; must be one of {', '.join(_RECOMPUTE)}")
+        if self.rope_kernels not in ROPE_KERNELS:
+            raise ConfigError(f"execution.rope_kernels: got {brief(self.rope_kernels)}; "
+                              f"must be one of {', '.join(ROPE_KERNELS)}")
+        if self.rope_kernels != "complex" and self.fused_kernels:
+            raise ConfigError(f"execution.rope_kernels: got {self.rope_kernels!r} with fused_kernels true; it says "
+                              "how eager PyTorch runs RoPE, needs fused_kernels false")
+        if self.optimizer_kernels not in OPTIMIZER_KERNELS:
+            raise ConfigError(f"execution.optimizer_kernels: got {brief(self.optimizer_kernels)}; "
+                              f"must be one of {', '.join(OPTIMIZER_KERNELS)}")
         if self.attention not in ATTENTIONS:
             raise ConfigError(f"execution.attention: got {brief(self.attention)}; "
                               f"must be one of {', '.join(ATTENTIONS)}")
@@ -436,6 +458,8 @@ class _ExecutionFile(BaseModel):
     recompute_num_layers: int | None = Field(default=None, ge=0, le=_MAX_COUNT)
     offload_num_layers: int | None = Field(default=None, ge=0, le=_MAX_COUNT)
     fused_kernels: bool = True
+    rope_kernels: Literal["complex", "rotation"] = "complex"
+    optimizer_kernels: Literal["fused", "foreach"] = "fused"
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
