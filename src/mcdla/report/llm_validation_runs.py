@@ -57,7 +57,9 @@ _TITAN_COMMON = ("seq 8192, bf16 with fp32 gradient reduction (torchtitan's mixe
                  "dp_overlap off (the root module's reduce-scatter of the embedding, final norm and output runs "
                  "after the whole backward, its gather before the first layer; the layers' reduce-scatters overlap "
                  "the backward in the ZeRO-3 model itself); flash attention (SDPA); eager mode: fused_kernels "
-                 "false (torchtitan's RMSNorm, RoPE, repeat_kv and SwiGLU as PyTorch ops, norm_type rmsnorm)")
+                 "false (torchtitan's RMSNorm, RoPE, repeat_kv and SwiGLU as PyTorch ops, norm_type rmsnorm); "
+                 "optimizer_kernels foreach (optimizer.fused defaults to false in config_manager.py, and "
+                 "build_optimizers passes foreach=not fused: torchtitan/optimizer.py at 4d88a8a4 and 9dec370)")
 _SAC = ("selective AC with selective_ac_option op (the train config's default) as recompute=selective-op, "
         "torchtitan's op policy: the outputs of wq, wv, w1, w2 and SDPA kept, wk, wo, w3 and the memory-bound "
         "kernels recomputed (parallelize_llama.py _save_list and _custom_policy, the same at 4d88a8a4 and 9dec370)")
@@ -78,7 +80,8 @@ def _torchtitan(name: str, model: str, system: str, gpus: int, local_batch: int,
         source=f"{source}: {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} GPUs, local batch {local_batch}",
         choices=f"{choices}; {_TITAN_COMMON}",
         execution=Execution(gpus=gpus, tp=tp, dp=dp, zero=3, fsdp_prefetch=1, micro_batch=local_batch,
-                            global_batch=gbs, fused_kernels=False, **execution))  # type: ignore[arg-type]
+                            global_batch=gbs, fused_kernels=False, optimizer_kernels="foreach",
+                            **execution))  # type: ignore[arg-type]
 
 
 TORCHTITAN_RUNS: tuple[MeasuredRun, ...] = (
