@@ -5,6 +5,7 @@ Messages name the field, the value and what is allowed, e.g.
 and exits 2; nothing below the CLI prints.
 """
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -117,9 +118,24 @@ def validation_line(err: Mapping[str, Any], source: str, root: str, allowed: Ite
     """
     where = field_path(err["loc"], root)
     if err["type"] == "extra_forbidden":
-        return f"{source}: {where}: unknown field; allowed: {', '.join(allowed)}"
+        return f"{source}: {where}: unknown field; allowed: {_allowed_fields(err['loc'], list(allowed))}"
     if err["type"] == "missing":
         return f"{source}: {where}: missing; required"
     message = str(err["msg"]).removeprefix("Value error, ")
     return f"{source}: {where}: got {brief(err.get('input'))}; {message[:1].lower()}{message[1:]}"
 
+
+_ALLOWED_CHARS = 400
+"""Longest list of allowed field names an unknown-field line spells out in full (longer lists name the closest)."""
+
+
+def _allowed_fields(loc: Any, names: list[str]) -> str:
+    """The allowed fields for an unknown-field line: all of them when they fit in :data:`_ALLOWED_CHARS`, else
+    their count, the ones closest to the unknown name and the first few, so that the line stays short."""
+    text = ", ".join(names)
+    if len(text) <= _ALLOWED_CHARS:
+        return text
+    bad = str(loc[-1]) if loc else ""
+    close = difflib.get_close_matches(bad, names, n=4, cutoff=0.6)
+    return (f"{len(names)} fields" + (f"; closest: {', '.join(close)}" if close else "")
+            + f"; first: {', '.join(names[:8])}, ...")

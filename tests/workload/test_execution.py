@@ -82,6 +82,21 @@ def test_bad_file_content_one_line(data, needle):
     assert "\n" not in str(info.value)
 
 
+def test_unknown_field_names_the_closest_fields_in_a_short_line():
+    """A misspelt field among the record's many: the line counts the fields and names the ones closest to the
+    misspelling instead of spelling out all of them (about 600 characters, which with a file's path would pass
+    the CLI's 600-character bound)."""
+    from dataclasses import fields
+
+    names = [f.name for f in fields(Execution)]
+    assert len(", ".join(names)) > 500
+    with pytest.raises(ConfigError) as info:
+        execution_from_dict({**GOOD, "optimizer_kernel": "foreach"})
+    line = str(info.value)
+    assert line.startswith("execution: execution.optimizer_kernel: unknown field; allowed: ")
+    assert f"{len(names)} fields" in line and "closest: optimizer_kernels" in line and len(line) < 300
+
+
 def test_non_finite_number_refused(tmp_path):
     """`.inf` in a YAML file is refused, not coerced."""
     path = tmp_path / "e.yaml"
