@@ -369,6 +369,7 @@ def zero3_traffic(spec: TransformerSpec, execution: Execution, element_bytes: in
     e = execution
     layer = _layer_groups(spec, e)
     groups = _param_groups(spec, e)
+    n_layers = max(stage_layers(e, spec))
     step: list[ShardCollective] = []
     if e.zero3_collectives == "per-tensor":  # one dense group (check_execution): one collective per tensor
         shard = _shard_groups(layer[0], e)[0]
@@ -378,12 +379,11 @@ def zero3_traffic(spec: TransformerSpec, execution: Execution, element_bytes: in
                         for n in tensors if n >= e.zero3_persist_numel)
         reduces = tuple(ShardCollective("reduce-scatter", element_bytes * n, *shard) for n in tensors)
         if kept and shard[0] > 1:  # the persisted tensors, gathered once after the step
-            step.append(ShardCollective("all-gather", element_bytes * sum(kept) * max(stage_layers(e, spec)), *shard))
+            step.append(ShardCollective("all-gather", element_bytes * sum(kept) * n_layers, *shard))
     else:
         gathers = tuple(ShardCollective("all-gather", element_bytes * g.params, *_shard_groups(g, e)[0])
                         for g in layer)
         reduces = tuple(dataclasses.replace(c, kind="reduce-scatter") for c in gathers)
-    n_layers = max(stage_layers(e, spec))
     other = groups[0].params - n_layers * layer[0].params  # the embedding
     after: list[ShardCollective] = []
     # NOTE [HSDP all-reduce as issued]: with dp_overlap the all-reduce of the layers that backward leaves before
@@ -971,17 +971,10 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     iteration = m * stage_last + bubble + dp_exposed + dp_stretch + c.optimizer_s + c.offload_step_s
     dp_shared = 0.0 if floors.stage_s else dp_stretch  # without offload: the shared links slow the reduction
     contention = m * stretch + dp_stretch  # what rounds away against the iteration is no contention
-    # the parts are the last stage's (StageCosts.iteration_parts), the same expressions written out: building
-    # and unpacking its dict costs more than the sums
-    n, v = c.layers_per_stage, e.virtual_stages
-    offload = m * (c.offload_fwd_s + c.offload_bwd_s) + c.offload_step_s
-    offload += m * stretch + dp_stretch - dp_shared
-    return _record(e, cluster, c, prec, fig, iteration, bubble,
-                   m * (n * (c.layer_fwd_s + c.layer_bwd_s) + (c.last_fwd_s + c.last_bwd_s)),
-                   m * (n * c.layer_recompute_s), m * (n * (c.layer_tp_fwd_s + c.layer_tp_bwd_s)),
-                   m * (2 * v * c.p2p_s), offload, m * (c.fsdp_fwd_s + c.fsdp_bwd_s + c.last_fsdp_s),
-                   m * (n * (c.layer_cp_fwd_s + c.layer_cp_bwd_s)), m * (n * (c.layer_ep_fwd_s + c.layer_ep_bwd_s)),
-                   dp_shared, contention if contention > 1e-12 * iteration else 0.0)
+    parts = c.iteration_parts(m, e.virtual_stages)
+    parts["offload_s"] += m * stretch + dp_stretch - dp_shared
+    return _record(e, cluster, c, prec, fig, iteration, bubble, dp_shared_s=dp_shared,
+                   contention_s=contention if contention > 1e-12 * iteration else 0.0, **parts)
 
 
 def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, float]]:
@@ -1010,7 +1003,7 @@ def _record(e: Execution, cluster: Cluster, c: StageCosts, prec: Precision, fig:
             offload_s: float, fsdp_comm_s: float, cp_comm_s: float, ep_comm_s: float, dp_shared_s: float | None,
             contention_s: float) -> LlmStep:
     """:func:`step_record` on the precision ``prec`` and the figures ``fig`` (:func:`_figures`) already looked
-    up, its arguments positional (:func:`llm_step` calls it once per evaluation)."""
+    up (:func:`llm_step` calls it once per evaluation)."""
     dev = cluster.device
     spec = fig.spec
     flops_per_s = dev.flops_per_s(prec.gemm_peak)
