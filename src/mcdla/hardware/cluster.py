@@ -322,12 +322,8 @@ class Cluster:
             if self._spec is None:
                 assert self._graph is not None
                 got = graph_paths(self._graph, in_use=gpus)[0]
-            elif self._spec.node.scale_up is not None and self._spec.node.scale_up.topology in DIRECT_TOPOLOGIES:
-                from mcdla.hardware.io import explicit_system
-
-                got = graph_paths(explicit_system(expand_dict(self._spec), where=self._where), in_use=gpus)[0]
             else:
-                got = node_paths(self._spec.node, self._spec.scale_out, self.device, in_use=gpus)[0]
+                got = _spec_paths(self._spec, self._where, self.device, in_use=gpus)[0]
             self._paths_memo[gpus] = got
         return got
 
@@ -491,13 +487,8 @@ def cluster_from_dict(data: Any, where: str = "system") -> Cluster:
 def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
     node = spec.node
     dims: list[FabricDim] = []
-    direct = node.scale_up is not None and node.scale_up.topology in DIRECT_TOPOLOGIES
-    if direct:  # no switch port to read the figures from: the GPU's ring hops on the wired node
-        from mcdla.hardware.io import explicit_system
-
-        paths, pool_bytes = graph_paths(explicit_system(expand_dict(spec), where=where))
-    else:
-        paths, pool_bytes = node_paths(node, spec.scale_out, device)
+    direct = _is_direct(spec)
+    paths, pool_bytes = _spec_paths(spec, where, device)
     if node.scale_up is not None:
         u = node.scale_up
         hop = next((p for p in paths if p.traffic == "scale-up"), None) if direct else None
@@ -516,6 +507,23 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
     return Cluster(name=spec.name, description=spec.description, nodes=nodes, gpus_per_node=node.gpus, device=device,
                    gemm_efficiency=gemm, dims=tuple(dims), paths=paths, offload=_offload(spec.name, paths, pool_bytes),
                    _spec=spec, _where=where)
+
+
+def _is_direct(spec: _ClusterSpec) -> bool:
+    """Whether the node's GPUs are wired to each other without a scale-up switch (its paths come from the graph)."""
+    return spec.node.scale_up is not None and spec.node.scale_up.topology in DIRECT_TOPOLOGIES
+
+
+def _spec_paths(spec: _ClusterSpec, where: str, device: Device, *, in_use: int | None = None,
+                ) -> tuple[tuple[TrafficPath, ...], float]:
+    """GPU 0's paths of a node spec and its share of the pool (``node_paths``; on a directly wired node, with
+    no switch port to read the figures from, the GPU's routes on the wired node, ``graph_paths``), with only
+    GPUs ``0 .. in_use - 1`` sending where ``in_use`` is given (:meth:`Cluster.paths_for_gpus`)."""
+    if _is_direct(spec):
+        from mcdla.hardware.io import explicit_system
+
+        return graph_paths(explicit_system(expand_dict(spec), where=where), in_use=in_use)
+    return node_paths(spec.node, spec.scale_out, device, in_use=in_use)
 
 
 def _default_gemm(name: str, device: Device) -> GemmEfficiency:
