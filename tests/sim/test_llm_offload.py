@@ -198,3 +198,18 @@ def test_synchronous_activation_offload_is_exposed_whole():
     assert sync.offload_s - overlapped.offload_s == pytest.approx(2 * 2 * move, rel=NEAR)  # 2 micro-batches
     with pytest.raises(ConfigError, match="execution.activation_offload_sync: got true with offload_activations"):
         _execution(activation_offload_sync=True)
+
+
+def test_a_job_smaller_than_the_node_shares_the_pool_and_drives_among_its_own_gpus():
+    """Two GPUs of the 4-GPU node: the closed-form link is the whole-node one (each GPU has its own link here),
+    the host pool and the drives are split between the job's two GPUs, not four; a whole node keeps pool_link."""
+    c = _cluster(pool=4e9, drive=1e9)
+    assert c.pool_link_for_gpus(GPUS) is c.pool_link()
+    assert c.pool_link_for_gpus(2).pool_bytes == pytest.approx(4e9 / 2, rel=1e-12)
+    assert c.pool_link_for_gpus(2).offload_bytes_per_s == pytest.approx(LINK, rel=1e-12)
+    assert nvme_bytes_per_s(c, 2) == pytest.approx((2 * READ / 2, 2 * WRITE / 2), rel=1e-12)
+    e = Execution(gpus=2, dp=2, zero=2, micro_batch=1, global_batch=2, offload_optimizer=True, cpu_optimizer=True,
+                  offload_tier="nvme")
+    state = 12 * SMALL.params() / 2  # the rank's shard
+    assert llm_step(SMALL, e, _cluster(drive=state * 2 / 2 * 1.01)).fits  # 2 drives over the job's 2 GPUs
+    assert not llm_step(SMALL, e, _cluster(drive=state * 2 / 2 * 0.99)).fits

@@ -1029,7 +1029,7 @@ def _record(e: Execution, cluster: Cluster, c: StageCosts, prec: Precision, fig:
     params = fig.params
     weights = weight_bytes * params[e.zero >= 3]
     grads = prec.element_bytes * params[e.zero >= 2]
-    if e.cpu_optimizer and e.zero < 3:  # NOTE [ZeRO-Offload]: each reduced bucket leaves for the host, its GPU copy freed
+    if e.cpu_optimizer and e.zero < 3:  # NOTE [ZeRO-Offload]: each bucket leaves, then is freed
         grads = min(grads, prec.element_bytes * (2.0 if e.dp_overlap else 1.0) * e.reduce_bucket_numel)
     if e.zero >= 3:  # the layer computing and the ones prefetched, whole, with their gradients
         gathered = min(e.fsdp_prefetch + 1, n_layers) * sum(g.params for g in _layer_groups(spec, e))
@@ -1047,7 +1047,7 @@ def _record(e: Execution, cluster: Cluster, c: StageCosts, prec: Precision, fig:
     in_pool = offloaded - (on_tier if e.offload_tier == "nvme" else 0.0)
     nvme = cluster.nvme if e.offload_tier == "nvme" else None
     nvme_fits = e.offload_tier != "nvme" or (nvme is not None
-                                            and on_tier <= nvme.capacity_bytes / cluster.gpus_per_node)
+                                            and on_tier <= nvme.capacity_bytes / min(e.gpus, cluster.gpus_per_node))
     return LlmStep(
         iteration_s=iteration,
         compute_s=compute_s,
