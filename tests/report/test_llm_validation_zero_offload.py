@@ -10,13 +10,14 @@ from mcdla.hardware.cluster import load_cluster
 from mcdla.report.llm_validation import FAMILIES, family_runs, run_cluster, summary, validate_llm
 from mcdla.report.llm_validation_runs import ZERO_OFFLOAD_RUNS
 from mcdla.sim.llm import llm_step
-from mcdla.sim.llm_offload import host_dram_bytes_per_s, tier_rejection
+from mcdla.sim.llm_offload import cpu_adam_params_per_s, host_dram_bytes_per_s, tier_rejection
 from mcdla.workload.transformer import preset
 
 # microsoft/DeepSpeedExamples ece5e0e0 Megatron-LM/scripts/ds_zero-offload_10B_pretrain_gpt2_model_parallel.sh
 # and ds_zero-offload_10B_config.json, as published.
 SCRIPT = {"num_layers": 50, "hidden_size": 4096, "num_attention_heads": 32, "seq_length": 1024, "batch_size": 10,
-          "num_gpus": 1, "gpt2_bpe_tokens": 50257, "make_vocab_size_divisible_by": 128}
+          "num_gpus": 1, "gpt2_bpe_tokens": 50257, "make_vocab_size_divisible_by": 128,
+          "reduce_bucket_size": 50000000, "overlap_comm": False}  # overlap_comm unset: v0.3.0's default
 # "elapsed time per iteration (ms)" of iterations 8-10 in deepspeedai/DeepSpeed
 # docs/assets/images/zero_offload_dp1_10B_log.png, read from the screenshot.
 LOG_MS = (25765.4, 26756.4, 25680.7)
@@ -25,6 +26,8 @@ LOG_MS = (25765.4, 26756.4, 25680.7)
 # switch per two GPUs.
 V100_FP16, V100_HBM, V100_HBM_BW = 125e12, 32e9, 900e9
 SOCKET_DRAM, GPUS_PER_SOCKET, PCIE, PER_SWITCH = 6 * 21.33e9, 8, 16e9 * 0.8, 2
+# ZeRO-Offload paper (Ren et al. 2021) Table 4: CPU-Adam over 10 billion parameters in 2.57 s on its DGX-2.
+CPU_ADAM_PARAMS_PER_S = 10e9 / 2.57
 
 
 def test_family_is_registered_and_in_all():
@@ -48,36 +51,60 @@ def test_record_is_the_tutorial_script_and_its_log():
     assert (e.gpus, e.dp, e.micro_batch, e.global_batch) == (SCRIPT["num_gpus"], 1, SCRIPT["batch_size"],
                                                              SCRIPT["batch_size"])
     assert e.offload_optimizer and e.cpu_optimizer and not e.delayed_param_update
-    assert e.recompute == "full" and e.offload_activations and e.attention == "materialized"
+    assert e.reduce_bucket_numel == SCRIPT["reduce_bucket_size"] and e.dp_overlap == SCRIPT["overlap_comm"]
+    assert e.recompute == "full" and e.offload_activations and e.activation_offload_sync
+    assert e.attention == "materialized"
     assert run.precision == "fp16" and run.system == "dgx-2-v100"
     assert run.measured_s == pytest.approx(sum(LOG_MS) / len(LOG_MS) / 1e3, rel=1e-12)
     assert "zero_offload_dp1_10B_log.png" in run.source and "ece5e0e0" in run.source and run.choices
 
 
 def test_dgx2_preset_carries_the_cited_figures():
-    """The preset's V100 and host figures are the ones its sources give."""
+    """The preset's V100 and host figures are the ones its sources give; a whole node's GPU shares its socket's
+    DRAM with 7 others and its PCIe switch with one, the one-GPU job has both to itself, and the host's CPU-Adam
+    rate is shared by the job's GPUs on the node."""
     c = load_cluster("dgx-2-v100")
     assert c.gpus_per_node == 16 and c.nodes == 1
     assert c.device.peak_flops_per_s["fp16"] == pytest.approx(V100_FP16, rel=1e-12)
     assert c.device.hbm_bytes == pytest.approx(V100_HBM, rel=1e-12)
     assert c.device.hbm_bytes_per_s == pytest.approx(V100_HBM_BW, rel=1e-12)
     assert host_dram_bytes_per_s(c) == pytest.approx(SOCKET_DRAM / GPUS_PER_SOCKET, rel=1e-3)
+    assert host_dram_bytes_per_s(c, 1) == pytest.approx(SOCKET_DRAM, rel=1e-3)
     assert c.pool_link().prefetch_bytes_per_s == pytest.approx(PCIE / PER_SWITCH, rel=1e-12)
+    assert c.pool_link_for_gpus(1).prefetch_bytes_per_s == pytest.approx(PCIE, rel=1e-12)
+    assert cpu_adam_params_per_s(c, 1) == pytest.approx(CPU_ADAM_PARAMS_PER_S, rel=1e-3)
+    assert cpu_adam_params_per_s(c) == pytest.approx(CPU_ADAM_PARAMS_PER_S / 16, rel=1e-3)
 
 
 def test_run_is_valid_on_its_preset_and_charges_the_closed_forms():
-    """The execution runs on the preset (no rejection); its optimizer time is the CPU Adam of ``llm_offload``,
-    28 bytes per parameter at the GPU's share of its socket's DRAM, and its exposed transfer the 2-byte parameters'
-    return over the GPU's share of the PCIe switch (the gradients' way out hides behind the backward)."""
+    """The execution runs on the preset (no rejection). Its optimizer time is the CPU step of ``llm_offload``:
+    the fp32 gradients' unscale (8 bytes per parameter) at the socket's DRAM, then Adam, the longer of 28 bytes
+    per parameter at that DRAM and the parameters at the host's CPU-Adam rate (the one GPU has both to itself);
+    its exposed transfer the fp32 gradients out (4 bytes, after the backward: no overlap_comm), the 16-bit
+    parameters back (2 bytes) and the layers' checkpoints (batch x seq x hidden 2-byte elements each) out in the
+    forward and back in the backward, blocking (cpu_checkpointing), each over the GPU's own PCIe switch uplink."""
     run = ZERO_OFFLOAD_RUNS[0]
     spec, cluster = preset(run.model), run_cluster(run, None)
     assert tier_rejection(run.execution, cluster) is None
     step = llm_step(spec, run.execution, cluster, precision=run.precision)
     p = spec.params()
-    assert step.optimizer_s == pytest.approx(28 * p / (SOCKET_DRAM / GPUS_PER_SOCKET), rel=1e-3)
-    assert step.offload_s == pytest.approx(2 * p / (PCIE / PER_SWITCH), rel=1e-9)
+    adam = max(28 * p / SOCKET_DRAM, p / CPU_ADAM_PARAMS_PER_S)
+    assert adam == pytest.approx(p / CPU_ADAM_PARAMS_PER_S, rel=1e-12)  # the measured rate binds
+    assert step.optimizer_s == pytest.approx(8 * p / SOCKET_DRAM + adam, rel=1e-3)
+    checkpoints = SCRIPT["num_layers"] * SCRIPT["batch_size"] * SCRIPT["seq_length"] * SCRIPT["hidden_size"] * 2
+    assert step.offload_s == pytest.approx((4 + 2) * p / PCIE + 2 * checkpoints / PCIE, rel=1e-9)
     assert step.iteration_s == pytest.approx(step.compute_s + step.recompute_s + step.optimizer_s + step.offload_s,
                                              rel=1e-6)
+
+
+def test_run_fits_with_the_gradients_leaving_bucket_by_bucket():
+    """On the GPU: the 16-bit weights, one 5e7-element bucket of 16-bit gradients, the in-flight activations
+    the model keeps (the checkpoints are in host memory): under the V100's 32 GB, as the run was."""
+    run = ZERO_OFFLOAD_RUNS[0]
+    step = llm_step(preset(run.model), run.execution, run_cluster(run, None), precision=run.precision)
+    assert step.gradient_bytes == pytest.approx(2 * SCRIPT["reduce_bucket_size"], rel=1e-12)
+    assert step.weight_bytes == pytest.approx(2 * preset(run.model).params(), rel=1e-12)
+    assert step.fits and step.device_bytes < V100_HBM
 
 
 def test_family_error_is_the_predicted_over_measured_ratio():

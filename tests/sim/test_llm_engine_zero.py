@@ -150,6 +150,8 @@ _OFFLOAD_STEP = [
          offload_tier="nvme"),
     dict(gpus=4, tp=4, micro_batch=1, global_batch=8, offload_optimizer=True, offload_tier="nvme"),
     dict(gpus=4, dp=4, micro_batch=1, global_batch=8, zero=1, offload_optimizer=True, offload_tier="nvme"),
+    dict(gpus=4, dp=4, micro_batch=1, global_batch=8, zero=2, recompute="full", offload_activations=True,
+         activation_offload_sync=True, offload_optimizer=True, cpu_optimizer=True),
 ]
 
 

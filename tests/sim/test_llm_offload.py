@@ -2,7 +2,7 @@
 
 import pytest
 
-from mcdla.errors import ConfigError
+from mcdla.errors import ConfigError, HardwareError
 from mcdla.hardware.cluster import cluster_from_dict, load_cluster
 from mcdla.sim.llm import llm_step
 from mcdla.sim.llm_offload import host_dram_bytes_per_s, nvme_bytes_per_s
@@ -16,7 +16,7 @@ HBM = 1e15  # the most a file may give: the layers' elementwise kernels take ~1e
 NEAR = 1e-3  # hides of a transfer: at most ~2e-4 of the figures below, hence this tolerance where it matters
 
 
-def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12):
+def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12, cpu_adam=None):
     node = {"gpus": GPUS, "source": "test",
             "gpu": {"peak_flops_per_s": {"bf16": peak}, "hbm": 80e9, "hbm_bandwidth": HBM, "source": "test"},
             "gemm_efficiency": {"peak_fraction": 1.0, "half_width": 0.0, "source": "test"},
@@ -24,6 +24,8 @@ def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12):
             "sockets": {"count": 1, "source": "test",
                         "memory": {"kind": "host", "capacity": pool, "dram_bandwidth": dram, "source": "test"},
                         "gpu_link": {"kind": "pcie", "bandwidth": LINK, "source": "test"}}}
+    if cpu_adam is not None:
+        node["sockets"]["cpu_adam"] = {"params_per_s": cpu_adam, "source": "test"}
     if nvme:
         node["nvme"] = {"drives": 2, "capacity": drive, "read_bandwidth": READ, "write_bandwidth": WRITE,
                         "source": "test"}
@@ -38,12 +40,52 @@ def _execution(**kw):
 P = SMALL.params() / GPUS  # the rank's shard of the parameters
 
 
-def test_cpu_adam_streams_28_bytes_per_parameter_at_the_gpus_share_of_host_dram():
-    """No compute to hide anything: the step is 28 P / (DRAM / 4); gradients out and parameters back, 2 P each
-    over the link, all exposed."""
+def test_cpu_step_streams_unscale_and_adam_at_the_gpus_share_of_host_dram():
+    """No compute to hide anything: the step is the fp32 gradients' unscale (8 P) and Adam (28 P) at DRAM / 4;
+    the fp32 gradients out (4 P) and the 16-bit parameters back (2 P) over the link, all exposed (no
+    dp_overlap: DeepSpeed's copies on the compute stream)."""
     step = llm_step(SMALL, _execution(cpu_optimizer=True), _cluster())
-    assert step.optimizer_s == pytest.approx(28 * P / (DRAM / GPUS), rel=1e-12)
-    assert step.offload_s == pytest.approx(2 * P / LINK + 2 * P / LINK, rel=NEAR)
+    assert step.optimizer_s == pytest.approx((8 + 28) * P / (DRAM / GPUS), rel=1e-12)
+    assert step.offload_s == pytest.approx(4 * P / LINK + 2 * P / LINK, rel=1e-12)
+
+
+def test_one_gpu_job_has_the_socket_and_its_link_to_itself():
+    """A job of one GPU on the 4-GPU socket: the socket's DRAM and the link are its own (the engine's rule,
+    Cluster.paths_for_gpus), and it holds all the parameters (no data parallelism)."""
+    e = Execution(gpus=1, micro_batch=1, global_batch=2, offload_optimizer=True, cpu_optimizer=True)
+    p = SMALL.params()
+    step = llm_step(SMALL, e, _cluster())
+    assert host_dram_bytes_per_s(_cluster(), 1) == pytest.approx(DRAM, rel=1e-12)
+    assert step.optimizer_s == pytest.approx((8 + 28) * p / DRAM, rel=1e-12)
+    assert step.offload_s == pytest.approx(4 * p / LINK + 2 * p / LINK, rel=1e-12)
+
+
+@pytest.mark.parametrize("gpus", [1, GPUS])
+def test_cpu_adam_no_faster_than_the_hosts_measured_rate_shared_by_the_jobs_gpus(gpus):
+    """With node.sockets.cpu_adam, Adam takes the longer of 28 P at the DRAM share and P at the rate over the
+    job's GPUs on the node (each GPU's process runs its own step over the host's cores); the unscale stays at the
+    DRAM share."""
+    rate = 1e9  # parameters/s: 28 B x 1e9 = 28 GB/s, below DRAM / 4
+    e = (Execution(gpus=1, micro_batch=1, global_batch=2, offload_optimizer=True, cpu_optimizer=True) if gpus == 1
+         else _execution(cpu_optimizer=True))
+    p = SMALL.params() / gpus
+    dram = DRAM if gpus == 1 else DRAM / GPUS
+    step = llm_step(SMALL, e, _cluster(cpu_adam=rate))
+    assert step.optimizer_s == pytest.approx(8 * p / dram + max(28 * p / dram, p / (rate / gpus)), rel=1e-12)
+    fast = llm_step(SMALL, e, _cluster(cpu_adam=1e15))  # the rate above the DRAM bound changes nothing
+    assert fast.optimizer_s == pytest.approx((8 + 28) * p / dram, rel=1e-12)
+
+
+def test_gradients_out_hide_behind_the_last_backward_with_dp_overlap():
+    """overlap_comm (dp_overlap): the fp32 gradients' copies run beside the last backward (8 layers x 2 layer
+    forwards), only the excess is exposed; without it they follow the backward whole."""
+    peak = 1e12
+    layer = _layer_s(peak)
+    grads, back = 4 * P / LINK, 2 * P / LINK
+    overlapped = llm_step(SMALL, _execution(cpu_optimizer=True, dp_overlap=True), _cluster(peak))
+    serial = llm_step(SMALL, _execution(cpu_optimizer=True), _cluster(peak))
+    assert overlapped.offload_s == pytest.approx(max(0.0, grads - SMALL.layers * 2 * layer) + back, rel=NEAR)
+    assert serial.offload_s == pytest.approx(grads + back, rel=1e-12)
 
 
 def test_gpu_optimizer_offload_moves_the_state_both_ways():
@@ -60,12 +102,12 @@ def _layer_s(peak):
 @pytest.mark.parametrize("peak", [1e13, 1e12])
 def test_delayed_update_hides_the_step_behind_the_next_iteration(peak):
     """DPU: the CPU step and the parameters' return overlap the iteration's forward and backward
-    (2 micro-batches x 8 layers x 3 layer forwards); only the excess is exposed. The gradients' way out still
-    hides behind the last backward (8 x 2 layer forwards)."""
+    (2 micro-batches x 8 layers x 3 layer forwards); only the excess is exposed. The fp32 gradients' way out
+    (no dp_overlap) follows the backward."""
     layer = _layer_s(peak)
     window = 2 * SMALL.layers * 3 * layer
-    cpu, back = 28 * P / (DRAM / GPUS), 2 * P / LINK
-    grads_out = max(0.0, 2 * P / LINK - SMALL.layers * 2 * layer)
+    cpu, back = (8 + 28) * P / (DRAM / GPUS), 2 * P / LINK
+    grads_out = 4 * P / LINK
     plain = llm_step(SMALL, _execution(cpu_optimizer=True), _cluster(peak))
     dpu = llm_step(SMALL, _execution(cpu_optimizer=True, delayed_param_update=True), _cluster(peak))
     assert plain.optimizer_s + plain.offload_s == pytest.approx(cpu + back + grads_out, rel=NEAR)
@@ -76,13 +118,14 @@ def test_delayed_update_hides_the_step_behind_the_next_iteration(peak):
 
 def test_nvme_tier_streams_the_optimizer_state_through_the_drives():
     """ZeRO-Infinity: 12 P read and 12 P written at the GPU's share of the drives (2 x 8 / 4 and 2 x 4 / 4
-    GB/s), overlapped with the CPU's Adam: the step is the longer of the two."""
+    GB/s), overlapped with the CPU's Adam: Adam's part of the step is the longer of the two (the gradients'
+    unscale, 8 P in host DRAM, before it)."""
     e = _execution(cpu_optimizer=True, offload_tier="nvme")
     drives = 12 * P / (2 * READ / GPUS) + 12 * P / (2 * WRITE / GPUS)
     fast_dram = llm_step(SMALL, e, _cluster(dram=1e15))
-    assert fast_dram.optimizer_s == pytest.approx(drives, rel=1e-12)
+    assert fast_dram.optimizer_s == pytest.approx(8 * P / (1e15 / GPUS) + drives, rel=1e-12)
     slow_dram = llm_step(SMALL, e, _cluster(dram=1e9))
-    assert slow_dram.optimizer_s == pytest.approx(28 * P / (1e9 / GPUS), rel=1e-12)
+    assert slow_dram.optimizer_s == pytest.approx((8 + 28) * P / (1e9 / GPUS), rel=1e-12)
 
 
 def test_nvme_tier_without_cpu_optimizer_is_bound_by_the_slower_hop():
@@ -118,3 +161,55 @@ def test_preset_host_and_nvme_shares_from_their_figures():
     assert host_dram_bytes_per_s(h100) == pytest.approx(307.2e9 / 4, rel=1e-12)
     assert nvme_bytes_per_s(h100) == pytest.approx((7e9, 3.8e9), rel=1e-12)
     assert load_cluster("dgx-a100").nvme.capacity_bytes == pytest.approx(8 * 3.84e12, rel=1e-12)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero_offload_keeps_only_the_reduce_buckets_of_gradients_on_the_gpu(overlap):
+    """DeepSpeed frees each gradient once its bucket is copied to the host: the GPU holds the reduce bucket of
+    2-byte elements (two with overlap_comm), or the rank's whole gradients where they are fewer; Adam on the GPU
+    keeps the whole 2-byte gradient shard."""
+    bucket = 1000
+    e = _execution(cpu_optimizer=True, dp_overlap=overlap, reduce_bucket_numel=bucket)
+    step = llm_step(SMALL, e, _cluster())
+    assert step.gradient_bytes == pytest.approx(2 * bucket * (2 if overlap else 1), rel=1e-12)
+    huge = llm_step(SMALL, _execution(cpu_optimizer=True, reduce_bucket_numel=10**12), _cluster())
+    assert huge.gradient_bytes == pytest.approx(2 * P, rel=1e-12)
+    on_gpu = llm_step(SMALL, _execution(reduce_bucket_numel=bucket), _cluster())
+    assert on_gpu.gradient_bytes == pytest.approx(2 * P, rel=1e-12)
+    assert step.device_bytes == pytest.approx(on_gpu.device_bytes - 2 * P + step.gradient_bytes, rel=1e-12)
+
+
+def test_bad_bucket_and_cpu_adam_figures_are_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"execution.reduce_bucket_numel: got 0; must be an integer >= 1"):
+        _execution(cpu_optimizer=True, reduce_bucket_numel=0)
+    with pytest.raises(HardwareError, match=r"cpu_adam.params_per_s"):
+        _cluster(cpu_adam=0)
+
+
+def test_synchronous_activation_offload_is_exposed_whole():
+    """DeepSpeed's cpu_checkpointing copies each layer's checkpoint out before the layer runs and back before its
+    backward, waiting on the compute stream: the copies add to the iteration whole (each micro-batch: the stage's
+    checkpoints, b s h 2-byte elements per layer, out and back at the link), where the overlapped offload hides
+    behind the compute."""
+    fields = dict(recompute="full", offload_activations=True, cpu_optimizer=True)
+    sync = llm_step(SMALL, _execution(**fields, activation_offload_sync=True), _cluster(peak=1e12))
+    overlapped = llm_step(SMALL, _execution(**fields), _cluster(peak=1e12))
+    move = SMALL.layers * 2 * 1024 * SMALL.hidden / LINK  # micro-batch 1, seq 1024
+    assert sync.offload_s - overlapped.offload_s == pytest.approx(2 * 2 * move, rel=NEAR)  # 2 micro-batches
+    with pytest.raises(ConfigError, match="execution.activation_offload_sync: got true with offload_activations"):
+        _execution(activation_offload_sync=True)
+
+
+def test_a_job_smaller_than_the_node_shares_the_pool_and_drives_among_its_own_gpus():
+    """Two GPUs of the 4-GPU node: the closed-form link is the whole-node one (each GPU has its own link here),
+    the host pool and the drives are split between the job's two GPUs, not four; a whole node keeps pool_link."""
+    c = _cluster(pool=4e9, drive=1e9)
+    assert c.pool_link_for_gpus(GPUS) is c.pool_link()
+    assert c.pool_link_for_gpus(2).pool_bytes == pytest.approx(4e9 / 2, rel=1e-12)
+    assert c.pool_link_for_gpus(2).offload_bytes_per_s == pytest.approx(LINK, rel=1e-12)
+    assert nvme_bytes_per_s(c, 2) == pytest.approx((2 * READ / 2, 2 * WRITE / 2), rel=1e-12)
+    e = Execution(gpus=2, dp=2, zero=2, micro_batch=1, global_batch=2, offload_optimizer=True, cpu_optimizer=True,
+                  offload_tier="nvme")
+    state = 12 * SMALL.params() / 2  # the rank's shard
+    assert llm_step(SMALL, e, _cluster(drive=state * 2 / 2 * 1.01)).fits  # 2 drives over the job's 2 GPUs
+    assert not llm_step(SMALL, e, _cluster(drive=state * 2 / 2 * 0.99)).fits

@@ -235,7 +235,8 @@ def llm_predict_cmd(
                        hbm_bytes=cluster.device.hbm_bytes,
                        peak_flops_per_s=cluster.device.flops_per_s(gemm_peak),
                        offload_tier=(cluster.nvme.source if record.offload_tier == "nvme" and cluster.nvme is not None
-                                     else cluster.offload.source if cluster.offload is not None else None),
+                                     else cluster.pool_link_for_gpus(record.gpus).source
+                                     if cluster.offload is not None else None),
                        train_tokens=tokens)
     if engine:
         data.update(_engine_fields(spec, record, cluster, data))
@@ -248,10 +249,10 @@ def llm_predict_cmd(
         if step.device_bytes > cluster.device.hbm_bytes:
             fail(f"does not fit: {format_bytes(step.device_bytes)} per GPU > {format_bytes(cluster.device.hbm_bytes)} "
                  "of device memory", code=1)
-        share = cluster.offload.pool_bytes if cluster.offload is not None else 0.0
+        share = cluster.pool_link_for_gpus(record.gpus).pool_bytes if cluster.offload is not None else 0.0
         if record.offload_tier == "nvme" and cluster.nvme is not None:
+            drives = cluster.nvme.capacity_bytes / min(record.gpus, cluster.gpus_per_node)
             fail(f"does not fit: {format_bytes(step.offloaded_bytes)} offloaded per GPU > the host pool's "
-                 f"{format_bytes(share)} plus the NVMe drives' {format_bytes(cluster.nvme.capacity_bytes / cluster.gpus_per_node)} "
-                 "share per GPU", code=1)
+                 f"{format_bytes(share)} plus the NVMe drives' {format_bytes(drives)} share per GPU", code=1)
         fail(f"does not fit: {format_bytes(step.offloaded_bytes)} offloaded per GPU > {format_bytes(share)} "
              "of the offload tier's share per GPU", code=1)

@@ -167,7 +167,7 @@ class Cluster:
     _between_memo: dict[bool, FabricDim] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
     # GPUs in use on a partly used node -> paths_for_gpus' answer
-    _paths_memo: dict[int, tuple[TrafficPath, ...]] = dataclasses.field(
+    _paths_memo: dict[int, tuple[tuple[TrafficPath, ...], float]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
     # the time model's figures derived from this cluster alone (``model_memo``)
     _model_memo: dict[tuple[object, ...], object] = dataclasses.field(
@@ -216,6 +216,13 @@ class Cluster:
             return None
         return NvmeTier(capacity_bytes=n.drives * n.capacity, read_bytes_per_s=n.drives * n.read_bandwidth,
                         write_bytes_per_s=n.drives * n.write_bandwidth, source=n.source)
+
+    @property
+    def cpu_adam_params_per_s(self) -> float | None:
+        """The node's measured CPU-Adam rate (``node.sockets.cpu_adam``, parameters/s over the whole host), None
+        without one."""
+        sockets = self._spec.node.sockets if self._spec is not None else None
+        return None if sockets is None or sockets.cpu_adam is None else sockets.cpu_adam.params_per_s
 
     def dim(self, name: str) -> FabricDim:
         """The dimension called ``name``; one-line HardwareError listing the names otherwise."""
@@ -279,7 +286,11 @@ class Cluster:
             if (group.count * gpus) % node.gpus:
                 raise HardwareError(f"cluster {self.name!r}.gpus_per_node: got {gpus}; must keep whole {part} "
                                     f"({group.count} per {node.gpus} GPUs)")
-            update[part] = group.model_copy(update={"count": group.count * gpus // node.gpus})
+            share: dict[str, Any] = {"count": group.count * gpus // node.gpus}
+            if part == "sockets" and group.cpu_adam is not None:  # the share of the host's cores
+                share["cpu_adam"] = group.cpu_adam.model_copy(
+                    update={"params_per_s": group.cpu_adam.params_per_s * gpus / node.gpus})
+            update[part] = group.model_copy(update=share)
         spec = self._spec.model_copy(update={"node": node.model_copy(update=update),
                                              "name": f"{self.name} ({gpus} GPUs per node)"})
         return _cluster(spec, self._where, self.device)
@@ -317,15 +328,39 @@ class Cluster:
             raise HardwareError(f"cluster {self.name!r}.paths_for_gpus: got {brief(gpus)}; must be an integer >= 1")
         if gpus >= self.gpus_per_node or self.offload is None:
             return self.paths
+        return self._job_paths(gpus)[0]
+
+    def _job_paths(self, gpus: int) -> tuple[tuple[TrafficPath, ...], float]:
+        """GPU 0's paths and pool share on a node where GPUs ``0 .. gpus - 1`` send (``gpus`` below the node's)."""
         got = self._paths_memo.get(gpus)
         if got is None:
             if self._spec is None:
                 assert self._graph is not None
-                got = graph_paths(self._graph, in_use=gpus)[0]
+                got = graph_paths(self._graph, in_use=gpus)
             else:
-                got = _spec_paths(self._spec, self._where, self.device, in_use=gpus)[0]
+                got = _spec_paths(self._spec, self._where, self.device, in_use=gpus)
             self._paths_memo[gpus] = got
         return got
+
+    def pool_link_for_gpus(self, gpus: int) -> PoolLink:
+        """A GPU's path to its offload pool in a job of ``gpus`` GPUs: :meth:`pool_link` when the job fills its
+        nodes' GPU slots, otherwise the same closed form over the resources only the job's GPUs share
+        (:meth:`paths_for_gpus`: one GPU of a DGX-2 has its PCIe switch's uplink and its socket's DRAM to itself)
+        and the GPU's share of the pool among them. The rule the engine's pool copies follow, for the time model
+        (NOTE [ZeRO-Offload] in :mod:`mcdla.sim.llm_offload`). One-line HardwareError without a pool."""
+        link = self.pool_link()
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise HardwareError(f"cluster {self.name!r}.pool_link_for_gpus: got {brief(gpus)}; must be an integer >= 1")
+        if gpus >= self.gpus_per_node:
+            return link
+        key = ("job-pool-link", gpus)
+        got = self._model_memo.get(key)
+        if got is None:
+            paths, pool_bytes = self._job_paths(gpus)
+            got = self._model_memo[key] = offload_link(
+                paths[0], pool_bytes=pool_bytes,
+                source=f"{self.name}: GPUs 0..{gpus - 1} of a node offloading at once (closed form, mcdla.hardware.traffic)")
+        return got  # type: ignore[return-value]
 
     def path(self, traffic: str) -> TrafficPath:
         """One GPU's path for ``traffic`` (``offload``, ``scale-up``, ``scale-out``); one-line HardwareError

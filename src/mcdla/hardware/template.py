@@ -113,12 +113,20 @@ class _PcieSwitchSpec(_Spec):
     source: str
 
 
+class _CpuAdamSpec(_Spec):
+    """The node's host running DeepSpeedCPUAdam over all its sockets' cores, in parameters per second (measured)."""
+
+    params_per_s: float = Field(gt=0, allow_inf_nan=False)
+    source: str
+
+
 class _SocketsSpec(_Spec):
     count: int = Field(ge=1, le=MAX_DEVICES)
     memory: dict[str, Any]
     gpu_link: dict[str, Any]
     interconnect: dict[str, Any] | None = None
     pcie_switch: _PcieSwitchSpec | None = None
+    cpu_adam: _CpuAdamSpec | None = None
     source: str
 
 

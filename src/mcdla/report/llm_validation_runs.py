@@ -246,13 +246,19 @@ def _zero_offload_tutorial() -> MeasuredRun:
         choices=("ZeRO stage 2 with cpu_offload on one GPU -> zero=0 with offload_optimizer and cpu_optimizer (one "
                  "rank: nothing to shard; the execution record takes zero >= 1 only with dp > 1), DeepSpeedCPUAdam "
                  "(--cpu-optimizer); full recompute (--checkpoint-activations) with the checkpoints in host memory "
-                 "(activation_checkpointing.cpu_checkpointing true) -> offload_activations; no delayed parameter "
-                 "update (the config sets none); materialized attention (Megatron-LM GPT-2 of 2020, no flash "
+                 "(activation_checkpointing.cpu_checkpointing true) -> offload_activations with activation_offload_sync "
+                 "(DeepSpeed v0.3.0's CheckpointFunction copies each checkpoint into a pageable CPU tensor and "
+                 "back with a blocking copy_); no delayed parameter "
+                 "update (the config sets none); overlap_comm unset (False by default at DeepSpeed v0.3.0, "
+                 "runtime/zero/constants.py) -> dp_overlap false: the fp32 gradient copies run on the compute "
+                 "stream after each bucket's reduction; reduce_bucket_size 5e7 -> reduce_bucket_numel; "
+                 "materialized attention (Megatron-LM GPT-2 of 2020, no flash "
                  "attention); the tutorial names a single V100-SXM3 32 GB, not its host: the dgx-2-v100 preset, "
                  "the machine of the ZeRO-Offload paper's evaluation, with the job's one GPU sized by its GPUs"),
         execution=Execution(gpus=1, dp=1, zero=0, micro_batch=10, global_batch=10, recompute="full",
                             offload_activations=True, offload_optimizer=True, cpu_optimizer=True,
-                            attention="materialized"))
+                            attention="materialized", reduce_bucket_numel=50_000_000,
+                            activation_offload_sync=True))
 
 
 ZERO_OFFLOAD_RUNS: tuple[MeasuredRun, ...] = (_zero_offload_tutorial(),)

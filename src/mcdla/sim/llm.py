@@ -507,9 +507,9 @@ def _p2p_s(cluster: Cluster, pp: int, pp_stride: int, nbytes: float) -> float:
     return _remember(cluster, key, p2p_time(nbytes, cluster.dim_between(0, pp_stride)))
 
 
-def _offload_bytes_per_s(cluster: Cluster) -> float:
-    """Each GPU's offload bandwidth with every GPU offloading (0 without a pool)."""
-    return 0.0 if cluster.offload is None else cluster.offload.offload_bytes_per_s
+def _offload_bytes_per_s(cluster: Cluster, gpus: int) -> float:
+    """Each GPU's offload bandwidth with every GPU of a job of ``gpus`` GPUs offloading (0 without a pool)."""
+    return 0.0 if cluster.offload is None else cluster.pool_link_for_gpus(gpus).offload_bytes_per_s
 
 
 def cluster_rejection(execution: Execution, cluster: Cluster) -> str | None:
@@ -729,7 +729,7 @@ def _checked(spec: TransformerSpec, e: Execution, cluster: Cluster, precision: s
 def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures) -> StageCosts:
     """:func:`stage_costs` of an execution :func:`_checked` passed, at ``prec``, from its figures ``fig``."""
     tp_stride, pp_stride, _cp_stride, _ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
-    offload_bytes_per_s = _offload_bytes_per_s(cluster)
+    offload_bytes_per_s = _offload_bytes_per_s(cluster, e.gpus)
     spec = fig.spec
     b = e.micro_batch
     lc = _layer_compute(spec, e, cluster, prec)
@@ -770,7 +770,11 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
 
     off_fwd = off_bwd = 0.0
     act_stage, groups = fig.act_stage, fig.groups
-    if e.offload_activations:  # what the compute does not hide: max(0.0, x) as x if x > 0.0 else 0.0
+    if e.offload_activations and e.activation_offload_sync:  # each copy waits on the compute stream: exposed whole
+        move = shares.offloaded * act_stage / offload_bytes_per_s
+        off_fwd += move
+        off_bwd += move
+    elif e.offload_activations:  # what the compute does not hide: max(0.0, x) as x if x > 0.0 else 0.0
         move = shares.offloaded * act_stage / offload_bytes_per_s
         exposed_move = move - n_layers * layer_fwd
         off_fwd += exposed_move if exposed_move > 0.0 else 0.0
@@ -778,7 +782,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         off_bwd += exposed_move if exposed_move > 0.0 else 0.0
     if e.offload_weights:  # under ZeRO-3 each rank fetches its shard, the all-gathers bring the rest
         stored = _offloaded_weight_params(spec, e, groups, n_layers)
-        move = prec.element_bytes * stored / tier_bytes_per_s(cluster, e.offload_tier)[1]
+        move = prec.element_bytes * stored / tier_bytes_per_s(cluster, e.offload_tier, e.gpus)[1]
         off_fwd += max(0.0, move - n_layers * layer_fwd)
         off_bwd += max(0.0, move - n_layers * layer_bwd)
 
@@ -833,7 +837,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
                                  element_bytes=prec.element_bytes, optimizer_bytes=prec.optimizer_bytes)
         optimizer, offload_step = cpu.optimizer_s, cpu.transfer_s
     elif e.offload_optimizer:
-        out, back = tier_bytes_per_s(cluster, e.offload_tier)
+        out, back = tier_bytes_per_s(cluster, e.offload_tier, e.gpus)
         offload_step = prec.optimizer_bytes * opt_params * (1 / out + 1 / back)
     return StageCosts(
         layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=layer_bwd,
@@ -1025,6 +1029,8 @@ def _record(e: Execution, cluster: Cluster, c: StageCosts, prec: Precision, fig:
     params = fig.params
     weights = weight_bytes * params[e.zero >= 3]
     grads = prec.element_bytes * params[e.zero >= 2]
+    if e.cpu_optimizer and e.zero < 3:  # NOTE [ZeRO-Offload]: each bucket leaves, then is freed
+        grads = min(grads, prec.element_bytes * (2.0 if e.dp_overlap else 1.0) * e.reduce_bucket_numel)
     if e.zero >= 3:  # the layer computing and the ones prefetched, whole, with their gradients
         gathered = min(e.fsdp_prefetch + 1, n_layers) * sum(g.params for g in _layer_groups(spec, e))
         weights += weight_bytes * gathered
@@ -1037,11 +1043,11 @@ def _record(e: Execution, cluster: Cluster, c: StageCosts, prec: Precision, fig:
     offloaded_activations = shares.offloaded * activations if e.offload_activations else 0.0
     offloaded = offloaded_activations + on_tier
     device_bytes = activations + group_bytes + weights + grads + opt - offloaded
-    pool_bytes = 0.0 if cluster.offload is None else cluster.offload.pool_bytes
+    pool_bytes = 0.0 if cluster.offload is None else cluster.pool_link_for_gpus(e.gpus).pool_bytes
     in_pool = offloaded - (on_tier if e.offload_tier == "nvme" else 0.0)
     nvme = cluster.nvme if e.offload_tier == "nvme" else None
     nvme_fits = e.offload_tier != "nvme" or (nvme is not None
-                                            and on_tier <= nvme.capacity_bytes / cluster.gpus_per_node)
+                                            and on_tier <= nvme.capacity_bytes / min(e.gpus, cluster.gpus_per_node))
     return LlmStep(
         iteration_s=iteration,
         compute_s=compute_s,

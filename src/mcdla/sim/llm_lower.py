@@ -32,7 +32,7 @@ NOTE [LLM lowering]
   the MoE all-to-alls (NOTE [CP and EP lowering]). A backward is the same with the backward compute (and the
   recomputation), ``2 n`` collectives (``4 n`` with full recomputation) and the gradient sent back.
 * Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
-  while its backward runs; with ``offload_weights`` the chunk's weights are fetched for each forward and each
+  while its backward runs (with ``activation_offload_sync`` after it, DeepSpeed's blocking copies); with ``offload_weights`` the chunk's weights are fetched for each forward and each
   backward; each copy is spread evenly over the GPU's pool memories (one flow per memory). The chunk's send
   starts when its collectives end, sharing the links with copies still in flight (a DGX H100 GPU's PCIe
   carries both its offload and its NIC's traffic); the rank's next chunk waits for the copies, so what the
@@ -404,16 +404,17 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
             compute = fsdp_chunk(b.ops, tag, waits, n, layer_s + spread, max(0.0, other_s), fsdp,
                                  backward=not forward)
         copies: list[str] = []
-        moves: list[tuple[type[Offload] | type[Prefetch], float, Sequence[str]]] = []
-        if e.offload_activations:
-            moves.append((Offload if forward else Prefetch, share * traffic.offload_activation_bytes, pool))
+        moves: list[tuple[type[Offload] | type[Prefetch], float, Sequence[str], tuple[str, ...]]] = []
+        if e.offload_activations:  # activation_offload_sync: the copy waits on the compute, then holds the next chunk
+            moves.append((Offload if forward else Prefetch, share * traffic.offload_activation_bytes, pool,
+                          (compute,) if e.activation_offload_sync else tuple(waits)))
         if e.offload_weights:
-            moves.append((Prefetch, traffic.offload_weight_bytes / v, weights_from))
-        for j, (kind, nbytes, memories) in enumerate(moves):
+            moves.append((Prefetch, traffic.offload_weight_bytes / v, weights_from, tuple(waits)))
+        for j, (kind, nbytes, memories, after) in enumerate(moves):
             for mem in memories:
                 copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem,
                                          nbytes=nbytes / len(memories), stream=f"{kind.__name__.lower()}{j}-{mem}",
-                                         waits=tuple(waits))))
+                                         waits=after)))
         done = compute
         for op in exchange.ops(tag, compute):
             done = b.add(op)

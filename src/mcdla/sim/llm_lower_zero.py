@@ -21,8 +21,9 @@ NOTE [ZeRO lowering]
   (``Zero3Traffic.after_backward``) after the pipeline and the rest; with one pipeline folded the shard group's
   other members have no programs, so each runs for its closed-form time on the ``fsdp`` stream and shares no
   link.
-* ZeRO-Offload (``cpu_optimizer``): the rank's 16-bit gradient shard goes out to the host memories of its pool
-  from the start of its last backward; after the pipeline (and the reduction) and the gradients' arrival the
+* ZeRO-Offload (``cpu_optimizer``): the rank's gradient shard goes out in fp32 to the host memories of its pool
+  from the start of its last backward with ``dp_overlap`` (DeepSpeed's ``overlap_comm``), after the pipeline
+  without it (NOTE [ZeRO-Offload] in :mod:`mcdla.sim.llm_offload`); after the pipeline (and the reduction) and the gradients' arrival the
   CPU's Adam runs for :func:`mcdla.sim.llm_offload.cpu_adam_s` (a fixed-duration op: the host DRAM and the
   drives it streams are not links of the engine's system), then the updated parameters come back. With
   ``delayed_param_update`` the previous iteration's step and its parameters' return run from the iteration's
@@ -48,7 +49,7 @@ from mcdla.hardware.model import Link, LinkKind, Memory, MemoryKind, System
 from mcdla.sim.collective_models import Collective, collective_time
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch
 from mcdla.sim.llm import ShardCollective, Zero3Traffic, precision_of
-from mcdla.sim.llm_offload import cpu_adam_s
+from mcdla.sim.llm_offload import MASTER_GRAD_BYTES, cpu_adam_s
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 
@@ -225,15 +226,17 @@ def step_ops(e: Execution, cluster: Cluster, system: System, device: str, pool: 
         kinds = {m.name: m.kind for m in system.memories}
         host = [m for m in pool if kinds[m] is MemoryKind.HOST] or list(pool)
         step_s = cpu_adam_s(e, cluster, params, optimizer_bytes=prec.optimizer_bytes)
-        grads = prec.element_bytes * params
-        out = _spread(Offload, "gradients-out", host, grads, last_backward)
+        weights = prec.element_bytes * params
+        # fp32 gradients, beside the last backward with overlap_comm, after it without (NOTE [ZeRO-Offload])
+        out = _spread(Offload, "gradients-out", host, MASTER_GRAD_BYTES * params,
+                      last_backward if e.dp_overlap else (tail,))
         if e.delayed_param_update:  # the previous iteration's step, beside this one's pipeline
             adam: Op = Compute(name="cpu-adam", stream="cpu-adam", seconds=step_s)
-            back = _spread(Prefetch, "parameters-in", host, grads, (adam.name,))
+            back = _spread(Prefetch, "parameters-in", host, weights, (adam.name,))
             end = Compute(name="step-end", seconds=0.0, waits=(tail, *(op.name for op in (*out, *back))))
             return [*out, adam, *back, end]
         adam = Compute(name="cpu-adam", stream="cpu-adam", seconds=step_s, waits=(tail, *(op.name for op in out)))
-        return [*out, adam, *_spread(Prefetch, "parameters-in", host, grads, (adam.name,))]
+        return [*out, adam, *_spread(Prefetch, "parameters-in", host, weights, (adam.name,))]
     if not e.offload_optimizer:
         return [Compute(name="adam", seconds=optimizer_s, waits=(tail,))]
     src, dst = ((nvme.of(device)[0],), (nvme.of(device)[1],)) if nvme is not None else (pool, pool)

@@ -1,16 +1,25 @@
 """ZeRO-Offload and ZeRO-Infinity in the LLM time model: Adam on the host CPU, optimizer state on NVMe.
 
 :mod:`mcdla.sim.llm` charges the rest of an iteration; this module gives what the optimizer step costs when
-the execution moves it off the GPU (NOTE [ZeRO-Offload], also ``docs/llm.md``):
+the execution moves it off the GPU (NOTE [ZeRO-Offload], also ``docs/llm.md``), as DeepSpeed's ZeRO-1/2 CPU
+offload runs it (``deepspeed/runtime/zero/stage2.py`` at v0.3.0, ``stage_1_and_2.py`` since):
 
-* The CPU's Adam streams the same bytes per parameter as the GPU's (``ADAM_TRAFFIC_BYTES``: it reads the
-  gradient, reads and writes the fp32 master weight and both moments, writes the 16-bit weight), at the host
-  memory bandwidth each GPU's share of its socket gets (the socket's DRAM figure over the GPUs on that socket,
-  from the offload path of :mod:`mcdla.hardware.traffic`). Memory-bound, as DeepSpeed's vectorised CPU-Adam is
-  on these sockets.
-* The rank's 16-bit gradient shard goes out over the offload link while the last micro-batch's backward runs
-  (DeepSpeed copies each bucket as it is reduced): what that backward does not hide is exposed. The updated
-  16-bit parameters come back over the link after the CPU step.
+* Each reduced gradient bucket is cast to the fp32 master dtype on the GPU and copied into the host's fp32
+  gradient partition (``async_inplace_copy_grad_to_fp32_buffer_from_gpu``: ``.float()`` at v0.3.0,
+  ``.to(master_weights_and_grads_dtype)`` since), so ``MASTER_GRAD_BYTES`` per parameter cross the link. The copies
+  run on the reduction stream with ``overlap_comm`` (``dp_overlap``), where the backward hides them up to its
+  length, and on the compute stream without it (``reduce_ipg_grads``), where they are exposed whole.
+* The CPU step first unscales (and clips) the fp32 gradients in host memory (``unscale_and_clip_grads``: one
+  ``mul_``, ``UNSCALE_BYTES`` per parameter), then runs DeepSpeedCPUAdam, which streams ``ADAM_TRAFFIC_BYTES`` per
+  parameter (reads the gradient, reads and writes the fp32 master weight and both moments, writes the 16-bit
+  weight). Both at the host DRAM bandwidth the job's GPU gets (its socket's DRAM over the job's GPUs on that
+  socket, :meth:`~mcdla.hardware.cluster.Cluster.paths_for_gpus`), and Adam no faster than the node's measured
+  CPU-Adam rate (``node.sockets.cpu_adam``) over the job's GPUs on the node, where the preset has one.
+* The updated 16-bit parameters come back over the link after the CPU step.
+* Memory: the copied gradients are freed on the GPU (``param.grad = None`` at v0.3.0, ``clear_grad_attribute``
+  since), which keeps only the reduce bucket of ``reduce_bucket_numel`` 16-bit elements (``reduce_bucket_size``;
+  two with ``overlap_comm``) instead of the whole gradients (:func:`mcdla.sim.llm.step_record`). v0.3.0 allocated
+  each bucket buffer 4.5 times that size (``backward``: "magic 4.5x multiplier"), a few hundred MB not counted.
 * With the ``nvme`` tier (ZeRO-Infinity) the optimizer state lives on the node's NVMe drives: the step reads
   and writes it (``OPTIMIZER_BYTES`` each way) at each GPU's share of the drives' sequential bandwidth,
   overlapped chunk by chunk with the CPU's Adam, so the step takes the longer of the two.
@@ -25,9 +34,9 @@ from dataclasses import dataclass
 from mcdla.hardware.cluster import Cluster
 from mcdla.workload.execution import Execution
 
-__all__ = ["ADAM_TRAFFIC_BYTES", "GRAD_BYTES", "OPTIMIZER_BYTES", "WEIGHT_BYTES", "CpuOptimizerStep",
-           "cpu_adam_s", "cpu_optimizer_step", "host_dram_bytes_per_s", "nvme_bytes_per_s", "tier_bytes_per_s",
-           "tier_rejection"]
+__all__ = ["ADAM_TRAFFIC_BYTES", "GRAD_BYTES", "MASTER_GRAD_BYTES", "OPTIMIZER_BYTES", "UNSCALE_BYTES",
+           "WEIGHT_BYTES", "CpuOptimizerStep", "cpu_adam_params_per_s", "cpu_adam_s", "cpu_optimizer_step",
+           "host_dram_bytes_per_s", "nvme_bytes_per_s", "tier_bytes_per_s", "tier_rejection"]
 
 # Adam with mixed precision, per parameter: fp16/bf16 weight and gradient, fp32 master weight, momentum and
 # variance (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 bytes).
@@ -35,25 +44,45 @@ WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 # The Adam step reads the gradient (2) and reads and writes master weight, momentum, variance (3 x 8) and
 # writes the fp16 weight (2): 28 bytes of memory traffic per parameter, on the GPU or on the CPU.
 ADAM_TRAFFIC_BYTES = 28
+# The gradient as DeepSpeed's CPU offload sends it to the host and keeps it there: the fp32 master dtype.
+MASTER_GRAD_BYTES = 4
+# unscale_and_clip_grads: one in-place multiply of the fp32 host gradient, read and written.
+UNSCALE_BYTES = 2 * MASTER_GRAD_BYTES
 
 
-def host_dram_bytes_per_s(cluster: Cluster) -> float | None:
-    """Host DRAM bandwidth one GPU's share of its socket gets (bytes/s), from the offload path's socket
-    memory (its figure over the GPUs on that socket); None when the pool has no host memory."""
+def host_dram_bytes_per_s(cluster: Cluster, gpus: int | None = None) -> float | None:
+    """Host DRAM bandwidth one GPU's share of its socket gets (bytes/s) in a job of ``gpus`` GPUs (a whole node by
+    default): the socket memory on the GPU's offload path (:meth:`Cluster.paths_for_gpus`) over the job's GPUs on
+    that socket; None when the pool has no host memory."""
     if cluster.offload is None:
         return None
-    for res in cluster.path("offload").resources:
+    paths = cluster.paths if gpus is None else cluster.paths_for_gpus(gpus)
+    for res in next(p for p in paths if p.traffic == "offload").resources:
         if res.resource[0] == "dram" and res.resource[1].startswith("host"):
             return res.bytes_per_s / res.sharers
     return None
 
 
-def nvme_bytes_per_s(cluster: Cluster) -> tuple[float, float] | None:
-    """(read, write) bytes/s of one GPU's share of its node's NVMe drives; None without ``node.nvme``."""
+def _job_gpus_on_node(cluster: Cluster, gpus: int | None) -> int:
+    """The GPUs of a job of ``gpus`` (a whole node when None) on its first node."""
+    return cluster.gpus_per_node if gpus is None else min(gpus, cluster.gpus_per_node)
+
+
+def cpu_adam_params_per_s(cluster: Cluster, gpus: int | None = None) -> float | None:
+    """Parameters per second of the node's measured CPU-Adam rate (``node.sockets.cpu_adam``) one GPU's process
+    gets in a job of ``gpus`` GPUs (each runs its own step over the node's cores); None without the figure."""
+    rate = cluster.cpu_adam_params_per_s
+    return None if rate is None else rate / _job_gpus_on_node(cluster, gpus)
+
+
+def nvme_bytes_per_s(cluster: Cluster, gpus: int | None = None) -> tuple[float, float] | None:
+    """(read, write) bytes/s of one GPU's share of its node's NVMe drives among a job's ``gpus`` GPUs (a whole
+    node by default); None without ``node.nvme``."""
     nvme = cluster.nvme
     if nvme is None:
         return None
-    return nvme.read_bytes_per_s / cluster.gpus_per_node, nvme.write_bytes_per_s / cluster.gpus_per_node
+    n = _job_gpus_on_node(cluster, gpus)
+    return nvme.read_bytes_per_s / n, nvme.write_bytes_per_s / n
 
 
 def tier_rejection(execution: Execution, cluster: Cluster) -> str | None:
@@ -81,14 +110,15 @@ def cpu_optimizer_step(execution: Execution, cluster: Cluster, params: float, *,
                        optimizer_bytes: int = OPTIMIZER_BYTES) -> CpuOptimizerStep:
     """The step of ``params`` parameters (the rank's shard) with Adam on the CPU (module docstring).
 
-    ``last_backward_s``: the last micro-batch's backward on the stage, which hides the gradients' way out;
-    ``iteration_compute_s``: the forward and backward work of an iteration, which hides a delayed update;
-    ``element_bytes``: the run's gradient and weight element size, ``optimizer_bytes`` its Adam state per
+    ``last_backward_s``: the last micro-batch's backward on the stage, which hides the gradients' way out with
+    ``dp_overlap``; ``iteration_compute_s``: the forward and backward work of an iteration, which hides a delayed
+    update; ``element_bytes``: the run's 16-bit weight element size, ``optimizer_bytes`` its Adam state per
     parameter (the run's precision; mixed precision by default).
     """
     e = execution
-    link = cluster.pool_link()
-    grads_out = max(0.0, element_bytes * params / link.offload_bytes_per_s - last_backward_s)
+    link = cluster.pool_link_for_gpus(e.gpus)
+    grads = MASTER_GRAD_BYTES * params / link.offload_bytes_per_s
+    grads_out = max(0.0, grads - last_backward_s) if e.dp_overlap else grads
     params_in = element_bytes * params / link.prefetch_bytes_per_s
     step = cpu_adam_s(e, cluster, params, optimizer_bytes=optimizer_bytes)
     if not e.delayed_param_update:
@@ -100,25 +130,31 @@ def cpu_optimizer_step(execution: Execution, cluster: Cluster, params: float, *,
 
 def cpu_adam_s(execution: Execution, cluster: Cluster, params: float, *,
                optimizer_bytes: int = OPTIMIZER_BYTES) -> float:
-    """Seconds the CPU's Adam takes over ``params`` parameters (module docstring): ``ADAM_TRAFFIC_BYTES`` each at
-    the GPU's share of host DRAM, or with the ``nvme`` tier the drives' read and write of the state if longer."""
-    dram = host_dram_bytes_per_s(cluster)
+    """Seconds the CPU step takes over ``params`` parameters (module docstring): the gradients' unscale,
+    ``UNSCALE_BYTES`` each at the GPU's share of host DRAM, then Adam, ``ADAM_TRAFFIC_BYTES`` each at that share or
+    the node's CPU-Adam rate share where slower, or with the ``nvme`` tier the drives' read and write of the
+    state if longer."""
+    dram = host_dram_bytes_per_s(cluster, execution.gpus)
     assert dram is not None  # tier_rejection refused the execution otherwise
-    step = ADAM_TRAFFIC_BYTES * params / dram
+    adam = ADAM_TRAFFIC_BYTES * params / dram
+    rate = cpu_adam_params_per_s(cluster, execution.gpus)
+    if rate is not None:
+        adam = max(adam, params / rate)
     if execution.offload_tier == "nvme":
-        rates = nvme_bytes_per_s(cluster)
+        rates = nvme_bytes_per_s(cluster, execution.gpus)
         assert rates is not None
-        step = max(step, optimizer_bytes * params / rates[0] + optimizer_bytes * params / rates[1])
-    return step
+        adam = max(adam, optimizer_bytes * params / rates[0] + optimizer_bytes * params / rates[1])
+    return UNSCALE_BYTES * params / dram + adam
 
 
-def tier_bytes_per_s(cluster: Cluster, tier: str) -> tuple[float, float]:
-    """(out, back) bytes/s between a GPU and ``tier``: the offload link, and for ``nvme`` the slower of the link
-    and the GPU's share of the drives (write out, read back)."""
-    link = cluster.pool_link()
+def tier_bytes_per_s(cluster: Cluster, tier: str, gpus: int | None = None) -> tuple[float, float]:
+    """(out, back) bytes/s between a GPU and ``tier`` in a job of ``gpus`` GPUs (a whole node by default): the
+    offload link, and for ``nvme`` the slower of the link and the GPU's share of the drives (write out, read
+    back)."""
+    link = cluster.pool_link() if gpus is None else cluster.pool_link_for_gpus(gpus)
     out, back = link.offload_bytes_per_s, link.prefetch_bytes_per_s
     if tier == "nvme":
-        rates = nvme_bytes_per_s(cluster)
+        rates = nvme_bytes_per_s(cluster, gpus)
         assert rates is not None
         out, back = min(out, rates[1]), min(back, rates[0])
     return out, back

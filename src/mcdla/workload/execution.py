@@ -113,7 +113,17 @@ class Execution(HashOnce):
             rank and are not gathered per layer (DeepSpeed's ``stage3_param_persistence_threshold``); their
             gradients are still reduce-scattered, and they are gathered once after the optimizer step. 0: none.
         cpu_optimizer: ZeRO-Offload: the Adam step runs on the host CPU over optimizer state in the second tier;
-            fp16/bf16 gradients go out and parameters come back over the offload link.
+            fp32 gradients go out (DeepSpeed casts each reduced bucket to the master dtype) and 16-bit
+            parameters come back over the offload link (NOTE [ZeRO-Offload] in :mod:`mcdla.sim.llm_offload`).
+        activation_offload_sync: with ``offload_activations``, each layer's checkpoint is copied to the pool
+            before the layer runs and back before its backward, on the compute stream, waiting for the copy
+            (DeepSpeed's ``cpu_checkpointing``: ``copy_`` into a pageable CPU tensor and back,
+            ``runtime/activation_checkpointing/checkpointing.py``): exposed whole, where Megatron-Core's
+            offloading overlaps the compute (false).
+        reduce_bucket_numel: with ``cpu_optimizer`` under ZeRO-1/2, the elements of DeepSpeed's gradient reduce
+            bucket (``reduce_bucket_size``, default 5e8): the GPU holds that bucket (two with ``dp_overlap``,
+            DeepSpeed's ``overlap_comm`` double buffer) instead of the whole gradients, each bucket going to the
+            host as it fills.
         offload_tier: where offloaded optimizer state (and weights) live: ``host`` memory or ``nvme``
             (ZeRO-Infinity).
         delayed_param_update: with ``cpu_optimizer``, the CPU step and the parameters' return overlap the next
@@ -163,6 +173,8 @@ class Execution(HashOnce):
     fused_kernels: bool = True
     rope_kernels: Literal["complex", "rotation"] = "complex"
     optimizer_kernels: Literal["fused", "foreach"] = "fused"
+    reduce_bucket_numel: int = 500_000_000
+    activation_offload_sync: bool = False
 
     __hash__ = hash_once  # a key of the model's memoised figures, hashed once (mcdla.workload.memo)
 
@@ -174,7 +186,7 @@ class Execution(HashOnce):
         for name in ("sequence_parallel", "offload_activations", "offload_weights", "offload_optimizer",
                      "dp_overlap", "tp_comm_overlap", "pp_comm_overlap", "cpu_optimizer", "delayed_param_update",
                      "account_for_embedding_in_pipeline_split",
-                     "account_for_loss_in_pipeline_split", "fused_kernels"):
+                     "account_for_loss_in_pipeline_split", "fused_kernels", "activation_offload_sync"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
@@ -243,7 +255,8 @@ class Execution(HashOnce):
 
     def _check_zero_options(self) -> None:
         """The FSDP/HSDP and ZeRO-Offload/Infinity fields: integers in range, each only with what it needs."""
-        for name, low in (("fsdp_prefetch", 0), ("hsdp_shard", 0), ("zero3_persist_numel", 0)):
+        for name, low in (("fsdp_prefetch", 0), ("hsdp_shard", 0), ("zero3_persist_numel", 0),
+                          ("reduce_bucket_numel", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"execution.{name}: got {brief(value)}; must be an integer >= {low}")
@@ -269,6 +282,9 @@ class Execution(HashOnce):
         if self.cpu_optimizer and not self.offload_optimizer:
             raise ConfigError("execution.cpu_optimizer: got true with offload_optimizer=false; the CPU's Adam "
                               "works on optimizer state in the second tier, set offload_optimizer")
+        if self.activation_offload_sync and not self.offload_activations:
+            raise ConfigError("execution.activation_offload_sync: got true with offload_activations=false; it says "
+                              "how the activations go to the pool, set offload_activations")
         if self.delayed_param_update and not self.cpu_optimizer:
             raise ConfigError("execution.delayed_param_update: got true with cpu_optimizer=false; the delayed "
                               "update overlaps the CPU's Adam step, set cpu_optimizer")
@@ -460,6 +476,8 @@ class _ExecutionFile(BaseModel):
     fused_kernels: bool = True
     rope_kernels: Literal["complex", "rotation"] = "complex"
     optimizer_kernels: Literal["fused", "foreach"] = "fused"
+    reduce_bucket_numel: int = Field(default=500_000_000, ge=1, le=_MAX_COUNT)
+    activation_offload_sync: bool = False
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
