@@ -6,7 +6,8 @@ FP8", ``tests/report/test_llm_validation_families.py -k fitted``). This benchmar
 generalise. For each way of sharing the fraction between the rows (:data:`GROUPINGS`: one per GPU chip, as
 shipped, the B200 of ``b200`` and ``gb200-nvl72`` sharing one; one per preset; one for every GPU) it fits
 each group's fraction by that procedure on all its rows (in-sample) and, for every row, on its group's other rows
-alone (leave-one-out), and reports each row's error both ways with the family's mean and max |error|. A row
+alone (leave-one-out), and reports each row's error both ways with the family's mean and max |error|, beside
+the fraction that predicts the row exactly (its spread within a chip is what no per-chip figure can fit). A row
 whose group holds no other row has no leave-one-out fit and is reported as such. The Megatron-Bridge MoE
 family's fp8 rows run on the same presets; its mean and max |error| under each grouping's in-sample fractions
 are reported beside, for information (its rows are not fitted here). Run::
@@ -85,6 +86,15 @@ def cross_validate(runs: Sequence[MeasuredRun], errors: Sequence[dict[float, flo
     return {"fitted": fitted, "in_sample": in_sample, "loo": loo, "loo_fraction": loo_fraction}
 
 
+def exact_fraction(errors: dict[float, float]) -> float | None:
+    """The fraction at which a run's predicted time equals its measured one, interpolated linearly between the
+    grid points its error changes sign across (None if it does not within the grid): the row's own fit."""
+    for lo, hi in zip(GRID, GRID[1:]):
+        if (errors[lo] >= 0.0) != (errors[hi] >= 0.0):
+            return lo + (hi - lo) * errors[lo] / (errors[lo] - errors[hi])
+    return None
+
+
 def _moe_errors(fractions: dict[str, float], group_of_system: Callable[[str], str]) -> list[float]:
     """The MoE family's signed errors with each fp8 row's preset at its group's fitted fraction (a preset outside
     the fitted groups, or a bf16 row, as shipped)."""
@@ -115,7 +125,7 @@ def run_all() -> dict[str, Any]:
         result["moe"] = _moe_errors(result["fitted"], lambda system, g=group_of: g(  # type: ignore[misc]
             dataclasses.replace(runs[0], system=system)))
         results[name] = result
-    return {"runs": runs, "results": results}
+    return {"runs": runs, "results": results, "exact": [exact_fraction(e) for e in errors]}
 
 
 def _table(out: dict[str, Any]) -> str:
@@ -127,17 +137,19 @@ def _table(out: dict[str, Any]) -> str:
     text = markdown_table(("grouping", "fitted fp8_fraction (in-sample)", "in-sample mean / max",
                            "leave-one-out mean / max", f"{MOE_FAMILY} mean / max (in-sample fractions)"), summary)
     names = list(results)
-    head = ["run", "measured s"] + [f"{n}: in-sample / leave-one-out (fraction)" for n in names]
+    head = ["run", "measured s", "exact at"] + [f"{n}: in-sample / leave-one-out (fraction)" for n in names]
     rows = []
     for i, run in enumerate(runs):
-        cells = [run.name, f"{run.measured_s:.3f}"]
+        exact = out["exact"][i]
+        cells = [run.name, f"{run.measured_s:.3f}", f"{exact:.3f}" if exact is not None else "outside the grid"]
         for n in names:
             r = results[n]
             loo = r["loo"][i]
             cells.append(f"{r['in_sample'][i]:+.1%} / " + (f"{loo:+.1%} ({r['loo_fraction'][i]:.2f})"
                                                            if loo is not None else "n/a"))
         rows.append(tuple(cells))
-    return (text + "\n\nPer row (leave-one-out: the row's group refitted without it, the fraction it got):\n\n"
+    return (text + "\n\nPer row (exact at: the fraction that predicts the row exactly; leave-one-out: the row's group "
+                   "refitted without it, the fraction it got):\n\n"
             + markdown_table(tuple(head), rows))
 
 

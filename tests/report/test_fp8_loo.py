@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.bench_fp8_loo import GRID, cross_validate
+from benchmarks.bench_fp8_loo import GRID, cross_validate, exact_fraction
 
 TARGETS = {"a": (0.702, 0.741, 0.683), "b": (0.853, 0.811), "c": (0.664,)}
 
@@ -34,3 +34,10 @@ def test_in_sample_and_leave_one_out_match_the_closed_form():
             else:  # a row alone in its group has no leave-one-out fit
                 assert got["loo"][i] is None and got["loo_fraction"][i] is None
             i += 1
+
+
+def test_exact_fraction_is_the_zero_of_the_error():
+    """A row whose error is linear in the fraction is exact at its target; one whose error keeps its sign over the
+    grid has none."""
+    assert exact_fraction({f: 0.5 * (0.7234 - f) for f in GRID}) == pytest.approx(0.7234)
+    assert exact_fraction({f: 1.2 - f for f in GRID}) is None
