@@ -8,8 +8,9 @@ its own width curve (the fitted ``dgx-a100`` one, the other presets' defaults). 
 same run, is the model with those figures neutral (no token dependence, backward 2x, fp8 GEMMs at the bf16
 fraction of the fp8 peak); the table reports each family's mean and max |error| under both. The grid's
 ``fp8_fraction`` replaces every preset's, so it is the device-independent default (``DEFAULT_FP8_FRACTION``); the
-four Bridge presets now carry their own, each fitted on its rows (``tests/report/test_llm_validation_families.py
--k fitted``, ``docs/llm.md`` "Megatron-Bridge FP8"). Run::
+four Bridge presets now carry one per GPU chip, fitted on that chip's rows (``tests/report/
+test_llm_validation_families.py -k fitted``, ``docs/llm.md`` "Megatron-Bridge FP8"; out of sample:
+``benchmarks.bench_fp8_loo``). Run::
 
     .venv/bin/python -m benchmarks.bench_llm_kernel_fit               # run, print and record in RESULTS.md
     .venv/bin/python -m benchmarks.bench_llm_kernel_fit --no-record   # print only

@@ -1,5 +1,5 @@
 """The validation families of ``validate-llm``: the Megatron-Bridge FP8 records against the published table, and the
-fitted fp8 fraction of each of their presets against a re-run of its grid."""
+fitted fp8 fraction of each GPU chip they run on against a re-run of its grid."""
 
 import dataclasses
 import math
@@ -98,15 +98,16 @@ def test_bridge_records_carry_their_recipes_layer_counts(run):
             assert f"_num_layers={count}" in run.choices
 
 
-# The presets the family runs on, each with its own fitted fp8_fraction (node.gemm_efficiency).
-FP8_PRESETS = ("dgx-h100", "b200", "gb200-nvl72", "gb300-nvl72")
+# The presets the family runs on, grouped by the GPU chip whose fitted fp8_fraction they carry
+# (node.gemm_efficiency): b200 (HGX) and gb200-nvl72 both carry the B200 and share one.
+FP8_CHIPS = {"H100": ("dgx-h100",), "B200": ("b200", "gb200-nvl72"), "B300": ("gb300-nvl72",)}
 
 
-def _fp8_rms(system: str, fraction: float) -> float:
-    """RMS relative error of the family's runs on ``system`` with its curve's fp8_fraction set to ``fraction``,
-    through llm_step."""
+def _fp8_rms(systems: tuple[str, ...], fraction: float) -> float:
+    """RMS relative error of the family's runs on ``systems`` with their curves' fp8_fraction set to
+    ``fraction``, through llm_step."""
     errors = []
-    for run in (r for r in BRIDGE_FP8_RUNS if r.system == system):
+    for run in (r for r in BRIDGE_FP8_RUNS if r.system in systems):
         cluster = run_cluster(run, None)
         curve = dataclasses.replace(cluster.gemm_efficiency, fp8_fraction=fraction)
         step = llm_step(preset(run.model), run.execution, dataclasses.replace(cluster, gemm_efficiency=curve),
@@ -115,21 +116,28 @@ def _fp8_rms(system: str, fraction: float) -> float:
     return math.sqrt(sum(e * e for e in errors) / len(errors))
 
 
-@pytest.mark.parametrize("system", FP8_PRESETS)
-def test_fitted_fp8_fraction_is_the_grid_minimum(system):
-    """Each preset's fp8_fraction is the 0.01 grid point with the least RMS error over its rows of the family:
-    no worse than either neighbour on that grid nor than any point of the 0.05 grid over 0.60-1.00 (the error is
-    smooth in the fraction, so these bound the full 0.01 grid's minimum); its peak fraction and half-width are
-    those of a preset without a curve, so the fit changes nothing but fp8 GEMMs."""
-    cluster = load_cluster(system)
-    curve = cluster.gemm_efficiency
-    assert curve.peak_fraction == cluster.device.compute_efficiency and curve.half_width == DEFAULT_HALF_WIDTH
-    fitted = _fp8_rms(system, curve.fp8_fraction)
-    for other in (curve.fp8_fraction - 0.01, curve.fp8_fraction + 0.01, *(i / 100 for i in range(60, 101, 5))):
-        assert fitted <= _fp8_rms(system, round(other, 2)) + 1e-12
+@pytest.mark.parametrize("chip", FP8_CHIPS)
+def test_fitted_fp8_fraction_is_the_grid_minimum(chip):
+    """Each chip's fp8_fraction, the same in every preset that carries the chip, is the 0.01 grid point with the
+    least RMS error over those presets' rows of the family: no worse than either neighbour on that grid nor than
+    any point of the 0.05 grid over 0.60-1.00 (the error is smooth in the fraction, so these bound the full 0.01
+    grid's minimum); their peak fraction and half-width are those of a preset without a curve, so the fit changes
+    nothing but fp8 GEMMs."""
+    systems = FP8_CHIPS[chip]
+    fractions = set()
+    for system in systems:
+        cluster = load_cluster(system)
+        curve = cluster.gemm_efficiency
+        assert curve.peak_fraction == cluster.device.compute_efficiency and curve.half_width == DEFAULT_HALF_WIDTH
+        fractions.add(curve.fp8_fraction)
+    assert len(fractions) == 1
+    (fraction,) = fractions
+    fitted = _fp8_rms(systems, fraction)
+    for other in (fraction - 0.01, fraction + 0.01, *(i / 100 for i in range(60, 101, 5))):
+        assert fitted <= _fp8_rms(systems, round(other, 2)) + 1e-12
 
 
 def test_bridge_fp8_family_is_within_the_goal():
-    """With the per-preset fp8 fractions the family's mean |error| is within 5 % and its max within 10 %."""
+    """With the per-chip fp8 fractions the family's mean |error| is within 5 % and its max within 10 %."""
     s = summary(validate_llm(runs=BRIDGE_FP8_RUNS))
     assert s["mean_abs_error"] <= 0.05 and s["max_abs_error"] <= 0.10

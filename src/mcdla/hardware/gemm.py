@@ -29,9 +29,10 @@ DEFAULT_FP8_FRACTION = 0.76
 none: the device-independent least-squares fit on Megatron-Bridge 25.11's FP8 runs (``validate-llm --family
 megatron-bridge-fp8``; with their recipes' partial recompute and offload, gradient-reduction and pipeline-send
 overlap, and FlashAttention's softmax exponentials) by ``python -m benchmarks.bench_llm_kernel_fit``
-(``benchmarks/RESULTS.md``, ``docs/llm.md`` "Kernel times"). The presets those runs ran on carry their own, fitted
-on their rows (``node.gemm_efficiency.fp8_fraction``; ``docs/llm.md`` "Megatron-Bridge FP8"): what an fp8 GEMM
-sustains of the datasheet peak under the GPU's power limit is a property of the part."""
+(``benchmarks/RESULTS.md``, ``docs/llm.md`` "Kernel times"). The presets those runs ran on carry one per GPU chip,
+fitted on that chip's rows (``node.gemm_efficiency.fp8_fraction``; ``docs/llm.md`` "Megatron-Bridge FP8", checked
+out of sample by ``python -m benchmarks.bench_fp8_loo``): what an fp8 GEMM sustains of the datasheet peak is a
+property of the part."""
 
 
 def _check(name: str, value: object, low: float, high: float = math.inf, low_open: bool = False) -> float:
