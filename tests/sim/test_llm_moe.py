@@ -162,8 +162,9 @@ def test_hybridep_dispatch_and_combine_by_hand(ep, dispatch, combine):
 
 
 def test_hybridep_scales_with_the_domains_bandwidth_and_leaves_cross_node_groups_to_the_all_to_all(llm_cluster):
-    """On a 450 GB/s NVLink domain HybridEP takes twice as long as on GB200's 900 GB/s; a group that spans nodes is
-    priced as the all-to-all dispatcher's (HybridEP's measured rates are one NVLink domain's)."""
+    """On a 450 GB/s NVLink domain HybridEP takes twice as long as on GB200's 900 GB/s; a group that spans nodes,
+    or nodes of one GPU each, is priced as the all-to-all dispatcher's (HybridEP's measured rates are one NVLink
+    domain's)."""
     e = Execution(gpus=4, dp=4, ep=4, micro_batch=1, global_batch=4, ep_dispatcher="hybridep")
     d = 4 * (1 - (6 / 8) * (5 / 7))
     nbytes = MOE.seq_len * d * MOE.hidden * 2
@@ -173,6 +174,8 @@ def test_hybridep_scales_with_the_domains_bandwidth_and_leaves_cross_node_groups
     spread = llm_cluster(gpus_per_node=2, nodes=2, peak_flops_per_s=PEAK, nvlink_bytes_per_s=450e9,
                          network_bytes_per_s=25e9)
     assert ep_all_to_all_s(MOE, e, spread) == ep_all_to_all_s(MOE, replace(e, ep_dispatcher="alltoall"), spread)
+    single = llm_cluster(gpus_per_node=1, nodes=4, peak_flops_per_s=PEAK, network_bytes_per_s=25e9)
+    assert ep_all_to_all_s(MOE, e, single) == ep_all_to_all_s(MOE, replace(e, ep_dispatcher="alltoall"), single)
 
 
 def test_hybridep_permutation_bytes_by_hand():

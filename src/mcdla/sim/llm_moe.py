@@ -127,8 +127,8 @@ def hybridep_priced(execution: Execution, cluster: Cluster) -> bool:
     ``ep_dispatcher: hybridep`` with each group inside one scale-up domain (its measured rates are intra-domain);
     otherwise they are the all-to-all dispatcher's collectives."""
     e = execution
-    if e.ep == 1 or e.ep_dispatcher != "hybridep" or not cluster.dims:
-        return False
+    if e.ep == 1 or e.ep_dispatcher != "hybridep" or cluster.gpus_per_node == 1 or not cluster.dims:
+        return False  # one GPU per node: no scale-up domain (dims[0] is the network)
     dims = cluster.group_dims(e.ep, ParallelDims.of(e).stride("ep"))
     return len(dims) == 1 and dims[0].name == cluster.dims[0].name
 
