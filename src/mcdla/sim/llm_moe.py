@@ -43,8 +43,9 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   experts, ``L = E / ep`` local, ``k = top_k``), so a rank receives ``D t`` rows per dispatch. The dispatch and
   the combine each take ``D t h`` bytes at HybridEP's algorithm bandwidth as measured on GB200 NVL72 through its
   torch API at the 32 SMs Megatron-Bridge gives it (:data:`HYBRIDEP_ALGBW`), scaled by the EP group's scale-up
-  bandwidth over GB200's 900 GB/s (:func:`ep_all_to_all_s`); a group that leaves its scale-up domain is priced
-  as the all-to-all. Its permutations move ``2 (D t + r t) h`` elements forward (the permute reads the ``D t``
+  bandwidth over GB200's 900 GB/s (:func:`ep_all_to_all_s`; the measured calls also copy the received rows out
+  of, or into, HybridEP's buffer, which Megatron-Core's permuting calls do not: kept in, ``docs/llm.md``); a
+  group that leaves its scale-up domain is priced as the all-to-all. Its permutations move ``2 (D t + r t) h`` elements forward (the permute reads the ``D t``
   rows and writes the ``r t`` expert rows, the unpermute the reverse; no source-side permute, no sorts), as many
   backward (:func:`permutation_bytes`).
 * Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
