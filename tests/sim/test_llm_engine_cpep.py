@@ -39,6 +39,8 @@ _NO_SHARED_LINK = [
     ("mixtral-8x7b", dict(gpus=32, tp=2, cp=2, dp=8, ep=8, micro_batch=1, global_batch=8, sequence_parallel=True,
                           recompute="full")),
     ("deepseek-v3-671b", dict(gpus=16, tp=1, dp=16, ep=16, micro_batch=1, global_batch=16)),
+    # HybridEP inside one node: its dispatch and combine beside the pass's compute, nothing on the links
+    ("qwen3-30b-a3b", dict(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=16, ep_dispatcher="hybridep")),
 ]
 
 

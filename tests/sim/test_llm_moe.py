@@ -4,6 +4,7 @@ their reduction per rank (sim/llm_moe.py, NOTE [expert parallelism]), against ha
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from mcdla.hardware.gemm import GemmEfficiency
 from mcdla.sim.llm import llm_step
 from mcdla.errors import HardwareError
 from mcdla.hardware.cluster import load_cluster
-from mcdla.sim.llm_moe import grouped_gemm_issue_s, permutation_bytes, tokens_per_local_expert
+from mcdla.sim.llm_moe import (ep_all_to_all_s, ep_ranks_per_token, grouped_gemm_issue_s, permutation_bytes,
+                               tokens_per_local_expert)
 from mcdla.workload.execution import Execution
 from mcdla.workload.hf_config import load_hf_config
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -121,6 +123,68 @@ def test_permutation_bytes_by_hand():
     e = Execution(gpus=16, tp=2, dp=8, ep=8, micro_batch=1, global_batch=8, sequence_parallel=True)
     assert permutation_bytes(spec, e) == pytest.approx((2 * 2048 * 9 + 4 * 8 * 4096) * 2048 * 2, rel=1e-12)
     assert permutation_bytes(preset("llama3-8b"), Execution(gpus=1, micro_batch=1, global_batch=1)) == 0.0
+
+
+@pytest.mark.parametrize("experts, top_k, ep", [(8, 2, 4), (8, 3, 2), (12, 4, 6), (8, 2, 8)])
+def test_ranks_per_token_by_enumeration(experts, top_k, ep):
+    """Every ``top_k`` subset of the experts equally likely (forced balance): the mean count of distinct ranks
+    (expert i on rank i // (experts / ep)) over all subsets, enumerated."""
+    import itertools
+
+    spec = replace(MOE, experts=experts, top_k=top_k)
+    local = experts // ep
+    subsets = list(itertools.combinations(range(experts), top_k))
+    mean = sum(len({x // local for x in chosen}) for chosen in subsets) / len(subsets)
+    e = Execution(gpus=ep, dp=ep, ep=ep, micro_batch=1, global_batch=ep)
+    assert ep_ranks_per_token(spec, e) == pytest.approx(mean, rel=1e-12)
+
+
+@pytest.mark.parametrize("ep, dispatch, combine", [(32, 484.22e9, 464.54e9), (8, 545.71e9, 568.94e9),
+                                                   (12, (545.71e9 + 523.48e9) / 2, (568.94e9 + 521.55e9) / 2),
+                                                   (64, 479.02e9, 447.89e9)])
+def test_hybridep_dispatch_and_combine_by_hand(ep, dispatch, combine):
+    """Qwen3-235B-A22B (hidden 4096, 128 experts, top 8, every layer MoE), MBS 1 on one 72-GPU NVLink domain of
+    900 GB/s: a rank receives 4096 tokens x D rows of 8 KB, D = ep (1 - prod_i (128 - L - i) / (128 - i)), once at
+    DeepEP's GB200 dispatch rate and once at its combine rate (32 SMs; 12 ranks halfway between the 8- and 16-rank
+    figures, 64 at the 36-rank ones), forward, and as much backward; the alltoall dispatcher's two all-to-alls of
+    4096 x 8 rows ((ep - 1) / ep of them leave) differ."""
+    spec = preset("qwen3-235b-a22b")
+    assert (spec.hidden, spec.experts, spec.top_k, spec.moe_layers) == (4096, 128, 8, spec.layers)
+    local = 128 // ep
+    d = ep * (1 - math.prod((128 - local - i) / (128 - i) for i in range(8)))
+    nbytes = 4096 * d * 4096 * 2
+    cluster = load_cluster("gb200-nvl72").for_gpus(ep)
+    e = Execution(gpus=ep, dp=ep, ep=ep, micro_batch=1, global_batch=ep, ep_dispatcher="hybridep")
+    fwd, bwd = ep_all_to_all_s(spec, e, cluster)
+    assert fwd == pytest.approx(nbytes / dispatch + nbytes / combine, rel=1e-9) and bwd == pytest.approx(fwd, rel=1e-12)
+    plain = ep_all_to_all_s(spec, replace(e, ep_dispatcher="alltoall"), cluster)[0]
+    assert plain == pytest.approx(2 * ((ep - 1) / ep * 4096 * 8 * 4096 * 2 / 900e9 + 1e-6), rel=1e-9)
+
+
+def test_hybridep_scales_with_the_domains_bandwidth_and_leaves_cross_node_groups_to_the_all_to_all(llm_cluster):
+    """On a 450 GB/s NVLink domain HybridEP takes twice as long as on GB200's 900 GB/s; a group that spans nodes,
+    or nodes of one GPU each, is priced as the all-to-all dispatcher's (HybridEP's measured rates are one NVLink
+    domain's)."""
+    e = Execution(gpus=4, dp=4, ep=4, micro_batch=1, global_batch=4, ep_dispatcher="hybridep")
+    d = 4 * (1 - (6 / 8) * (5 / 7))
+    nbytes = MOE.seq_len * d * MOE.hidden * 2
+    one_node = llm_cluster(gpus_per_node=4, nodes=1, peak_flops_per_s=PEAK, nvlink_bytes_per_s=450e9)
+    fwd, _ = ep_all_to_all_s(MOE, e, one_node)
+    assert fwd == pytest.approx(2 * (nbytes / 545.71e9 + nbytes / 568.94e9), rel=1e-9)
+    spread = llm_cluster(gpus_per_node=2, nodes=2, peak_flops_per_s=PEAK, nvlink_bytes_per_s=450e9,
+                         network_bytes_per_s=25e9)
+    assert ep_all_to_all_s(MOE, e, spread) == ep_all_to_all_s(MOE, replace(e, ep_dispatcher="alltoall"), spread)
+    single = llm_cluster(gpus_per_node=1, nodes=4, peak_flops_per_s=PEAK, network_bytes_per_s=25e9)
+    assert ep_all_to_all_s(MOE, e, single) == ep_all_to_all_s(MOE, replace(e, ep_dispatcher="alltoall"), single)
+
+
+def test_hybridep_permutation_bytes_by_hand():
+    """Qwen3-30B-A3B on EP 8, MBS 1, HybridEP: the permute reads the D x 4096 rows received and writes 8 x 4096
+    expert rows, the unpermute the reverse, 2 x 4096 (D + 8) rows of 4 KB; no source permute, no sorts."""
+    spec = preset("qwen3-30b-a3b")
+    e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, ep_dispatcher="hybridep")
+    d = 8 * (1 - math.prod((112 - i) / (128 - i) for i in range(8)))
+    assert permutation_bytes(spec, e) == pytest.approx(2 * 4096 * (d + 8) * 2048 * 2, rel=1e-12)
 
 
 def test_permutations_are_charged_at_hbm_rate_forward_and_backward(llm_cluster):
@@ -275,6 +339,7 @@ def test_ep_that_does_not_split_the_experts_is_refused(spec, kwargs, field, llm_
     (dict(gpus=4, tp=2, dp=2, ep=2, global_batch=2), "sequence_parallel"),
     (dict(gpus=4, dp=4, ep=2, global_batch=4, capacity_factor=0.0), "capacity_factor"),
     (dict(gpus=4, cp=4, cp_comm="ring"), "cp_comm"),
+    (dict(gpus=4, dp=4, ep=2, global_batch=4, ep_dispatcher="deepep"), "ep_dispatcher"),
 ])
 def test_bad_ep_fields_are_one_line_errors(kwargs, field):
     """EP not dividing dp*cp, EP with TP but no SP, a capacity factor <= 0 and an unknown cp_comm are refused."""
@@ -289,3 +354,4 @@ def test_moe_presets_match_their_config_json(name, example):
     assert spec.params() == read.params() and spec.active_params() == read.active_params()
     assert (spec.experts, spec.top_k, spec.shared_experts, spec.mla) == (read.experts, read.top_k,
                                                                           read.shared_experts, read.mla)
+

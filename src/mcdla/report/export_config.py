@@ -43,6 +43,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   Engine's attention over stored scores; Megatron takes ``local`` only with its ``--spec local`` layers).
 - MoE ``capacity_factor`` other than 1: ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``
   (every expert runs its full capacity, as modelled); 1 is Megatron's default dropless routing.
+- MoE ``ep_dispatcher``: ``hybridep`` is ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
+  hybridep``; ``alltoall`` is ``--moe-token-dispatcher-type alltoall``.
 - precision: ``bf16`` is ``--bf16``, ``fp16`` is ``--fp16``, ``fp8`` is ``--bf16 --fp8-format hybrid`` (E4M3
   forward, E5M2 backward) with ``--fp8-recipe tensorwise`` (current scaling) or ``delayed``.
 
@@ -206,6 +208,9 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
     offload, offload_notes = _megatron_offload(e, spec, cpu_optimizer)
     args += offload
     args += ["--attention-backend", "flash" if e.attention == "flash" else "unfused"]
+    if spec.experts > 1 and e.ep > 1:
+        args += (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"]
+                 if e.ep_dispatcher == "hybridep" else ["--moe-token-dispatcher-type", "alltoall"])
     if spec.experts > 1 and e.capacity_factor != 1:
         args += ["--moe-expert-capacity-factor", repr(float(e.capacity_factor)), "--moe-pad-expert-input-to-capacity"]
     if precision == "fp8":
@@ -337,6 +342,8 @@ def torchtitan_toml(e: Execution, spec: TransformerSpec, precision: str) -> str:
                      "one collective")
     if not e.dp_overlap and e.dp > 1 and sharded:
         notes.append("dp_overlap off: FSDP2 always overlaps its gradient reduce-scatter")
+    if spec.experts > 1 and e.ep > 1 and e.ep_dispatcher == "hybridep":
+        notes.append("ep_dispatcher hybridep: torchtitan dispatches MoE tokens with its own all-to-all")
     if spec.experts > 1 and e.capacity_factor != 1:
         notes.append(f"capacity factor {e.capacity_factor:g}: torchtitan's MoE routing has no capacity option")
     training: dict[str, object] = {

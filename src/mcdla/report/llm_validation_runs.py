@@ -165,7 +165,12 @@ _ALLTOALL = ("token dispatcher alltoall (the provider's default; no flex backend
              "MoEAlltoAllTokenDispatcher, cuda_sync_point before_ep_alltoall) and the host time it exposes are not "
              "modelled")
 _HYBRIDEP = ("token dispatcher flex with the HybridEP backend (moe_flex_dispatcher_backend hybridep in the GB200 and "
-             "GB300 configs) priced as the all-to-all, its permutations as the alltoall dispatcher's")
+             "GB300 configs) as ep_dispatcher hybridep: each token sent once to each rank holding one of its experts, "
+             "in bf16, at DeepEP's measured GB200 algorithm bandwidth for 32 SMs (Megatron-Bridge's "
+             "moe_hybridep_num_sms 32, scripts/performance/utils/helpers.py), the rows permuted on the destination "
+             "(Megatron-LM 0d8e0714 fused_a2a.py HybridEPDispatch; NOTE [expert parallelism]); not overlapped with "
+             "compute (no moe_a2a_overlap in these configs); the GB300 rows at the GB200 measurement (the same "
+             "NVLink 5)")
 
 
 def _token_drop(drop: float, dropless: float, precision: str) -> str:
@@ -182,7 +187,8 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
                 vp: int, ep: int, tokens_per_s_per_gpu: float, choices: str, *, gpus_per_node: int = 0,
                 **execution: object) -> MeasuredRun:
     seconds = gbs * 4096 / (tokens_per_s_per_gpu * gpus)
-    dispatcher = _HYBRIDEP if system.startswith("gb") else _ALLTOALL
+    hybridep = system.startswith("gb")
+    dispatcher = _HYBRIDEP if hybridep else _ALLTOALL
     return MeasuredRun(
         name=f"{model} {system}", model=model, system=system, precision=precision, measured_s=seconds,
         family="megatron-bridge-moe", gpus_per_node=gpus_per_node,
@@ -191,7 +197,8 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
         choices=f"{choices}; {dispatcher}; {_MOE_COMMON}",
         execution=Execution(gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), virtual_stages=vp, ep=ep, zero=1,
                             micro_batch=mbs, global_batch=gbs, sequence_parallel=tp > 1, dp_overlap=True,
-                            pp_comm_overlap=vp > 1, **execution))  # type: ignore[arg-type]
+                            pp_comm_overlap=vp > 1, ep_dispatcher="hybridep" if hybridep else "alltoall",
+                            **execution))  # type: ignore[arg-type]
 
 
 _MX = "FP8-MX (MXFP8, 32-element block scales) taken as fp8: its GEMMs at the fp8 peak"

@@ -649,7 +649,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     attention kernel, kernel fusion and fp8 scaling on ``cluster``'s GPU (NOTE [time model])."""
     op = e.recompute == OP_RECOMPUTE
     key = ("layer", spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
-           e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.fp8_scaling, op)
+           e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.ep_dispatcher, e.fp8_scaling, op)
     got = cluster.model_memo.get(key)
     if got is not None:
         return got  # type: ignore[return-value]

@@ -29,7 +29,10 @@ NOTE [CP and EP lowering]
   CP group's fabric dimensions.
 * EP: the dispatch and the combine of every MoE layer as all-to-alls on the EP group's dimensions, two per
   mean layer in the forward, two (four with full recomputation) in the backward, weighted by the share of MoE
-  layers as the model's mean layer is, batched. The capacity factor's expert FLOPs are in the compute.
+  layers as the model's mean layer is, batched. The capacity factor's expert FLOPs are in the compute. With
+  ``ep_dispatcher: hybridep`` inside one scale-up domain (:func:`~mcdla.sim.llm_moe.hybridep_priced`) the
+  dispatch and the combine take the closed form's time at HybridEP's measured rate with the pass's compute and
+  put nothing on the links (NOTE [expert parallelism]).
 * The data-parallel reduction (every replica simulated): one all-reduce per parameter group over its
   reduction group (:attr:`~mcdla.sim.llm.RankTraffic.gradient_groups`: the dense parameters over the ``dp x
   cp`` replicas, the routed experts over the ``dp cp / ep`` ranks that hold them), one after the other
@@ -51,6 +54,7 @@ from mcdla.sim.collective_models import Collective
 from mcdla.sim.ir import CollectiveOp, Compute, Op, Recv, Send
 from mcdla.sim.llm import RankTraffic, StageCosts
 from mcdla.sim.llm_cp import batched_latency_s
+from mcdla.sim.llm_moe import hybridep_priced
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 
@@ -138,7 +142,9 @@ def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankT
             fwd += batched_collectives(("all-gather",), gathered, n, group, dims)
             bwd += batched_collectives(("all-gather",), gathered, n * (2 if recomputes else 1), group, dims)
             bwd += batched_collectives(("reduce-scatter",), gathered, n, group, dims)
-    if e.ep > 1:
+    if hybridep_priced(e, cluster):  # HybridEP's dispatch and combine, at its measured rate: the pass's time
+        overlap_f, overlap_b = overlap_f - n * c.layer_ep_fwd_s, overlap_b - n * c.layer_ep_bwd_s
+    elif e.ep > 1:
         group, dims = layout.group("ep", rank), cluster.group_dims(e.ep, layout.stride("ep"))
         per_layer_b, share = 4 if e.recompute == "full" else 2, traffic.moe_layer_share
         fwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, 2 * n * share, group, dims)

@@ -33,6 +33,21 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   transposed (a permute's gradient is an unpermute and the reverse), so the same bytes (the routing
   probabilities, one fp32 per row, are left out; the experts apply them). Memory-bound, at the HBM rate
   (:func:`permutation_bytes`).
+* The flex dispatcher with DeepEP's HybridEP backend (``ep_dispatcher: hybridep``; Megatron-Core's
+  ``_HybridEPManager``, ``fused_a2a.py`` ``HybridEPDispatch``/``HybridEPCombine``, Megatron-LM 0d8e0714, the
+  submodule of Megatron-Bridge v0.2.0) sends a token once to each rank that holds one of its experts, not once
+  per expert, in bf16 (``fp8_dispatch`` is refused there), and permutes the rows it received on the destination
+  (DeepEP hybrid-ep ``executor.cu``: ``permute_launcher`` after the dispatch kernel, ``unpermute_launcher`` before
+  the combine kernel). With every token's ``top_k`` experts drawn uniformly without replacement (forced balance),
+  a token reaches ``D = ep (1 - C(E - L, k) / C(E, k))`` ranks on average (:func:`ep_ranks_per_token`; ``E``
+  experts, ``L = E / ep`` local, ``k = top_k``), so a rank receives ``D t`` rows per dispatch. The dispatch and
+  the combine each take ``D t h`` bytes at HybridEP's algorithm bandwidth as measured on GB200 NVL72 through its
+  torch API at the 32 SMs Megatron-Bridge gives it (:data:`HYBRIDEP_ALGBW`), scaled by the EP group's scale-up
+  bandwidth over GB200's 900 GB/s (:func:`ep_all_to_all_s`; the measured calls also copy the received rows out
+  of, or into, HybridEP's buffer, which Megatron-Core's permuting calls do not: kept in, ``docs/llm.md``); a
+  group that leaves its scale-up domain is priced as the all-to-all. Its permutations move ``2 (D t + r t) h`` elements forward (the permute reads the ``D t``
+  rows and writes the ``r t`` expert rows, the unpermute the reverse; no source-side permute, no sorts), as many
+  backward (:func:`permutation_bytes`).
 * Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
   (:func:`rank_param_groups`); the expert gradients are reduced, and with ZeRO the expert optimizer state
   sharded, over the ``dp cp / ep`` ranks that hold the same experts, the rest over all ``dp cp`` replicas.
@@ -40,6 +55,7 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mcdla.hardware.cluster import Cluster
@@ -50,7 +66,8 @@ from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 from mcdla.workload.memo import pure_cache
 
-__all__ = ["GROUPED_GEMM_CALLS", "ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "expert_gemm_width",
+__all__ = ["GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_REFERENCE_BYTES_PER_S", "ParamGroup", "all_to_all_bytes",
+           "ep_all_to_all_s", "ep_ranks_per_token", "expert_gemm_width", "hybridep_bytes_per_s", "hybridep_priced",
            "expert_params_per_layer", "grouped_gemm_issue_s", "permutation_bytes",
            "rank_param_groups", "routed_expert_flops", "tokens_per_local_expert"]
 
@@ -73,17 +90,76 @@ def all_to_all_bytes(spec: TransformerSpec, execution: Execution) -> float:
     return tokens * spec.top_k * spec.hidden * spec.bytes_per_element * e.capacity_factor
 
 
+HYBRIDEP_ALGBW: tuple[tuple[int, float, float], ...] = (
+    (8, 545.71e9, 568.94e9), (16, 523.48e9, 521.55e9), (24, 507.32e9, 483.76e9), (32, 484.22e9, 464.54e9),
+    (36, 479.02e9, 447.89e9))
+"""HybridEP's measured algorithm bandwidth (bytes a rank receives per dispatch, or sends per combine, over the
+call's time) by EP ranks: (ranks, bf16 dispatch, combine) bytes/s, GB200 NVL72, 4096 tokens of hidden 7168 per
+rank, top-8 of 8 local experts per rank, uniform random routing, 32 SMs, through the torch API (the kernels with
+their copies and bookkeeping, as Megatron-Core calls them). Source: deepseek-ai/DeepEP, branch hybrid-ep, commit
+6ad6896 (25 Sep 2025), ``Hybrid-EP_Intra-node_Implementation.md``, "GB200 Platform" table, SM Count 32 rows;
+its benchmark, ``tests/test_mnnvlink_hybridep.py``, divides ``dispatched_hidden.numel() * 2`` bytes by the
+time. Megatron-Bridge v0.2.0 ``scripts/performance/utils/helpers.py`` sets ``moe_hybridep_num_sms = 32`` for
+every HybridEP recipe."""
+
+HYBRIDEP_REFERENCE_BYTES_PER_S = 900e9
+"""The NVLink 5 bandwidth per direction per GPU of the GB200 NVL72 that :data:`HYBRIDEP_ALGBW` was measured on
+(the ``gb200-nvl72`` preset's scale-up figure, 1.8 TB/s bidirectional)."""
+
+
+def hybridep_bytes_per_s(ranks: int, scale_up_bytes_per_s: float) -> tuple[float, float]:
+    """HybridEP's dispatch and combine algorithm bandwidth for ``ranks`` EP ranks in one scale-up domain of
+    ``scale_up_bytes_per_s`` per direction: :data:`HYBRIDEP_ALGBW` interpolated linearly in the rank count (the
+    end points' figures outside the measured 8-36), scaled by the domain's bandwidth over
+    :data:`HYBRIDEP_REFERENCE_BYTES_PER_S`."""
+    table = HYBRIDEP_ALGBW
+    scale = scale_up_bytes_per_s / HYBRIDEP_REFERENCE_BYTES_PER_S
+    if ranks <= table[0][0]:
+        return table[0][1] * scale, table[0][2] * scale
+    for (r0, d0, c0), (r1, d1, c1) in zip(table, table[1:]):
+        if ranks <= r1:
+            w = (ranks - r0) / (r1 - r0)
+            return (d0 + w * (d1 - d0)) * scale, (c0 + w * (c1 - c0)) * scale
+    return table[-1][1] * scale, table[-1][2] * scale
+
+
+def hybridep_priced(execution: Execution, cluster: Cluster) -> bool:
+    """Whether the EP groups' dispatch and combine are priced as HybridEP's (NOTE [expert parallelism]):
+    ``ep_dispatcher: hybridep`` with each group inside one scale-up domain (its measured rates are intra-domain);
+    otherwise they are the all-to-all dispatcher's collectives."""
+    e = execution
+    if e.ep == 1 or e.ep_dispatcher != "hybridep" or cluster.gpus_per_node == 1 or not cluster.dims:
+        return False  # one GPU per node: no scale-up domain (dims[0] is the network)
+    dims = cluster.group_dims(e.ep, ParallelDims.of(e).stride("ep"))
+    return len(dims) == 1 and dims[0].name == cluster.dims[0].name
+
+
+def ep_ranks_per_token(spec: TransformerSpec, execution: Execution) -> float:
+    """The EP ranks one token's ``top_k`` experts lie on, on average, with the experts drawn uniformly without
+    replacement (forced balance): ``ep (1 - C(E - L, k) / C(E, k))``, ``L = E / ep`` local experts per rank."""
+    ep, experts, k = execution.ep, spec.experts, spec.top_k
+    return ep * (1.0 - math.comb(experts - experts // ep, k) / math.comb(experts, k))
+
+
 def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluster) -> tuple[float, float]:
     """The all-to-all time of one mean layer's forward and backward (seconds, per micro-batch): two
     all-to-alls per MoE layer each way, two more in backward with full recomputation (in the recomputed share
     of the layers, NOTE [partial recompute and offload]), weighted by the share of
-    MoE layers (the mean layer, as the FLOP counts are). Zero without expert parallelism."""
+    MoE layers (the mean layer, as the FLOP counts are); with ``ep_dispatcher: hybridep`` inside one scale-up
+    domain a dispatch and a combine of ``D t h`` bytes at HybridEP's bandwidth instead (NOTE [expert
+    parallelism]). Zero without expert parallelism."""
     e = execution
     if e.ep == 1 or spec.moe_layers == 0:
         return 0.0, 0.0
-    layout = ParallelDims.of(e)
-    dims = cluster.group_dims(e.ep, layout.stride("ep"))
-    one = collective_time("all-to-all", all_to_all_bytes(spec, e), dims) * spec.moe_layers / spec.layers
+    dims = cluster.group_dims(e.ep, ParallelDims.of(e).stride("ep"))
+    share = spec.moe_layers / spec.layers
+    if hybridep_priced(e, cluster):
+        tokens = e.micro_batch * spec.seq_len / (e.cp * e.tp)
+        received = tokens * ep_ranks_per_token(spec, e) * spec.hidden * spec.bytes_per_element
+        dispatch, combine = hybridep_bytes_per_s(e.ep, dims[0].bytes_per_s)
+        pair = (received / dispatch + received / combine) * share  # one dispatch + one combine
+        return pair, (1 + layer_shares(e, spec).recomputed) * pair
+    one = collective_time("all-to-all", all_to_all_bytes(spec, e), dims) * share
     return 2 * one, (2 + 2 * layer_shares(e, spec).recomputed) * one
 
 
@@ -91,12 +167,16 @@ def permutation_bytes(spec: TransformerSpec, execution: Execution) -> float:
     """HBM bytes of one mean layer's token permutations on one rank per micro-batch, in forward (the backward
     moves as many; NOTE [expert parallelism]): ``e h (2 t (1 + r) + 4 r t')`` with ``r = top_k x C`` rows per
     token, ``t = b s / (cp tp)``, ``t' = b s / cp`` (the sorts only with more than one local expert), over the
-    share of MoE layers; 0 for a dense model."""
+    share of MoE layers; with ``ep_dispatcher: hybridep`` ``2 e h (D t + r t)``, ``D`` the ranks a token reaches
+    (:func:`ep_ranks_per_token`); 0 for a dense model."""
     if spec.moe_layers == 0:
         return 0.0
     e = execution
     rows = spec.top_k * e.capacity_factor
     tokens = e.micro_batch * spec.seq_len / (e.cp * e.tp)
+    if e.ep_dispatcher == "hybridep" and e.ep > 1:
+        elements = 2 * tokens * (ep_ranks_per_token(spec, e) + rows) * spec.hidden
+        return spec.bytes_per_element * elements * spec.moe_layers / spec.layers
     sorts = 4 * rows * tokens * e.tp if spec.experts // e.ep > 1 else 0.0
     elements = (2 * tokens * (1 + rows) + sorts) * spec.hidden
     return spec.bytes_per_element * elements * spec.moe_layers / spec.layers

@@ -32,7 +32,7 @@ from mcdla.workload.op_recompute import OP_RECOMPUTE, check_op_recompute
 from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
 from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 
-__all__ = ["CP_COMM_TYPES", "OFFLOAD_TIERS", "OPTIMIZER_KERNELS", "RECOMPUTE_METHODS", "ROPE_KERNELS", "ZERO3_COLLECTIVES",
+__all__ = ["CP_COMM_TYPES", "EP_DISPATCHERS", "OFFLOAD_TIERS", "OPTIMIZER_KERNELS", "RECOMPUTE_METHODS", "ROPE_KERNELS", "ZERO3_COLLECTIVES",
            "Execution", "check_execution",
            "chunk_layers", "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
 
@@ -57,6 +57,10 @@ AdamW one kernel per op (NOTE [foreach optimizer] in :mod:`mcdla.sim.llm_eager`)
 CP_COMM_TYPES = ("p2p", "all_gather")
 """How context-parallel attention exchanges K and V (Megatron-Core's ``--cp-comm-type``): a ring of
 point-to-point sends overlapped with the attention of the block before, or one all-gather before it."""
+EP_DISPATCHERS = ("alltoall", "hybridep")
+"""How Megatron-Core's MoE layer moves tokens to their experts (``Execution.ep_dispatcher``): the ``alltoall``
+token dispatcher (``--moe-token-dispatcher-type alltoall``), or the ``flex`` dispatcher with DeepEP's HybridEP
+backend (``--moe-flex-dispatcher-backend hybridep``); NOTE [expert parallelism] in :mod:`mcdla.sim.llm_moe`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +74,7 @@ class Execution(HashOnce):
         capacity_factor: each expert's token capacity over its mean load (tokens x top_k / experts); the
             expert GEMMs and the all-to-all move this many times the routed tokens (> 1 pads, < 1 drops).
         cp_comm: ``p2p`` (ring, overlapped) or ``all_gather`` (not overlapped), :data:`CP_COMM_TYPES`.
+        ep_dispatcher: ``alltoall`` or ``hybridep``, the MoE token dispatcher (:data:`EP_DISPATCHERS`).
         virtual_stages: model chunks per pipeline rank (1 = plain 1F1B; > 1 = interleaved 1F1B).
         sequence_parallel: split norms and dropouts along the sequence inside the TP group (needs ``tp > 1``).
         zero: ZeRO stage over the DP group: 0 none, 1 optimizer state, 2 + gradients, 3 + weights (FSDP).
@@ -167,6 +172,7 @@ class Execution(HashOnce):
     ep: int = 1
     capacity_factor: float = 1.0
     cp_comm: Literal["p2p", "all_gather"] = "p2p"
+    ep_dispatcher: Literal["alltoall", "hybridep"] = "alltoall"
     recompute_method: Literal["block", "uniform"] = "block"
     recompute_num_layers: int | None = None
     offload_num_layers: int | None = None
@@ -197,6 +203,9 @@ class Execution(HashOnce):
         if self.cp_comm not in CP_COMM_TYPES:
             raise ConfigError(f"execution.cp_comm: got {brief(self.cp_comm)}; "
                               f"must be one of {', '.join(CP_COMM_TYPES)}")
+        if self.ep_dispatcher not in EP_DISPATCHERS:
+            raise ConfigError(f"execution.ep_dispatcher: got {brief(self.ep_dispatcher)}; "
+                              f"must be one of {', '.join(EP_DISPATCHERS)}")
         if (self.dp * self.cp) % self.ep:
             raise ConfigError(f"execution.ep: got {self.ep}; must divide dp*cp = {self.dp}*{self.cp} = "
                               f"{self.dp * self.cp} (experts are split inside the data x context parallel group)")
@@ -470,6 +479,7 @@ class _ExecutionFile(BaseModel):
     ep: int = Field(default=1, ge=1, le=_MAX_COUNT)
     capacity_factor: float = Field(default=1.0, gt=0, le=1000.0)  # 1000 pads past any expert count's need
     cp_comm: Literal["p2p", "all_gather"] = "p2p"
+    ep_dispatcher: Literal["alltoall", "hybridep"] = "alltoall"
     recompute_method: Literal["block", "uniform"] = "block"
     recompute_num_layers: int | None = Field(default=None, ge=0, le=_MAX_COUNT)
     offload_num_layers: int | None = Field(default=None, ge=0, le=_MAX_COUNT)
