@@ -5,8 +5,8 @@ Three checks on the rows Megatron-Core's ``MoEAlltoAllTokenDispatcher`` runs (``
 * ``host_call_time`` fitted on these Xeon rows alone (10 us grid 0-400 us, least RMS relative error), left out one
   row at a time, and the figure at which each row alone is met (bisection);
 * a two-stream timeline of the combined 1F1B schedule of the two ``moe_a2a_overlap`` rows, in the order
-  ``TransformerLayerSchedulePlan.run`` (Megatron-Core 0.15, ``megatron/core/models/common/model_chunk_schedule_plan.py``)
-  issues one layer's forward of one micro-batch and backward of another, the host held at the forward's dispatch
+  ``TransformerLayerSchedulePlan.run`` (Megatron-Core 0.15,
+  ``megatron/core/models/common/model_chunk_schedule_plan.py``) issues one layer's forward of one micro-batch and backward of another, the host held at the forward's dispatch
   until the attention and router are done (the dispatcher's ``before_ep_alltoall`` sync); GPU times are the
   model's (host time 0), the host's the preset's ``host_call_time`` per expert GEMM call;
 * those rows' predictions with the EP all-to-alls hidden (as the two streams hide them) and one pipeline send

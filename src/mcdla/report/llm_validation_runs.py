@@ -162,8 +162,8 @@ _MOE_COMMON = ("distributed optimizer as ZeRO-1; dp_overlap on (src/megatron/bri
                "flash attention; CUDA graphs of the router and preprocess not modelled; " + _BRIDGE_RECIPES)
 _ALLTOALL = ("token dispatcher alltoall (the provider's default; no flex backend in the B200 and H100 configs); its "
              "host synchronisation of the per-expert token counts in every MoE layer's forward (Megatron-Core 0.15 "
-             "MoEAlltoAllTokenDispatcher, cuda_sync_point before_ep_alltoall) and the host time it exposes are not "
-             "modelled")
+             "MoEAlltoAllTokenDispatcher, cuda_sync_point before_ep_alltoall; HybridEP's dropless dispatch and "
+             "TEGroupedMLP's tokens_per_expert.tolist() sync as well) and the host time it exposes are not modelled")
 _HYBRIDEP = ("token dispatcher flex with the HybridEP backend (moe_flex_dispatcher_backend hybridep in the GB200 and "
              "GB300 configs) priced as the all-to-all, its permutations as the alltoall dispatcher's")
 
@@ -172,7 +172,7 @@ def _token_drop(drop: float, dropless: float, precision: str) -> str:
     """The note of a row whose layout the same page's 25.09 table also ran, token-drop (``drop`` tokens/s/GPU):
     the same-layout evidence of what the dropless path costs on its dispatcher."""
     ratio = drop / dropless
-    verdict = ("the dropless alltoall path's cost, not modelled (its host synchronisation below)" if ratio > 1.05
+    verdict = ("the dropless alltoall path's cost, not modelled" if ratio > 1.05
                else "the same within 5%")
     return (f"the same page's 25.09 table runs this layout token-drop at {drop:,g} tokens/s/GPU ({precision}), "
             f"{ratio:.2f}x this dropless row: {verdict}")
