@@ -8,7 +8,8 @@ Three checks on the rows Megatron-Core's ``MoEAlltoAllTokenDispatcher`` runs (``
   ``TransformerLayerSchedulePlan.run`` (Megatron-Core 0.15,
   ``megatron/core/models/common/model_chunk_schedule_plan.py``) issues one layer's forward of one micro-batch and backward of another, the host held at the forward's dispatch
   until the attention and router are done (the dispatcher's ``before_ep_alltoall`` sync); GPU times are the
-  model's (host time 0), the host's the preset's ``host_call_time`` per expert GEMM call;
+  model's (host time 0), the host's the preset's ``host_call_time`` per launch of the grouped GEMMs' loop
+  (``grouped_gemm_launches``, the backward's split evenly between the data and the weight gradients);
 * those rows' predictions with the EP all-to-alls hidden (as the two streams hide them) and one pipeline send
   exposed per slot (the combined schedule's backward starts with the gradient the next stage sends after its
   slot). Run::
@@ -27,7 +28,8 @@ from mcdla.report.llm_records import MeasuredRun
 from mcdla.report.llm_validation import run_cluster
 from mcdla.report.llm_validation_runs import BRIDGE_MOE_RUNS
 from mcdla.sim.llm import cluster_precision, llm_step, stage_costs
-from mcdla.sim.llm_moe import GROUPED_GEMM_CALLS, expert_gemm_width, routed_expert_flops, tokens_per_local_expert
+from mcdla.sim.llm_moe import (expert_gemm_width, grouped_gemm_launches, routed_expert_flops,
+                               tokens_per_local_expert)
 from mcdla.workload.transformer import preset
 
 ALLTOALL = tuple(r for r in BRIDGE_MOE_RUNS if not r.system.startswith("gb"))
@@ -80,7 +82,9 @@ def combined_layer_s(run: MeasuredRun, layers: int = 40) -> tuple[float, float, 
     peak = plain.device.flops_per_s(prec.gemm_peak) * (curve.fp8_fraction if prec.fp8 else 1.0)
     expert = routed_expert_flops(spec, e) / (e.tp * e.cp) / (
         peak * curve.at(expert_gemm_width(spec, e), tokens=tokens_per_local_expert(spec, e)))
-    calls = spec.experts // e.ep * run_cluster(run, None).device.host_call_s  # one call per local expert
+    launch_s = run_cluster(run, None).device.host_call_s
+    fwd_launches, bwd_launches = grouped_gemm_launches(spec, e, prec.fp8)
+    host_f, host_dgrad = fwd_launches * launch_s, bwd_launches * launch_s / 2
     a2a, attn_f, attn_b = sc.layer_ep_fwd_s / 2, sc.layer_fwd_s - expert, sc.layer_bwd_s - 2 * expert
     host, free, done = 0.0, {"comp": 0.0, "comm": 0.0}, {}
 
@@ -94,12 +98,12 @@ def combined_layer_s(run: MeasuredRun, layers: int = 40) -> tuple[float, float, 
     for i in range(layers):  # TransformerLayerSchedulePlan.run, forward layer i beside a backward layer
         op(f"bcomb{i}", "comm", 0.0, a2a, f"bdisp{i - 1}")
         op(f"fattn{i}", "comp", 0.0, attn_f, f"fcomb{i - 1}")  # attention, router, preprocess, permute
-        op(f"bdgrad{i}", "comp", GROUPED_GEMM_CALLS[1] / 2 * calls, expert, f"bcomb{i}")
+        op(f"bdgrad{i}", "comp", host_dgrad, expert, f"bcomb{i}")
         host = max(host, done[f"fattn{i}"])  # cuda_sync_point before_ep_alltoall
         op(f"fdisp{i}", "comm", 0.0, a2a, f"fattn{i}")
-        op(f"bwgrad{i}", "comp", GROUPED_GEMM_CALLS[1] / 2 * calls, expert)
+        op(f"bwgrad{i}", "comp", host_dgrad, expert)
         op(f"bdisp{i}", "comm", 0.0, a2a, f"bdgrad{i}")
-        op(f"fmlp{i}", "comp", GROUPED_GEMM_CALLS[0] * calls, expert, f"fdisp{i}")
+        op(f"fmlp{i}", "comp", host_f, expert, f"fdisp{i}")
         op(f"fcomb{i}", "comm", 0.0, a2a, f"fmlp{i}")
         op(f"battn{i}", "comp", 0.0, attn_b, f"bdisp{i}")
         ends.append(max(free.values()))
