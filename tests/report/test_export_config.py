@@ -136,7 +136,7 @@ def test_megatron_arguments_parse_back_to_the_execution(spec, e, precision):
     assert any("FSDP prefetch" in n for n in notes) is (e.zero == 3 and e.fsdp_prefetch > 0 and not e.dp_overlap)
     assert a.bf16 is ((precision in ("bf16", "fp8")) or None) and a.fp16 is ((precision == "fp16") or None)
     assert a.fp8 == ("hybrid" if precision == "fp8" else None)
-    assert a.fp8_recipe == ({"current": "tensorwise", "delayed": "delayed"}[e.fp8_scaling] if precision == "fp8"
+    assert a.fp8_recipe == ({"current": "tensorwise", "delayed": "delayed", "mxfp8": "mxfp8"}[e.fp8_scaling] if precision == "fp8"
                             else None)
     assert a.moe_expert_capacity_factor == (e.capacity_factor if spec.experts > 1 and e.capacity_factor != 1
                                             else None)

@@ -14,7 +14,8 @@ from mcdla.hardware.gemm import GemmEfficiency
 from mcdla.sim.llm import llm_step
 from mcdla.errors import HardwareError
 from mcdla.hardware.cluster import load_cluster
-from mcdla.sim.llm_moe import (ep_all_to_all_s, ep_ranks_per_token, grouped_gemm_issue_s, permutation_bytes,
+from mcdla.sim.llm_moe import (ep_all_to_all_s, ep_ranks_per_token, grouped_gemm_issue_s, grouped_gemm_launches,
+                               permutation_bytes,
                                tokens_per_local_expert)
 from mcdla.workload.execution import Execution
 from mcdla.workload.hf_config import load_hf_config
@@ -224,12 +225,22 @@ def test_routed_expert_gemms_run_at_their_own_token_count(llm_cluster):
 def test_grouped_gemm_issue_by_hand():
     """Qwen3-30B-A3B (every layer MoE) on EP 8 keeps 128 / 8 = 16 local experts: 2 x 16 calls forward (fc1, fc2)
     and 4 x 16 backward (their data and weight gradients), each ``call_s``; EP 128 keeps one expert, a dense
-    model none."""
-    spec, call = preset("qwen3-30b-a3b"), 70e-6
+    model none. In fp8 the two forward inputs and the two backward gradients are quantized per expert split:
+    current scaling 3 kernels a split (amax, scale, cast): 32 + 2 x 3 x 16 = 128 forward, 64 + 96 = 160 backward;
+    MXFP8 one a split plus two scale swizzles per grouped call: 32 + 32 + 2 x 2 = 68 and 64 + 32 + 4 x 2 = 104;
+    delayed scaling one fused cast of all splits: 32 + 2 = 34 and 64 + 2 = 66."""
+    spec, call = preset("qwen3-30b-a3b"), 40e-6
     e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8)
     assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((32 * call, 64 * call), rel=1e-12)
+    for scaling, launches in (("current", (128, 160)), ("mxfp8", (68, 104)), ("delayed", (34, 66))):
+        e8 = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, fp8_scaling=scaling)
+        assert grouped_gemm_launches(spec, e8, True) == launches
+        assert grouped_gemm_launches(spec, e8, False) == (32, 64)
+        assert grouped_gemm_issue_s(spec, e8, call, fp8=True) == pytest.approx(
+            (launches[0] * call, launches[1] * call), rel=1e-12)
     e = Execution(gpus=128, dp=128, ep=128, micro_batch=1, global_batch=128)
     assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((2 * call, 4 * call), rel=1e-12)
+    assert grouped_gemm_launches(spec, e, True) == (2 + 6, 4 + 6)  # current scaling, one expert
     assert grouped_gemm_issue_s(preset("llama3-8b"), Execution(gpus=1, micro_batch=1, global_batch=1), call) == (0, 0)
 
 
@@ -257,10 +268,10 @@ def test_issue_time_binds_only_past_the_expert_gemms(call_s, llm_cluster):
 
 
 def test_host_call_time_of_the_presets_and_its_bounds(llm_cluster):
-    """The four systems of the Megatron-Bridge MoE rows carry the fitted 70 us (docs/llm.md); a preset without the
+    """The four systems of the Megatron-Bridge MoE rows carry the fitted 40 us (docs/llm.md); a preset without the
     figure charges nothing; a time past the latency bounds is a one-line error."""
     for name in ("dgx-h100", "b200", "gb200-nvl72", "gb300-nvl72"):
-        assert load_cluster(name).device.host_call_s == pytest.approx(70e-6, rel=1e-12)
+        assert load_cluster(name).device.host_call_s == pytest.approx(40e-6, rel=1e-12)
     assert load_cluster("dgx-a100").device.host_call_s == 0.0
     with pytest.raises(HardwareError, match="host_call_time"):
         llm_cluster(host_call_s=2.0)

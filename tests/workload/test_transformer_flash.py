@@ -96,6 +96,6 @@ def test_bad_attention_and_scaling_are_one_line_errors():
     """An unknown attention kind or fp8 recipe names the value and the choices."""
     with pytest.raises(WorkloadError, match=r"attention: got 'sparse'; must be one of flash, materialized"):
         layer_fwd_flops(_gpt(), 1, attention="sparse")
-    with pytest.raises(WorkloadError, match=r"fp8_scaling: got 'mxfp8'; must be one of delayed, current"):
-        fp8_cast_bytes_per_layer(_gpt(), 1, scaling="mxfp8")
+    with pytest.raises(WorkloadError, match=r"fp8_scaling: got 'nvfp4'; must be one of delayed, current, mxfp8"):
+        fp8_cast_bytes_per_layer(_gpt(), 1, scaling="nvfp4")
 

@@ -113,7 +113,8 @@ class _DeviceSpec(_Spec):
     compute_efficiency: float = Field(default=0.7, allow_inf_nan=False)
     memory_efficiency: float = Field(default=0.8, allow_inf_nan=False)
     exp_rate: _Quantity = Field(default=0.0, description="special-function exponentials per second, e.g. 3.9Texp/s")
-    host_call_time: _Quantity = Field(default=0.0, description="host time to issue one library GEMM call, e.g. 70us")
+    host_call_time: _Quantity = Field(default=0.0, description="host time per launch of a grouped GEMM's "
+                                      "per-expert loop (GEMM call or quantization kernel), e.g. 40us")
     source: str
 
     @field_validator("host_call_time")

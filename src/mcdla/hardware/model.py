@@ -46,9 +46,9 @@ class Device:
         memory_efficiency: fraction of HBM bandwidth a layer reaches.
         exp_per_s: exponentials per second of the special-function units (``MUFU.EX2``), the rate FlashAttention's
             softmax runs at besides its two matrix products; 0 = not given (no softmax term is charged).
-        host_call_s: the host's time to issue one library GEMM call with its operand quantization to this device
-            (Transformer Engine's per-expert cuBLASLt calls of a grouped GEMM, NOTE [expert parallelism]), which
-            bounds many small expert GEMMs; 0 = not given (no issue time is charged).
+        host_call_s: the host's time per launch of a grouped GEMM's per-expert loop on this device (Transformer
+            Engine's cuBLASLt calls and fp8 quantization kernels, NOTE [expert parallelism]), which bounds many
+            small expert GEMMs; 0 = not given (no issue time is charged).
         source: where the figures come from.
     """
 

@@ -215,7 +215,7 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
         args += ["--moe-expert-capacity-factor", repr(float(e.capacity_factor)), "--moe-pad-expert-input-to-capacity"]
     if precision == "fp8":
         args += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe",
-                 "tensorwise" if e.fp8_scaling == "current" else "delayed"]
+                 {"current": "tensorwise", "delayed": "delayed", "mxfp8": "mxfp8"}[e.fp8_scaling]]
     elif precision in ("bf16", "fp16"):
         args.append(f"--{precision}")
     return args, offload_notes + notes
@@ -363,8 +363,8 @@ def torchtitan_toml(e: Execution, spec: TransformerSpec, precision: str) -> str:
     if precision == "fp8":
         sections += [("model", {"converters": ["quantize.linear.float8"]}),
                      ("quantize.linear.float8", {"recipe_name": "tensorwise"})]
-        if e.fp8_scaling == "delayed":
-            notes.append("fp8 delayed scaling: torchtitan's float8 recipes scale at run time (written as tensorwise)")
+        if e.fp8_scaling != "current":
+            notes.append(f"fp8 {e.fp8_scaling} scaling: written as torchtitan's tensorwise float8 recipe")
     lines = [f"# torchtitan job for {spec.name}, {e.gpus} GPUs (mcdla search)",
              *(f"# not expressed: {n}" for n in notes)]
     for name, table in sections:

@@ -34,7 +34,7 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
 Nothing here is fitted except one GEMM peak fraction per PyTorch family (their sources say so) and one host figure
 for the MoE family: the ``grand-teton-h100`` preset's peak fraction on torchtitan's three H100 rows (their 500 W clock
 is not published), the ``fms-h100-800g`` preset's on fms-fsdp's three H100 rows (``dgx-h100`` has no fitted bf16
-curve), and ``host_call_time`` (the host's time per per-expert GEMM call of a grouped GEMM, NOTE [expert
+curve), and ``host_call_time`` (the host's time per launch of a grouped GEMM's per-expert loop, NOTE [expert
 parallelism]) of ``dgx-h100``, ``b200``, ``gb200-nvl72`` and ``gb300-nvl72`` on the seven MoE rows.
 """
 
@@ -162,8 +162,8 @@ _MOE_COMMON = ("distributed optimizer as ZeRO-1; dp_overlap on (src/megatron/bri
                "flash attention; CUDA graphs of the router and preprocess not modelled; " + _BRIDGE_RECIPES)
 _ALLTOALL = ("token dispatcher alltoall (the provider's default; no flex backend in the B200 and H100 configs); its "
              "host synchronisation of the per-expert token counts in every MoE layer's forward (Megatron-Core 0.15 "
-             "MoEAlltoAllTokenDispatcher, cuda_sync_point before_ep_alltoall) and the host time it exposes are not "
-             "modelled")
+             "MoEAlltoAllTokenDispatcher, cuda_sync_point before_ep_alltoall; HybridEP's dropless dispatch and "
+             "TEGroupedMLP's tokens_per_expert.tolist() sync as well) and the host time it exposes are not modelled")
 _HYBRIDEP = ("token dispatcher flex with the HybridEP backend (moe_flex_dispatcher_backend hybridep in the GB200 and "
              "GB300 configs) as ep_dispatcher hybridep: each token sent once to each rank holding one of its experts, "
              "in bf16, at DeepEP's measured GB200 algorithm bandwidth for 32 SMs (Megatron-Bridge's "
@@ -177,7 +177,7 @@ def _token_drop(drop: float, dropless: float, precision: str) -> str:
     """The note of a row whose layout the same page's 25.09 table also ran, token-drop (``drop`` tokens/s/GPU):
     the same-layout evidence of what the dropless path costs on its dispatcher."""
     ratio = drop / dropless
-    verdict = ("the dropless alltoall path's cost, not modelled (its host synchronisation below)" if ratio > 1.05
+    verdict = ("the dropless alltoall path's cost, not modelled" if ratio > 1.05
                else "the same within 5%")
     return (f"the same page's 25.09 table runs this layout token-drop at {drop:,g} tokens/s/GPU ({precision}), "
             f"{ratio:.2f}x this dropless row: {verdict}")
@@ -201,7 +201,8 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
                             **execution))  # type: ignore[arg-type]
 
 
-_MX = "FP8-MX (MXFP8, 32-element block scales) taken as fp8: its GEMMs at the fp8 peak"
+_MX = ("FP8-MX (MXFP8, 32-element block scales) as fp8 with fp8_scaling mxfp8: its GEMMs at the fp8 peak, one cast "
+       "kernel per expert split")
 _SPLIT_235B = ("94 layers split with the embedding and the loss counted as layers (the Qwen3-235B-A22B recipe's "
                "account_for_*_in_pipeline_split)")
 _RACK_64 = ("64 GPUs per NVL72 rack: the launcher (utils/executors.py) asks Slurm for --segment 16 on a 64-tray GB "
@@ -213,20 +214,21 @@ _SPLIT_KW = dict(account_for_embedding_in_pipeline_split=True, account_for_loss_
 
 BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
     _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 2, 1, 2, 24, 8, 5275,
-                "FP8-CS as fp8; the all-to-all's overlap with compute (moe_a2a_overlap True in the H100 configs) "
+                "FP8-CS as fp8 with fp8_scaling current (amax, scale and cast kernels per expert split); the "
+                "all-to-all's overlap with compute (moe_a2a_overlap True in the H100 configs) "
                 f"not modelled; {_token_drop(10494, 5275, 'FP8-CS')}"),
     _bridge_moe("b200", "qwen3-30b-a3b", 8, "fp8", 512, 1, 1, 1, 1, 8, 9299,
-                f"{_MX}; {_token_drop(18066, 9299, 'FP8-CS, no FP8-MX figure')}"),
+                f"{_MX}; {_token_drop(18066, 9299, 'FP8-CS, no FP8-MX figure')}", fp8_scaling="mxfp8"),
     _bridge_moe("gb200-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 23766,
-                f"{_MX}; {_token_drop(23723, 23766, 'FP8-MX')}"),
-    _bridge_moe("gb300-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 28934, _MX),
+                f"{_MX}; {_token_drop(23723, 23766, 'FP8-MX')}", fp8_scaling="mxfp8"),
+    _bridge_moe("gb300-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 28934, _MX, fp8_scaling="mxfp8"),
     _bridge_moe("gb200-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 1, 1, 8, 3, 32, 4916, _SPLIT_RACK,
                 gpus_per_node=64, **_SPLIT_KW),
     _bridge_moe("gb300-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 2, 1, 4, 12, 16, 6131, _SPLIT_RACK,
                 gpus_per_node=64, **_SPLIT_KW),
     _bridge_moe("b200", "qwen3-235b-a22b", 64, "fp8", 1024, 1, 1, 8, 2, 8, 3269,
                 f"{_MX}; {_SPLIT_235B}; the all-to-all's overlap with compute (moe_a2a_overlap True in the B200 "
-                f"configs) not modelled; {_token_drop(4275, 3269, 'FP8-MX')}", **_SPLIT_KW),
+                f"configs) not modelled; {_token_drop(4275, 3269, 'FP8-MX')}", fp8_scaling="mxfp8", **_SPLIT_KW),
 )
 """Megatron-Bridge 25.11's Qwen3 MoE runs (30B-A3B on H100, B200, GB200, GB300; 235B-A22B on GB200, GB300, B200)."""
 

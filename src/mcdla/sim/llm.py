@@ -19,7 +19,7 @@ NOTE [time model] (also ``docs/llm.md``):
   and, with ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x; an MoE
   layer's token permutations move as many bytes each way, and its grouped GEMMs wait for the host's per-expert
-  calls where those outlast them (NOTE [expert parallelism]).
+  launches (GEMM calls and fp8 quantizations) where those outlast them (NOTE [expert parallelism]).
   ``fused_kernels: false`` counts those kernels as eager PyTorch runs them, one per op (NOTE [eager kernels] in
   :mod:`mcdla.sim.llm_eager`). Recompute adds a forward (``full``), the attention core with its softmax and
   dropout (``selective``) or torchtitan's op policy's every second matrix product and the memory-bound kernels
@@ -672,8 +672,8 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     dense_gemm = flops["gemm"] - routed / e.capacity_factor
     expert_f = routed / split / expert_rate if routed else 0.0
     gemm_f = dense_gemm / split / gemm_rate + expert_f
-    # the host's per-expert GEMM calls, where they outlast the experts' GEMMs (NOTE [expert parallelism])
-    issue_f, issue_b = grouped_gemm_issue_s(spec, e, dev.host_call_s)
+    # the host's per-expert launches, where they outlast the experts' GEMMs (NOTE [expert parallelism])
+    issue_f, issue_b = grouped_gemm_issue_s(spec, e, dev.host_call_s, fp8=prec.fp8)
     issue_wait_f, issue_wait_b = max(0.0, issue_f - expert_f), max(0.0, issue_b - curve.backward_ratio * expert_f)
     attn_f = flops["attention"] / split / other_rate
     if e.attention == "flash":

@@ -20,6 +20,10 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   (:meth:`~mcdla.hardware.gemm.GemmEfficiency.at`) prices them at their own count, and its width term at
   their own narrowest dimension, ``min(hidden, ffn_hidden) / tp`` (:func:`expert_gemm_width`; Qwen3-30B-A3B's
   768-wide experts against its 2048 hidden), where a dense layer's GEMMs take ``hidden / tp``.
+* The host issues a grouped GEMM as a loop over the local experts (Transformer Engine's ``GroupedLinear``): per
+  expert its GEMM calls and, in fp8, the quantization kernels of its split of each input, as the recipe
+  launches them (:func:`grouped_gemm_launches`); each launch costs the device's ``host_call_s``, and the
+  expert GEMMs wait for the host where its launches outlast them (:func:`grouped_gemm_issue_s`).
 * The token permutations (Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with ``moe_permute_fusion``, the
   Transformer Engine kernels): each token's hidden vector is copied to its ``r = top_k x C`` expert rows
   (``permute``: read ``t h``, write ``r t h`` elements, ``t = b s / (cp tp)``), the rows received are sorted by
@@ -66,9 +70,10 @@ from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 from mcdla.workload.memo import pure_cache
 
-__all__ = ["GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_REFERENCE_BYTES_PER_S", "ParamGroup", "all_to_all_bytes",
-           "ep_all_to_all_s", "ep_ranks_per_token", "expert_gemm_width", "hybridep_bytes_per_s", "hybridep_priced",
-           "expert_params_per_layer", "grouped_gemm_issue_s", "permutation_bytes",
+__all__ = ["GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_REFERENCE_BYTES_PER_S", "MXFP8_SWIZZLES",
+           "QUANTIZE_LAUNCHES", "ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "ep_ranks_per_token",
+           "expert_gemm_width", "expert_params_per_layer", "grouped_gemm_issue_s", "grouped_gemm_launches",
+           "hybridep_bytes_per_s", "hybridep_priced", "permutation_bytes",
            "rank_param_groups", "routed_expert_flops", "tokens_per_local_expert"]
 
 
@@ -209,16 +214,47 @@ GROUPED_GEMM_CALLS: tuple[int, int] = (2, 4)
 """GEMM calls per local expert of one MoE layer and micro-batch, forward and backward: fc1 and fc2 forward (the
 SwiGLU's gate and up projections are one fused fc1), the data gradient and the weight gradient of each backward."""
 
+QUANTIZE_LAUNCHES: dict[str, tuple[int, int]] = {"current": (3, 0), "delayed": (0, 1), "mxfp8": (1, 0)}
+"""Kernel launches of one quantization of a grouped GEMM's input by fp8 recipe, per local expert's split and per
+grouped call: current scaling launches an amax, a scale and a cast kernel per split
+(``Float8CurrentScalingQuantizer::quantize_impl``), MXFP8 one cast per split (``MXFP8Quantizer::quantize``),
+delayed scaling one fused cast of every split (``nvte_multi_cast_transpose``): ``tex.split_quantize``,
+``multi_tensor_quantize_impl`` in Transformer Engine 2.9's ``transformer_engine/pytorch/csrc/extensions/cast.cpp``
+and ``quantizer.cpp``."""
 
-def grouped_gemm_issue_s(spec: TransformerSpec, execution: Execution, call_s: float) -> tuple[float, float]:
-    """Host time to issue one mean layer's per-expert GEMM calls on one rank per micro-batch, forward and
-    backward (NOTE [expert parallelism]): ``2 L call_s`` and ``4 L call_s`` for ``L = experts / ep`` local experts
-    (:data:`GROUPED_GEMM_CALLS`), over the share of MoE layers; ``call_s`` is the device's ``host_call_s``. Zero
-    for a dense model."""
+MXFP8_SWIZZLES = 2
+"""Launches per grouped GEMM call with MXFP8 operands: one fused swizzle of each operand list's block scales
+(``multi_tensor_swizzle_scaling_factors`` in Transformer Engine 2.9's ``te_general_grouped_gemm``)."""
+
+
+def grouped_gemm_launches(spec: TransformerSpec, execution: Execution, fp8: bool) -> tuple[int, int]:
+    """Launches the host issues for one MoE layer's grouped GEMMs on one rank per micro-batch, forward and
+    backward (NOTE [expert parallelism]): per local expert its GEMM calls (:data:`GROUPED_GEMM_CALLS`) and, in
+    fp8, the quantizations of its split of each GEMM's input, two forward (fc1's and fc2's inputs) and two
+    backward (their output gradients; the weight gradients reuse the forward's casts), at
+    :data:`QUANTIZE_LAUNCHES` of the execution's ``fp8_scaling`` each, and with MXFP8 :data:`MXFP8_SWIZZLES` per
+    grouped call (two forward, four backward). ``(0, 0)`` for a dense model."""
     if spec.moe_layers == 0:
-        return 0.0, 0.0
-    issued = spec.experts // execution.ep * call_s * spec.moe_layers / spec.layers
-    return GROUPED_GEMM_CALLS[0] * issued, GROUPED_GEMM_CALLS[1] * issued
+        return 0, 0
+    local = spec.experts // execution.ep
+    fwd, bwd = GROUPED_GEMM_CALLS[0] * local, GROUPED_GEMM_CALLS[1] * local
+    if fp8:
+        per_split, per_call = QUANTIZE_LAUNCHES[execution.fp8_scaling]
+        swizzles = MXFP8_SWIZZLES if execution.fp8_scaling == "mxfp8" else 0
+        quantize = 2 * (per_split * local + per_call)
+        fwd += quantize + swizzles * GROUPED_GEMM_CALLS[0]
+        bwd += quantize + swizzles * GROUPED_GEMM_CALLS[1]
+    return fwd, bwd
+
+
+def grouped_gemm_issue_s(spec: TransformerSpec, execution: Execution, call_s: float, *,
+                         fp8: bool = False) -> tuple[float, float]:
+    """Host time to issue one mean layer's grouped-GEMM launches on one rank per micro-batch, forward and
+    backward (NOTE [expert parallelism]): :func:`grouped_gemm_launches` times ``call_s`` (the device's
+    ``host_call_s``) over the share of MoE layers. Zero for a dense model."""
+    fwd, bwd = grouped_gemm_launches(spec, execution, fp8)
+    share = call_s * spec.moe_layers / spec.layers
+    return fwd * share, bwd * share
 
 
 @pure_cache(64)

@@ -99,7 +99,8 @@ class Execution(HashOnce):
         attention: ``flash`` (fused FlashAttention-2, no stored scores) or ``materialized`` (the ``s x s``
             scores in HBM, Megatron's fused softmax of the published A100 runs); NOTE [flash attention] in
             :mod:`mcdla.workload.transformer`.
-        fp8_scaling: Transformer Engine's recipe when the GEMMs run in fp8: ``current`` or ``delayed``.
+        fp8_scaling: Transformer Engine's recipe when the GEMMs run in fp8: ``current``, ``delayed`` or
+            ``mxfp8`` (block scales, Blackwell's FP8-MX).
         tp_comm_overlap: hide the TP collectives behind the GEMMs they pair with, up to those GEMMs' time
             (Transformer Engine's userbuffers).
         pp_comm_overlap: with an interleaved schedule (``virtual_stages > 1``), each pipeline send and receive
@@ -155,7 +156,7 @@ class Execution(HashOnce):
     offload_optimizer: bool = False
     dp_overlap: bool = False
     attention: Attention = "flash"
-    fp8_scaling: Literal["delayed", "current"] = "current"
+    fp8_scaling: Literal["delayed", "current", "mxfp8"] = "current"
     tp_comm_overlap: bool = False
     pp_comm_overlap: bool = False
     fsdp_prefetch: int = 1
@@ -462,7 +463,7 @@ class _ExecutionFile(BaseModel):
     offload_optimizer: bool = False
     dp_overlap: bool = False
     attention: Literal["flash", "materialized"] = "flash"
-    fp8_scaling: Literal["delayed", "current"] = "current"
+    fp8_scaling: Literal["delayed", "current", "mxfp8"] = "current"
     tp_comm_overlap: bool = False
     pp_comm_overlap: bool = False
     fsdp_prefetch: int = Field(default=1, ge=0, le=_MAX_COUNT)

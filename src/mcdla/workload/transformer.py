@@ -462,9 +462,10 @@ def hardware_flops_per_iteration(spec: TransformerSpec, global_batch: int, recom
     return spec.layers * (per_layer + extra) + 3.0 * logits_fwd_flops(spec, global_batch)
 
 
-FP8_SCALINGS: tuple[str, ...] = ("delayed", "current")
+FP8_SCALINGS: tuple[str, ...] = ("delayed", "current", "mxfp8")
 """Transformer Engine's fp8 recipes: ``delayed`` scales by an amax history (the amax comes out of the cast
-kernel), ``current`` by the tensor's own amax, a separate reduction pass before the cast."""
+kernel), ``current`` by the tensor's own amax, a separate reduction pass before the cast, ``mxfp8`` (Blackwell's
+MXFP8) by one scale per 32-element block, computed in the cast kernel's one pass."""
 
 
 @pure_cache(1024, copy_dict=True)
@@ -472,7 +473,8 @@ def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int
                              scaling: str = "current") -> dict[str, float]:
     """HBM bytes of one layer's fp8 quantisation on one rank, ``fwd`` and ``bwd``: every GEMM input is cast
     (read at ``bytes_per_element``, written at 1 byte) before its fp8 GEMM; ``current`` scaling first reads it
-    once more for its amax. Forward inputs: QKV and fc1 inputs (``b s h``, whole on every TP rank; fc1's once
+    once more for its amax (``delayed`` and ``mxfp8`` do not; MXFP8's block scales, a byte per 32 elements, are
+    left out). Forward inputs: QKV and fc1 inputs (``b s h``, whole on every TP rank; fc1's once
     per expert FFN a token runs), projection and fc2 inputs (split over ``tp``); backward: the output gradients
     of the four GEMMs. Weights are cast once per iteration and kept (their fp8 copy is memory, not per-layer
     traffic)."""
