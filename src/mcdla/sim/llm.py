@@ -33,6 +33,16 @@ NOTE [time model] (also ``docs/llm.md``):
   dimensions (the NVLink domain, in-network where the switch reduces);
   full recomputation repeats the forward ones. Not overlapped with compute (Megatron-LM 2021-2022) unless
   ``tp_comm_overlap``: then hidden behind the GEMMs they pair with, up to those GEMMs' time (TE userbuffers).
+* NOTE [userbuffers ring exchange]: with ``tp_comm_overlap`` Transformer Engine's ring exchange (v2.9, 70f5366,
+  ``common/comm_gemm_overlap/comm_gemm_overlap.cpp`` ``CommOverlapP2PBase::split_overlap_ag`` and
+  ``split_overlap_rs``; Megatron-Bridge v0.2.1's fp8 userbuffers configurations, ``training/comm_overlap.py``, run
+  ``qkv_fprop``, ``fc1_fprop``, ``proj_fprop``, ``fc2_fprop``, ``proj_dgrad`` and ``fc2_dgrad`` so) runs each of
+  those GEMMs as ``tp`` GEMMs of ``b s / (cp tp)`` tokens, one per chunk the ring passes on, priced at the curve's
+  point for that token count (:func:`ring_exchange_costs`; no slower than the whole GEMM while ``half_tokens`` is
+  0), and closes each reduce-scatter ring (the projection's and fc2's forward) with ``reduce_bf16``, a kernel on
+  the main stream that reads the ``tp`` partial outputs of ``b s / (cp tp) x h`` elements and writes their sum,
+  at the HBM rate after the ring. Megatron-Bridge's bf16 configurations split ``proj_fprop`` and ``fc2_fprop`` in
+  a pipeline that reduces inside the communication kernel; the model does not tell the two apart.
 * Pipeline: per micro-batch a stage runs its ``layers / pp`` layers forward and backward plus, per virtual
   chunk, a point-to-point send of the activation and one of its gradient (``b s h / tp`` bytes with
   Megatron's scatter/gather) over the dimension neighbouring stages are apart on (with ``pp_comm_overlap`` only what
