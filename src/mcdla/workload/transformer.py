@@ -473,7 +473,7 @@ def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int
                              scaling: str = "current", sp: bool = False,
                              tn_only: bool = False) -> dict[str, float]:
     """HBM bytes of one layer's fp8 quantisation on one rank, ``fwd`` and ``bwd``, as Transformer Engine 2.9 runs
-    it (NOTE [fp8 casts]): every GEMM input is cast (read at ``bytes_per_element``, written at 1 byte) before its
+    it (`docs/llm.md` "Precision per GEMM"): every GEMM input is cast (read at ``bytes_per_element``, written at 1 byte) before its
     fp8 GEMM; ``current`` scaling first reads it once more for its amax, except where the norm in front of the
     QKV and (dense) fc1 GEMMs takes that amax while it writes the input; ``delayed`` casts those two inside the
     norm and takes every amax from the cast; with ``sp`` (sequence parallelism) the QKV and fc1 inputs and the
