@@ -10,7 +10,14 @@ alone (leave-one-out), and reports each row's error both ways with the family's 
 the fraction that predicts the row exactly (its spread within a chip is what no per-chip figure can fit). A row
 whose group holds no other row has no leave-one-out fit and is reported as such. The Megatron-Bridge MoE
 family's fp8 rows run on the same presets; its mean and max |error| under each grouping's in-sample fractions
-are reported beside, for information (its rows are not fitted here). Run::
+are reported beside, for information (its rows are not fitted here).
+
+The second table asks whether the tokens a GEMM multiplies explain the rows the fraction leaves: Transformer
+Engine's userbuffers ring exchange (``tp_comm_overlap``) splits each forward GEMM and the projection's and fc2's
+dgrad into ``tp`` GEMMs of ``b s / (cp tp)`` tokens (NOTE [userbuffers ring exchange] in ``mcdla.sim.llm``), which
+the curve prices at ``t / (t + half_tokens)``; for each ``half_tokens`` of :data:`HALF_TOKENS` (set on the four
+presets, every GEMM at its own token count) the per-chip fractions are refitted and the family cross-validated
+as above. Run::
 
     .venv/bin/python -m benchmarks.bench_fp8_loo               # run, print and record in RESULTS.md
     .venv/bin/python -m benchmarks.bench_fp8_loo --no-record   # print only
@@ -35,6 +42,8 @@ FAMILY = "megatron-bridge-fp8"
 MOE_FAMILY = "megatron-bridge-moe"
 GRID = tuple(i / 100 for i in range(60, 101))
 """The fraction's grid: the presets' fitting procedure, 0.01 steps over 0.60-1.00."""
+HALF_TOKENS = (0.0, 16.0, 32.0, 64.0, 128.0, 256.0)
+"""The curve's ``half_tokens`` swept against the ring exchange's chunked GEMMs (0: the presets' own)."""
 
 _CHIP = {"dgx-h100": "H100", "b200": "B200", "gb200-nvl72": "B200", "gb300-nvl72": "B300"}
 """The GPU chip of each preset the family runs on: HGX B200 and GB200 both carry the Blackwell B200 (at 1,000 W
@@ -47,19 +56,22 @@ GROUPINGS: dict[str, Callable[[MeasuredRun], str]] = {
 }
 
 
-def _predict(run: MeasuredRun, cluster: Cluster, fraction: float) -> float:
-    """The run's predicted iteration seconds with its preset's ``fp8_fraction`` set to ``fraction``."""
+def _predict(run: MeasuredRun, cluster: Cluster, fraction: float, half_tokens: float | None = None) -> float:
+    """The run's predicted iteration seconds with its preset's ``fp8_fraction`` set to ``fraction`` (and its
+    ``half_tokens`` to ``half_tokens`` where given)."""
     curve = dataclasses.replace(cluster.gemm_efficiency, fp8_fraction=fraction)
+    if half_tokens is not None:
+        curve = dataclasses.replace(curve, half_tokens=half_tokens)
     return llm_step(preset(run.model), run.execution, dataclasses.replace(cluster, gemm_efficiency=curve),
                     precision=run.precision).iteration_s
 
 
-def _error_table(runs: Sequence[MeasuredRun]) -> list[dict[float, float]]:
-    """Each run's signed relative error at every grid fraction."""
+def _error_table(runs: Sequence[MeasuredRun], half_tokens: float | None = None) -> list[dict[float, float]]:
+    """Each run's signed relative error at every grid fraction (at ``half_tokens`` where given)."""
     table = []
     for run in runs:
         cluster = run_cluster(run, None)
-        table.append({f: _predict(run, cluster, f) / run.measured_s - 1.0 for f in GRID})
+        table.append({f: _predict(run, cluster, f, half_tokens) / run.measured_s - 1.0 for f in GRID})
     return table
 
 
@@ -125,7 +137,12 @@ def run_all() -> dict[str, Any]:
         result["moe"] = _moe_errors(result["fitted"], lambda system, g=group_of: g(  # type: ignore[misc]
             dataclasses.replace(runs[0], system=system)))
         results[name] = result
-    return {"runs": runs, "results": results, "exact": [exact_fraction(e) for e in errors]}
+    sweep = {}
+    for half in HALF_TOKENS:
+        table = errors if half == 0.0 else _error_table(runs, half)
+        sweep[half] = cross_validate(runs, table, GROUPINGS["per chip (shipped, 3 fractions)"])
+        sweep[half]["exact"] = [exact_fraction(e) for e in table]
+    return {"runs": runs, "results": results, "exact": [exact_fraction(e) for e in errors], "sweep": sweep}
 
 
 def _table(out: dict[str, Any]) -> str:
@@ -150,7 +167,30 @@ def _table(out: dict[str, Any]) -> str:
         rows.append(tuple(cells))
     return (text + "\n\nPer row (exact at: the fraction that predicts the row exactly; leave-one-out: the row's group "
                    "refitted without it, the fraction it got):\n\n"
-            + markdown_table(tuple(head), rows))
+            + markdown_table(tuple(head), rows) + "\n\n" + _sweep_table(out))
+
+
+def _sweep_table(out: dict[str, Any]) -> str:
+    """The ``half_tokens`` sweep: per value the refitted per-chip fractions, the family's in-sample and
+    leave-one-out mean / max, and each row's in-sample / leave-one-out error and exact fraction."""
+    runs, sweep = out["runs"], out["sweep"]
+    summary = [(f"{half:g}", ", ".join(f"{g} {f:.2f}" for g, f in r["fitted"].items()), _stats(r["in_sample"]),
+                _stats(r["loo"])) for half, r in sweep.items()]
+    rows = []
+    for i, run in enumerate(runs):
+        tokens = run.execution.micro_batch * preset(run.model).seq_len / (run.execution.cp * run.execution.tp)
+        chunk = f"{tokens:,.0f}" if run.execution.tp_comm_overlap and run.execution.tp > 1 else "-"
+        cells = [run.name, chunk]
+        for r in sweep.values():
+            exact = r["exact"][i]
+            cells.append(f"{r['in_sample'][i]:+.1%} / {r['loo'][i]:+.1%} ("
+                         + (f"{exact:.2f}" if exact is not None else "-") + ")")
+        rows.append(tuple(cells))
+    return ("The ring exchange's chunked GEMMs against the curve's half_tokens (per chip fractions refitted):\n\n"
+            + markdown_table(("half_tokens", "fitted fp8_fraction", "in-sample mean / max", "leave-one-out mean / max"),
+                             summary)
+            + "\n\nPer row (ring chunk: tokens a chunked GEMM multiplies; in-sample / leave-one-out (exact at)):\n\n"
+            + markdown_table(("run", "ring chunk", *(f"half_tokens {h:g}" for h in sweep)), rows))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -41,3 +41,22 @@ def test_exact_fraction_is_the_zero_of_the_error():
     grid has none."""
     assert exact_fraction({f: 0.5 * (0.7234 - f) for f in GRID}) == pytest.approx(0.7234)
     assert exact_fraction({f: 1.2 - f for f in GRID}) is None
+
+
+def test_the_sweep_predicts_with_the_curves_half_tokens():
+    """The half_tokens sweep prices a row as llm_step does on its preset with the curve's fraction and half_tokens
+    both replaced."""
+    import dataclasses
+
+    from benchmarks.bench_fp8_loo import FAMILY, _predict
+    from mcdla.report.llm_validation import FAMILIES, run_cluster
+    from mcdla.sim.llm import llm_step
+    from mcdla.workload.transformer import preset
+
+    run = next(r for r in FAMILIES[FAMILY] if r.execution.tp_comm_overlap)
+    cluster = run_cluster(run, None)
+    curve = dataclasses.replace(cluster.gemm_efficiency, fp8_fraction=0.8, half_tokens=100.0)
+    direct = llm_step(preset(run.model), run.execution, dataclasses.replace(cluster, gemm_efficiency=curve),
+                      precision=run.precision).iteration_s
+    assert _predict(run, cluster, 0.8, 100.0) == pytest.approx(direct, rel=1e-12)
+    assert _predict(run, cluster, 0.8, 100.0) > _predict(run, cluster, 0.8)

@@ -232,3 +232,31 @@ def test_pp_comm_overlap_fill_and_drain_wait_for_every_hidden_send(llm_cluster):
     for mode in ("fast", "ranks"):
         got = llm_step(GPT, Execution(**e, pp_comm_overlap=True), _cluster(llm_cluster, nvlink=bw), mode=mode)
         assert got.iteration_s == pytest.approx(free.iteration_s + 2 * (v * p - 1) * send, rel=1e-9)
+
+
+@pytest.mark.parametrize("half, hbm", [(0.0, 1e12), (512.0, math.inf), (256.0, 2e12)])
+def test_userbuffers_ring_exchange_chunks_the_gemms_and_reduces_after_the_ring(half, hbm, llm_cluster):
+    """tp_comm_overlap (TE userbuffers' ring exchange), links free: each forward GEMM and the projection's and fc2's
+    dgrad (5 h^2 of the layer's 12 h^2 per token) run as t GEMMs of T / t tokens, T = b s, so at (T/t + H)/(T/t)
+    instead of (T + H)/T of the flat efficiency; the projection's and fc2's reduce-scatter rings end in a kernel
+    that reads t chunks of T/t x h bf16 elements and writes one: 2 x 2 (T h + T h / t) bytes a layer's forward."""
+    t, b, m = 4, 2, 2
+    e = dict(gpus=t, tp=t, micro_batch=b, global_batch=b * m, sequence_parallel=True)
+    c = _with_curve(_cluster(llm_cluster), half_tokens=half)
+    c = dataclasses.replace(c, device=dataclasses.replace(c.device, hbm_bytes_per_s=hbm, memory_efficiency=0.5))
+    plain = llm_step(GPT, Execution(**e), c)
+    overlap = llm_step(GPT, Execution(**e, tp_comm_overlap=True), c)
+    tokens, h = b * GPT.seq_len, GPT.hidden
+    flat = 24 * tokens * h * h / (PEAK * EFF * t)
+    chunked = flat * (tokens / t + half) / (tokens / t) - flat * (tokens + half) / tokens
+    reduce = 2 * 2 * (tokens * h + tokens * h / t) / (hbm * 0.5)
+    extra = m * GPT.layers * (chunked * (1 + 5 / 12) + reduce)
+    assert overlap.iteration_s - plain.iteration_s == pytest.approx(extra, rel=1e-9)
+
+
+def test_fp8_tn_only_must_be_a_bool():
+    """A non-boolean fp8_tn_only is one line naming the field and the value."""
+    from mcdla.errors import HardwareError
+
+    with pytest.raises(HardwareError, match=r"^gemm_efficiency\.fp8_tn_only: got 'yes'; must be true or false$"):
+        GemmEfficiency(peak_fraction=0.5, half_width=0, fp8_tn_only="yes")

@@ -78,17 +78,33 @@ def test_flash_kernel_traffic_per_head_is_fa2_compulsory_io(tp, cp):
     assert got["fwd"] == pytest.approx(fwd, rel=1e-12) and got["bwd"] == pytest.approx(bwd, rel=1e-12)
 
 
-@pytest.mark.parametrize("scaling, per_element", [("delayed", 3), ("current", 5)])
-def test_fp8_cast_traffic_sums_each_gemm_input(scaling, per_element):
-    """Each fp8 GEMM input is read in bf16 (2 bytes) and written in fp8 (1); current scaling reads it once more
-    for its amax: 3 or 5 bytes an element. GPT inputs per rank, forward: QKV h, projection h/t, fc1 h, fc2 4h/t;
-    backward output gradients: QKV 3h/t, projection h, fc1 4h/t, fc2 h (per token)."""
+# Bytes an element of each GPT fp8 GEMM input by hand (bf16 in, 1-byte fp8 out; current scaling's amax pass reads
+# 2 more): per token, forward QKV h, projection h/t, fc1 h, fc2 4h/t; backward output gradients QKV 3h/t,
+# projection h, fc1 4h/t, fc2 h. Transformer Engine 2.9: the QKV and fc1 inputs leave a norm, which takes current
+# scaling's amax (3 bytes: read 2, write 1) or writes delayed scaling's fp8 itself (0); with SP they and the
+# projection and fc2 output gradients are cast on the 1/t shard; TN-only (Hopper) writes a transposed byte in each
+# whole cast and transposes a gathered tensor (read 1, write 1) for the wgrad.
+_GPT_CASTS = {  # (scaling, sp, tn_only): (QKV/fc1 input, proj/fc2 input, proj/fc2 grad, QKV/fc1 grad, gathered)
+    ("current", False, False): (3, 5, 5, 5, 0),
+    ("current", True, False): (3 / 4, 5, 5 / 4, 5, 0),
+    ("current", True, True): (3 / 4, 6, 5 / 4, 6, 2),
+    ("current", False, True): (4, 6, 6, 6, 0),
+    ("delayed", False, False): (0, 3, 3, 3, 0),
+    ("mxfp8", True, False): (3 / 4, 3, 3 / 4, 3, 0),
+}
+
+
+@pytest.mark.parametrize("scaling, sp, tn_only", list(_GPT_CASTS))
+def test_fp8_cast_traffic_sums_each_gemm_input(scaling, sp, tn_only):
+    """Each fp8 GEMM input's cast as Transformer Engine 2.9 runs it, summed by hand over the four GEMMs each way
+    (``_GPT_CASTS``, tp 4)."""
     h, s, b, t = 1024, 512, 2, 4
     spec = _gpt(h=h, s=s)
     tokens = b * s
-    fwd = sum([h, h / t, h, 4 * h / t]) * tokens * per_element
-    bwd = sum([3 * h / t, h, 4 * h / t, h]) * tokens * per_element
-    got = fp8_cast_bytes_per_layer(spec, b, tp=t, scaling=scaling)
+    normed, row_in, row_grad, col_grad, gathered = _GPT_CASTS[(scaling, sp, tn_only)]
+    fwd = tokens * (2 * h * normed + (h / t + 4 * h / t) * row_in)
+    bwd = tokens * (2 * h * row_grad + (3 * h / t + 4 * h / t) * col_grad + 4 * h * gathered)
+    got = fp8_cast_bytes_per_layer(spec, b, tp=t, scaling=scaling, sp=sp, tn_only=tn_only)
     assert got["fwd"] == pytest.approx(fwd, rel=1e-12) and got["bwd"] == pytest.approx(bwd, rel=1e-12)
 
 

@@ -49,7 +49,9 @@ class GemmEfficiency:
     tokens it multiplies ``t`` (``micro_batch * seq / cp`` for a dense GEMM, the tokens of one local expert for
     a routed expert's grouped GEMM): ``peak_fraction * x / (x + half_width) * t / (t +
     half_tokens)``; its backward takes ``backward_ratio`` x its forward; in fp8 it reaches ``fp8_fraction`` of
-    that efficiency against the fp8 peak.
+    that efficiency against the fp8 peak; ``fp8_tn_only``: its fp8 GEMMs take only the TN layout (Hopper: Transformer
+    Engine 2.9's ``is_non_tn_fp8_gemm_supported`` is false below compute capability 10.0), so a tensor a backward GEMM
+    reads the other way is also written transposed (``mcdla.workload.transformer.fp8_cast_bytes_per_layer``).
 
     Narrow per-rank matrices (small models, wide TP) and short token counts fill fewer tiles and waves of the GPU.
     The curve belongs to the device, so it sits in the hardware description with its source; it is the fitted
@@ -62,6 +64,7 @@ class GemmEfficiency:
     half_tokens: float = DEFAULT_HALF_TOKENS
     backward_ratio: float = DEFAULT_BACKWARD_RATIO
     fp8_fraction: float = DEFAULT_FP8_FRACTION
+    fp8_tn_only: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peak_fraction", _check("peak_fraction", self.peak_fraction, 0, 1, low_open=True))
@@ -69,6 +72,8 @@ class GemmEfficiency:
         object.__setattr__(self, "half_tokens", _check("half_tokens", self.half_tokens, 0))
         object.__setattr__(self, "backward_ratio", _check("backward_ratio", self.backward_ratio, 0, low_open=True))
         object.__setattr__(self, "fp8_fraction", _check("fp8_fraction", self.fp8_fraction, 0, 1, low_open=True))
+        if not isinstance(self.fp8_tn_only, bool):
+            raise HardwareError(f"gemm_efficiency.fp8_tn_only: got {self.fp8_tn_only!r}; must be true or false")
 
     def at(self, width: float, tokens: float = math.inf) -> float:
         """Efficiency for a per-rank GEMM width (elements) multiplying ``tokens`` tokens (default: saturated)."""

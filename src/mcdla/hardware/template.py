@@ -104,6 +104,7 @@ class _GemmSpec(_Spec):
     half_tokens: float = Field(default=DEFAULT_HALF_TOKENS, ge=0, allow_inf_nan=False)
     backward_ratio: float = Field(default=DEFAULT_BACKWARD_RATIO, gt=0, allow_inf_nan=False)
     fp8_fraction: float = Field(default=DEFAULT_FP8_FRACTION, gt=0, le=1)
+    fp8_tn_only: bool = False
 
 
 class _PcieSwitchSpec(_Spec):

@@ -33,6 +33,16 @@ NOTE [time model] (also ``docs/llm.md``):
   dimensions (the NVLink domain, in-network where the switch reduces);
   full recomputation repeats the forward ones. Not overlapped with compute (Megatron-LM 2021-2022) unless
   ``tp_comm_overlap``: then hidden behind the GEMMs they pair with, up to those GEMMs' time (TE userbuffers).
+* NOTE [userbuffers ring exchange]: with ``tp_comm_overlap`` Transformer Engine's ring exchange (v2.9, 70f5366,
+  ``common/comm_gemm_overlap/comm_gemm_overlap.cpp`` ``CommOverlapP2PBase::split_overlap_ag`` and
+  ``split_overlap_rs``; Megatron-Bridge v0.2.1's fp8 userbuffers configurations, ``training/comm_overlap.py``, run
+  ``qkv_fprop``, ``fc1_fprop``, ``proj_fprop``, ``fc2_fprop``, ``proj_dgrad`` and ``fc2_dgrad`` so) runs each of
+  those GEMMs as ``tp`` GEMMs of ``b s / (cp tp)`` tokens, one per chunk the ring passes on, priced at the curve's
+  point for that token count (:func:`ring_exchange_costs`; no slower than the whole GEMM while ``half_tokens`` is
+  0), and closes each reduce-scatter ring (the projection's and fc2's forward) with ``reduce_bf16``, a kernel on
+  the main stream that reads the ``tp`` partial outputs of ``b s / (cp tp) x h`` elements and writes their sum,
+  at the HBM rate after the ring. Megatron-Bridge's bf16 configurations split ``proj_fprop`` and ``fc2_fprop`` in
+  a pipeline that reduces inside the communication kernel; the model does not tell the two apart.
 * Pipeline: per micro-batch a stage runs its ``layers / pp`` layers forward and backward plus, per virtual
   chunk, a point-to-point send of the activation and one of its gradient (``b s h / tp`` bytes with
   Megatron's scatter/gather) over the dimension neighbouring stages are apart on (with ``pp_comm_overlap`` only what
@@ -96,6 +106,7 @@ from typing import NamedTuple, TypeVar
 
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
+from mcdla.hardware.gemm import GemmEfficiency
 from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes, ring_attention_moved_s
 from mcdla.sim.llm_eager import eager_block_bytes, foreach_adam_bytes
@@ -644,12 +655,34 @@ class _LayerCompute(NamedTuple):
     gemm_bwd_ratio: float  # the GEMMs' backward over forward
 
 
+def ring_exchange_costs(spec: TransformerSpec, e: Execution, dense_flops: float, curve: GemmEfficiency,
+                        gemm_rate: float, efficiency: float) -> dict[str, float]:
+    """What Transformer Engine's userbuffers ring exchange adds to one layer on one rank (NOTE [userbuffers ring
+    exchange]): ``gemm_fwd`` and ``gemm_bwd``, the extra seconds of the GEMMs it splits into ``tp`` GEMMs of
+    ``b s / (cp tp)`` tokens each (the four forward GEMMs, the projection's and fc2's dgrad) over those GEMMs at
+    the curve's point for the whole ``b s / cp`` tokens; ``reduce_bytes``, the HBM bytes of the kernel that sums
+    the ``tp`` partial outputs of the projection's and fc2's reduce-scatter ring (read ``tp`` chunks of ``b s /
+    (cp tp)`` x ``h`` elements, write one), after the ring, not overlapped. ``dense_flops``: the layer's dense
+    GEMM FLOPs on the rank at ``gemm_rate`` (``efficiency`` of the curve)."""
+    tokens = e.micro_batch * spec.seq_len / e.cp
+    chunk = curve.at(spec.hidden / e.tp, tokens=tokens / e.tp)
+    slower = efficiency / chunk - 1.0  # a chunk's GEMM time over the whole GEMM's, less one
+    h, f = spec.hidden, spec.ffn_width_per_token
+    per_token = h * (spec.q_width + spec.kv_hidden + spec.v_width + spec.attention_out_width
+                     + f * spec.ffn_matrices)  # the four GEMMs' multiply-adds per token (whole, before TP)
+    row_parallel = (spec.attention_out_width + f) / per_token * h  # the projection's and fc2's share of them
+    fwd_s = dense_flops / gemm_rate
+    reduce_bytes = 2 * spec.bytes_per_element * (tokens * h + tokens / e.tp * h)  # projection and fc2
+    return {"gemm_fwd": slower * fwd_s, "gemm_bwd": slower * row_parallel * fwd_s, "reduce_bytes": reduce_bytes}
+
+
 def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: Precision) -> _LayerCompute:
     """:class:`_LayerCompute` of ``spec`` at ``prec`` under ``e``'s micro-batch, TP, CP, EP, capacity factor,
     attention kernel, kernel fusion and fp8 scaling on ``cluster``'s GPU (NOTE [time model])."""
     op = e.recompute == OP_RECOMPUTE
     key = ("layer", spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
-           e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.ep_dispatcher, e.fp8_scaling, op)
+           e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.ep_dispatcher, e.fp8_scaling, op,
+           e.tp_comm_overlap)
     got = cluster.model_memo.get(key)
     if got is not None:
         return got  # type: ignore[return-value]
@@ -688,13 +721,18 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
         core_bwd = 2 * core_fwd
     cast_fwd = cast_bwd = 0.0
     if prec.fp8:
-        cast = fp8_cast_bytes_per_layer(spec, b, tp=e.tp, cp=e.cp, scaling=e.fp8_scaling)
+        cast = fp8_cast_bytes_per_layer(spec, b, tp=e.tp, cp=e.cp, scaling=e.fp8_scaling, sp=e.sequence_parallel,
+                                        tn_only=curve.fp8_tn_only)
         cast_fwd, cast_bwd = cast["fwd"] / hbm_per_s, cast["bwd"] / hbm_per_s
     block_f = ew["block"] / hbm_per_s
     permute_f = permutation_bytes(spec, e) / hbm_per_s  # the MoE token permutations, as many bytes backward
-    layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd + permute_f + issue_wait_f
+    ring_f = ring_b = 0.0
+    if e.tp_comm_overlap and e.tp > 1:  # NOTE [userbuffers ring exchange]
+        ring = ring_exchange_costs(spec, e, dense_gemm / split, curve, gemm_rate, efficiency)
+        ring_f, ring_b = ring["gemm_fwd"] + ring["reduce_bytes"] / hbm_per_s, ring["gemm_bwd"]
+    layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd + permute_f + issue_wait_f + ring_f
     layer_bwd = (gemm_bwd_ratio * gemm_f + 2 * block_f + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd
-                 + cast_bwd + permute_f + issue_wait_b)
+                 + cast_bwd + permute_f + issue_wait_b + ring_b)
     op_recompute = (op_recomputed_gemm_flops(spec, b) / split / gemm_rate + block_f - ew["last_add"] / hbm_per_s
                     if op else 0.0)
     logits = logits_fwd_flops(spec, b) / split / other_rate

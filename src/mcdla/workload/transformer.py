@@ -470,25 +470,45 @@ MXFP8) by one scale per 32-element block, computed in the cast kernel's one pass
 
 @pure_cache(1024, copy_dict=True)
 def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, cp: int = 1,
-                             scaling: str = "current") -> dict[str, float]:
-    """HBM bytes of one layer's fp8 quantisation on one rank, ``fwd`` and ``bwd``: every GEMM input is cast
-    (read at ``bytes_per_element``, written at 1 byte) before its fp8 GEMM; ``current`` scaling first reads it
-    once more for its amax (``delayed`` and ``mxfp8`` do not; MXFP8's block scales, a byte per 32 elements, are
-    left out). Forward inputs: QKV and fc1 inputs (``b s h``, whole on every TP rank; fc1's once
-    per expert FFN a token runs), projection and fc2 inputs (split over ``tp``); backward: the output gradients
-    of the four GEMMs. Weights are cast once per iteration and kept (their fp8 copy is memory, not per-layer
-    traffic)."""
+                             scaling: str = "current", sp: bool = False,
+                             tn_only: bool = False) -> dict[str, float]:
+    """HBM bytes of one layer's fp8 quantisation on one rank, ``fwd`` and ``bwd``, as Transformer Engine 2.9 runs
+    it (`docs/llm.md` "Precision per GEMM"): every GEMM input is cast (read at ``bytes_per_element``, written at 1 byte) before its
+    fp8 GEMM; ``current`` scaling first reads it once more for its amax, except where the norm in front of the
+    QKV and (dense) fc1 GEMMs takes that amax while it writes the input; ``delayed`` casts those two inside the
+    norm and takes every amax from the cast; with ``sp`` (sequence parallelism) the QKV and fc1 inputs and the
+    projection and fc2 output gradients are cast on the rank's shard before their all-gather; ``tn_only`` (a GPU
+    whose fp8 GEMMs take only the TN layout, Hopper) writes a transposed copy of each tensor a backward GEMM
+    reads the other way: in the cast where the tensor is whole, as a transpose of the gathered fp8 tensor (read
+    and write 1 byte) where it was cast on its shard. Forward inputs: QKV and fc1 inputs (``b s h``, fc1's once
+    per expert FFN a token runs), projection and fc2 inputs (split over ``tp``); backward: the output gradients of
+    the four GEMMs. MXFP8's block scales, a byte per 32 elements, are left out; weights are cast once per
+    iteration and kept (their fp8 copy is memory, not per-layer traffic)."""
     if scaling not in FP8_SCALINGS:
         raise WorkloadError(f"fp8_scaling: got {brief(scaling)}; must be one of {', '.join(FP8_SCALINGS)}")
     e = spec.bytes_per_element
-    per_element = 2 * e + 1 if scaling == "current" else e + 1
+    amax = e if scaling == "current" else 0  # the separate amax pass of current scaling
+    cast = e + 1 + (1 if tn_only else 0)  # a whole tensor cast, with its transposed copy on a TN-only GPU
     tokens = micro_batch * spec.seq_len / cp
     h, f = spec.hidden, spec.ffn_width_per_token
     ffns = f / float(spec.ffn_hidden)  # type: ignore[arg-type]  # expert FFNs a token runs (1 dense)
     qkv_out = spec.q_width + spec.kv_hidden + spec.v_width
-    fwd = tokens * (h + spec.attention_out_width / tp + ffns * h + f / tp)
-    bwd = tokens * (qkv_out / tp + h + f * (spec.ffn_matrices - 1) / tp + ffns * h)
-    return {"fwd": per_element * fwd, "bwd": per_element * bwd}
+    sp = sp and tp > 1
+    shard = tp if sp else 1
+    # the QKV input and a dense layer's fc1 input come out of a norm (TE's LayerNormLinear): its amax is the
+    # norm's (current), or the norm writes fp8 itself (delayed); MXFP8 casts after the norm
+    normed = 0.0 if scaling == "delayed" else e + 1.0
+    normed_inputs = 1.0 if spec.experts == 1 else 0.0
+    gathered = 2.0 if tn_only and sp else 0.0  # transpose of a gathered fp8 tensor for the wgrad GEMM
+    whole_normed = 0.0 if sp or not tn_only else 1.0  # the transpose written by a whole tensor's cast
+    fwd = (tokens * h / shard * (1 + normed_inputs) * (normed + whole_normed)  # QKV, dense fc1 inputs
+           + tokens * (ffns - normed_inputs) * h * (amax + cast)  # routed experts' fc1 inputs
+           + tokens * (spec.attention_out_width + f) / tp * (amax + cast))  # projection, fc2 inputs
+    grad_shard = (amax + e + 1) / shard + gathered if sp else amax + cast
+    bwd = (tokens * h * (1 + ffns) * grad_shard  # projection and fc2 output gradients
+           + tokens * (qkv_out + f * (spec.ffn_matrices - 1)) / tp * (amax + cast)  # QKV, fc1 output gradients
+           + tokens * h * (1 + normed_inputs) * gathered)  # the gathered QKV and fc1 inputs, for the wgrad
+    return {"fwd": fwd, "bwd": bwd}
 
 
 @pure_cache(1024)
