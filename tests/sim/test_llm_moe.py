@@ -15,8 +15,7 @@ from mcdla.sim.llm import llm_step
 from mcdla.errors import HardwareError
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.llm_moe import (ep_all_to_all_s, ep_ranks_per_token, grouped_gemm_issue_s, grouped_gemm_launches,
-                               permutation_bytes,
-                               tokens_per_local_expert)
+                               permutation_bytes, router_preprocess_launches, tokens_per_local_expert)
 from mcdla.workload.execution import Execution
 from mcdla.workload.hf_config import load_hf_config
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -230,18 +229,40 @@ def test_grouped_gemm_issue_by_hand():
     MXFP8 one a split plus two scale swizzles per grouped call: 32 + 32 + 2 x 2 = 68 and 64 + 32 + 4 x 2 = 104;
     delayed scaling one fused cast of all splits: 32 + 2 = 34 and 64 + 2 = 66."""
     spec, call = preset("qwen3-30b-a3b"), 40e-6
-    e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8)
-    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((32 * call, 64 * call), rel=1e-12)
+    e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, moe_router_graph=True)
+    # plus the router's graph, one launch each way
+    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((33 * call, 65 * call), rel=1e-12)
     for scaling, launches in (("current", (128, 160)), ("mxfp8", (68, 104)), ("delayed", (34, 66))):
-        e8 = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, fp8_scaling=scaling)
+        e8 = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, fp8_scaling=scaling, moe_router_graph=True)
         assert grouped_gemm_launches(spec, e8, True) == launches
         assert grouped_gemm_launches(spec, e8, False) == (32, 64)
         assert grouped_gemm_issue_s(spec, e8, call, fp8=True) == pytest.approx(
-            (launches[0] * call, launches[1] * call), rel=1e-12)
-    e = Execution(gpus=128, dp=128, ep=128, micro_batch=1, global_batch=128)
-    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((2 * call, 4 * call), rel=1e-12)
+            ((launches[0] + 1) * call, (launches[1] + 1) * call), rel=1e-12)
+    e = Execution(gpus=128, dp=128, ep=128, micro_batch=1, global_batch=128, moe_router_graph=True)
+    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((3 * call, 5 * call), rel=1e-12)
     assert grouped_gemm_launches(spec, e, True) == (2 + 6, 4 + 6)  # current scaling, one expert
     assert grouped_gemm_issue_s(preset("llama3-8b"), Execution(gpus=1, micro_batch=1, global_batch=1), call) == (0, 0)
+
+
+def test_router_and_preprocess_launches_by_hand():
+    """Outside a CUDA graph (Megatron-LM 0d8e0714, Transformer Engine 2.9) a MoE layer's host issues forward: the
+    pre-MLP RMSNorm (1); the router's gating GEMM, the forced balance's clone and normal_, the fused top-k, the
+    fused aux-loss scores, the routing map's sum, the fused aux loss, the tracker's division and add (9); the
+    alltoall dispatcher's token counts with EP (sum, split sum, all-gather, contiguous slice, three sums: 7; the
+    sum alone without EP and TP) and the fused permute (three row-id passes and the permute: 4). Backward: the
+    norm's kernel, its finalize and the sum of its output's two gradients (3); the aux-loss scaler's ones_like and
+    product, three fused backwards, the logits' gradient sum, two gating GEMMs (8); the permute's gradient (1).
+    HybridEP's flex preprocess is views at TP 1. In a graph: one launch each way."""
+    ep8 = dict(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8)
+    assert router_preprocess_launches(Execution(**ep8)) == (1 + 9 + 7 + 4, 3 + 8 + 1)
+    assert router_preprocess_launches(Execution(gpus=1, micro_batch=1, global_batch=1)) == (1 + 9 + 1 + 4, 3 + 8 + 1)
+    assert router_preprocess_launches(Execution(**ep8, ep_dispatcher="hybridep")) == (1 + 9, 3 + 8)
+    assert router_preprocess_launches(Execution(**ep8, moe_router_graph=True)) == (1, 1)
+    spec, call = preset("qwen3-30b-a3b"), 40e-6
+    assert grouped_gemm_issue_s(spec, Execution(**ep8), call) == pytest.approx(((32 + 21) * call, (64 + 12) * call),
+                                                                               rel=1e-12)
+    with pytest.raises(ConfigError, match="execution.moe_router_graph: got"):
+        Execution(**ep8, moe_router_graph="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("call_s", [5e-6, 15e-6, 50e-6])
@@ -255,10 +276,13 @@ def test_issue_time_binds_only_past_the_expert_gemms(call_s, llm_cluster):
     plain = llm_cluster(gpus_per_node=1, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
     hosted = llm_cluster(gpus_per_node=1, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF, host_call_s=call_s)
     assert hosted.device.host_call_s == call_s and hosted.gemm_efficiency.backward_ratio == 2.0
-    e = Execution(gpus=1, micro_batch=b, global_batch=b * m)
+    e = Execution(gpus=1, micro_batch=b, global_batch=b * m, moe_router_graph=True)
     g = 3 * 2 * b * MOE.seq_len * MOE.hidden * MOE.top_k * int(MOE.ffn_hidden) / (PEAK * EFF)
+    # the source-side permute (read t h, write top_k t h) also hides the host's launches
+    p = (1 + MOE.top_k) * b * MOE.seq_len * MOE.hidden * 2 / (hosted.device.hbm_bytes_per_s
+                                                              * hosted.device.memory_efficiency)
     local = MOE.experts
-    wait = max(0.0, 2 * local * call_s - g) + max(0.0, 4 * local * call_s - 2 * g)
+    wait = max(0.0, (2 * local + 1) * call_s - g - p) + max(0.0, (4 * local + 1) * call_s - 2 * g - p)
     assert (wait == 0.0) == (call_s == 5e-6)
     extra = llm_step(MOE, e, hosted).compute_s - llm_step(MOE, e, plain).compute_s
     assert extra == pytest.approx(m * MOE.layers * wait, rel=1e-9, abs=1e-15)
