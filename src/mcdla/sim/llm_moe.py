@@ -22,8 +22,11 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   768-wide experts against its 2048 hidden), where a dense layer's GEMMs take ``hidden / tp``.
 * The host issues a grouped GEMM as a loop over the local experts (Transformer Engine's ``GroupedLinear``): per
   expert its GEMM calls and, in fp8, the quantization kernels of its split of each input, as the recipe
-  launches them (:func:`grouped_gemm_launches`); each launch costs the device's ``host_call_s``, and the
-  expert GEMMs wait for the host where its launches outlast them (:func:`grouped_gemm_issue_s`).
+  launches them (:func:`grouped_gemm_launches`). Outside a CUDA graph it also issues each kernel of the pre-MLP
+  norm, the router and the dispatcher's preprocess (token counts, source-side permute), inside one
+  (``moe_router_graph``) one graph launch each way (:func:`router_preprocess_launches`). Each launch costs the
+  device's ``host_call_s``, and the GPU waits for the host where a layer's launches outlast the work they issue,
+  the expert GEMMs and the source-side permute (:func:`grouped_gemm_issue_s`, :func:`source_permute_bytes`).
 * The token permutations (Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with ``moe_permute_fusion``, the
   Transformer Engine kernels): each token's hidden vector is copied to its ``r = top_k x C`` expert rows
   (``permute``: read ``t h``, write ``r t h`` elements, ``t = b s / (cp tp)``), the rows received are sorted by
@@ -47,9 +50,11 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   experts, ``L = E / ep`` local, ``k = top_k``), so a rank receives ``D t`` rows per dispatch. The dispatch and
   the combine each take ``D t h`` bytes at HybridEP's algorithm bandwidth as measured on GB200 NVL72 through its
   torch API at the 32 SMs Megatron-Bridge gives it (:data:`HYBRIDEP_ALGBW`), scaled by the EP group's scale-up
-  bandwidth over GB200's 900 GB/s (:func:`ep_all_to_all_s`; the measured calls also copy the received rows out
-  of, or into, HybridEP's buffer, which Megatron-Core's permuting calls do not: kept in, ``docs/llm.md``); a
-  group that leaves its scale-up domain is priced as the all-to-all. Its permutations move ``2 (D t + r t) h`` elements forward (the permute reads the ``D t``
+  bandwidth over GB200's 900 GB/s, less the measured calls' copy of the received rows out of, or into,
+  HybridEP's buffer (``2 D t h`` bytes at the HBM rate; DeepEP hybrid-ep 6ad6896 ``csrc/hybrid_ep.cu``
+  ``dispatch`` and ``combine``), which Megatron-Core's permuting calls replace by the destination permute and
+  unpermute (``executor.cu``: "Use permute kernel to avoid standalone D2D memory copy") charged below
+  (:func:`ep_all_to_all_s`); a group that leaves its scale-up domain is priced as the all-to-all. Its permutations move ``2 (D t + r t) h`` elements forward (the permute reads the ``D t``
   rows and writes the ``r t`` expert rows, the unpermute the reverse; no source-side permute, no sorts), as many
   backward (:func:`permutation_bytes`).
 * Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
@@ -153,7 +158,8 @@ def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluste
     of the layers, NOTE [partial recompute and offload]), weighted by the share of
     MoE layers (the mean layer, as the FLOP counts are); with ``ep_dispatcher: hybridep`` inside one scale-up
     domain a dispatch and a combine of ``D t h`` bytes at HybridEP's bandwidth instead (NOTE [expert
-    parallelism]). Zero without expert parallelism."""
+    parallelism]): the measured time less the calls' copy of the ``D t h`` received bytes (read and written at the
+    device's HBM rate), scaled by the domain's bandwidth. Zero without expert parallelism."""
     e = execution
     if e.ep == 1 or spec.moe_layers == 0:
         return 0.0, 0.0
@@ -162,8 +168,13 @@ def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluste
     if hybridep_priced(e, cluster):
         tokens = e.micro_batch * spec.seq_len / (e.cp * e.tp)
         received = tokens * ep_ranks_per_token(spec, e) * spec.hidden * spec.bytes_per_element
-        dispatch, combine = hybridep_bytes_per_s(e.ep, dims[0].bytes_per_s)
-        pair = (received / dispatch + received / combine) * share  # one dispatch + one combine
+        dispatch, combine = hybridep_bytes_per_s(e.ep, HYBRIDEP_REFERENCE_BYTES_PER_S)
+        # the measured calls' copy of the received rows out of (into) HybridEP's buffer, read and written at the
+        # HBM rate, which Megatron-Core's permuting calls replace by the permutations charged apart; the rest
+        # scales with the domain's bandwidth
+        copy = 2 * received / (cluster.device.hbm_bytes_per_s * cluster.device.memory_efficiency)
+        scale = HYBRIDEP_REFERENCE_BYTES_PER_S / dims[0].bytes_per_s
+        pair = (max(0.0, received / dispatch - copy) + max(0.0, received / combine - copy)) * scale * share
         return pair, (1 + layer_shares(e, spec).recomputed) * pair
     one = collective_time("all-to-all", all_to_all_bytes(spec, e), dims) * share
     return 2 * one, (2 + 2 * layer_shares(e, spec).recomputed) * one
