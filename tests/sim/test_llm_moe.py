@@ -236,16 +236,16 @@ def test_grouped_gemm_issue_by_hand():
     delayed scaling one fused cast of all splits: 32 + 2 = 34 and 64 + 2 = 66."""
     spec, call = preset("qwen3-30b-a3b"), 40e-6
     e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, moe_router_graph=True)
-    # plus the router's graph, one launch each way
-    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((33 * call, 65 * call), rel=1e-12)
+    # plus the router's graph: its input's copy and replay forward, three gradients' copies and replay backward
+    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((34 * call, 68 * call), rel=1e-12)
     for scaling, launches in (("current", (128, 160)), ("mxfp8", (68, 104)), ("delayed", (34, 66))):
         e8 = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, fp8_scaling=scaling, moe_router_graph=True)
         assert grouped_gemm_launches(spec, e8, True) == launches
         assert grouped_gemm_launches(spec, e8, False) == (32, 64)
         assert grouped_gemm_issue_s(spec, e8, call, fp8=True) == pytest.approx(
-            ((launches[0] + 1) * call, (launches[1] + 1) * call), rel=1e-12)
+            ((launches[0] + 2) * call, (launches[1] + 4) * call), rel=1e-12)
     e = Execution(gpus=128, dp=128, ep=128, micro_batch=1, global_batch=128, moe_router_graph=True)
-    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((3 * call, 5 * call), rel=1e-12)
+    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((4 * call, 8 * call), rel=1e-12)
     assert grouped_gemm_launches(spec, e, True) == (2 + 6, 4 + 6)  # current scaling, one expert
     assert grouped_gemm_issue_s(preset("llama3-8b"), Execution(gpus=1, micro_batch=1, global_batch=1), call) == (0, 0)
 
@@ -258,12 +258,13 @@ def test_router_and_preprocess_launches_by_hand():
     sum alone without EP and TP) and the fused permute (three row-id passes and the permute: 4). Backward: the
     norm's kernel, its finalize and the sum of its output's two gradients (3); the aux-loss scaler's ones_like and
     product, three fused backwards, the logits' gradient sum, two gating GEMMs (8); the permute's gradient (1).
-    HybridEP's flex preprocess is views at TP 1. In a graph: one launch each way."""
+    HybridEP's flex preprocess is views at TP 1. In a graph: the input's copy into the graph's buffer and the replay
+    forward, the copies of the three outputs' gradients and the replay backward."""
     ep8 = dict(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8)
     assert router_preprocess_launches(Execution(**ep8)) == (1 + 9 + 7 + 4, 3 + 8 + 1)
     assert router_preprocess_launches(Execution(gpus=1, micro_batch=1, global_batch=1)) == (1 + 9 + 1 + 4, 3 + 8 + 1)
     assert router_preprocess_launches(Execution(**ep8, ep_dispatcher="hybridep")) == (1 + 9, 3 + 8)
-    assert router_preprocess_launches(Execution(**ep8, moe_router_graph=True)) == (1, 1)
+    assert router_preprocess_launches(Execution(**ep8, moe_router_graph=True)) == (1 + 1, 3 + 1)
     spec, call = preset("qwen3-30b-a3b"), 40e-6
     assert grouped_gemm_issue_s(spec, Execution(**ep8), call) == pytest.approx(((32 + 21) * call, (64 + 12) * call),
                                                                                rel=1e-12)
@@ -288,7 +289,7 @@ def test_issue_time_binds_only_past_the_expert_gemms(call_s, llm_cluster):
     p = (1 + MOE.top_k) * b * MOE.seq_len * MOE.hidden * 2 / (hosted.device.hbm_bytes_per_s
                                                               * hosted.device.memory_efficiency)
     local = MOE.experts
-    wait = max(0.0, (2 * local + 1) * call_s - g - p) + max(0.0, (4 * local + 1) * call_s - 2 * g - p)
+    wait = max(0.0, (2 * local + 2) * call_s - g - p) + max(0.0, (4 * local + 4) * call_s - 2 * g - p)
     assert (wait == 0.0) == (call_s == 5e-6)
     extra = llm_step(MOE, e, hosted).compute_s - llm_step(MOE, e, plain).compute_s
     assert extra == pytest.approx(m * MOE.layers * wait, rel=1e-9, abs=1e-15)

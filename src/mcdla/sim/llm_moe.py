@@ -24,7 +24,7 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   expert its GEMM calls and, in fp8, the quantization kernels of its split of each input, as the recipe
   launches them (:func:`grouped_gemm_launches`). Outside a CUDA graph it also issues each kernel of the pre-MLP
   norm, the router and the dispatcher's preprocess (token counts, source-side permute), inside one
-  (``moe_router_graph``) one graph launch each way (:func:`router_preprocess_launches`). Each launch costs the
+  (``moe_router_graph``) the graph's replay and its buffers' copies (:func:`router_preprocess_launches`). Each launch costs the
   device's ``host_call_s``, and the GPU waits for the host where a layer's launches outlast the work they issue,
   the expert GEMMs and the source-side permute (:func:`grouped_gemm_issue_s`, :func:`source_permute_bytes`).
 * The token permutations (Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with ``moe_permute_fusion``, the
@@ -76,8 +76,8 @@ from mcdla.workload.transformer import TransformerSpec
 from mcdla.workload.memo import pure_cache
 
 __all__ = ["GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_REFERENCE_BYTES_PER_S", "MXFP8_SWIZZLES",
-           "PERMUTE_LAUNCHES", "PRE_MLP_NORM_LAUNCHES", "QUANTIZE_LAUNCHES", "ROUTER_LAUNCHES",
-           "TOKEN_COUNT_LAUNCHES", "ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "ep_ranks_per_token",
+           "PERMUTE_LAUNCHES", "PRE_MLP_NORM_LAUNCHES", "QUANTIZE_LAUNCHES", "ROUTER_GRAPH_LAUNCHES",
+           "ROUTER_LAUNCHES", "TOKEN_COUNT_LAUNCHES", "ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "ep_ranks_per_token",
            "expert_gemm_width", "expert_params_per_layer", "grouped_gemm_issue_s", "grouped_gemm_launches",
            "hybridep_bytes_per_s", "hybridep_priced", "permutation_bytes", "rank_param_groups",
            "routed_expert_flops", "router_preprocess_launches", "source_permute_bytes", "tokens_per_local_expert"]
@@ -288,16 +288,23 @@ PERMUTE_LAUNCHES: tuple[int, int] = (4, 1)
 and backward: the row-id map's three Triton passes and the permute kernel; its gradient, one unpermute kernel."""
 
 
+ROUTER_GRAPH_LAUNCHES: tuple[int, int] = (2, 4)
+"""Launches of the pre-MLP norm, router and preprocess in a CUDA graph (Transformer Engine 2.9
+``transformer_engine/pytorch/graph.py``, ``Graphed``), forward and backward: the copy of the input into the graph's
+static buffer and the replay; the copies of the three outputs' gradients (the dispatcher's tokens, their
+probabilities, the residual) into the static buffers and the replay."""
+
+
 def router_preprocess_launches(execution: Execution) -> tuple[int, int]:
     """Launches the host issues for one MoE layer's pre-MLP norm, router and dispatcher preprocess on one rank
-    per micro-batch, forward and backward (NOTE [expert parallelism]): one graph launch each way with
+    per micro-batch, forward and backward (NOTE [expert parallelism]): :data:`ROUTER_GRAPH_LAUNCHES` with
     ``moe_router_graph``, else :data:`PRE_MLP_NORM_LAUNCHES` and :data:`ROUTER_LAUNCHES` plus, with the alltoall
     dispatcher, :data:`TOKEN_COUNT_LAUNCHES` and :data:`PERMUTE_LAUNCHES`; the flex dispatcher
     (``ep_dispatcher: hybridep``, ``MoEFlexTokenDispatcher._initialize_metadata``) expands the routing map and the
     probabilities over TP, views at TP 1, a copy of each (and a summed gradient backward) with TP > 1."""
     e = execution
     if e.moe_router_graph:
-        return 1, 1
+        return ROUTER_GRAPH_LAUNCHES
     if e.ep > 1 and e.ep_dispatcher == "hybridep":
         pre_f, pre_b = (2, 1) if e.tp > 1 else (0, 0)
     else:
