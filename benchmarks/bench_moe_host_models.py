@@ -9,7 +9,9 @@ Three checks on the rows Megatron-Core's ``MoEAlltoAllTokenDispatcher`` runs (``
   ``megatron/core/models/common/model_chunk_schedule_plan.py``) issues one layer's forward of one micro-batch and backward of another, the host held at the forward's dispatch
   until the attention and router are done (the dispatcher's ``before_ep_alltoall`` sync); GPU times are the
   model's (host time 0), the host's the preset's ``host_call_time`` per launch of the grouped GEMMs' loop
-  (``grouped_gemm_launches``, the backward's split evenly between the data and the weight gradients);
+  (``grouped_gemm_launches``, the backward's split evenly between the data and the weight gradients) and of the
+  ungraphed norm, router and preprocess (``router_preprocess_launches``, before the attention's forward and
+  backward);
 * those rows' predictions with the EP all-to-alls hidden (as the two streams hide them) and one pipeline send
   exposed per slot (the combined schedule's backward starts with the gradient the next stage sends after its
   slot). Run::
@@ -29,7 +31,7 @@ from mcdla.report.llm_validation import run_cluster
 from mcdla.report.llm_validation_runs import BRIDGE_MOE_RUNS
 from mcdla.sim.llm import cluster_precision, llm_step, stage_costs
 from mcdla.sim.llm_moe import (expert_gemm_width, grouped_gemm_launches, routed_expert_flops,
-                               tokens_per_local_expert)
+                               router_preprocess_launches, tokens_per_local_expert)
 from mcdla.workload.transformer import preset
 
 ALLTOALL = tuple(r for r in BRIDGE_MOE_RUNS if not r.system.startswith("gb"))
@@ -85,6 +87,7 @@ def combined_layer_s(run: MeasuredRun, layers: int = 40) -> tuple[float, float, 
     launch_s = run_cluster(run, None).device.host_call_s
     fwd_launches, bwd_launches = grouped_gemm_launches(spec, e, prec.fp8)
     host_f, host_dgrad = fwd_launches * launch_s, bwd_launches * launch_s / 2
+    route_f, route_b = (n * launch_s for n in router_preprocess_launches(e))
     a2a, attn_f, attn_b = sc.layer_ep_fwd_s / 2, sc.layer_fwd_s - expert, sc.layer_bwd_s - 2 * expert
     host, free, done = 0.0, {"comp": 0.0, "comm": 0.0}, {}
 
@@ -97,7 +100,7 @@ def combined_layer_s(run: MeasuredRun, layers: int = 40) -> tuple[float, float, 
     ends = []
     for i in range(layers):  # TransformerLayerSchedulePlan.run, forward layer i beside a backward layer
         op(f"bcomb{i}", "comm", 0.0, a2a, f"bdisp{i - 1}")
-        op(f"fattn{i}", "comp", 0.0, attn_f, f"fcomb{i - 1}")  # attention, router, preprocess, permute
+        op(f"fattn{i}", "comp", route_f, attn_f, f"fcomb{i - 1}")  # attention, router, preprocess, permute
         op(f"bdgrad{i}", "comp", host_dgrad, expert, f"bcomb{i}")
         host = max(host, done[f"fattn{i}"])  # cuda_sync_point before_ep_alltoall
         op(f"fdisp{i}", "comm", 0.0, a2a, f"fattn{i}")
@@ -105,7 +108,7 @@ def combined_layer_s(run: MeasuredRun, layers: int = 40) -> tuple[float, float, 
         op(f"bdisp{i}", "comm", 0.0, a2a, f"bdgrad{i}")
         op(f"fmlp{i}", "comp", host_f, expert, f"fdisp{i}")
         op(f"fcomb{i}", "comm", 0.0, a2a, f"fmlp{i}")
-        op(f"battn{i}", "comp", 0.0, attn_b, f"bdisp{i}")
+        op(f"battn{i}", "comp", route_b, attn_b, f"bdisp{i}")
         ends.append(max(free.values()))
     hosted = stage_costs(spec, e, run_cluster(run, None), precision=run.precision)
     model = hosted.layer_fwd_s + hosted.layer_bwd_s + hosted.layer_ep_fwd_s + hosted.layer_ep_bwd_s

@@ -15,8 +15,7 @@ from mcdla.sim.llm import llm_step
 from mcdla.errors import HardwareError
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.llm_moe import (ep_all_to_all_s, ep_ranks_per_token, grouped_gemm_issue_s, grouped_gemm_launches,
-                               permutation_bytes,
-                               tokens_per_local_expert)
+                               permutation_bytes, router_preprocess_launches, tokens_per_local_expert)
 from mcdla.workload.execution import Execution
 from mcdla.workload.hf_config import load_hf_config
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -147,8 +146,9 @@ def test_hybridep_dispatch_and_combine_by_hand(ep, dispatch, combine):
     """Qwen3-235B-A22B (hidden 4096, 128 experts, top 8, every layer MoE), MBS 1 on one 72-GPU NVLink domain of
     900 GB/s: a rank receives 4096 tokens x D rows of 8 KB, D = ep (1 - prod_i (128 - L - i) / (128 - i)), once at
     DeepEP's GB200 dispatch rate and once at its combine rate (32 SMs; 12 ranks halfway between the 8- and 16-rank
-    figures, 64 at the 36-rank ones), forward, and as much backward; the alltoall dispatcher's two all-to-alls of
-    4096 x 8 rows ((ep - 1) / ep of them leave) differ."""
+    figures, 64 at the 36-rank ones), less the measured calls' copy of those bytes (read and written at GB200's
+    HBM rate, 8 TB/s x 0.8 in the preset), forward, and as much backward; the alltoall dispatcher's two
+    all-to-alls of 4096 x 8 rows ((ep - 1) / ep of them leave) differ."""
     spec = preset("qwen3-235b-a22b")
     assert (spec.hidden, spec.experts, spec.top_k, spec.moe_layers) == (4096, 128, 8, spec.layers)
     local = 128 // ep
@@ -157,13 +157,17 @@ def test_hybridep_dispatch_and_combine_by_hand(ep, dispatch, combine):
     cluster = load_cluster("gb200-nvl72").for_gpus(ep)
     e = Execution(gpus=ep, dp=ep, ep=ep, micro_batch=1, global_batch=ep, ep_dispatcher="hybridep")
     fwd, bwd = ep_all_to_all_s(spec, e, cluster)
-    assert fwd == pytest.approx(nbytes / dispatch + nbytes / combine, rel=1e-9) and bwd == pytest.approx(fwd, rel=1e-12)
+    copy = 2 * nbytes / (8e12 * 0.8)
+    assert (cluster.device.hbm_bytes_per_s, cluster.device.memory_efficiency) == (8e12, 0.8)
+    assert fwd == pytest.approx(nbytes / dispatch + nbytes / combine - 2 * copy, rel=1e-9)
+    assert bwd == pytest.approx(fwd, rel=1e-12)
     plain = ep_all_to_all_s(spec, replace(e, ep_dispatcher="alltoall"), cluster)[0]
     assert plain == pytest.approx(2 * ((ep - 1) / ep * 4096 * 8 * 4096 * 2 / 900e9 + 1e-6), rel=1e-9)
 
 
 def test_hybridep_scales_with_the_domains_bandwidth_and_leaves_cross_node_groups_to_the_all_to_all(llm_cluster):
-    """On a 450 GB/s NVLink domain HybridEP takes twice as long as on GB200's 900 GB/s; a group that spans nodes,
+    """On a 450 GB/s NVLink domain HybridEP's measured time less its copy at the GPU's HBM rate takes twice as long
+    as on GB200's 900 GB/s; a group that spans nodes,
     or nodes of one GPU each, is priced as the all-to-all dispatcher's (HybridEP's measured rates are one NVLink
     domain's)."""
     e = Execution(gpus=4, dp=4, ep=4, micro_batch=1, global_batch=4, ep_dispatcher="hybridep")
@@ -171,7 +175,8 @@ def test_hybridep_scales_with_the_domains_bandwidth_and_leaves_cross_node_groups
     nbytes = MOE.seq_len * d * MOE.hidden * 2
     one_node = llm_cluster(gpus_per_node=4, nodes=1, peak_flops_per_s=PEAK, nvlink_bytes_per_s=450e9)
     fwd, _ = ep_all_to_all_s(MOE, e, one_node)
-    assert fwd == pytest.approx(2 * (nbytes / 545.71e9 + nbytes / 568.94e9), rel=1e-9)
+    copy = 2 * nbytes / (one_node.device.hbm_bytes_per_s * one_node.device.memory_efficiency)
+    assert fwd == pytest.approx(2 * (nbytes / 545.71e9 + nbytes / 568.94e9 - 2 * copy), rel=1e-9)
     spread = llm_cluster(gpus_per_node=2, nodes=2, peak_flops_per_s=PEAK, nvlink_bytes_per_s=450e9,
                          network_bytes_per_s=25e9)
     assert ep_all_to_all_s(MOE, e, spread) == ep_all_to_all_s(MOE, replace(e, ep_dispatcher="alltoall"), spread)
@@ -230,18 +235,41 @@ def test_grouped_gemm_issue_by_hand():
     MXFP8 one a split plus two scale swizzles per grouped call: 32 + 32 + 2 x 2 = 68 and 64 + 32 + 4 x 2 = 104;
     delayed scaling one fused cast of all splits: 32 + 2 = 34 and 64 + 2 = 66."""
     spec, call = preset("qwen3-30b-a3b"), 40e-6
-    e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8)
-    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((32 * call, 64 * call), rel=1e-12)
+    e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, moe_router_graph=True)
+    # plus the router's graph: its input's copy and replay forward, three gradients' copies and replay backward
+    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((34 * call, 68 * call), rel=1e-12)
     for scaling, launches in (("current", (128, 160)), ("mxfp8", (68, 104)), ("delayed", (34, 66))):
-        e8 = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, fp8_scaling=scaling)
+        e8 = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, fp8_scaling=scaling, moe_router_graph=True)
         assert grouped_gemm_launches(spec, e8, True) == launches
         assert grouped_gemm_launches(spec, e8, False) == (32, 64)
         assert grouped_gemm_issue_s(spec, e8, call, fp8=True) == pytest.approx(
-            (launches[0] * call, launches[1] * call), rel=1e-12)
-    e = Execution(gpus=128, dp=128, ep=128, micro_batch=1, global_batch=128)
-    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((2 * call, 4 * call), rel=1e-12)
+            ((launches[0] + 2) * call, (launches[1] + 4) * call), rel=1e-12)
+    e = Execution(gpus=128, dp=128, ep=128, micro_batch=1, global_batch=128, moe_router_graph=True)
+    assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((4 * call, 8 * call), rel=1e-12)
     assert grouped_gemm_launches(spec, e, True) == (2 + 6, 4 + 6)  # current scaling, one expert
     assert grouped_gemm_issue_s(preset("llama3-8b"), Execution(gpus=1, micro_batch=1, global_batch=1), call) == (0, 0)
+
+
+def test_router_and_preprocess_launches_by_hand():
+    """Outside a CUDA graph (Megatron-LM 0d8e0714, Transformer Engine 2.9) a MoE layer's host issues forward: the
+    pre-MLP RMSNorm (1); the router's gating GEMM, the forced balance's clone and normal_, the fused top-k, the
+    fused aux-loss scores, the routing map's sum, the fused aux loss, the tracker's division and add (9); the
+    alltoall dispatcher's token counts with EP (sum, split sum, all-gather, contiguous slice, three sums: 7; the
+    sum alone without EP and TP) and the fused permute (three row-id passes and the permute: 4). Backward: the
+    norm's kernel, its finalize and the sum of its output's two gradients (3); the aux-loss scaler's ones_like and
+    product, three fused backwards, the logits' gradient sum, two gating GEMMs (8); the permute's gradient (1).
+    HybridEP's flex preprocess is views at TP 1. In a graph: the input's copy into the graph's buffer and the replay
+    forward, the copies of the three outputs' gradients and the replay backward."""
+    ep8 = dict(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8)
+    assert router_preprocess_launches(Execution(**ep8)) == (1 + 9 + 7 + 4, 3 + 8 + 1)
+    assert router_preprocess_launches(Execution(gpus=1, micro_batch=1, global_batch=1)) == (1 + 9 + 1 + 4, 3 + 8 + 1)
+    assert router_preprocess_launches(Execution(**ep8, ep_dispatcher="hybridep")) == (1 + 9, 3 + 8)
+    assert router_preprocess_launches(Execution(**ep8, moe_router_graph=True)) == (1 + 1, 3 + 1)
+    spec, call = preset("qwen3-30b-a3b"), 40e-6
+    assert grouped_gemm_issue_s(spec, Execution(**ep8), call) == pytest.approx(((32 + 21) * call, (64 + 12) * call),
+                                                                               rel=1e-12)
+    with pytest.raises(ConfigError, match="execution.moe_router_graph: got"):
+        Execution(**ep8, moe_router_graph="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("call_s", [5e-6, 15e-6, 50e-6])
@@ -255,10 +283,13 @@ def test_issue_time_binds_only_past_the_expert_gemms(call_s, llm_cluster):
     plain = llm_cluster(gpus_per_node=1, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
     hosted = llm_cluster(gpus_per_node=1, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF, host_call_s=call_s)
     assert hosted.device.host_call_s == call_s and hosted.gemm_efficiency.backward_ratio == 2.0
-    e = Execution(gpus=1, micro_batch=b, global_batch=b * m)
+    e = Execution(gpus=1, micro_batch=b, global_batch=b * m, moe_router_graph=True)
     g = 3 * 2 * b * MOE.seq_len * MOE.hidden * MOE.top_k * int(MOE.ffn_hidden) / (PEAK * EFF)
+    # the source-side permute (read t h, write top_k t h) also hides the host's launches
+    p = (1 + MOE.top_k) * b * MOE.seq_len * MOE.hidden * 2 / (hosted.device.hbm_bytes_per_s
+                                                              * hosted.device.memory_efficiency)
     local = MOE.experts
-    wait = max(0.0, 2 * local * call_s - g) + max(0.0, 4 * local * call_s - 2 * g)
+    wait = max(0.0, (2 * local + 2) * call_s - g - p) + max(0.0, (4 * local + 4) * call_s - 2 * g - p)
     assert (wait == 0.0) == (call_s == 5e-6)
     extra = llm_step(MOE, e, hosted).compute_s - llm_step(MOE, e, plain).compute_s
     assert extra == pytest.approx(m * MOE.layers * wait, rel=1e-9, abs=1e-15)

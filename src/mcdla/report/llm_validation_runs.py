@@ -159,7 +159,7 @@ _MOE_COMMON = ("distributed optimizer as ZeRO-1; dp_overlap on (src/megatron/bri
                "move them); router fusion (moe_router_fusion True) not modelled apart; token-dropless "
                "with forced balance (moe_router_force_load_balancing True, no moe_expert_capacity_factor): every "
                "expert at its mean load, capacity_factor 1; expert TP 1 (expert_tensor_parallel_size 1, = TP here); "
-               "flash attention; CUDA graphs of the router and preprocess not modelled; " + _BRIDGE_RECIPES)
+               "flash attention; " + _BRIDGE_RECIPES)
 _ALLTOALL = ("token dispatcher alltoall (the provider's default; no flex backend in the B200 and H100 configs); its "
              "host synchronisation of the per-expert token counts in every MoE layer's forward (Megatron-Core 0.15 "
              "MoEAlltoAllTokenDispatcher, cuda_sync_point before_ep_alltoall; HybridEP's dropless dispatch and "
@@ -210,25 +210,35 @@ _RACK_64 = ("64 GPUs per NVL72 rack: the launcher (utils/executors.py) asks Slur
             "GPUs of the job")
 
 _SPLIT_RACK = f"{_SPLIT_235B}; {_RACK_64}"
+_GRAPH = ("the pre-MLP norm, the router and the dispatcher's preprocess in a CUDA graph as moe_router_graph "
+          "(cuda_graph_impl transformer_engine, cuda_graph_scope moe_router and moe_preprocess in this config of "
+          "scripts/performance/configs/qwen3/workload_base_configs.py): one graph launch a layer each way")
+_NO_GRAPH = ("no CUDA graph (this config of scripts/performance/configs/qwen3/workload_base_configs.py sets no "
+             "cuda_graph_scope): the pre-MLP norm's, the router's and the alltoall preprocess's launches charged at "
+             "host_call_time each (sim/llm_moe.py router_preprocess_launches)")
 _SPLIT_KW = dict(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
 
 BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
     _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 2, 1, 2, 24, 8, 5275,
                 "FP8-CS as fp8 with fp8_scaling current (amax, scale and cast kernels per expert split); the "
                 "all-to-all's overlap with compute (moe_a2a_overlap True in the H100 configs) "
-                f"not modelled; {_token_drop(10494, 5275, 'FP8-CS')}"),
+                f"not modelled; {_NO_GRAPH}; {_token_drop(10494, 5275, 'FP8-CS')}"),
     _bridge_moe("b200", "qwen3-30b-a3b", 8, "fp8", 512, 1, 1, 1, 1, 8, 9299,
-                f"{_MX}; {_token_drop(18066, 9299, 'FP8-CS, no FP8-MX figure')}", fp8_scaling="mxfp8"),
+                f"{_MX}; {_GRAPH}; {_token_drop(18066, 9299, 'FP8-CS, no FP8-MX figure')}", fp8_scaling="mxfp8",
+                moe_router_graph=True),
     _bridge_moe("gb200-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 23766,
-                f"{_MX}; {_token_drop(23723, 23766, 'FP8-MX')}", fp8_scaling="mxfp8"),
-    _bridge_moe("gb300-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 28934, _MX, fp8_scaling="mxfp8"),
-    _bridge_moe("gb200-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 1, 1, 8, 3, 32, 4916, _SPLIT_RACK,
-                gpus_per_node=64, **_SPLIT_KW),
-    _bridge_moe("gb300-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 2, 1, 4, 12, 16, 6131, _SPLIT_RACK,
-                gpus_per_node=64, **_SPLIT_KW),
+                f"{_MX}; {_GRAPH}; {_token_drop(23723, 23766, 'FP8-MX')}", fp8_scaling="mxfp8", moe_router_graph=True),
+    _bridge_moe("gb300-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 28934, f"{_MX}; {_GRAPH}",
+                fp8_scaling="mxfp8", moe_router_graph=True),
+    _bridge_moe("gb200-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 1, 1, 8, 3, 32, 4916,
+                f"{_SPLIT_RACK}; {_GRAPH} (and attention, cuda_graph_scope attn, not modelled)", gpus_per_node=64,
+                moe_router_graph=True, **_SPLIT_KW),
+    _bridge_moe("gb300-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 2, 1, 4, 12, 16, 6131,
+                f"{_SPLIT_RACK}; {_GRAPH}", gpus_per_node=64, moe_router_graph=True, **_SPLIT_KW),
     _bridge_moe("b200", "qwen3-235b-a22b", 64, "fp8", 1024, 1, 1, 8, 2, 8, 3269,
                 f"{_MX}; {_SPLIT_235B}; the all-to-all's overlap with compute (moe_a2a_overlap True in the B200 "
-                f"configs) not modelled; {_token_drop(4275, 3269, 'FP8-MX')}", fp8_scaling="mxfp8", **_SPLIT_KW),
+                f"configs) not modelled; {_NO_GRAPH}; {_token_drop(4275, 3269, 'FP8-MX')}", fp8_scaling="mxfp8",
+                **_SPLIT_KW),
 )
 """Megatron-Bridge 25.11's Qwen3 MoE runs (30B-A3B on H100, B200, GB200, GB300; 235B-A22B on GB200, GB300, B200)."""
 

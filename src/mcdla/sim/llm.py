@@ -112,7 +112,8 @@ from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes, ring_attention_moved_s
 from mcdla.sim.llm_eager import eager_block_bytes, foreach_adam_bytes
 from mcdla.sim.llm_floor import link_floors
 from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, expert_gemm_width, grouped_gemm_issue_s,
-                               permutation_bytes, rank_param_groups, routed_expert_flops, tokens_per_local_expert)
+                               permutation_bytes, rank_param_groups, routed_expert_flops, source_permute_bytes,
+                               tokens_per_local_expert)
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import LayerShares, layer_shares
@@ -682,7 +683,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     op = e.recompute == OP_RECOMPUTE
     key = ("layer", spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
            e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.ep_dispatcher, e.fp8_scaling, op,
-           e.tp_comm_overlap)
+           e.tp_comm_overlap, e.moe_router_graph)
     got = cluster.model_memo.get(key)
     if got is not None:
         return got  # type: ignore[return-value]
@@ -705,9 +706,12 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     dense_gemm = flops["gemm"] - routed / e.capacity_factor
     expert_f = routed / split / expert_rate if routed else 0.0
     gemm_f = dense_gemm / split / gemm_rate + expert_f
-    # the host's per-expert launches, where they outlast the experts' GEMMs (NOTE [expert parallelism])
+    # the host's MoE launches, where they outlast the GPU work they issue: the experts' GEMMs and the source-side
+    # permute (NOTE [expert parallelism])
     issue_f, issue_b = grouped_gemm_issue_s(spec, e, dev.host_call_s, fp8=prec.fp8)
-    issue_wait_f, issue_wait_b = max(0.0, issue_f - expert_f), max(0.0, issue_b - curve.backward_ratio * expert_f)
+    source_permute = source_permute_bytes(spec, e) / hbm_per_s
+    issue_wait_f = max(0.0, issue_f - expert_f - source_permute)
+    issue_wait_b = max(0.0, issue_b - curve.backward_ratio * expert_f - source_permute)
     attn_f = flops["attention"] / split / other_rate
     if e.attention == "flash":
         kernel = flash_attention_bytes(spec, b, tp=e.tp, cp=e.cp)

@@ -22,8 +22,11 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   768-wide experts against its 2048 hidden), where a dense layer's GEMMs take ``hidden / tp``.
 * The host issues a grouped GEMM as a loop over the local experts (Transformer Engine's ``GroupedLinear``): per
   expert its GEMM calls and, in fp8, the quantization kernels of its split of each input, as the recipe
-  launches them (:func:`grouped_gemm_launches`); each launch costs the device's ``host_call_s``, and the
-  expert GEMMs wait for the host where its launches outlast them (:func:`grouped_gemm_issue_s`).
+  launches them (:func:`grouped_gemm_launches`). Outside a CUDA graph it also issues each kernel of the pre-MLP
+  norm, the router and the dispatcher's preprocess (token counts, source-side permute), inside one
+  (``moe_router_graph``) the graph's replay and its buffers' copies (:func:`router_preprocess_launches`). Each launch costs the
+  device's ``host_call_s``, and the GPU waits for the host where a layer's launches outlast the work they issue,
+  the expert GEMMs and the source-side permute (:func:`grouped_gemm_issue_s`, :func:`source_permute_bytes`).
 * The token permutations (Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with ``moe_permute_fusion``, the
   Transformer Engine kernels): each token's hidden vector is copied to its ``r = top_k x C`` expert rows
   (``permute``: read ``t h``, write ``r t h`` elements, ``t = b s / (cp tp)``), the rows received are sorted by
@@ -47,9 +50,11 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   experts, ``L = E / ep`` local, ``k = top_k``), so a rank receives ``D t`` rows per dispatch. The dispatch and
   the combine each take ``D t h`` bytes at HybridEP's algorithm bandwidth as measured on GB200 NVL72 through its
   torch API at the 32 SMs Megatron-Bridge gives it (:data:`HYBRIDEP_ALGBW`), scaled by the EP group's scale-up
-  bandwidth over GB200's 900 GB/s (:func:`ep_all_to_all_s`; the measured calls also copy the received rows out
-  of, or into, HybridEP's buffer, which Megatron-Core's permuting calls do not: kept in, ``docs/llm.md``); a
-  group that leaves its scale-up domain is priced as the all-to-all. Its permutations move ``2 (D t + r t) h`` elements forward (the permute reads the ``D t``
+  bandwidth over GB200's 900 GB/s, less the measured calls' copy of the received rows out of, or into,
+  HybridEP's buffer (``2 D t h`` bytes at the HBM rate; DeepEP hybrid-ep 6ad6896 ``csrc/hybrid_ep.cu``
+  ``dispatch`` and ``combine``), which Megatron-Core's permuting calls replace by the destination permute and
+  unpermute (``executor.cu``: "Use permute kernel to avoid standalone D2D memory copy") charged below
+  (:func:`ep_all_to_all_s`); a group that leaves its scale-up domain is priced as the all-to-all. Its permutations move ``2 (D t + r t) h`` elements forward (the permute reads the ``D t``
   rows and writes the ``r t`` expert rows, the unpermute the reverse; no source-side permute, no sorts), as many
   backward (:func:`permutation_bytes`).
 * Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
@@ -71,10 +76,11 @@ from mcdla.workload.transformer import TransformerSpec
 from mcdla.workload.memo import pure_cache
 
 __all__ = ["GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_REFERENCE_BYTES_PER_S", "MXFP8_SWIZZLES",
-           "QUANTIZE_LAUNCHES", "ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "ep_ranks_per_token",
+           "PERMUTE_LAUNCHES", "PRE_MLP_NORM_LAUNCHES", "QUANTIZE_LAUNCHES", "ROUTER_GRAPH_LAUNCHES",
+           "ROUTER_LAUNCHES", "TOKEN_COUNT_LAUNCHES", "ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "ep_ranks_per_token",
            "expert_gemm_width", "expert_params_per_layer", "grouped_gemm_issue_s", "grouped_gemm_launches",
-           "hybridep_bytes_per_s", "hybridep_priced", "permutation_bytes",
-           "rank_param_groups", "routed_expert_flops", "tokens_per_local_expert"]
+           "hybridep_bytes_per_s", "hybridep_priced", "permutation_bytes", "rank_param_groups",
+           "routed_expert_flops", "router_preprocess_launches", "source_permute_bytes", "tokens_per_local_expert"]
 
 
 def expert_params_per_layer(spec: TransformerSpec) -> int:
@@ -152,7 +158,8 @@ def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluste
     of the layers, NOTE [partial recompute and offload]), weighted by the share of
     MoE layers (the mean layer, as the FLOP counts are); with ``ep_dispatcher: hybridep`` inside one scale-up
     domain a dispatch and a combine of ``D t h`` bytes at HybridEP's bandwidth instead (NOTE [expert
-    parallelism]). Zero without expert parallelism."""
+    parallelism]): the measured time less the calls' copy of the ``D t h`` received bytes (read and written at the
+    device's HBM rate), scaled by the domain's bandwidth. Zero without expert parallelism."""
     e = execution
     if e.ep == 1 or spec.moe_layers == 0:
         return 0.0, 0.0
@@ -161,8 +168,13 @@ def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluste
     if hybridep_priced(e, cluster):
         tokens = e.micro_batch * spec.seq_len / (e.cp * e.tp)
         received = tokens * ep_ranks_per_token(spec, e) * spec.hidden * spec.bytes_per_element
-        dispatch, combine = hybridep_bytes_per_s(e.ep, dims[0].bytes_per_s)
-        pair = (received / dispatch + received / combine) * share  # one dispatch + one combine
+        dispatch, combine = hybridep_bytes_per_s(e.ep, HYBRIDEP_REFERENCE_BYTES_PER_S)
+        # the measured calls' copy of the received rows out of (into) HybridEP's buffer, read and written at the
+        # HBM rate, which Megatron-Core's permuting calls replace by the permutations charged apart; the rest
+        # scales with the domain's bandwidth
+        copy = 2 * received / (cluster.device.hbm_bytes_per_s * cluster.device.memory_efficiency)
+        scale = HYBRIDEP_REFERENCE_BYTES_PER_S / dims[0].bytes_per_s
+        pair = (max(0.0, received / dispatch - copy) + max(0.0, received / combine - copy)) * scale * share
         return pair, (1 + layer_shares(e, spec).recomputed) * pair
     one = collective_time("all-to-all", all_to_all_bytes(spec, e), dims) * share
     return 2 * one, (2 + 2 * layer_shares(e, spec).recomputed) * one
@@ -247,14 +259,86 @@ def grouped_gemm_launches(spec: TransformerSpec, execution: Execution, fp8: bool
     return fwd, bwd
 
 
+PRE_MLP_NORM_LAUNCHES: tuple[int, int] = (1, 3)
+"""Launches of an MoE layer's pre-MLP RMSNorm outside a CUDA graph, forward and backward: Transformer Engine 2.9's
+``rmsnorm_fwd``, its ``rmsnorm_bwd`` (the kernel and the ``rmsnorm_bwd_finalize`` kernel of the weight's
+gradient, ``transformer_engine/common/normalization/rmsnorm``) and the sum of the two gradients of its output
+(the router's and the dispatcher's)."""
+
+ROUTER_LAUNCHES: tuple[int, int] = (9, 8)
+"""Launches of Megatron-Core's ``TopKRouter`` outside a CUDA graph, forward and backward, as Megatron-Bridge's
+Qwen3 MoE recipes run it (``moe_router_fusion``, ``moe_router_force_load_balancing``, the ``aux_loss`` load
+balancing; Megatron-LM 0d8e0714 ``megatron/core/transformer/moe/router.py`` and ``moe_utils.py``, Transformer
+Engine 2.9 ``transformer_engine/pytorch/router.py``). Forward: the gating GEMM (``te_general_gemm``), the
+forced balance's random logits (``RandomSTE``: ``clone`` and ``normal_``), the fused top-k, the fused aux-loss
+scores, the routing map's per-expert sum, the fused aux loss and the loss tracker's division and in-place add.
+Backward: ``MoEAuxLossAutoScaler``'s ``ones_like`` and product, the three fused kernels' backwards, the sum of the
+logits' two gradients, the gating GEMM's data and weight gradients."""
+
+TOKEN_COUNT_LAUNCHES = 7
+"""Launches of the alltoall token dispatcher's token counts outside a CUDA graph, dropless, forward, with EP or TP
+> 1 (Megatron-LM 0d8e0714 ``megatron/core/transformer/moe/token_dispatcher.py``,
+``MoEAlltoAllTokenDispatcher.preprocess``): the routing map's per-expert sum, the per-rank split sum, the counts'
+all-gather over the EP x TP group, the local experts' slice copied contiguous and three sums (the routing map's
+sum alone without EP and TP). Their device-to-host copies run outside the graph either way and are not counted."""
+
+PERMUTE_LAUNCHES: tuple[int, int] = (4, 1)
+"""Launches of the alltoall dispatcher's source-side fused permute (Transformer Engine 2.9
+``moe_permute_with_probs``, ``transformer_engine/pytorch/permutation.py`` and ``triton/permutation.py``), forward
+and backward: the row-id map's three Triton passes and the permute kernel; its gradient, one unpermute kernel."""
+
+
+ROUTER_GRAPH_LAUNCHES: tuple[int, int] = (2, 4)
+"""Launches of the pre-MLP norm, router and preprocess in a CUDA graph (Transformer Engine 2.9
+``transformer_engine/pytorch/graph.py``, ``Graphed``), forward and backward: the copy of the input into the graph's
+static buffer and the replay; the copies of the three outputs' gradients (the dispatcher's tokens, their
+probabilities, the residual) into the static buffers and the replay."""
+
+
+def router_preprocess_launches(execution: Execution) -> tuple[int, int]:
+    """Launches the host issues for one MoE layer's pre-MLP norm, router and dispatcher preprocess on one rank
+    per micro-batch, forward and backward (NOTE [expert parallelism]): :data:`ROUTER_GRAPH_LAUNCHES` with
+    ``moe_router_graph``, else :data:`PRE_MLP_NORM_LAUNCHES` and :data:`ROUTER_LAUNCHES` plus, with the alltoall
+    dispatcher, :data:`TOKEN_COUNT_LAUNCHES` and :data:`PERMUTE_LAUNCHES`; the flex dispatcher
+    (``ep_dispatcher: hybridep``, ``MoEFlexTokenDispatcher._initialize_metadata``) expands the routing map and the
+    probabilities over TP, views at TP 1, a copy of each (and a summed gradient backward) with TP > 1."""
+    e = execution
+    if e.moe_router_graph:
+        return ROUTER_GRAPH_LAUNCHES
+    if e.ep > 1 and e.ep_dispatcher == "hybridep":
+        pre_f, pre_b = (2, 1) if e.tp > 1 else (0, 0)
+    else:
+        counts = TOKEN_COUNT_LAUNCHES if e.ep * e.tp > 1 else 1
+        pre_f, pre_b = counts + PERMUTE_LAUNCHES[0], PERMUTE_LAUNCHES[1]
+    return (PRE_MLP_NORM_LAUNCHES[0] + ROUTER_LAUNCHES[0] + pre_f,
+            PRE_MLP_NORM_LAUNCHES[1] + ROUTER_LAUNCHES[1] + pre_b)
+
+
+def source_permute_bytes(spec: TransformerSpec, execution: Execution) -> float:
+    """HBM bytes of one mean layer's source-side permute on one rank per micro-batch (the last kernel of the
+    dispatcher's preprocess; its gradient moves as many): ``(1 + r) t h`` elements, ``r = top_k x C``,
+    ``t = b s / (cp tp)``, over the share of MoE layers; 0 with ``ep_dispatcher: hybridep`` (it permutes on the
+    destination) and for a dense model."""
+    e = execution
+    if spec.moe_layers == 0 or (e.ep_dispatcher == "hybridep" and e.ep > 1):
+        return 0.0
+    tokens = e.micro_batch * spec.seq_len / (e.cp * e.tp)
+    elements = tokens * (1 + spec.top_k * e.capacity_factor) * spec.hidden
+    return spec.bytes_per_element * elements * spec.moe_layers / spec.layers
+
+
 def grouped_gemm_issue_s(spec: TransformerSpec, execution: Execution, call_s: float, *,
                          fp8: bool = False) -> tuple[float, float]:
-    """Host time to issue one mean layer's grouped-GEMM launches on one rank per micro-batch, forward and
-    backward (NOTE [expert parallelism]): :func:`grouped_gemm_launches` times ``call_s`` (the device's
-    ``host_call_s``) over the share of MoE layers. Zero for a dense model."""
+    """Host time to issue one mean layer's MoE launches on one rank per micro-batch, forward and backward (NOTE
+    [expert parallelism]): the grouped GEMMs' (:func:`grouped_gemm_launches`) and the pre-MLP norm's, router's and
+    preprocess's (:func:`router_preprocess_launches`), times ``call_s`` (the device's ``host_call_s``), over the
+    share of MoE layers. Zero for a dense model."""
+    if spec.moe_layers == 0:
+        return 0.0, 0.0
     fwd, bwd = grouped_gemm_launches(spec, execution, fp8)
+    route_f, route_b = router_preprocess_launches(execution)
     share = call_s * spec.moe_layers / spec.layers
-    return fwd * share, bwd * share
+    return (fwd + route_f) * share, (bwd + route_b) * share
 
 
 @pure_cache(64)

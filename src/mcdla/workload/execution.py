@@ -126,6 +126,10 @@ class Execution(HashOnce):
             (DeepSpeed's ``cpu_checkpointing``: ``copy_`` into a pageable CPU tensor and back,
             ``runtime/activation_checkpointing/checkpointing.py``): exposed whole, where Megatron-Core's
             offloading overlaps the compute (false).
+        moe_router_graph: the pre-MLP norm, the router and the MoE dispatcher's preprocess captured in a CUDA graph
+            (Megatron-Core ``cuda_graph_scope`` ``moe_router`` and ``moe_preprocess``): one graph launch each
+            way per MoE layer instead of their kernels' launches (NOTE [expert parallelism] in
+            :mod:`mcdla.sim.llm_moe`).
         reduce_bucket_numel: with ``cpu_optimizer`` under ZeRO-1/2, the elements of DeepSpeed's gradient reduce
             bucket (``reduce_bucket_size``, default 5e8): the GPU holds that bucket (two with ``dp_overlap``,
             DeepSpeed's ``overlap_comm`` double buffer) instead of the whole gradients, each bucket going to the
@@ -182,6 +186,7 @@ class Execution(HashOnce):
     optimizer_kernels: Literal["fused", "foreach"] = "fused"
     reduce_bucket_numel: int = 500_000_000
     activation_offload_sync: bool = False
+    moe_router_graph: bool = False
 
     __hash__ = hash_once  # a key of the model's memoised figures, hashed once (mcdla.workload.memo)
 
@@ -193,7 +198,8 @@ class Execution(HashOnce):
         for name in ("sequence_parallel", "offload_activations", "offload_weights", "offload_optimizer",
                      "dp_overlap", "tp_comm_overlap", "pp_comm_overlap", "cpu_optimizer", "delayed_param_update",
                      "account_for_embedding_in_pipeline_split",
-                     "account_for_loss_in_pipeline_split", "fused_kernels", "activation_offload_sync"):
+                     "account_for_loss_in_pipeline_split", "fused_kernels", "activation_offload_sync",
+                     "moe_router_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
@@ -489,6 +495,7 @@ class _ExecutionFile(BaseModel):
     optimizer_kernels: Literal["fused", "foreach"] = "fused"
     reduce_bucket_numel: int = Field(default=500_000_000, ge=1, le=_MAX_COUNT)
     activation_offload_sync: bool = False
+    moe_router_graph: bool = False
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
