@@ -51,6 +51,8 @@ CASES = [
                     ep_dispatcher="hybridep", moe_router_graph=True), "bf16"),
     (DENSE, Execution(gpus=64, tp=4, pp=4, dp=4, virtual_stages=2, micro_batch=1, global_batch=64,
                       pp_comm_overlap=True), "bf16"),
+    (DENSE, Execution(gpus=8, pp=2, dp=4, virtual_stages=2, micro_batch=1, global_batch=32, pp_comm_overlap=True,
+                      pipeline_layout="Et*5|t*7|t*6|t*6L"), "bf16"),
 ]
 IDS = [f"{s.name}-tp{e.tp}pp{e.pp}v{e.virtual_stages}cp{e.cp}ep{e.ep}z{e.zero}-{e.recompute}-{p}" for s, e, p in CASES]
 
@@ -102,6 +104,7 @@ def execution_from_megatron(a: argparse.Namespace, gpus: int) -> dict[str, objec
         "layers_last_stage": a.decoder_last_pipeline_num_layers,
         "account_for_embedding_in_pipeline_split": bool(a.account_for_embedding_in_pipeline_split),
         "account_for_loss_in_pipeline_split": bool(a.account_for_loss_in_pipeline_split),
+        "pipeline_layout": a.pipeline_model_parallel_layout,
         "sequence_parallel": bool(a.sequence_parallel),
         "micro_batch": a.micro_batch_size, "global_batch": a.global_batch_size,
         "recompute": a.recompute_granularity or "none", "zero": zero[sharding],

@@ -96,6 +96,8 @@ _UNEVEN = [
     ("dgx-h100", dict(gpus=16, tp=4, pp=2, dp=2, micro_batch=1, global_batch=8, virtual_stages=2,
                       layers_first_stage=8, zero=1)),
     ("gh200", dict(gpus=5, pp=5, micro_batch=1, global_batch=10, account_for_embedding_in_pipeline_split=True)),
+    ("dgx-h100", dict(gpus=16, tp=8, pp=2, micro_batch=1, global_batch=4, virtual_stages=2,
+                      pipeline_layout="Et*2|t*10|t*4|t*8L")),
 ]
 
 
@@ -104,7 +106,7 @@ _UNEVEN = [
 def test_uneven_split_on_the_engine_equals_the_rank_schedule(system: str, fields: dict[str, object],
                                                              replicas: str) -> None:
     """Uneven splits (first/last stage counts, the embedding counted as a layer, interleaved chunks of unequal
-    stages): each stage's program runs its own layers and the engine's 1F1B equals the per-rank schedule (the
+    stages, a layout string's chunks of unequal size): each stage's program runs its own layers and the engine's 1F1B equals the per-rank schedule (the
     analytical model's closed form of an uneven split) to 1e-9."""
     e = Execution(**fields)  # type: ignore[arg-type]
     cluster = load_cluster(system).for_gpus(e.gpus)

@@ -116,3 +116,69 @@ def test_accounting_and_end_stage_counts_exclude_each_other():
     """Both ways of splitting unevenly at once is one line naming the field."""
     with pytest.raises(ConfigError, match=r"^execution\.layers_first_stage: got it with account_for"):
         Execution(gpus=4, pp=4, layers_first_stage=1, account_for_loss_in_pipeline_split=True)
+
+
+def test_layout_string_gives_deepseek_v3s_chunks_in_megatrons_order():
+    """Megatron-Bridge's DeepSeek-V3 layout for PP4 VP4 (recipe layout_map[(4, 4)], no MTP): the embedding and 4
+    layers, 14 chunks of 4, 1 layer and the loss. Megatron-Core puts entry ``c * pp + s`` on stage s as chunk c,
+    so stages 0-2 hold 4 x 4 layers and stage 3 holds 4, 4, 4, 1."""
+    e = Execution(gpus=4, pp=4, virtual_stages=4, micro_batch=1, global_batch=4,
+                  pipeline_layout="Et*4|(t*4|)*14tL")
+    flat = [4] * 15 + [1]  # the recipe's list of lists, counted by hand
+    grid = chunk_layers(e, preset("deepseek-v3-671b"))
+    assert grid == tuple(tuple(flat[c * 4 + s] for c in range(4)) for s in range(4))
+    assert grid[3] == (4, 4, 4, 1) and stage_layers(e, preset("deepseek-v3-671b")) == (16, 16, 16, 13)
+    one = Execution(gpus=16, pp=16, micro_batch=1, global_batch=16, pipeline_layout="Et*4|(t*4|)*14tL")
+    assert stage_layers(one, preset("deepseek-v3-671b")) == (4,) * 15 + (1,)
+
+
+def test_layout_string_equals_the_end_stage_split(llm_cluster):
+    """'Et*2|t*6|(t*3)*2|ttL' ('Ett|tttttt|tttttt|ttL') is the split 2/6/6/2: the same chunks and the same time as the end-stage counts
+    (the closed form of test_slowest_middle_stage_sets_the_pace)."""
+    cluster = llm_cluster(nodes=2, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
+    base = dict(gpus=4, pp=4, micro_batch=1, global_batch=8, attention="materialized")
+    by_layout = Execution(**base, pipeline_layout="Et*2|t*6|(t*3)*2|ttL")
+    by_ends = Execution(**base, layers_first_stage=2, layers_last_stage=2)
+    assert chunk_layers(by_layout, SPEC) == chunk_layers(by_ends, SPEC) == ((2,), (6,), (6,), (2,))
+    expect = (6 * 8 + 8) * _layer_s(SPEC)
+    assert llm_step(SPEC, by_layout, cluster).iteration_s == pytest.approx(expect, rel=1e-3)
+
+
+def test_unequal_chunks_of_one_stage_pace_by_schedule(llm_cluster):
+    """'Et|ttt|ttt|tL' on 2 stages of 2 chunks: stage 0 holds chunks of 1 and 3 layers, stage 1 of 3 and 1 (the
+    logits on its last). Both modes agree: the fast path hands the layout to the per-rank schedule."""
+    spec = TransformerSpec(name="s8", layers=8, hidden=1024, heads=16, vocab=8, seq_len=1024)
+    e = Execution(gpus=2, pp=2, virtual_stages=2, micro_batch=1, global_batch=4, attention="materialized",
+                  pipeline_layout="Et|ttt|ttt|tL")
+    assert chunk_layers(e, spec) == ((1, 3), (3, 1))
+    cluster = llm_cluster(nodes=1, peak_flops_per_s=PEAK, gemm_peak_fraction=EFF)
+    assert llm_step(spec, e, cluster).iteration_s == pytest.approx(simulate_ranks(spec, e, cluster).iteration_s,
+                                                                   rel=1e-12)
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"pipeline_layout": "Et*4|t*4|t*4|t*3mL"}, "character 'm'"),
+    ({"pipeline_layout": "t*4|Et*4|t*4|t*4L"}, "not the embedding E once first"),
+    ({"pipeline_layout": "Et*8|t*7L"}, "got 2 model chunks; must be pp*virtual_stages = 4*1 = 4"),
+    ({"pipeline_layout": "Et*5|t*5|t*5|L"}, "a model chunk with no decoder layer (chunk 3)"),
+    ({"pipeline_layout": "Et*4|t*4|t*4|t*4L", "layers_first_stage": 4}, "execution.pipeline_layout: got it with"),
+])
+def test_bad_layout_is_one_line(fields, needle):
+    """A layout Megatron-Core would refuse (or that names MTP, not modelled) is one line naming the field."""
+    with pytest.raises(ConfigError) as err:
+        Execution(**{"gpus": 4, "pp": 4, "micro_batch": 1, "global_batch": 8, **fields})
+    assert needle in str(err.value) and "\n" not in str(err.value) and "pipeline_layout" in str(err.value)
+
+
+def test_layout_must_hold_the_models_layers():
+    """A well-formed layout of 15 decoder layers for a 16-layer model is refused against the model."""
+    e = Execution(gpus=4, pp=4, micro_batch=1, global_batch=8, pipeline_layout="Et*3|t*4|t*4|t*4L")
+    with pytest.raises(ConfigError, match=r"^execution\.pipeline_layout: .*15 decoder layers; must hold the 16"):
+        stage_layers(e, SPEC)
+    assert execution_from_dict({"gpus": 4, "pp": 4, "pipeline_layout": "Et*4|t*4|t*4|t*4L"}).pipeline_layout
+
+
+def test_layout_that_expands_past_the_bound_is_one_line():
+    """A repeat count past any model (here 10^12 layers) is refused before it is expanded."""
+    with pytest.raises(ConfigError, match=r"^execution\.pipeline_layout: .*expands past 1,000,000 characters"):
+        Execution(gpus=2, pp=2, micro_batch=1, global_batch=2, pipeline_layout="Et*1000000000000|tL")

@@ -168,6 +168,8 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
                           ("--decoder-last-pipeline-num-layers", e.layers_last_stage)):
         if value is not None:
             args += [option, str(value)]
+    if e.pipeline_layout is not None:
+        args += ["--pipeline-model-parallel-layout", e.pipeline_layout]
     if e.account_for_embedding_in_pipeline_split:
         args.append("--account-for-embedding-in-pipeline-split")
     if e.account_for_loss_in_pipeline_split:
@@ -288,7 +290,7 @@ def _torchtitan_parallelism(e: Execution, spec: TransformerSpec, notes: list[str
     if e.pp > 1:
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if e.virtual_stages > 1 else "1F1B"
         parallelism["pipeline_parallel_microbatch_size"] = e.micro_batch
-        if e.layers_first_stage is None and e.layers_last_stage is None:
+        if e.layers_first_stage is None and e.layers_last_stage is None and e.pipeline_layout is None:
             embedding, loss = e.account_for_embedding_in_pipeline_split, e.account_for_loss_in_pipeline_split
             parallelism["pipeline_parallel_layers_per_stage"] = (
                 (spec.layers + int(embedding) + int(loss)) // (e.pp * e.virtual_stages))

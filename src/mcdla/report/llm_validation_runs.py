@@ -17,10 +17,15 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
   ("Selective AC": every k-th block checkpointed, k not published) are left out: a partial recompute is not
   expressible.
 * ``megatron-bridge-moe``: Megatron-Bridge 25.11's ``performance-summary.md`` (NVIDIA-NeMo/Megatron-Bridge,
-  commit 5776a6d9), the Qwen3 MoE rows the execution record expresses as published. Left out, with the reason:
-  DeepSeek-V3 (61 layers over PP x VP chunks needs the recipe's unpublished layout), GPT-OSS 120B (alternating
-  sliding-window attention is not modelled), Qwen3-235B on H100 (EP 32 over TP x DP, expert-parallel folding,
-  is not expressible: EP must divide DP x CP), and the FP8-MX rows on H100 (none). Unpublished fields come from
+  commit 5776a6d9), the MoE rows the execution record expresses as published: seven Qwen3 rows and two
+  DeepSeek-V3 rows, GB200 bf16 (PP4 VP4) and B200 FP8-MX (PP16), whose 61 layers the r0.2.0 recipe splits by its
+  ``pipeline_model_parallel_layout`` for that PP x VP (``pipeline_layout``; MLA approximated, MTP, the router's
+  group-limited top-k and the dense layers' place not modelled, each record's ``choices``). Left out, with the
+  reason: DeepSeek-V3 on GB300 (PP2 VP4) and its GB200 FP8-MX row (PP8 VP4), for which neither the recipe's
+  layout map (keys (1,1), (4,1), (8,1), (4,2), (16,1), (8,2), (4,4)) nor the configs give a layout, and 61
+  layers do not split over 8 or 32 chunks without one (Megatron-Core's ``get_num_layers_to_build`` asserts),
+  GPT-OSS 120B (alternating sliding-window attention is not modelled), Qwen3-235B on H100 (EP 32 over TP x DP,
+  expert-parallel folding, is not expressible: EP must divide DP x CP), and the FP8-MX rows on H100 (none). Unpublished fields come from
   the 25.11 container's performance scripts (Megatron-Bridge r0.2.0), each named in the record's ``choices``;
   the 256-GPU GB jobs take 64 GPUs per NVL72 rack, as the launcher's Slurm segment places them
   (``MeasuredRun.gpus_per_node``). Four rows' layouts appear token-drop in the same page's 25.09 table; each of
@@ -35,7 +40,7 @@ Nothing here is fitted except one GEMM peak fraction per PyTorch family (their s
 for the MoE family: the ``grand-teton-h100`` preset's peak fraction on torchtitan's three H100 rows (their 500 W clock
 is not published), the ``fms-h100-800g`` preset's on fms-fsdp's three H100 rows (``dgx-h100`` has no fitted bf16
 curve), and ``host_call_time`` (the host's time per launch of a grouped GEMM's per-expert loop, NOTE [expert
-parallelism]) of ``dgx-h100``, ``b200``, ``gb200-nvl72`` and ``gb300-nvl72`` on the seven MoE rows.
+parallelism]) of ``dgx-h100``, ``b200``, ``gb200-nvl72`` and ``gb300-nvl72`` on the nine MoE rows.
 """
 
 from __future__ import annotations
@@ -185,7 +190,7 @@ def _token_drop(drop: float, dropless: float, precision: str) -> str:
 
 def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mbs: int, tp: int, pp: int,
                 vp: int, ep: int, tokens_per_s_per_gpu: float, choices: str, *, gpus_per_node: int = 0,
-                **execution: object) -> MeasuredRun:
+                common: str = _MOE_COMMON, **execution: object) -> MeasuredRun:
     seconds = gbs * 4096 / (tokens_per_s_per_gpu * gpus)
     hybridep = system.startswith("gb")
     dispatcher = _HYBRIDEP if hybridep else _ALLTOALL
@@ -194,7 +199,7 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
         family="megatron-bridge-moe", gpus_per_node=gpus_per_node,
         source=f"{_BRIDGE_SUMMARY}: {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} GPUs, GBS {gbs}, MBS {mbs}, "
                f"TP{tp} PP{pp} VP{vp} EP{ep}",
-        choices=f"{choices}; {dispatcher}; {_MOE_COMMON}",
+        choices=f"{choices}; {dispatcher}; {common}",
         execution=Execution(gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), virtual_stages=vp, ep=ep, zero=1,
                             micro_batch=mbs, global_batch=gbs, sequence_parallel=tp > 1, dp_overlap=True,
                             pp_comm_overlap=vp > 1, ep_dispatcher="hybridep" if hybridep else "alltoall",
@@ -218,6 +223,34 @@ _NO_GRAPH = ("no CUDA graph (this config of scripts/performance/configs/qwen3/wo
              "host_call_time each (sim/llm_moe.py router_preprocess_launches)")
 _SPLIT_KW = dict(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
 
+_DSV3_RECIPES = ("the 25.11 container's performance scripts (Megatron-Bridge r0.2.0, tag v0.2.0 at commit "
+                 "7af9601c9da7: scripts/performance/configs/deepseek/deepseek_llm_pretrain.py and "
+                 "workload_base_configs.py, src/megatron/bridge/recipes/deepseek/deepseek_v3.py, "
+                 "src/megatron/bridge/models/deepseek/deepseek_provider.py)")
+_DSV3_COMMON = ("61 layers split by the recipe's pipeline_model_parallel_layout for this PP x VP (deepseek_v3.py "
+                "layout_map: the embedding and 4 layers, 14 chunks of 4, 1 layer with the loss) as pipeline_layout "
+                "'Et*4|(t*4|)*14tL'; MLA run as expanded multi-head attention (the preset: its projections' FLOPs "
+                "and parameters exact, the attention core and stored Q/K/V over the 192/128 per-head dimensions); "
+                "the 3 leading dense layers (first_k_dense_replace) and the shared expert in the model's counts, "
+                "but every stage timed with the mean of the 61 layers (the first stage, holding the 3 dense "
+                "layers, is not the slowest); the router's group-limited top-k (8 groups, top 4), sigmoid scores "
+                "and expert bias not modelled: with forced balance (moe_router_force_load_balancing True) every "
+                "expert at its mean load, capacity_factor 1, its launches counted as the Qwen3 router's; "
+                "selective recompute of the MLA up-projections (recompute_modules mla_up_proj: the q and kv up "
+                "projections re-run in the backward, about 3 % of a layer's GEMM FLOPs) not modelled, recompute "
+                "none; distributed optimizer (use_distributed_optimizer True) as ZeRO-1, its precision-aware "
+                "state (use_precision_aware_optimizer: bf16 moments and main gradients) not modelled, the state "
+                "counted as fp32 Adam's; dp_overlap on (the "
+                "configs set overlap_grad_reduce True, the recipe overlap_param_gather); with interleaving "
+                "pp_comm_overlap on (training/comm_overlap.py: overlap_p2p_comm when vp > 1); grouped GEMM "
+                "(moe_grouped_gemm True), permute fusion (moe_permute_fusion True), router fusion "
+                "(moe_router_fusion True) not modelled apart; expert TP 1; TP 1 (no sequence parallelism); flash "
+                "attention; " + _DSV3_RECIPES)
+_DSV3_MTP = ("the table's 'w/ MTP': the recipe's one multi-token-prediction layer (mtp_num_layers 1, on the last "
+             "stage with the loss: 'Et*4|(t*4|)*14tmL') not modelled, so the last stage lacks one MoE layer, its "
+             "embedding-and-hidden projection and a second output layer and loss; it holds 1 of the 4 layers of "
+             "the other stages")
+
 BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
     _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 2, 1, 2, 24, 8, 5275,
                 "FP8-CS as fp8 with fp8_scaling current (amax, scale and cast kernels per expert split); the "
@@ -239,8 +272,23 @@ BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
                 f"{_MX}; {_SPLIT_235B}; the all-to-all's overlap with compute (moe_a2a_overlap True in the B200 "
                 f"configs) not modelled; {_NO_GRAPH}; {_token_drop(4275, 3269, 'FP8-MX')}", fp8_scaling="mxfp8",
                 **_SPLIT_KW),
+    _bridge_moe("gb200-nvl72", "deepseek-v3-671b", 256, "bf16", 4096, 1, 1, 4, 4, 64, 3139,
+                "the table's 'w/o MTP' (no multi-token-prediction layer); GBS 4096 as the table (the r0.2.0 GB200 "
+                "config says 2048); the pre-MLP norm, router and preprocess in a CUDA graph as moe_router_graph "
+                "(cuda_graph_scope moe_router and moe_preprocess in the GB200 config); the shared expert's overlap "
+                "off (apply_flex_dispatcher_backend sets moe_shared_expert_overlap False with HybridEP); "
+                f"{_RACK_64}", gpus_per_node=64, common=_DSV3_COMMON, moe_router_graph=True,
+                pipeline_layout="Et*4|(t*4|)*14tL"),
+    _bridge_moe("b200", "deepseek-v3-671b", 256, "fp8", 2048, 1, 1, 16, 1, 8, 2139,
+                f"{_MX}; {_DSV3_MTP}; token dispatcher alltoall (no flex backend in the B200 config: the "
+                "provider's default), with the provider's moe_shared_expert_overlap True (the shared expert beside "
+                "the dispatch on a side stream) not modelled; no CUDA graph (the B200 config sets no "
+                "cuda_graph_scope): the pre-MLP norm's, the router's and the alltoall preprocess's launches charged "
+                "at host_call_time each; moe_a2a_overlap False", common=_DSV3_COMMON, fp8_scaling="mxfp8",
+                pipeline_layout="Et*4|(t*4|)*14tL"),
 )
-"""Megatron-Bridge 25.11's Qwen3 MoE runs (30B-A3B on H100, B200, GB200, GB300; 235B-A22B on GB200, GB300, B200)."""
+"""Megatron-Bridge 25.11's MoE runs: Qwen3 30B-A3B on H100, B200, GB200, GB300; Qwen3 235B-A22B on GB200, GB300,
+B200; DeepSeek-V3 671B on GB200 (bf16) and B200 (FP8-MX)."""
 
 _ZO_TUTORIAL = ("deepspeedai/DeepSpeed docs/_tutorials/zero-offload.md and its training-log screenshot "
                 "docs/assets/images/zero_offload_dp1_10B_log.png (commit 38327e07f6cd), one V100-SXM3 32 GB")

@@ -986,10 +986,8 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     e = execution
     prec, fig = _checked(spec, e, cluster, precision)
     c = _stage_costs(e, cluster, prec, fig)
-    # chunks of one stage differ only when the embedding or the loss counts as a layer (chunk_layers)
-    if _uneven(c.stage_layers) or ((e.account_for_embedding_in_pipeline_split
-                                    or e.account_for_loss_in_pipeline_split)
-                                   and len({n for row in c.chunk_layers for n in row}) > 1):
+    # chunks of one stage differ when the embedding or the loss counts as a layer or a layout names them
+    if _uneven(c.stage_layers) or len({n for row in c.chunk_layers for n in row}) > 1:
         # An uneven split: the slowest stage sets the pace, but how long the others fill, drain and hold it
         # up depends on where it sits, so the schedule itself is the closed form (O(dp p m v) ops).
         from mcdla.sim.llm_ranks import ranks_step

@@ -14,12 +14,15 @@ uneven as Megatron-LM's ``--decoder-first-pipeline-num-layers`` / ``--decoder-la
 make it: ``layers_first_stage`` and ``layers_last_stage`` fix the end stages and the middle stages share the
 rest equally (:func:`stage_layers`); or, as ``--account-for-embedding-in-pipeline-split`` /
 ``--account-for-loss-in-pipeline-split`` do, the embedding and the loss count as one layer each, so the first
-and the last model chunk hold one layer fewer (:func:`chunk_layers`). Files are read with
+and the last model chunk hold one layer fewer (:func:`chunk_layers`); or, as Megatron-Core's
+``pipeline_model_parallel_layout`` does, a layout string names the layers of every model chunk
+(``pipeline_layout``, :func:`layout_chunks`). Files are read with
 pydantic at the boundary (:func:`load_execution`), extra fields and non-finite numbers refused.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,7 +37,7 @@ from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 
 __all__ = ["CP_COMM_TYPES", "EP_DISPATCHERS", "OFFLOAD_TIERS", "OPTIMIZER_KERNELS", "RECOMPUTE_METHODS", "ROPE_KERNELS", "ZERO3_COLLECTIVES",
            "Execution", "check_execution",
-           "chunk_layers", "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
+           "chunk_layers", "layout_chunks", "stage_layers", "execution_from_dict", "load_execution", "execution_to_dict"]
 
 _RECOMPUTE = ("none", "selective", "selective-op", "full")
 RECOMPUTE_METHODS = ("block", "uniform")
@@ -142,6 +145,9 @@ class Execution(HashOnce):
             equal share); the middle stages split the remaining layers equally (:func:`stage_layers`).
         account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split: count the embedding (the
             loss) as a layer of the first (last) model chunk, Megatron-LM's other uneven split (:func:`chunk_layers`).
+        pipeline_layout: Megatron-Core's ``pipeline_model_parallel_layout`` string (``E`` embedding, ``t`` a
+            decoder layer, ``L`` the loss, ``|`` between model chunks, ``x*n`` and ``(...)*n`` repeats), the
+            chunks in virtual-stage order (:func:`layout_chunks`); None = the other fields' split.
     """
 
     gpus: int
@@ -187,6 +193,7 @@ class Execution(HashOnce):
     reduce_bucket_numel: int = 500_000_000
     activation_offload_sync: bool = False
     moe_router_graph: bool = False
+    pipeline_layout: str | None = None
 
     __hash__ = hash_once  # a key of the model's memoised figures, hashed once (mcdla.workload.memo)
 
@@ -248,6 +255,11 @@ class Execution(HashOnce):
         if accounting and (self.layers_first_stage is not None or self.layers_last_stage is not None):
             raise ConfigError("execution.layers_first_stage: got it with account_for_*_in_pipeline_split; "
                               "choose one way of splitting unevenly")
+        if self.pipeline_layout is not None:
+            if accounting or self.layers_first_stage is not None or self.layers_last_stage is not None:
+                raise ConfigError("execution.pipeline_layout: got it with layers_first/last_stage or "
+                                  "account_for_*_in_pipeline_split; Megatron-Core takes the layout alone")
+            layout_chunks(self.pipeline_layout, self.pp, self.virtual_stages)
         product = self.tp * self.pp * self.dp * self.cp
         if product != self.gpus:
             raise ConfigError(f"execution.gpus: got {self.gpus}; must equal tp*pp*dp*cp = "
@@ -355,7 +367,7 @@ def stage_layers(execution: Execution, spec: TransformerSpec) -> tuple[int, ...]
     """
     e, layers = execution, spec.layers
     first, last = e.layers_first_stage, e.layers_last_stage
-    if e.account_for_embedding_in_pipeline_split or e.account_for_loss_in_pipeline_split:
+    if e.account_for_embedding_in_pipeline_split or e.account_for_loss_in_pipeline_split or e.pipeline_layout:
         return tuple(sum(row) for row in chunk_layers(e, spec))
     if first is None and last is None:
         chunks = e.pp * e.virtual_stages
@@ -398,6 +410,12 @@ def chunk_layers(execution: Execution, spec: TransformerSpec) -> tuple[tuple[int
     """
     e = execution
     v = e.virtual_stages
+    if e.pipeline_layout is not None:
+        flat = layout_chunks(e.pipeline_layout, e.pp, v)
+        if sum(flat) != spec.layers:
+            raise ConfigError(f"execution.pipeline_layout: got {brief(e.pipeline_layout)}, {sum(flat)} decoder "
+                              f"layers; must hold the {spec.layers} layers of {spec.name}")
+        return tuple(tuple(flat[c * e.pp + s] for c in range(v)) for s in range(e.pp))
     embedding, loss = e.account_for_embedding_in_pipeline_split, e.account_for_loss_in_pipeline_split
     if not (embedding or loss):
         return tuple((n // v,) * v for n in stage_layers(e, spec))
@@ -412,6 +430,55 @@ def chunk_layers(execution: Execution, spec: TransformerSpec) -> tuple[tuple[int
     if loss:
         grid[-1][-1] -= 1
     return tuple(tuple(row) for row in grid)
+
+
+_LAYOUT_REPEATS = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
+_MAX_LAYOUT = 1_000_000  # characters a layout may expand to: far past any model's layers
+
+
+@pure_cache(64)
+def layout_chunks(layout: str, pp: int, virtual_stages: int) -> tuple[int, ...]:
+    """The decoder layers of each model chunk of a Megatron-Core layout string, in its order (chunk ``c`` of
+    stage ``s`` is entry ``c * pp + s``); one-line ConfigError unless it is such a layout for ``pp x
+    virtual_stages`` chunks.
+
+    Expanded as ``PipelineParallelLayerLayout.parse_str_to_list`` does (Megatron-LM 0d8e0714,
+    ``megatron/core/transformer/pipeline_parallel_layer_layout.py``: commas dropped, ``(...)*n`` then ``x*n``
+    unrolled, ``|`` between chunks) and checked as its ``validate_layer_layout`` does: the embedding ``E`` once,
+    first, the loss ``L`` once, last. Left out here: ``m`` (multi-token prediction, not modelled) and a chunk with
+    no decoder layer.
+    """
+    if not isinstance(layout, str) or len(layout) > 10_000:
+        raise ConfigError(f"execution.pipeline_layout: got {brief(layout)}; must be a layout string such as "
+                          "'Et*4|(t*4|)*14tL'")
+    def unroll(match: re.Match[str]) -> str:
+        if len(match.group(1)) * int(match.group(2)) > _MAX_LAYOUT:
+            raise ConfigError(f"execution.pipeline_layout: got {brief(layout)}; expands past {_MAX_LAYOUT:,} "
+                              "characters")
+        return match.group(1) * int(match.group(2))
+
+    text = layout.replace(",", "")
+    for pattern in _LAYOUT_REPEATS:
+        text = pattern.sub(unroll, text)
+        if len(text) > _MAX_LAYOUT:
+            raise ConfigError(f"execution.pipeline_layout: got {brief(layout)}; expands past {_MAX_LAYOUT:,} "
+                              "characters")
+    chunks = text.split("|")
+    flat = "".join(chunks)
+    bad = sorted(set(flat) - set("EtL"))
+    if bad or not flat or flat[0] != "E" or flat[-1] != "L" or flat.count("E") != 1 or flat.count("L") != 1:
+        what = (f"character {bad[0]!r}" + (" (multi-token prediction is not modelled)" if "m" in bad else "")
+                if bad else "not the embedding E once first and the loss L once last")
+        raise ConfigError(f"execution.pipeline_layout: got {brief(layout)}, {what}; must use E, t, L, | and "
+                          "repeats x*n, (...)*n")
+    if len(chunks) != pp * virtual_stages:
+        raise ConfigError(f"execution.pipeline_layout: got {len(chunks)} model chunks; must be pp*virtual_stages "
+                          f"= {pp}*{virtual_stages} = {pp * virtual_stages}")
+    counts = tuple(chunk.count("t") for chunk in chunks)
+    if 0 in counts:
+        raise ConfigError(f"execution.pipeline_layout: got a model chunk with no decoder layer (chunk "
+                          f"{counts.index(0)}); every chunk must hold at least one 't'")
+    return counts
 
 
 def check_execution(execution: Execution, spec: TransformerSpec) -> None:
@@ -496,6 +563,7 @@ class _ExecutionFile(BaseModel):
     reduce_bucket_numel: int = Field(default=500_000_000, ge=1, le=_MAX_COUNT)
     activation_offload_sync: bool = False
     moe_router_graph: bool = False
+    pipeline_layout: str | None = Field(default=None, min_length=1, max_length=10_000)
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
