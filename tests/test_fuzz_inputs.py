@@ -240,16 +240,20 @@ def test_hostile_files_fail_fast_with_one_line(tmp_path, kind, what) -> None:
 # success (strict JSON), within a time and a memory bound. The quick profile runs in the default suite (about
 # 10 s in all); the long one, with ten times the examples (about 3 min), in the slow suite.
 
-_EXECUTION = {"gpus": 16, "tp": 8, "pp": 2, "dp": 1, "micro_batch": 1, "global_batch": 16, "recompute": "selective"}
+_EXECUTION = {"gpus": 16, "tp": 8, "pp": 2, "dp": 1, "micro_batch": 1, "global_batch": 16, "recompute": "selective",
+              "fp8_scaling": "mxfp8", "ep_dispatcher": "hybridep", "reduce_bucket_numel": 50000000,
+              "activation_offload_sync": False}
 _GENERATOR = {
     "format": "mcdla-system/1", "name": "fuzz",
     "node": {"gpus": 8, "source": "t",
              "gpu": {"peak_flops_per_s": {"bf16": "989TFLOP/s", "fp16": "989TFLOP/s"}, "hbm": "80GB",
                      "hbm_bandwidth": "3.35TB/s", "source": "t"},
+             "gemm_efficiency": {"peak_fraction": 0.7, "half_width": 150, "fp8_tn_only": True, "source": "t"},
              "scale_up": {"bandwidth": "450GB/s", "latency": "1us", "algorithm": "in-network", "source": "t"},
              "sockets": {"count": 2, "source": "t",
                          "memory": {"kind": "host", "capacity": "1TB", "dram_bandwidth": "307.2GB/s", "source": "t"},
-                         "gpu_link": {"kind": "pcie", "bandwidth": "51.2GB/s", "latency": "1us", "source": "t"}}},
+                         "gpu_link": {"kind": "pcie", "bandwidth": "51.2GB/s", "latency": "1us", "source": "t"},
+                         "cpu_adam": {"params_per_s": 3.9e9, "source": "t"}}},
     "scale_out": {"nodes": 2, "bandwidth": "50GB/s", "latency": "5us", "source": "t"},
 }
 #: Seconds and resident bytes one case may take (the bound a user's typo must fail within).

@@ -107,3 +107,44 @@ def test_hostile_input_files(tmp_path, run_cli, kind, option) -> None:
     args = {"--workload": "lstm", "--system": "mc-dla", option: str(path)}
     code, _, err = run_cli("simulate", *(x for kv in args.items() for x in kv))
     assert code == 2 and "x.yaml" in _one_line(err)
+
+
+_OFFLOAD_RECORD = {"gpus": 1, "micro_batch": 1, "global_batch": 2, "offload_optimizer": True, "cpu_optimizer": True}
+
+
+@pytest.mark.parametrize(("field", "value", "allowed"), [
+    ("reduce_bucket_numel", 0, "greater than or equal to 1"),
+    ("reduce_bucket_numel", 1.5, "valid integer"),
+    ("fp8_scaling", "mx", "'delayed', 'current' or 'mxfp8'"),
+    ("ep_dispatcher", "deepep", "'alltoall' or 'hybridep'"),
+    ("activation_offload_sync", "sometimes", "valid boolean"),
+    ("activation_offload_sync", True, "set offload_activations"),
+])
+def test_llm_predict_refuses_a_bad_execution_field_naming_it(run_cli, tmp_path, field, value, allowed) -> None:
+    """Each execution field of DeepSpeed's offload, the fp8 recipe and the MoE dispatcher: one line naming the
+    field, the value and what is allowed, exit 2."""
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps({**_OFFLOAD_RECORD, field: value}))
+    code, out, err = run_cli("llm-predict", "--model", "gpt2-10b", "--execution", str(path), "--system", "dgx-2-v100")
+    shown = json.dumps(value) if isinstance(value, bool) else repr(value)
+    assert code == 2 and not out
+    assert f"execution.{field}: got {shown}" in _one_line(err) and allowed in err
+
+
+@pytest.mark.parametrize(("node", "needles"), [
+    ("sockets: {cpu_adam: {params_per_s: 0}}", ("node.sockets.cpu_adam.params_per_s: got 0", "greater than 0")),
+    ("sockets: {cpu_adam: {params_per_s: .inf}}", ("node.sockets.cpu_adam.params_per_s: got inf", "finite")),
+    ("sockets: {cpu_adam: 3900000000}", ("node.sockets.cpu_adam: got 3900000000", "must be a mapping of its fields")),
+    ("sockets: {cpu_adam: {rate: 1e9}}", ("node.sockets.cpu_adam.", "unknown field")),
+    ("gemm_efficiency: {peak_fraction: 0.5, half_width: 150, fp8_tn_only: maybe, source: test}",
+     ("node.gemm_efficiency.fp8_tn_only: got 'maybe'", "valid boolean")),
+])
+def test_llm_predict_refuses_a_bad_cpu_adam_or_fp8_tn_only_naming_it(run_cli, tmp_path, node, needles) -> None:
+    """A system file laying a bad node.sockets.cpu_adam or gemm_efficiency.fp8_tn_only on a preset: one line
+    naming the file, the field and the value, exit 2."""
+    system, record = tmp_path / "s.yaml", tmp_path / "e.json"
+    system.write_text(f"format: mcdla-system/1\nextends: dgx-2-v100\nnode: {{{node}}}\n")
+    record.write_text(json.dumps(_OFFLOAD_RECORD))
+    code, out, err = run_cli("llm-predict", "--model", "gpt2-10b", "--execution", str(record), "--system", str(system))
+    assert code == 2 and not out and "s.yaml" in _one_line(err)
+    assert all(n in err for n in needles), err

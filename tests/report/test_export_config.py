@@ -53,6 +53,11 @@ CASES = [
                       pp_comm_overlap=True), "bf16"),
     (DENSE, Execution(gpus=8, pp=2, dp=4, virtual_stages=2, micro_batch=1, global_batch=32, pp_comm_overlap=True,
                       pipeline_layout="Et*5|t*7|t*6|t*6L"), "bf16"),
+    (DENSE, Execution(gpus=8, tp=2, dp=4, zero=1, sequence_parallel=True, micro_batch=1, global_batch=32,
+                      fp8_scaling="mxfp8"), "fp8"),
+    (DENSE, Execution(gpus=4, dp=4, zero=2, micro_batch=1, global_batch=8, recompute="full", offload_activations=True,
+                      activation_offload_sync=True, offload_optimizer=True, cpu_optimizer=True,
+                      reduce_bucket_numel=200_000_000), "fp16"),
 ]
 IDS = [f"{s.name}-tp{e.tp}pp{e.pp}v{e.virtual_stages}cp{e.cp}ep{e.ep}z{e.zero}-{e.recompute}-{p}" for s, e, p in CASES]
 
@@ -401,3 +406,16 @@ def test_op_level_recompute_is_torchtitans_op_policy_and_a_megatron_note():
     assert "# not expressed: recompute selective-op" in megatron
     assert "# not expressed: recompute selective (the attention core)" in torchtitan_toml(
         Execution(**PARTIAL, recompute="selective"), DENSE, "bf16")
+
+
+@pytest.mark.parametrize("exporter", ["megatron", "torchtitan"])
+def test_deepspeed_offload_details_are_notes(exporter):
+    """activation_offload_sync and ZeRO-Offload's per-bucket gradients are DeepSpeed's: neither framework has an
+    option for them, so both exports name them in a note, with the bucket size given."""
+    spec, e, precision = CASES[-1]
+    export = megatron_file if exporter == "megatron" else torchtitan_toml
+    text = export(e, spec, precision)
+    assert "activation_offload_sync" in text and "reduce_bucket_numel 200000000" in text
+    plain = Execution(gpus=4, dp=4, zero=2, micro_batch=1, global_batch=8)
+    plain_text = export(plain, spec, precision)
+    assert "activation_offload_sync" not in plain_text and "reduce_bucket_numel" not in plain_text

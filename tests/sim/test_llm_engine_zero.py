@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcdla.errors import ConfigError
-from mcdla.hardware.cluster import load_cluster
+from mcdla.hardware.cluster import Cluster, cluster_from_dict, load_cluster
 from mcdla.sim.collective_models import collective_time
 from mcdla.sim.ir import CollectiveOp, Compute
 from mcdla.sim.llm import llm_step, rank_traffic, stage_costs
@@ -170,6 +170,53 @@ def test_cpu_optimizer_and_nvme_on_the_engine_equal_the_analytical_model(llm_clu
     got = engine_step(_SPEC, e, cluster, replicas=replicas)
     want = llm_step(_SPEC, e, cluster)
     assert want.optimizer_s + want.offload_s > 0.01 * want.iteration_s or e.delayed_param_update
+    assert got.iteration_s == pytest.approx(want.iteration_s, rel=1e-9)
+
+
+def _shared_socket_cluster(cpu_adam: float | None) -> Cluster:
+    """Four GPUs on one socket (each with its own 10 GB/s link, the socket's 100 GB/s DRAM and 4 TB pool shared),
+    two NVMe drives, optionally a measured CPU-Adam rate: a job of fewer GPUs gets more of the DRAM, the pool and
+    the drives (Cluster.pool_link_for_gpus, paths_for_gpus)."""
+    sockets: dict[str, object] = {"count": 1, "source": "test",
+                                  "memory": {"kind": "host", "capacity": 4e12, "dram_bandwidth": 100e9,
+                                             "source": "test"},
+                                  "gpu_link": {"kind": "pcie", "bandwidth": 10e9, "source": "test"}}
+    if cpu_adam is not None:
+        sockets["cpu_adam"] = {"params_per_s": cpu_adam, "source": "test"}
+    node = {"gpus": 4, "source": "test", "sockets": sockets,
+            "gpu": {"peak_flops_per_s": {"bf16": 1e14}, "hbm": 80e9, "hbm_bandwidth": 2e12, "source": "test"},
+            "gemm_efficiency": {"peak_fraction": 1.0, "half_width": 0.0, "source": "test"},
+            "scale_up": {"bandwidth": 1e15, "source": "test"},
+            "nvme": {"drives": 2, "capacity": 1e15, "read_bandwidth": 8e9, "write_bandwidth": 4e9, "source": "test"}}
+    return cluster_from_dict({"format": "mcdla-system/1", "name": "shared", "node": node,
+                              "scale_out": {"nodes": 1, "bandwidth": 1e15, "source": "test"}}, "test")
+
+
+_JOB_STEP = [
+    dict(gpus=1, micro_batch=1, global_batch=2),
+    dict(gpus=1, micro_batch=1, global_batch=2, dp_overlap=True),
+    dict(gpus=2, dp=2, micro_batch=1, global_batch=4, zero=2, dp_overlap=True),
+    dict(gpus=4, dp=2, pp=2, micro_batch=1, global_batch=8, zero=2),
+    dict(gpus=2, dp=2, micro_batch=1, global_batch=4, zero=2, offload_tier="nvme"),
+    dict(gpus=1, micro_batch=1, global_batch=2, recompute="full", offload_activations=True,
+         activation_offload_sync=True),
+]
+
+
+@pytest.mark.parametrize("cpu_adam", [None, 1e9])
+@pytest.mark.parametrize("fields", _JOB_STEP)
+def test_cpu_optimizer_of_jobs_sharing_a_socket_on_the_engine_equal_the_analytical_model(
+        fields: dict[str, object], cpu_adam: float | None) -> None:
+    """ZeRO-Offload on jobs of 1, 2 and 4 GPUs of a node whose GPUs share one socket: the fp32 gradients going out
+    beside the first stage's last backward (its head's with one stage) with dp_overlap and after the pipeline
+    without, the socket's DRAM, drives and CPU-Adam rate shared by the job's GPUs alone, the blocking activation
+    copies: the engine's iteration equals the closed form to 1e-9, the transfers and the step a visible part of
+    it."""
+    e = Execution(**fields, offload_optimizer=True, cpu_optimizer=True)  # type: ignore[arg-type]
+    cluster = _shared_socket_cluster(cpu_adam)
+    want = llm_step(_SPEC, e, cluster)
+    assert want.optimizer_s + want.offload_s > 0.05 * want.iteration_s
+    got = engine_step(_SPEC, e, cluster, replicas="all")
     assert got.iteration_s == pytest.approx(want.iteration_s, rel=1e-9)
 
 

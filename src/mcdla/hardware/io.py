@@ -193,6 +193,8 @@ def _one_line(exc: ValidationError, where: str) -> HardwareError:
         return HardwareError(f"{where}: {path}: got {msg.split(': got ', 1)[1]}")
     if err["type"] == "finite_number":
         msg = "must be a finite number"
+    elif err["type"] == "model_type":  # pydantic names the internal spec class
+        msg = "must be a mapping of its fields"
     elif msg.startswith("Input should be "):
         msg = "must be " + msg.removeprefix("Input should be ")
     return HardwareError(f"{where}: {path}: got {brief(got)}; {msg}")

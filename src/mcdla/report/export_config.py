@@ -48,12 +48,14 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
 - MoE ``moe_router_graph``: ``--cuda-graph-impl transformer_engine --cuda-graph-modules moe_router moe_preprocess``
   (``--cuda-graph-scope`` in Megatron-LM 0d8e0714).
 - precision: ``bf16`` is ``--bf16``, ``fp16`` is ``--fp16``, ``fp8`` is ``--bf16 --fp8-format hybrid`` (E4M3
-  forward, E5M2 backward) with ``--fp8-recipe tensorwise`` (current scaling) or ``delayed``.
+  forward, E5M2 backward) with ``--fp8-recipe tensorwise`` (current scaling), ``delayed`` or ``mxfp8``.
 
 Not expressible in Megatron-LM's arguments, written as ``#`` comment lines of the file: offloading activations
 of every layer or weights to a second memory tier, optimizer state offloaded but stepped on the GPU, the NVMe tier,
-ZeRO-Offload's one-step delayed parameter update, TP communication overlap without sequence parallelism and
-FSDP prefetch without ``dp_overlap``.
+ZeRO-Offload's one-step delayed parameter update, DeepSpeed's blocking activation copies
+(``activation_offload_sync``) and its freeing of each gradient bucket once copied to the host (``cpu_optimizer``
+below ZeRO-3, ``reduce_bucket_numel``: Megatron's CPU optimizer keeps its gradient buffer on the GPU), TP
+communication overlap without sequence parallelism and FSDP prefetch without ``dp_overlap``.
 
 torchtitan (TOML sections of ``JobConfig``):
 
@@ -86,7 +88,8 @@ torchtitan (TOML sections of ``JobConfig``):
 Not expressible in torchtitan's TOML, written as ``#`` comments: other offloading (by layer count or not),
 ``uniform`` recompute groups of more than one layer (written as ``full``), sequence parallelism off
 with TP > 1 (torchtitan's TP always shards the norms along the sequence), ZeRO-1's replicated gradients, fp8
-delayed scaling, fp16, ``dp_overlap`` off (FSDP2 always overlaps its reduce-scatter), the ring (``p2p``)
+delayed and MXFP8 scaling (written as tensorwise), DeepSpeed's offload details as for Megatron-LM, fp16,
+``dp_overlap`` off (FSDP2 always overlaps its reduce-scatter), the ring (``p2p``)
 context-parallel exchange, a capacity factor, an FSDP prefetch depth other than one layer, expert parallelism
 wider than the context-parallel group without ZeRO (torchtitan's experts borrow sharded data-parallel ranks),
 ZeRO 0 beside TP/PP/CP and ZeRO 0's unsharded weights beside CP (torchtitan's FSDP2 spans the CP
@@ -112,6 +115,12 @@ def _offload_notes(e: Execution, expressed_optimizer: bool) -> list[str]:
     notes = [f"offloads {', '.join(kinds)} to the second memory tier ({e.offload_tier}{count})"] if kinds else []
     if e.delayed_param_update:
         notes.append("delayed parameter update: the CPU optimizer step overlapping the next iteration")
+    if e.activation_offload_sync:
+        notes.append("activation_offload_sync: DeepSpeed's cpu_checkpointing copies, each waited for on the "
+                     "compute stream")
+    if e.cpu_optimizer and e.zero < 3:
+        notes.append(f"reduce_bucket_numel {e.reduce_bucket_numel}: DeepSpeed's ZeRO-Offload frees each gradient "
+                     "once its bucket is copied to the host, keeping one bucket (two with dp_overlap) on the GPU")
     return notes
 
 

@@ -129,7 +129,7 @@ from mcdla.workload.memo import HashOnce, hash_once, pure_cache, slot_init
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
            "LlmStep", "RankTraffic", "ShardCollective", "StageCosts", "Zero3Traffic", "cluster_rejection",
            "elementwise_bytes_per_layer", "fsdp_exposed_s", "llm_step", "pacing_stage_parts", "rank_traffic",
-           "stage_costs", "step_record", "zero3_traffic"]
+           "ring_exchange_costs", "stage_costs", "step_record", "zero3_traffic"]
 
 DEFAULT_PRECISION = "bf16"
 """The number format of the GEMMs (a run choice, not hardware): the key of the device's ``peak_flops_per_s``."""
@@ -871,9 +871,10 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
     adam_bytes = (foreach_adam_bytes(2 if prec.element_bytes < 4 else 4) if e.optimizer_kernels == "foreach"
                   else _ADAM_TRAFFIC_BYTES)  # NOTE [foreach optimizer]
     optimizer = opt_params * adam_bytes / hbm_per_s
-    if e.cpu_optimizer:
+    if e.cpu_optimizer:  # the gradients leave beside the first stage's last backward, its head's with one stage
+        head_bwd = gemm_bwd_ratio * logits + 2 * loss if e.pp == 1 and e.virtual_stages == 1 else 0.0
         cpu = cpu_optimizer_step(e, cluster, opt_params,
-                                 last_backward_s=n_layers * (layer_bwd + layer_recompute),
+                                 last_backward_s=n_layers * (layer_bwd + layer_recompute) + head_bwd,
                                  iteration_compute_s=e.micro_batches * n_layers * (layer_fwd + layer_bwd
                                                                                    + layer_recompute),
                                  element_bytes=prec.element_bytes, optimizer_bytes=prec.optimizer_bytes)

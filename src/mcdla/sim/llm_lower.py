@@ -32,8 +32,9 @@ NOTE [LLM lowering]
   the MoE all-to-alls (NOTE [CP and EP lowering]). A backward is the same with the backward compute (and the
   recomputation), ``2 n`` collectives (``4 n`` with full recomputation) and the gradient sent back.
 * Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
-  while its backward runs (with ``activation_offload_sync`` after it, DeepSpeed's blocking copies); with ``offload_weights`` the chunk's weights are fetched for each forward and each
-  backward; each copy is spread evenly over the GPU's pool memories (one flow per memory). The chunk's send
+  while its backward runs (with ``activation_offload_sync`` after it, and the rank's next chunk waits for them:
+  DeepSpeed's blocking copies); with ``offload_weights`` the chunk's weights are fetched for each forward and
+  each backward; each copy is spread evenly over the GPU's pool memories (one flow per memory). The chunk's send
   starts when its collectives end, sharing the links with copies still in flight (a DGX H100 GPU's PCIe
   carries both its offload and its NIC's traffic); the rank's next chunk waits for the copies, so what the
   compute and the collectives do not hide is exposed.

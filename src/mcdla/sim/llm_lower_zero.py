@@ -23,9 +23,10 @@ NOTE [ZeRO lowering]
   link.
 * ZeRO-Offload (``cpu_optimizer``): the rank's gradient shard goes out in fp32 to the host memories of its pool
   from the start of its last backward with ``dp_overlap`` (DeepSpeed's ``overlap_comm``), after the pipeline
-  without it (NOTE [ZeRO-Offload] in :mod:`mcdla.sim.llm_offload`); after the pipeline (and the reduction) and the gradients' arrival the
-  CPU's Adam runs for :func:`mcdla.sim.llm_offload.cpu_adam_s` (a fixed-duration op: the host DRAM and the
-  drives it streams are not links of the engine's system), then the updated parameters come back. With
+  without it (NOTE [ZeRO-Offload] in :mod:`mcdla.sim.llm_offload`); after the pipeline (and the reduction) and
+  the gradients' arrival the CPU's Adam runs for :func:`mcdla.sim.llm_offload.cpu_adam_s` (a fixed-duration op:
+  the host DRAM and the drives it streams are not links of the engine's system), then the updated 16-bit
+  parameters come back. With
   ``delayed_param_update`` the previous iteration's step and its parameters' return run from the iteration's
   start beside the pipeline.
 * ZeRO-Infinity (``offload_tier="nvme"``): the node's NVMe drives join the system (:func:`with_nvme`) as two

@@ -110,10 +110,10 @@ def cpu_optimizer_step(execution: Execution, cluster: Cluster, params: float, *,
                        optimizer_bytes: int = OPTIMIZER_BYTES) -> CpuOptimizerStep:
     """The step of ``params`` parameters (the rank's shard) with Adam on the CPU (module docstring).
 
-    ``last_backward_s``: the last micro-batch's backward on the stage, which hides the gradients' way out with
-    ``dp_overlap``; ``iteration_compute_s``: the forward and backward work of an iteration, which hides a delayed
-    update; ``element_bytes``: the run's 16-bit weight element size, ``optimizer_bytes`` its Adam state per
-    parameter (the run's precision; mixed precision by default).
+    ``last_backward_s``: the first stage's last backward (with its head's on a single stage), which hides the
+    gradients' way out with ``dp_overlap``; ``iteration_compute_s``: the forward and backward work of an
+    iteration, which hides a delayed update; ``element_bytes``: the run's 16-bit weight element size,
+    ``optimizer_bytes`` its Adam state per parameter (the run's precision; mixed precision by default).
     """
     e = execution
     link = cluster.pool_link_for_gpus(e.gpus)
