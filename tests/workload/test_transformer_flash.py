@@ -83,14 +83,18 @@ def test_flash_kernel_traffic_per_head_is_fa2_compulsory_io(tp, cp):
 # projection h, fc1 4h/t, fc2 h. Transformer Engine 2.9: the QKV and fc1 inputs leave a norm, which takes current
 # scaling's amax (3 bytes: read 2, write 1) or writes delayed scaling's fp8 itself (0); with SP they and the
 # projection and fc2 output gradients are cast on the 1/t shard; TN-only (Hopper) writes a transposed byte in each
-# whole cast and transposes a gathered tensor (read 1, write 1) for the wgrad.
+# whole cast and transposes a gathered tensor (read 1, write 1) for the wgrad. MXFP8 writes a rowwise and a
+# columnwise fp8 copy (2 bytes) and one E8M0 scale byte per 32 elements of each (2/32), on a GPU of any layout.
+_MX = 2 + 2 / 32
 _GPT_CASTS = {  # (scaling, sp, tn_only): (QKV/fc1 input, proj/fc2 input, proj/fc2 grad, QKV/fc1 grad, gathered)
     ("current", False, False): (3, 5, 5, 5, 0),
     ("current", True, False): (3 / 4, 5, 5 / 4, 5, 0),
     ("current", True, True): (3 / 4, 6, 5 / 4, 6, 2),
     ("current", False, True): (4, 6, 6, 6, 0),
     ("delayed", False, False): (0, 3, 3, 3, 0),
-    ("mxfp8", True, False): (3 / 4, 3, 3 / 4, 3, 0),
+    ("mxfp8", True, False): ((2 + _MX) / 4, 2 + _MX, (2 + _MX) / 4, 2 + _MX, 0),
+    ("mxfp8", False, False): (2 + _MX, 2 + _MX, 2 + _MX, 2 + _MX, 0),
+    ("mxfp8", True, True): ((2 + _MX) / 4, 2 + _MX, (2 + _MX) / 4, 2 + _MX, 0),
 }
 
 
@@ -106,6 +110,21 @@ def test_fp8_cast_traffic_sums_each_gemm_input(scaling, sp, tn_only):
     bwd = tokens * (2 * h * row_grad + (3 * h / t + 4 * h / t) * col_grad + 4 * h * gathered)
     got = fp8_cast_bytes_per_layer(spec, b, tp=t, scaling=scaling, sp=sp, tn_only=tn_only)
     assert got["fwd"] == pytest.approx(fwd, rel=1e-12) and got["bwd"] == pytest.approx(bwd, rel=1e-12)
+
+
+def test_mxfp8_cast_bytes_of_a_small_layer_by_hand():
+    """One GPT layer, h 64, s 32, b 1, tp 2, no SP, MXFP8: 32 tokens; each cast reads bf16 (2 bytes) and writes a
+    rowwise and a columnwise copy (1 byte each) with one scale byte per 32 elements of each copy. Forward casts
+    the QKV and fc1 inputs (32 x 64 each), the projection input (32 x 32) and the fc2 input (32 x 128); backward
+    the projection and fc2 output gradients (32 x 64 each), the QKV output gradient (32 x 96) and fc1's
+    (32 x 128)."""
+    spec = _gpt(h=64, s=32)
+    per_element = 2 + 1 + 1 + 1 / 32 + 1 / 32
+    fwd_elements = 32 * 64 * 2 + 32 * 32 + 32 * 128  # 8192
+    bwd_elements = 32 * 64 * 2 + 32 * 96 + 32 * 128  # 11264
+    got = fp8_cast_bytes_per_layer(spec, 1, tp=2, scaling="mxfp8")
+    assert got["fwd"] == pytest.approx(fwd_elements * per_element, rel=1e-12)
+    assert got["bwd"] == pytest.approx(bwd_elements * per_element, rel=1e-12)
 
 
 def test_bad_attention_and_scaling_are_one_line_errors():

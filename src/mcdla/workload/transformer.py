@@ -468,6 +468,11 @@ kernel), ``current`` by the tensor's own amax, a separate reduction pass before 
 MXFP8) by one scale per 32-element block, computed in the cast kernel's one pass."""
 
 
+_MXFP8_BLOCK = 32
+"""Elements per MXFP8 block scale (one E8M0 byte): ``SCALE_DIM_X``/``SCALE_DIM_Y`` of Transformer Engine 2.9's
+``transformer_engine/common/util/cast_kernels.cuh``, the OCP Microscaling block size."""
+
+
 @pure_cache(1024, copy_dict=True)
 def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int = 1, cp: int = 1,
                              scaling: str = "current", sp: bool = False,
@@ -482,13 +487,26 @@ def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int
     reads the other way: in the cast where the tensor is whole, as a transpose of the gathered fp8 tensor (read
     and write 1 byte) where it was cast on its shard. Forward inputs: QKV and fc1 inputs (``b s h``, fc1's once
     per expert FFN a token runs), projection and fc2 inputs (split over ``tp``); backward: the output gradients of
-    the four GEMMs. MXFP8's block scales, a byte per 32 elements, are left out; weights are cast once per
-    iteration and kept (their fp8 copy is memory, not per-layer traffic)."""
+    the four GEMMs. ``mxfp8`` writes two fp8 copies in each cast, each with its E8M0 block scales (a byte per
+    32 elements): its scales run along one dimension, so the backward GEMM that reads a tensor the other way needs
+    its own copy. Every tensor counted here feeds a GEMM each way: an input the fprop GEMM (rowwise) and the wgrad
+    GEMM (columnwise), an output gradient the dgrad GEMM (rowwise) and the wgrad GEMM (columnwise); TE 2.9
+    (NVIDIA/TransformerEngine 70f5366) sets ``MXFP8Quantizer`` usages so in ``pytorch/module/linear.py`` and
+    ``layernorm_linear.py`` (``set_usage(rowwise=True, columnwise=backward_needs_input)`` on the input, on the
+    local shard before an all-gather too, which gathers both copies (``distributed.py`` ``_all_gather_mxfp8``);
+    ``set_usage(rowwise=True, columnwise=True)`` on the output gradient) and ``grouped_linear.py`` (inputs
+    ``columnwise`` when the weights need gradients, output gradients the quantizer's default both usages), and
+    ``common/util/cast_kernels.cuh`` ``cast_mxfp8_2D_kernel`` writes both copies and their scales in one pass over
+    the input. MXFP8's GEMMs take any layout (``tn_only`` does not apply). Weights are cast once per iteration and
+    kept (their fp8 copy is memory, not per-layer traffic)."""
     if scaling not in FP8_SCALINGS:
         raise WorkloadError(f"fp8_scaling: got {brief(scaling)}; must be one of {', '.join(FP8_SCALINGS)}")
     e = spec.bytes_per_element
     amax = e if scaling == "current" else 0  # the separate amax pass of current scaling
-    cast = e + 1 + (1 if tn_only else 0)  # a whole tensor cast, with its transposed copy on a TN-only GPU
+    mx = scaling == "mxfp8"
+    tn_only = tn_only and not mx
+    write = 2 * (1 + 1 / _MXFP8_BLOCK) if mx else 1.0  # MXFP8: rowwise and columnwise copies with their scales
+    cast = e + write + (1 if tn_only else 0)  # a whole tensor cast, with its transposed copy on a TN-only GPU
     tokens = micro_batch * spec.seq_len / cp
     h, f = spec.hidden, spec.ffn_width_per_token
     ffns = f / float(spec.ffn_hidden)  # type: ignore[arg-type]  # expert FFNs a token runs (1 dense)
@@ -497,14 +515,14 @@ def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int
     shard = tp if sp else 1
     # the QKV input and a dense layer's fc1 input come out of a norm (TE's LayerNormLinear): its amax is the
     # norm's (current), or the norm writes fp8 itself (delayed); MXFP8 casts after the norm
-    normed = 0.0 if scaling == "delayed" else e + 1.0
+    normed = 0.0 if scaling == "delayed" else e + write
     normed_inputs = 1.0 if spec.experts == 1 else 0.0
     gathered = 2.0 if tn_only and sp else 0.0  # transpose of a gathered fp8 tensor for the wgrad GEMM
     whole_normed = 0.0 if sp or not tn_only else 1.0  # the transpose written by a whole tensor's cast
     fwd = (tokens * h / shard * (1 + normed_inputs) * (normed + whole_normed)  # QKV, dense fc1 inputs
            + tokens * (ffns - normed_inputs) * h * (amax + cast)  # routed experts' fc1 inputs
            + tokens * (spec.attention_out_width + f) / tp * (amax + cast))  # projection, fc2 inputs
-    grad_shard = (amax + e + 1) / shard + gathered if sp else amax + cast
+    grad_shard = (amax + e + write) / shard + gathered if sp else amax + cast
     bwd = (tokens * h * (1 + ffns) * grad_shard  # projection and fc2 output gradients
            + tokens * (qkv_out + f * (spec.ffn_matrices - 1)) / tp * (amax + cast)  # QKV, fc1 output gradients
            + tokens * h * (1 + normed_inputs) * gathered)  # the gathered QKV and fc1 inputs, for the wgrad
