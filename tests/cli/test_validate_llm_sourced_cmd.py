@@ -20,7 +20,8 @@ PUBLISHED_RATE = {"llama3-8b A100 selective op": 2973, "llama3-8b A100 selective
                   "llama2-70b H100 FSDP": 800, "qwen3-30b-a3b dgx-h100": 5275, "qwen3-30b-a3b b200": 9299,
                   "qwen3-30b-a3b gb200-nvl72": 23766, "qwen3-30b-a3b gb300-nvl72": 28934,
                   "qwen3-235b-a22b gb200-nvl72": 4916, "qwen3-235b-a22b gb300-nvl72": 6131,
-                  "qwen3-235b-a22b b200": 3269}
+                  "qwen3-235b-a22b b200": 3269, "deepseek-v3-671b gb200-nvl72": 3139,
+                  "deepseek-v3-671b b200": 2139}
 # seconds per iteration of the runs published as a log (DeepSpeed's ZeRO-Offload tutorial screenshot, iterations
 # 8-10 in ms)
 PUBLISHED_ITERATION_MS = {"gpt2-10b ZeRO-Offload 1 V100": (25765.4, 26756.4, 25680.7)}
