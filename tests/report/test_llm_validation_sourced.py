@@ -161,6 +161,7 @@ def test_fitted_peak_fraction_is_the_grid_minimum(family, system):
     assert base.gemm_efficiency.peak_fraction == pytest.approx(best)
 
 
+@pytest.mark.slow  # 16 grid points x 9 rows, and the leave-one-out refits: ~22 s
 def test_fitted_host_call_time_is_the_grid_minimum():
     """The ``host_call_time`` of the four systems of the MoE family (one figure, docs/llm.md "Megatron-Bridge MoE")
     is the 10 us grid point (0-150 us) with the least RMS relative error over the family's nine rows, each run on
