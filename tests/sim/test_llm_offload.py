@@ -5,7 +5,7 @@ import pytest
 from mcdla.errors import ConfigError, HardwareError
 from mcdla.hardware.cluster import cluster_from_dict, load_cluster
 from mcdla.sim.llm import llm_step
-from mcdla.sim.llm_offload import host_dram_bytes_per_s, nvme_bytes_per_s
+from mcdla.sim.llm_offload import grad_pass_bytes, gradient_passes_s, host_dram_bytes_per_s, nvme_bytes_per_s
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, layer_fwd_flops
 
@@ -16,9 +16,9 @@ HBM = 1e15  # the most a file may give: the layers' elementwise kernels take ~1e
 NEAR = 1e-3  # hides of a transfer: at most ~2e-4 of the figures below, hence this tolerance where it matters
 
 
-def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12, cpu_adam=None):
+def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12, cpu_adam=None, hbm=HBM):
     node = {"gpus": GPUS, "source": "test",
-            "gpu": {"peak_flops_per_s": {"bf16": peak}, "hbm": 80e9, "hbm_bandwidth": HBM, "source": "test"},
+            "gpu": {"peak_flops_per_s": {"bf16": peak}, "hbm": 80e9, "hbm_bandwidth": hbm, "source": "test"},
             "gemm_efficiency": {"peak_fraction": 1.0, "half_width": 0.0, "source": "test"},
             "scale_up": {"bandwidth": 1e15, "source": "test"},
             "sockets": {"count": 1, "source": "test",
@@ -38,15 +38,41 @@ def _execution(**kw):
 
 
 P = SMALL.params() / GPUS  # the rank's shard of the parameters
+# DeepSpeed v0.3.0 stage2.py copy_grads_in_partition, per 16-bit gradient element before its copy to the host:
+# .double() (read 2, write 8) and .norm(2) (read 8); _has_inf_or_nan's .float() (2 + 4) and .sum() (4); the fp32
+# cast (2 + 4). At the file's HBM rate times the default memory_efficiency 0.8.
+PASS_BYTES = (2 + 8 + 8) + (2 + 4 + 4) + (2 + 4)
+GPU_RATE = HBM * 0.8
 
 
 def test_cpu_step_streams_unscale_and_adam_at_the_gpus_share_of_host_dram():
     """No compute to hide anything: the step is the fp32 gradients' unscale (8 P) and Adam (28 P) at DRAM / 4;
-    the fp32 gradients out (4 P) and the 16-bit parameters back (2 P) over the link, all exposed (no
-    dp_overlap: DeepSpeed's copies on the compute stream)."""
+    the GPU's passes over the gradients (34 P at its HBM rate), the fp32 gradients out (4 P) and the 16-bit
+    parameters back (2 P) over the link, all exposed (no dp_overlap: DeepSpeed's copies on the compute
+    stream)."""
     step = llm_step(SMALL, _execution(cpu_optimizer=True), _cluster())
     assert step.optimizer_s == pytest.approx((8 + 28) * P / (DRAM / GPUS), rel=1e-12)
-    assert step.offload_s == pytest.approx(4 * P / LINK + 2 * P / LINK, rel=1e-12)
+    assert step.offload_s == pytest.approx(PASS_BYTES * P / GPU_RATE + 4 * P / LINK + 2 * P / LINK, rel=1e-12)
+
+
+def test_gradient_passes_before_the_copies_at_the_gpus_memory_rate():
+    """The GPU's passes over the gradients before their copies (norm, overflow check, fp32 cast: 34 bytes per
+    element of the rank's shard) take 34 P / (HBM x 0.8); with a slow HBM they are a visible part of the exposed
+    transfer, exactly the difference between two clusters differing only in HBM rate."""
+    slow, fast = 1e12, HBM
+    e = _execution(cpu_optimizer=True)
+    got = llm_step(SMALL, e, _cluster(hbm=slow)).offload_s - llm_step(SMALL, e, _cluster(hbm=fast)).offload_s
+    assert got == pytest.approx(34 * P / (slow * 0.8) - 34 * P / (fast * 0.8), rel=1e-9)
+    assert 34 * P / (slow * 0.8) > 0.005 * (4 * P / LINK)
+
+
+def test_fp32_gradients_skip_the_copy_and_the_cast():
+    """An fp32 gradient needs no fp32 copy for its overflow sum and no cast before its copy: its passes read
+    4 + 8 + 8 (norm) and 4 (sum), 24 bytes, where a 16-bit one takes 34; every term scales with the parameters."""
+    assert grad_pass_bytes(4) == 4 + 8 + 8 + 4
+    assert grad_pass_bytes(2) == PASS_BYTES == 34
+    c = _cluster(hbm=1e12)
+    assert gradient_passes_s(c, 3e9, 4) == pytest.approx(24 * 3e9 / 0.8e12, rel=1e-12)
 
 
 def test_one_gpu_job_has_the_socket_and_its_link_to_itself():
@@ -57,7 +83,7 @@ def test_one_gpu_job_has_the_socket_and_its_link_to_itself():
     step = llm_step(SMALL, e, _cluster())
     assert host_dram_bytes_per_s(_cluster(), 1) == pytest.approx(DRAM, rel=1e-12)
     assert step.optimizer_s == pytest.approx((8 + 28) * p / DRAM, rel=1e-12)
-    assert step.offload_s == pytest.approx(4 * p / LINK + 2 * p / LINK, rel=1e-12)
+    assert step.offload_s == pytest.approx(PASS_BYTES * p / GPU_RATE + 4 * p / LINK + 2 * p / LINK, rel=1e-12)
 
 
 @pytest.mark.parametrize("gpus", [1, GPUS])
@@ -81,7 +107,7 @@ def test_gradients_out_hide_behind_the_last_backward_with_dp_overlap():
     forwards), only the excess is exposed; without it they follow the backward whole."""
     peak = 1e12
     layer = _layer_s(peak)
-    grads, back = 4 * P / LINK, 2 * P / LINK
+    grads, back = PASS_BYTES * P / GPU_RATE + 4 * P / LINK, 2 * P / LINK
     overlapped = llm_step(SMALL, _execution(cpu_optimizer=True, dp_overlap=True), _cluster(peak))
     serial = llm_step(SMALL, _execution(cpu_optimizer=True), _cluster(peak))
     assert overlapped.offload_s == pytest.approx(max(0.0, grads - SMALL.layers * 2 * layer) + back, rel=NEAR)

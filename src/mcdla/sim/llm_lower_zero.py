@@ -21,8 +21,9 @@ NOTE [ZeRO lowering]
   (``Zero3Traffic.after_backward``) after the pipeline and the rest; with one pipeline folded the shard group's
   other members have no programs, so each runs for its closed-form time on the ``fsdp`` stream and shares no
   link.
-* ZeRO-Offload (``cpu_optimizer``): the rank's gradient shard goes out in fp32 to the host memories of its pool
-  from the start of its last backward with ``dp_overlap`` (DeepSpeed's ``overlap_comm``), after the pipeline
+* ZeRO-Offload (``cpu_optimizer``): the GPU's passes over the rank's gradient shard (a fixed-duration op,
+  :func:`mcdla.sim.llm_offload.gradient_passes_s`), then the shard goes out in fp32 to the host memories of its
+  pool, both from the start of its last backward with ``dp_overlap`` (DeepSpeed's ``overlap_comm``), after the pipeline
   without it (NOTE [ZeRO-Offload] in :mod:`mcdla.sim.llm_offload`); after the pipeline (and the reduction) and
   the gradients' arrival the CPU's Adam runs for :func:`mcdla.sim.llm_offload.cpu_adam_s` (a fixed-duration op:
   the host DRAM and the drives it streams are not links of the engine's system), then the updated 16-bit
@@ -50,7 +51,7 @@ from mcdla.hardware.model import Link, LinkKind, Memory, MemoryKind, System
 from mcdla.sim.collective_models import Collective, collective_time
 from mcdla.sim.ir import CollectiveOp, Compute, Offload, Op, Prefetch
 from mcdla.sim.llm import ShardCollective, Zero3Traffic, precision_of
-from mcdla.sim.llm_offload import MASTER_GRAD_BYTES, cpu_adam_s
+from mcdla.sim.llm_offload import MASTER_GRAD_BYTES, cpu_adam_s, gradient_passes_s
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 
@@ -228,9 +229,12 @@ def step_ops(e: Execution, cluster: Cluster, system: System, device: str, pool: 
         host = [m for m in pool if kinds[m] is MemoryKind.HOST] or list(pool)
         step_s = cpu_adam_s(e, cluster, params, optimizer_bytes=prec.optimizer_bytes)
         weights = prec.element_bytes * params
-        # fp32 gradients, beside the last backward with overlap_comm, after it without (NOTE [ZeRO-Offload])
-        out = _spread(Offload, "gradients-out", host, MASTER_GRAD_BYTES * params,
-                      last_backward if e.dp_overlap else (tail,))
+        # the GPU's passes over the gradients, then the fp32 gradients out, beside the last backward with
+        # overlap_comm, after it without (NOTE [ZeRO-Offload])
+        passes = Compute(name="gradient-passes", stream="gradient-passes",
+                         seconds=gradient_passes_s(cluster, params, prec.element_bytes),
+                         waits=last_backward if e.dp_overlap else (tail,))
+        out = [passes, *_spread(Offload, "gradients-out", host, MASTER_GRAD_BYTES * params, (passes.name,))]
         if e.delayed_param_update:  # the previous iteration's step, beside this one's pipeline
             adam: Op = Compute(name="cpu-adam", stream="cpu-adam", seconds=step_s)
             back = _spread(Prefetch, "parameters-in", host, weights, (adam.name,))

@@ -9,6 +9,13 @@ offload runs it (``deepspeed/runtime/zero/stage2.py`` at v0.3.0, ``stage_1_and_2
   ``.to(master_weights_and_grads_dtype)`` since), so ``MASTER_GRAD_BYTES`` per parameter cross the link. The copies
   run on the reduction stream with ``overlap_comm`` (``dp_overlap``), where the backward hides them up to its
   length, and on the compute stream without it (``reduce_ipg_grads``), where they are exposed whole.
+* Before each copy the GPU makes three passes over the gradient of each parameter of the rank's partition
+  (``copy_grads_in_partition``, the offload branch): its float64 norm for the clipping
+  (``set_norm_for_param_grad_in_gpu``: ``.double()`` reads 2 bytes and writes 8, ``.norm(2)`` reads the 8), the
+  overflow check (``_has_inf_or_nan`` at v0.3.0: ``.float()`` 2 + 4, ``.sum()`` 4) and the fp32 cast the copy
+  sends (2 + 4): :func:`grad_pass_bytes`, 34 per parameter of a 16-bit gradient (an fp32 one skips the copy and the
+  cast: 24), at the GPU's HBM rate (``hbm_bytes_per_s * memory_efficiency``, as every memory-bound kernel of the
+  model), on the same stream as the copies, before them.
 * The CPU step first unscales (and clips) the fp32 gradients in host memory (``unscale_and_clip_grads``: one
   ``mul_``, ``UNSCALE_BYTES`` per parameter), then runs DeepSpeedCPUAdam, which streams ``ADAM_TRAFFIC_BYTES`` per
   parameter (reads the gradient, reads and writes the fp32 master weight and both moments, writes the 16-bit
@@ -36,7 +43,8 @@ from mcdla.workload.execution import Execution
 
 __all__ = ["ADAM_TRAFFIC_BYTES", "GRAD_BYTES", "MASTER_GRAD_BYTES", "OPTIMIZER_BYTES", "UNSCALE_BYTES",
            "WEIGHT_BYTES", "CpuOptimizerStep", "cpu_adam_params_per_s", "cpu_adam_s", "cpu_optimizer_step",
-           "host_dram_bytes_per_s", "nvme_bytes_per_s", "tier_bytes_per_s", "tier_rejection"]
+           "grad_pass_bytes", "gradient_passes_s", "host_dram_bytes_per_s", "nvme_bytes_per_s", "tier_bytes_per_s",
+           "tier_rejection"]
 
 # Adam with mixed precision, per parameter: fp16/bf16 weight and gradient, fp32 master weight, momentum and
 # variance (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 bytes).
@@ -61,6 +69,25 @@ def host_dram_bytes_per_s(cluster: Cluster, gpus: int | None = None) -> float | 
         if res.resource[0] == "dram" and res.resource[1].startswith("host"):
             return res.bytes_per_s / res.sharers
     return None
+
+
+def grad_pass_bytes(element_bytes: int = GRAD_BYTES) -> int:
+    """HBM bytes per parameter of the GPU's passes over a gradient of ``element_bytes`` before its copy to the host
+    (DeepSpeed v0.3.0 ``stage2.py`` ``copy_grads_in_partition``): the float64 norm (read it, write and read the
+    float64 copy), the overflow check (an fp32 copy unless already fp32, then its sum) and the cast to the fp32
+    master dtype (none for an fp32 gradient)."""
+    wide = element_bytes < MASTER_GRAD_BYTES
+    norm = element_bytes + 8 + 8
+    overflow = (element_bytes + MASTER_GRAD_BYTES if wide else 0) + MASTER_GRAD_BYTES
+    cast = element_bytes + MASTER_GRAD_BYTES if wide else 0
+    return norm + overflow + cast
+
+
+def gradient_passes_s(cluster: Cluster, params: float, element_bytes: int = GRAD_BYTES) -> float:
+    """Seconds of the GPU's passes over the gradients of ``params`` parameters before they go to the host
+    (module docstring): :func:`grad_pass_bytes` each at the device's HBM rate times its ``memory_efficiency``."""
+    dev = cluster.device
+    return grad_pass_bytes(element_bytes) * params / (dev.hbm_bytes_per_s * dev.memory_efficiency)
 
 
 def _job_gpus_on_node(cluster: Cluster, gpus: int | None) -> int:
@@ -99,7 +126,7 @@ def tier_rejection(execution: Execution, cluster: Cluster) -> str | None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CpuOptimizerStep:
     """The optimizer step's exposed seconds with Adam on the CPU: ``optimizer_s`` (the CPU step, with NVMe
-    streaming) and ``transfer_s`` (gradients out, parameters back)."""
+    streaming) and ``transfer_s`` (gradients out with the GPU's passes before them, parameters back)."""
 
     optimizer_s: float
     transfer_s: float
@@ -117,7 +144,8 @@ def cpu_optimizer_step(execution: Execution, cluster: Cluster, params: float, *,
     """
     e = execution
     link = cluster.pool_link_for_gpus(e.gpus)
-    grads = MASTER_GRAD_BYTES * params / link.offload_bytes_per_s
+    grads = (gradient_passes_s(cluster, params, element_bytes)
+             + MASTER_GRAD_BYTES * params / link.offload_bytes_per_s)
     grads_out = max(0.0, grads - last_backward_s) if e.dp_overlap else grads
     params_in = element_bytes * params / link.prefetch_bytes_per_s
     step = cpu_adam_s(e, cluster, params, optimizer_bytes=optimizer_bytes)
