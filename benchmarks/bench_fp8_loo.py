@@ -75,24 +75,25 @@ def _error_table(runs: Sequence[MeasuredRun], half_tokens: float | None = None) 
     return table
 
 
-def _fit(errors: Sequence[dict[float, float]]) -> float:
-    """The grid fraction with the least RMS relative error over ``errors``' runs (the lower on a tie)."""
-    return min(GRID, key=lambda f: (math.sqrt(statistics.fmean(e[f] ** 2 for e in errors)), f))
+def fit(errors: Sequence[dict[float, float]], grid: Sequence[float] = GRID) -> float:
+    """The ``grid`` fraction with the least RMS relative error over ``errors``' runs (the lower on a tie)."""
+    return min(grid, key=lambda f: (math.sqrt(statistics.fmean(e[f] ** 2 for e in errors)), f))
 
 
 def cross_validate(runs: Sequence[MeasuredRun], errors: Sequence[dict[float, float]],
-                   group_of: Callable[[MeasuredRun], str]) -> dict[str, Any]:
-    """In-sample and leave-one-out errors of the family under one grouping of its rows."""
+                   group_of: Callable[[MeasuredRun], str], grid: Sequence[float] = GRID) -> dict[str, Any]:
+    """In-sample and leave-one-out errors of the family under one grouping of its rows, each fraction fitted on
+    ``grid``."""
     groups: dict[str, list[int]] = {}
     for i, run in enumerate(runs):
         groups.setdefault(group_of(run), []).append(i)
-    fitted = {g: _fit([errors[i] for i in members]) for g, members in groups.items()}
+    fitted = {g: fit([errors[i] for i in members], grid) for g, members in groups.items()}
     in_sample, loo, loo_fraction = [], [], []
     for i, run in enumerate(runs):
         members = groups[group_of(run)]
         in_sample.append(errors[i][fitted[group_of(run)]])
         others = [errors[j] for j in members if j != i]
-        f = _fit(others) if others else None
+        f = fit(others, grid) if others else None
         loo_fraction.append(f)
         loo.append(errors[i][f] if f is not None else None)
     return {"fitted": fitted, "in_sample": in_sample, "loo": loo, "loo_fraction": loo_fraction}
