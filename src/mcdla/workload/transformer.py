@@ -48,7 +48,8 @@ Transformer Engine's userbuffers run with ``tp_comm_overlap``. Megatron-Core (Me
 ``megatron/core/extensions/transformer_engine.py``) passes the userbuffers flags (``ub_overlap_ag``,
 ``ub_overlap_rs``, ``ub_name``) to ``TELayerNormColumnParallelLinear``, ``TEColumnParallelLinear`` and
 ``TERowParallelLinear`` under the buffer names ``qkv``, ``proj``, ``fc1`` and ``fc2``, the shared experts' too
-(an ``MLP`` of those layers: ``moe/shared_experts.py``, ``models/gpt/moe_module_specs.py``), but clears them
+(an ``MLP`` of those layers: ``moe/shared_experts.py``, ``models/gpt/moe_module_specs.py``; its
+``moe_shared_expert_overlap``, not modelled, turns theirs off), but clears them
 for expert layers (``TELinear``'s ``is_expert``) and gives none to ``TEGroupedLinear``, the routed experts'
 grouped GEMM, which Transformer Engine 2.9 refuses them anyway ("GroupedLinear doesn't support Userbuffer
 overlap", NVIDIA/TransformerEngine 70f5366 ``pytorch/module/grouped_linear.py``); MLA's projections' buffer
