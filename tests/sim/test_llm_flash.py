@@ -57,13 +57,17 @@ def test_fp8_runs_only_the_linear_gemms_at_the_fp8_peak(llm_cluster):
 def test_fp8_memory_adds_a_weight_copy_and_saves_fp8_inputs(llm_cluster):
     """One GPU, fp8: weights 2 + 1 (fp8 copy) + gradients 2 + Adam 12 bytes per parameter, and one micro-batch
     of activations per layer: s b h (4 norm + 2 fp8 QKV/fc1 inputs + 2 masks + 6 QKV + 1 projection + 8 GELU
-    input + 4 fp8 fc2 input) + the fp32 logsumexp 4 a s b."""
+    input + 4 fp8 fc2 input) + the fp32 logsumexp 4 a s b; with MXFP8 the fp8 inputs' scales besides."""
     b = 2
     s, h, a = GPT.seq_len, GPT.hidden, GPT.heads
     step = llm_step(GPT, Execution(gpus=1, micro_batch=b, global_batch=b), _cluster(llm_cluster, fp8=2 * PEAK),
                     precision="fp8")
     acts = GPT.layers * (s * b * h * 27 + 4 * a * s * b)
     assert step.device_bytes == pytest.approx(17 * GPT.params() + acts, rel=1e-12)
+    mx = llm_step(GPT, Execution(gpus=1, micro_batch=b, global_batch=b, fp8_scaling="mxfp8"),
+                  _cluster(llm_cluster, fp8=2 * PEAK), precision="fp8")
+    # MXFP8: the seven s b h of fp8 inputs each with an E8M0 scale byte per 32 elements
+    assert mx.device_bytes == pytest.approx(17 * GPT.params() + acts + GPT.layers * s * b * h * 7 / 32, rel=1e-12)
 
 
 def test_fp8_on_a_device_without_an_fp8_peak_is_one_line(llm_cluster):
@@ -234,6 +238,15 @@ def test_pp_comm_overlap_fill_and_drain_wait_for_every_hidden_send(llm_cluster):
         assert got.iteration_s == pytest.approx(free.iteration_s + 2 * (v * p - 1) * send, rel=1e-9)
 
 
+def _without_and_with_ring(spec, t, b, m, half, hbm, llm_cluster):
+    """``spec`` on TP ``t`` with sequence parallelism, micro-batch ``b``, ``m`` micro-batches, on free links with
+    the curve's ``half_tokens`` and an HBM of ``hbm`` at 0.5: the records without and with tp_comm_overlap."""
+    e = dict(gpus=t, tp=t, micro_batch=b, global_batch=b * m, sequence_parallel=True)
+    c = _with_curve(_cluster(llm_cluster), half_tokens=half)
+    c = dataclasses.replace(c, device=dataclasses.replace(c.device, hbm_bytes_per_s=hbm, memory_efficiency=0.5))
+    return llm_step(spec, Execution(**e), c), llm_step(spec, Execution(**e, tp_comm_overlap=True), c)
+
+
 @pytest.mark.parametrize("half, hbm", [(0.0, 1e12), (512.0, math.inf), (256.0, 2e12)])
 def test_userbuffers_ring_exchange_chunks_the_gemms_and_reduces_after_the_ring(half, hbm, llm_cluster):
     """tp_comm_overlap (TE userbuffers' ring exchange), links free: each forward GEMM and the projection's and fc2's
@@ -241,11 +254,7 @@ def test_userbuffers_ring_exchange_chunks_the_gemms_and_reduces_after_the_ring(h
     instead of (T + H)/T of the flat efficiency; the projection's and fc2's reduce-scatter rings end in a kernel
     that reads t chunks of T/t x h bf16 elements and writes one: 2 x 2 (T h + T h / t) bytes a layer's forward."""
     t, b, m = 4, 2, 2
-    e = dict(gpus=t, tp=t, micro_batch=b, global_batch=b * m, sequence_parallel=True)
-    c = _with_curve(_cluster(llm_cluster), half_tokens=half)
-    c = dataclasses.replace(c, device=dataclasses.replace(c.device, hbm_bytes_per_s=hbm, memory_efficiency=0.5))
-    plain = llm_step(GPT, Execution(**e), c)
-    overlap = llm_step(GPT, Execution(**e, tp_comm_overlap=True), c)
+    plain, overlap = _without_and_with_ring(GPT, t, b, m, half, hbm, llm_cluster)
     tokens, h = b * GPT.seq_len, GPT.hidden
     flat = 24 * tokens * h * h / (PEAK * EFF * t)
     chunked = flat * (tokens / t + half) / (tokens / t) - flat * (tokens + half) / tokens
@@ -260,3 +269,50 @@ def test_fp8_tn_only_must_be_a_bool():
 
     with pytest.raises(HardwareError, match=r"^gemm_efficiency\.fp8_tn_only: got 'yes'; must be true or false$"):
         GemmEfficiency(peak_fraction=0.5, half_width=0, fp8_tn_only="yes")
+
+
+def _moe(shared: int) -> TransformerSpec:
+    """8 layers, 2 of them dense (FFN 4096), 6 of 8 experts top-2 (FFN 512) with ``shared`` shared experts."""
+    return TransformerSpec(name="moe", layers=8, hidden=1024, heads=16, vocab=1000, seq_len=2048, experts=8,
+                           top_k=2, ffn_hidden=512, shared_experts=shared, dense_layers=2, dense_ffn_hidden=4096)
+
+
+@pytest.mark.parametrize("shared", [0, 1])
+@pytest.mark.parametrize("half, hbm", [(512.0, 1e12), (256.0, math.inf)])
+def test_userbuffers_ring_exchange_leaves_the_router_and_routed_experts_whole(shared, half, hbm, llm_cluster):
+    """An MoE model under TP 4 with tp_comm_overlap, links free: the ring exchange chunks only the GEMMs Megatron-Core
+    gives userbuffers (QKV 3 h^2 and projection h^2 per token; fc1 and fc2 h F each, F the dense and shared FFN
+    width, 4096 in 2 of the 8 layers, 512 per shared expert in the other 6), not the router's nor the routed
+    experts' grouped GEMMs; backward the projection's and fc2's dgrad (h^2 + h F); each of the projection's and the
+    dense or shared fc2's reduce-scatter rings (1 + 2/8 + 6/8 per layer with a shared expert, 1 + 2/8 without)
+    ends in a reduce of 2 (T h + T h / t) bytes."""
+    spec, t, b, m = _moe(shared), 4, 2, 2
+    plain, overlap = _without_and_with_ring(spec, t, b, m, half, hbm, llm_cluster)
+    tokens, h = b * spec.seq_len, spec.hidden
+    width = (2 * 4096 + 6 * shared * 512) / 8
+    slower = (tokens / t + half) / (tokens / t) - (tokens + half) / tokens  # a chunk's time over the whole's, less 1
+    per_weight = 2 * tokens / (PEAK * EFF * t)  # seconds per weight (multiply-add per token) at the flat rate
+    forward = (4 * h * h + 2 * h * width) * per_weight * slower
+    backward = (h * h + h * width) * per_weight * slower
+    rings = 1 + (2 + 6 * shared) / 8
+    reduce = rings * 2 * (tokens * h + tokens * h / t) / (hbm * 0.5)
+    extra = m * spec.layers * (forward + backward + reduce)
+    assert overlap.iteration_s - plain.iteration_s == pytest.approx(extra, rel=1e-9)
+
+
+@pytest.mark.parametrize("bw", [20e9, 200e9])
+def test_tp_collectives_of_an_moe_layer_hide_only_behind_the_userbuffers_gemms(bw, llm_cluster):
+    """An MoE model (a shared expert) under TP 4 with tp_comm_overlap: each direction exposes what its collectives
+    exceed the GEMMs Transformer Engine's userbuffers run, forward max(0, 2 R - G), backward max(0, 2 R - 2 G), G
+    the QKV, projection and dense or shared FFN GEMMs' forward on the rank (not the router, not the routed experts),
+    R one ring all-reduce of b s h bf16 elements."""
+    spec, t, b, m = _moe(1), 4, 1, 2
+    e = dict(gpus=t, tp=t, micro_batch=b, global_batch=b * m)
+    c = _cluster(llm_cluster, nvlink=bw)
+    r = 2 * (t - 1) / t * 2 * b * spec.seq_len * spec.hidden / bw
+    h, width = spec.hidden, (2 * 4096 + 6 * 512) / 8
+    g = 2 * b * spec.seq_len * (4 * h * h + 2 * h * width) / (PEAK * EFF * t)
+    overlap = llm_step(spec, Execution(**e, tp_comm_overlap=True), c)
+    exposed = m * spec.layers * (max(0.0, 2 * r - g) + max(0.0, 2 * r - 2 * g))
+    assert exposed > 0
+    assert overlap.tp_comm_s == pytest.approx(exposed, rel=1e-9)

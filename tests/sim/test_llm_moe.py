@@ -15,7 +15,8 @@ from mcdla.sim.llm import llm_step
 from mcdla.errors import HardwareError
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.llm_moe import (ep_all_to_all_s, ep_ranks_per_token, grouped_gemm_issue_s, grouped_gemm_launches,
-                               permutation_bytes, router_preprocess_launches, tokens_per_local_expert)
+                               hybridep_bytes_per_s, hybridep_priced, permutation_bytes, router_preprocess_launches,
+                               tokens_per_local_expert)
 from mcdla.workload.execution import Execution
 from mcdla.workload.hf_config import load_hf_config
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -166,22 +167,38 @@ def test_hybridep_dispatch_and_combine_by_hand(ep, dispatch, combine):
 
 
 def test_hybridep_scales_with_the_domains_bandwidth_and_leaves_cross_node_groups_to_the_all_to_all(llm_cluster):
-    """On a 450 GB/s NVLink domain HybridEP's measured time less its copy at the GPU's HBM rate takes twice as long
-    as on GB200's 900 GB/s; a group that spans nodes,
-    or nodes of one GPU each, is priced as the all-to-all dispatcher's (HybridEP's measured rates are one NVLink
-    domain's)."""
-    e = Execution(gpus=4, dp=4, ep=4, micro_batch=1, global_batch=4, ep_dispatcher="hybridep")
-    d = 4 * (1 - (6 / 8) * (5 / 7))
-    nbytes = MOE.seq_len * d * MOE.hidden * 2
-    one_node = llm_cluster(gpus_per_node=4, nodes=1, peak_flops_per_s=PEAK, nvlink_bytes_per_s=450e9)
+    """EP 8 of 8 experts, top 2 (D = 8 (1 - C(7, 2) / C(8, 2)) = 2 ranks a token): on a 450 GB/s NVLink domain
+    HybridEP's measured time less its copy at the GPU's HBM rate takes twice as long as on GB200's 900 GB/s; a group
+    that spans nodes, or nodes of one GPU each, is priced as the all-to-all dispatcher's (HybridEP's measured rates
+    are one NVLink domain's)."""
+    e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, ep_dispatcher="hybridep")
+    nbytes = MOE.seq_len * 2 * MOE.hidden * 2
+    one_node = llm_cluster(gpus_per_node=8, nodes=1, peak_flops_per_s=PEAK, nvlink_bytes_per_s=450e9)
     fwd, _ = ep_all_to_all_s(MOE, e, one_node)
     copy = 2 * nbytes / (one_node.device.hbm_bytes_per_s * one_node.device.memory_efficiency)
     assert fwd == pytest.approx(2 * (nbytes / 545.71e9 + nbytes / 568.94e9 - 2 * copy), rel=1e-9)
-    spread = llm_cluster(gpus_per_node=2, nodes=2, peak_flops_per_s=PEAK, nvlink_bytes_per_s=450e9,
+    spread = llm_cluster(gpus_per_node=4, nodes=2, peak_flops_per_s=PEAK, nvlink_bytes_per_s=450e9,
                          network_bytes_per_s=25e9)
     assert ep_all_to_all_s(MOE, e, spread) == ep_all_to_all_s(MOE, replace(e, ep_dispatcher="alltoall"), spread)
-    single = llm_cluster(gpus_per_node=1, nodes=4, peak_flops_per_s=PEAK, network_bytes_per_s=25e9)
+    single = llm_cluster(gpus_per_node=1, nodes=8, peak_flops_per_s=PEAK, network_bytes_per_s=25e9)
     assert ep_all_to_all_s(MOE, e, single) == ep_all_to_all_s(MOE, replace(e, ep_dispatcher="alltoall"), single)
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_hybridep_below_its_measured_8_ranks_is_priced_as_the_all_to_all(ep, llm_cluster):
+    """HybridEP runs on 2 to 7 ranks of one NVLink domain but DeepEP publishes no rate there: the dispatch and
+    combine of an EP group of ``ep`` ranks inside one node are the all-to-all's, two ring all-to-alls of the
+    rank's 4096 x top 2 rows of 2 KB ((ep - 1) / ep of them leave) each way at 450 GB/s; the rate function itself
+    refuses such a count in one line."""
+    e = Execution(gpus=ep, dp=ep, ep=ep, micro_batch=1, global_batch=ep, ep_dispatcher="hybridep")
+    node = llm_cluster(gpus_per_node=8, nodes=1, peak_flops_per_s=PEAK, nvlink_bytes_per_s=450e9)
+    assert not hybridep_priced(e, node)
+    latency = node.dims[0].latency_s
+    one = (ep - 1) / ep * MOE.seq_len * 2 * MOE.hidden * 2 / 450e9 + latency
+    assert ep_all_to_all_s(MOE, e, node)[0] == pytest.approx(2 * one, rel=1e-9)
+    with pytest.raises(ConfigError, match=f"hybridep ranks: got {ep};.*8 ranks") as info:
+        hybridep_bytes_per_s(ep, 900e9)
+    assert "\n" not in str(info.value)
 
 
 def test_hybridep_permutation_bytes_by_hand():

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from mcdla.errors import WorkloadError
 from mcdla.workload.transformer import (TransformerSpec, activation_bytes_per_layer, hardware_flops_per_iteration,
-                                        layer_fwd_flops, logits_fwd_flops, model_flops_per_iteration, preset,
-                                        preset_names)
+                                        layer_fwd_flops, layer_gemms, logits_fwd_flops, model_flops_per_iteration,
+                                        preset, preset_names)
 
 GPT_PRESETS = [n for n in preset_names() if preset(n).mlp == "gelu"]  # the GPT family (GELU, MHA, dense)
 
@@ -154,3 +154,18 @@ def test_unknown_preset_lists_names():
     """An unknown preset name lists the presets."""
     with pytest.raises(WorkloadError, match="llama3-8b"):
         preset("gpt-5")
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama3-70b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3-671b"])
+def test_layer_gemms_sum_to_the_layer_gemm_flops(name):
+    """NOTE [layer GEMMs]: the linear layers' weights per token sum to the layer's GEMM FLOPs over 2 b s, and the
+    userbuffers run QKV (not MLA's projections), the projection and the dense or shared FFN, not the router nor
+    the routed experts."""
+    spec = preset(name)
+    gemms = layer_gemms(spec)
+    assert sum(g.weights for g in gemms) == pytest.approx(layer_fwd_flops(spec, 3)["gemm"] / (2 * 3 * spec.seq_len),
+                                                          rel=1e-12)
+    ring = {g.name for g in gemms if g.ring}
+    dense_ffn = spec.experts == 1 or spec.dense_layers or spec.shared_experts
+    assert ring == ({"proj"} | ({"qkv"} if spec.mla is None else set())
+                    | ({"fc1", "fc2"} if dense_ffn else set()))

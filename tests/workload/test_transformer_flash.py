@@ -62,6 +62,23 @@ def test_fp8_saved_gemm_inputs_shrink_korthikanti_34_to_27():
     assert got == pytest.approx(s * b * h * (27 + 5 * a * s / h), rel=1e-12)
 
 
+@pytest.mark.parametrize("tp, sp", [(1, False), (4, False), (4, True)])
+def test_mxfp8_saved_gemm_inputs_carry_one_e8m0_scale_byte_per_32_elements(tp, sp):
+    """MXFP8: each saved GEMM input is one fp8 copy (1 byte an element) with its E8M0 block scales (1 byte per 32
+    elements): the QKV and fc1 inputs (s b h each, split over tp only with sp), the projection input (s b h) and
+    the fc2 input (4 s b h, both split over tp) cost 1 + 1/32 bytes an element instead of 1."""
+    a, h, s, b = 16, 1024, 2048, 2
+    spec = _gpt(a=a, h=h, s=s)
+    kw = dict(tp=tp, sp=sp, attention="materialized", fp8_gemm_inputs=True)
+    per_tensor = activation_bytes_per_layer(spec, b, fp8_scaling="current", **kw)
+    mx = activation_bytes_per_layer(spec, b, fp8_scaling="mxfp8", **kw)
+    elements = s * b * h * (2 / (tp if sp else 1) + 5 / tp)
+    assert per_tensor == pytest.approx(activation_bytes_per_layer(spec, b, fp8_scaling="delayed", **kw), rel=1e-15)
+    assert mx - per_tensor == pytest.approx(elements / 32, rel=1e-12)
+    assert activation_bytes_per_layer(spec, b, tp=tp, sp=sp, fp8_scaling="mxfp8") == pytest.approx(
+        activation_bytes_per_layer(spec, b, tp=tp, sp=sp), rel=1e-15)  # bf16 inputs: no scales
+
+
 @pytest.mark.parametrize("tp, cp", [(1, 1), (2, 1), (4, 2)])
 def test_flash_kernel_traffic_per_head_is_fa2_compulsory_io(tp, cp):
     """Per (sample, head) the FA2 forward reads Q, K, V (N x d each) and writes O (N x d) and the fp32

@@ -32,14 +32,18 @@ NOTE [time model] (also ``docs/llm.md``):
   (with sequence parallelism an all-gather plus a reduce-scatter, the same ring traffic), on the TP group's
   dimensions (the NVLink domain, in-network where the switch reduces);
   full recomputation repeats the forward ones. Not overlapped with compute (Megatron-LM 2021-2022) unless
-  ``tp_comm_overlap``: then hidden behind the GEMMs they pair with, up to those GEMMs' time (TE userbuffers).
+  ``tp_comm_overlap``: then hidden behind the GEMMs they pair with, up to those GEMMs' time (TE userbuffers:
+  the QKV, projection and dense or shared FFN GEMMs, not the router nor the routed experts, NOTE [layer GEMMs]
+  in :mod:`mcdla.workload.transformer`).
 * NOTE [userbuffers ring exchange]: with ``tp_comm_overlap`` Transformer Engine's ring exchange (v2.9, 70f5366,
   ``common/comm_gemm_overlap/comm_gemm_overlap.cpp`` ``CommOverlapP2PBase::split_overlap_ag`` and
   ``split_overlap_rs``; Megatron-Bridge v0.2.1's fp8 userbuffers configurations, ``training/comm_overlap.py``, run
   ``qkv_fprop``, ``fc1_fprop``, ``proj_fprop``, ``fc2_fprop``, ``proj_dgrad`` and ``fc2_dgrad`` so) runs each of
   those GEMMs as ``tp`` GEMMs of ``b s / (cp tp)`` tokens, one per chunk the ring passes on, priced at the curve's
   point for that token count (:func:`ring_exchange_costs`; no slower than the whole GEMM while ``half_tokens`` is
-  0), and closes each reduce-scatter ring (the projection's and fc2's forward) with ``reduce_bf16``, a kernel on
+  0): the GEMMs the userbuffers run (NOTE [layer GEMMs]: fc1 and fc2 of the dense layers and shared experts, not
+  the routed experts' grouped GEMMs nor the router's), and closes each reduce-scatter ring (the projection's and
+  a dense or shared fc2's forward) with ``reduce_bf16``, a kernel on
   the main stream that reads the ``tp`` partial outputs of ``b s / (cp tp) x h`` elements and writes their sum,
   at the HBM rate after the ring. Megatron-Bridge's bf16 configurations split ``proj_fprop`` and ``fc2_fprop`` in
   a pipeline that reduces inside the communication kernel; the model does not tell the two apart.
@@ -122,7 +126,7 @@ from mcdla.workload.parallel_dims import group_strides
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
                                         attention_bwd_flops_ratio, flash_attention_bytes,
                                         flash_attention_exponentials, fp8_cast_bytes_per_layer,
-                                        hardware_flops_per_iteration, layer_fwd_flops, logits_fwd_flops,
+                                        hardware_flops_per_iteration, layer_fwd_flops, layer_gemms, logits_fwd_flops,
                                         model_flops_per_iteration)
 from mcdla.workload.memo import HashOnce, hash_once, pure_cache, slot_init
 
@@ -174,7 +178,8 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
 parameter: Rajbhandari et al. 2020, sec. 3.1). ``fp8``: Transformer Engine: the linear layers' GEMMs at the fp8
 peak, the attention core (a bf16 FlashAttention kernel), the logits, elementwise kernels and the optimizer in
 bf16/fp32; every GEMM input cast to fp8 (current scaling adds an amax pass,
-:func:`~mcdla.workload.transformer.fp8_cast_bytes_per_layer`), an fp8 copy of the weights (1 byte per parameter), the linear layers' inputs saved in fp8 for backward. ``fp32``: 4-byte
+:func:`~mcdla.workload.transformer.fp8_cast_bytes_per_layer`), an fp8 copy of the weights (1 byte per parameter), the linear layers' inputs saved in fp8 for backward
+(one copy; MXFP8's with its E8M0 scales, :func:`~mcdla.workload.transformer.activation_bytes_per_layer`). ``fp32``: 4-byte
 activations, weights and gradients, Adam's momentum and variance (no master copy)."""
 
 
@@ -645,6 +650,7 @@ class _LayerCompute(NamedTuple):
     layout, ZeRO or offload."""
 
     gemm_s: float  # the linear layers' GEMMs, forward
+    overlapped_s: float  # those Transformer Engine's userbuffers run, forward (NOTE [layer GEMMs])
     attention_s: float  # the attention core's FLOPs, forward
     core_fwd_s: float  # the attention kernel's memory traffic (and exponentials), forward
     fwd_s: float  # the layer's forward
@@ -656,25 +662,40 @@ class _LayerCompute(NamedTuple):
     gemm_bwd_ratio: float  # the GEMMs' backward over forward
 
 
-def ring_exchange_costs(spec: TransformerSpec, e: Execution, dense_flops: float, curve: GemmEfficiency,
-                        gemm_rate: float, efficiency: float) -> dict[str, float]:
-    """What Transformer Engine's userbuffers ring exchange adds to one layer on one rank (NOTE [userbuffers ring
-    exchange]): ``gemm_fwd`` and ``gemm_bwd``, the extra seconds of the GEMMs it splits into ``tp`` GEMMs of
-    ``b s / (cp tp)`` tokens each (the four forward GEMMs, the projection's and fc2's dgrad) over those GEMMs at
-    the curve's point for the whole ``b s / cp`` tokens; ``reduce_bytes``, the HBM bytes of the kernel that sums
-    the ``tp`` partial outputs of the projection's and fc2's reduce-scatter ring (read ``tp`` chunks of ``b s /
-    (cp tp)`` x ``h`` elements, write one), after the ring, not overlapped. ``dense_flops``: the layer's dense
-    GEMM FLOPs on the rank at ``gemm_rate`` (``efficiency`` of the curve)."""
+def ring_exchange_costs(spec: TransformerSpec, e: Execution, curve: GemmEfficiency, gemm_rate: float,
+                        efficiency: float) -> dict[str, float]:
+    """What Transformer Engine's userbuffers ring exchange adds to one (mean) layer on one rank (NOTE [userbuffers
+    ring exchange]): ``gemm_fwd`` and ``gemm_bwd``, the extra seconds of the GEMMs it splits into ``tp`` GEMMs of
+    ``b s / (cp tp)`` tokens each over those GEMMs at the curve's point for the whole ``b s / cp`` tokens: in
+    forward every GEMM the userbuffers run (:func:`~mcdla.workload.transformer.layer_gemms`: QKV, projection, the
+    dense and shared experts' fc1 and fc2; not the router nor the routed experts), in backward the dgrad of the
+    row-parallel ones (projection, fc2); ``reduce_bytes``, the HBM bytes of the kernel that sums the ``tp``
+    partial outputs of each row-parallel GEMM's reduce-scatter ring (read ``tp`` chunks of ``b s / (cp tp)`` x
+    ``h`` elements, write one), after the ring, not overlapped. ``gemm_rate``: the GEMMs' rate on the rank
+    (``efficiency`` of the curve)."""
     tokens = e.micro_batch * spec.seq_len / e.cp
     chunk = curve.at(spec.hidden / e.tp, tokens=tokens / e.tp)
     slower = efficiency / chunk - 1.0  # a chunk's GEMM time over the whole GEMM's, less one
-    h, f = spec.hidden, spec.ffn_width_per_token
-    per_token = h * (spec.q_width + spec.kv_hidden + spec.v_width + spec.attention_out_width
-                     + f * spec.ffn_matrices)  # the four GEMMs' multiply-adds per token (whole, before TP)
-    row_parallel = (spec.attention_out_width + f) / per_token * h  # the projection's and fc2's share of them
-    fwd_s = dense_flops / gemm_rate
-    reduce_bytes = 2 * spec.bytes_per_element * (tokens * h + tokens / e.tp * h)  # projection and fc2
-    return {"gemm_fwd": slower * fwd_s, "gemm_bwd": slower * row_parallel * fwd_s, "reduce_bytes": reduce_bytes}
+    ring, row, rings = _ring_weights(spec)
+    per_weight = 2 * tokens / e.tp / gemm_rate  # seconds per weight of a GEMM on the rank's share of the tokens
+    reduce_bytes = rings * spec.bytes_per_element * (tokens * spec.hidden + tokens / e.tp * spec.hidden)
+    return {"gemm_fwd": slower * ring * per_weight, "gemm_bwd": slower * row * per_weight,
+            "reduce_bytes": reduce_bytes}
+
+
+@pure_cache(64)
+def _ring_weights(spec: TransformerSpec) -> tuple[float, float, float]:
+    """The mean layer's weights (multiply-adds per token) of the GEMMs Transformer Engine's userbuffers run with
+    ``tp_comm_overlap``, of the row-parallel ones among them, and how many row-parallel ones a layer runs on
+    average (NOTE [layer GEMMs])."""
+    ring = row = rings = 0.0
+    for g in layer_gemms(spec):
+        if g.ring:
+            ring += g.weights
+        if g.ring == "rs":
+            row += g.weights
+            rings += g.share
+    return ring, row, rings
 
 
 def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: Precision) -> _LayerCompute:
@@ -731,8 +752,11 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     block_f = ew["block"] / hbm_per_s
     permute_f = permutation_bytes(spec, e) / hbm_per_s  # the MoE token permutations, as many bytes backward
     ring_f = ring_b = 0.0
+    # the GEMMs the userbuffers run, forward: what the TP collectives overlap (``tp_comm_overlap``; not the router
+    # nor the routed experts' grouped GEMMs, NOTE [layer GEMMs])
+    overlapped_f = 2 * b * spec.seq_len / split * _ring_weights(spec)[0] / gemm_rate
     if e.tp_comm_overlap and e.tp > 1:  # NOTE [userbuffers ring exchange]
-        ring = ring_exchange_costs(spec, e, dense_gemm / split, curve, gemm_rate, efficiency)
+        ring = ring_exchange_costs(spec, e, curve, gemm_rate, efficiency)
         ring_f, ring_b = ring["gemm_fwd"] + ring["reduce_bytes"] / hbm_per_s, ring["gemm_bwd"]
     layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd + permute_f + issue_wait_f + ring_f
     layer_bwd = (gemm_bwd_ratio * gemm_f + 2 * block_f + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd
@@ -741,7 +765,8 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
                     if op else 0.0)
     logits = logits_fwd_flops(spec, b) / split / other_rate
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
-    result = _LayerCompute(gemm_s=gemm_f, attention_s=attn_f, core_fwd_s=core_fwd, fwd_s=layer_fwd, bwd_s=layer_bwd,
+    result = _LayerCompute(gemm_s=gemm_f, overlapped_s=overlapped_f, attention_s=attn_f, core_fwd_s=core_fwd,
+                           fwd_s=layer_fwd, bwd_s=layer_bwd,
                            op_recompute_s=op_recompute, logits_s=logits, loss_s=loss, hbm_per_s=hbm_per_s,
                            gemm_bwd_ratio=gemm_bwd_ratio)
     return _remember(cluster, key, result)
@@ -793,11 +818,12 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
     tp_fwd, tp_bwd_plain, tp_bwd_full = 2 * tp_one, 2 * tp_one, 4 * tp_one
     hide_fwd = hide_bwd = 0.0
     if e.tp_comm_overlap:
-        # each collective overlaps the GEMM it pairs with (userbuffers): hidden up to the GEMMs' time
-        tp_fwd = max(0.0, tp_fwd - gemm_f)
-        tp_bwd_plain = max(0.0, tp_bwd_plain - gemm_bwd_ratio * gemm_f)
-        tp_bwd_full = max(0.0, tp_bwd_full - gemm_bwd_ratio * gemm_f - gemm_f)
-        hide_fwd, hide_bwd = gemm_f, gemm_bwd_ratio * gemm_f + full * gemm_f
+        # each collective overlaps the GEMM it pairs with (userbuffers): hidden up to those GEMMs' time
+        ub = lc.overlapped_s
+        tp_fwd = max(0.0, tp_fwd - ub)
+        tp_bwd_plain = max(0.0, tp_bwd_plain - gemm_bwd_ratio * ub)
+        tp_bwd_full = max(0.0, tp_bwd_full - gemm_bwd_ratio * ub - ub)
+        hide_fwd, hide_bwd = ub, gemm_bwd_ratio * ub + full * ub
     tp_bwd = full * tp_bwd_full + (1.0 - full) * tp_bwd_plain if full else tp_bwd_plain
 
     split_layers, n_layers = fig.split_layers, fig.n_layers
@@ -935,7 +961,7 @@ def _activation_bytes(spec: TransformerSpec, e: Execution, prec: Precision) -> f
     def per_layer(recompute: str) -> float:
         return activation_bytes_per_layer(spec, e.micro_batch, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
                                           recompute=recompute, attention=e.attention,  # type: ignore[arg-type]
-                                          fp8_gemm_inputs=prec.fp8)
+                                          fp8_gemm_inputs=prec.fp8, fp8_scaling=e.fp8_scaling)
     if e.recompute_num_layers is None:
         return per_layer(e.recompute)
     shares = layer_shares(e, spec)
@@ -949,7 +975,8 @@ def _recompute_group_bytes(spec: TransformerSpec, e: Execution, prec: Precision)
     if e.recompute_num_layers is None or e.recompute_method != "uniform":
         return 0.0
     plain = activation_bytes_per_layer(spec, e.micro_batch, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
-                                       recompute="none", attention=e.attention, fp8_gemm_inputs=prec.fp8)
+                                       recompute="none", attention=e.attention, fp8_gemm_inputs=prec.fp8,
+                                       fp8_scaling=e.fp8_scaling)
     return (layer_shares(e, spec).group - 1) * plain
 
 

@@ -54,7 +54,9 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   HybridEP's buffer (``2 D t h`` bytes at the HBM rate; DeepEP hybrid-ep 6ad6896 ``csrc/hybrid_ep.cu``
   ``dispatch`` and ``combine``), which Megatron-Core's permuting calls replace by the destination permute and
   unpermute (``executor.cu``: "Use permute kernel to avoid standalone D2D memory copy") charged below
-  (:func:`ep_all_to_all_s`); a group that leaves its scale-up domain is priced as the all-to-all. Its permutations move ``2 (D t + r t) h`` elements forward (the permute reads the ``D t``
+  (:func:`ep_all_to_all_s`); a group that leaves its scale-up domain, or one of fewer ranks than the 8 DeepEP
+  measured (HybridEP runs there, unmeasured: :data:`HYBRIDEP_MIN_RANKS`), has its dispatch and combine priced as
+  the all-to-all, its permutations and launches still HybridEP's. Its permutations move ``2 (D t + r t) h`` elements forward (the permute reads the ``D t``
   rows and writes the ``r t`` expert rows, the unpermute the reverse; no source-side permute, no sorts), as many
   backward (:func:`permutation_bytes`).
 * Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
@@ -67,6 +69,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.collective_models import collective_time
 from mcdla.workload.execution import Execution
@@ -75,7 +78,7 @@ from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 from mcdla.workload.memo import pure_cache
 
-__all__ = ["GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_REFERENCE_BYTES_PER_S", "MXFP8_SWIZZLES",
+__all__ = ["GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_MIN_RANKS", "HYBRIDEP_REFERENCE_BYTES_PER_S", "MXFP8_SWIZZLES",
            "PERMUTE_LAUNCHES", "PRE_MLP_NORM_LAUNCHES", "QUANTIZE_LAUNCHES", "ROUTER_GRAPH_LAUNCHES",
            "ROUTER_LAUNCHES", "TOKEN_COUNT_LAUNCHES", "ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "ep_ranks_per_token",
            "expert_gemm_width", "expert_params_per_layer", "grouped_gemm_issue_s", "grouped_gemm_launches",
@@ -118,14 +121,27 @@ HYBRIDEP_REFERENCE_BYTES_PER_S = 900e9
 (the ``gb200-nvl72`` preset's scale-up figure, 1.8 TB/s bidirectional)."""
 
 
+HYBRIDEP_MIN_RANKS = HYBRIDEP_ALGBW[0][0]
+"""The fewest EP ranks DeepEP publishes HybridEP rates for: 8 (hybrid-ep 6ad6896's GB200 and B200 tables; the
+branch's later ``docs/README_Hybrid-EP.md``, 94a9f8f, adds H100 rows at 16 to 64, none below 8). HybridEP runs on
+fewer: the ``HybridEPBuffer`` Megatron-Core 0d8e0714 builds (``fused_a2a.py``; DeepEP hybrid-ep 1242eb4
+``deep_ep/hybrid_ep_buffer.py``) asserts only ``group_size > 1`` and takes a group inside one NVLink domain as one
+node of ``group_size`` ranks. Unmeasured there, such a group's dispatch and combine are priced as the
+all-to-all's (:func:`hybridep_priced`, NOTE [expert parallelism])."""
+
+
 def hybridep_bytes_per_s(ranks: int, scale_up_bytes_per_s: float) -> tuple[float, float]:
     """HybridEP's dispatch and combine algorithm bandwidth for ``ranks`` EP ranks in one scale-up domain of
     ``scale_up_bytes_per_s`` per direction: :data:`HYBRIDEP_ALGBW` interpolated linearly in the rank count (the
-    end points' figures outside the measured 8-36), scaled by the domain's bandwidth over
-    :data:`HYBRIDEP_REFERENCE_BYTES_PER_S`."""
+    36-rank figures above 36), scaled by the domain's bandwidth over :data:`HYBRIDEP_REFERENCE_BYTES_PER_S`; a
+    one-line ConfigError below :data:`HYBRIDEP_MIN_RANKS` (no measured rate)."""
     table = HYBRIDEP_ALGBW
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < HYBRIDEP_MIN_RANKS:
+        raise ConfigError(f"hybridep ranks: got {brief(ranks)}; HybridEP's measured rates start at "
+                          f"{HYBRIDEP_MIN_RANKS} ranks (an EP group under {HYBRIDEP_MIN_RANKS} is priced as the "
+                          "all-to-all)")
     scale = scale_up_bytes_per_s / HYBRIDEP_REFERENCE_BYTES_PER_S
-    if ranks <= table[0][0]:
+    if ranks == table[0][0]:
         return table[0][1] * scale, table[0][2] * scale
     for (r0, d0, c0), (r1, d1, c1) in zip(table, table[1:]):
         if ranks <= r1:
@@ -136,10 +152,11 @@ def hybridep_bytes_per_s(ranks: int, scale_up_bytes_per_s: float) -> tuple[float
 
 def hybridep_priced(execution: Execution, cluster: Cluster) -> bool:
     """Whether the EP groups' dispatch and combine are priced as HybridEP's (NOTE [expert parallelism]):
-    ``ep_dispatcher: hybridep`` with each group inside one scale-up domain (its measured rates are intra-domain);
-    otherwise they are the all-to-all dispatcher's collectives."""
+    ``ep_dispatcher: hybridep`` with each group inside one scale-up domain (its measured rates are intra-domain)
+    and of at least :data:`HYBRIDEP_MIN_RANKS` ranks (the fewest measured); otherwise they are the all-to-all
+    dispatcher's collectives."""
     e = execution
-    if e.ep == 1 or e.ep_dispatcher != "hybridep" or cluster.gpus_per_node == 1 or not cluster.dims:
+    if e.ep < HYBRIDEP_MIN_RANKS or e.ep_dispatcher != "hybridep" or cluster.gpus_per_node == 1 or not cluster.dims:
         return False  # one GPU per node: no scale-up domain (dims[0] is the network)
     dims = cluster.group_dims(e.ep, ParallelDims.of(e).stride("ep"))
     return len(dims) == 1 and dims[0].name == cluster.dims[0].name

@@ -40,6 +40,21 @@ Parameters are counted exactly for all of them. The per-layer FLOP and byte func
 when ``dense_layers`` makes layers differ, so a model's totals are exact and a pipeline stage's are the mean
 layer's times its layers. Projection FLOPs are ``2 x tokens x`` the projection weights, which is the GPT
 count above for plain attention and MLA's down/up projections for MLA.
+
+NOTE [layer GEMMs] The mean layer's linear layers by kind (:func:`layer_gemms`): the QKV projection (MLA's down
+and up projections), the output projection, the dense FFN's fc1 and fc2 (a dense model's, the leading dense
+layers', the shared experts'), the router's gating GEMM and the routed experts' fc1 and fc2, and which of them
+Transformer Engine's userbuffers run with ``tp_comm_overlap``. Megatron-Core (Megatron-LM 0d8e0714,
+``megatron/core/extensions/transformer_engine.py``) passes the userbuffers flags (``ub_overlap_ag``,
+``ub_overlap_rs``, ``ub_name``) to ``TELayerNormColumnParallelLinear``, ``TEColumnParallelLinear`` and
+``TERowParallelLinear`` under the buffer names ``qkv``, ``proj``, ``fc1`` and ``fc2``, the shared experts' too
+(an ``MLP`` of those layers: ``moe/shared_experts.py``, ``models/gpt/moe_module_specs.py``; its
+``moe_shared_expert_overlap``, not modelled, turns theirs off), but clears them
+for expert layers (``TELinear``'s ``is_expert``) and gives none to ``TEGroupedLinear``, the routed experts'
+grouped GEMM, which Transformer Engine 2.9 refuses them anyway ("GroupedLinear doesn't support Userbuffer
+overlap", NVIDIA/TransformerEngine 70f5366 ``pytorch/module/grouped_linear.py``); MLA's projections' buffer
+names (``q_proj``, ``kv_down_proj``, ...) are not among the four, and ``TELinear`` turns the overlap off for
+them. The router's gating GEMM is no tensor-parallel layer.
 """
 
 from __future__ import annotations
@@ -57,7 +72,9 @@ __all__ = [
     "PRESETS",
     "preset",
     "preset_names",
+    "LayerGemm",
     "layer_fwd_flops",
+    "layer_gemms",
     "logits_fwd_flops",
     "model_flops_per_iteration",
     "hardware_flops_per_iteration",
@@ -431,6 +448,49 @@ def _projection_weights(spec: TransformerSpec) -> float:
     return float(spec.hidden * (spec.q_width + spec.kv_hidden + spec.v_width) + spec.attention_out_width * spec.hidden)
 
 
+@dataclass(frozen=True, slots=True)
+class LayerGemm:
+    """One linear layer of the mean layer (NOTE [layer GEMMs]): ``name``; ``weights``, its multiply-adds per token
+    (its weights, before any split), mean over the layers; ``share``, the share of the layers that run it;
+    ``ring``, how Megatron-Core's tensor-parallel GEMM runs with ``tp_comm_overlap``: ``"ag"`` (column-parallel:
+    Transformer Engine's userbuffers all-gather its input in forward), ``"rs"`` (row-parallel: reduce-scatter its
+    output in forward, all-gather its output gradient for the dgrad GEMM), ``""`` (no userbuffers)."""
+
+    name: str
+    weights: float
+    share: float
+    ring: str
+
+
+@pure_cache(1024)
+def layer_gemms(spec: TransformerSpec) -> tuple[LayerGemm, ...]:
+    """The mean layer's linear layers (NOTE [layer GEMMs]); their ``weights`` sum to the GEMM FLOPs of
+    :func:`layer_fwd_flops` over ``2 b s``."""
+    h = spec.hidden
+    out = spec.attention_out_width * h
+    if spec.mla is None:
+        attention = [LayerGemm("qkv", float(h * (spec.q_width + spec.kv_hidden + spec.v_width)), 1.0, "ag")]
+    else:  # MLA's down and up projections: no userbuffers name in Transformer Engine
+        attention = [LayerGemm("mla", _projection_weights(spec) - out, 1.0, "")]
+    gemms = [*attention, LayerGemm("proj", float(out), 1.0, "rs")]
+    ffn = int(spec.ffn_hidden)  # type: ignore[arg-type]
+    fc1 = spec.ffn_matrices - 1  # fc1 (SwiGLU: gate and up, one GEMM) against fc2
+    if spec.experts == 1:
+        widths = [("fc", float(ffn), 1.0, "ag")]
+    else:
+        moe = spec.moe_layers / spec.layers
+        dense = spec.dense_layers / spec.layers
+        widths = [("fc", (dense * int(spec.dense_ffn_hidden or 0) + moe * spec.shared_experts * ffn),
+                   dense + (moe if spec.shared_experts else 0.0), "ag"),
+                  ("expert_fc", moe * spec.top_k * ffn, moe, "")]
+        gemms.append(LayerGemm("router", moe * h * spec.experts, moe, ""))
+    for name, width, share, ring in widths:
+        if width:
+            gemms += [LayerGemm(f"{name}1", fc1 * h * width, share, ring),
+                      LayerGemm(f"{name}2", h * width, share, "rs" if ring else "")]
+    return tuple(gemms)
+
+
 def logits_fwd_flops(spec: TransformerSpec, batch: int) -> float:
     """Forward FLOPs of the output projection onto the vocabulary, ``2 b s h V``."""
     return 2.0 * batch * spec.seq_len * spec.hidden * spec.vocab
@@ -533,6 +593,7 @@ def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int
 def activation_bytes_per_layer(
     spec: TransformerSpec, micro_batch: int, *, tp: int = 1, sp: bool = False, cp: int = 1,
     recompute: Recompute = "none", attention: Attention = "materialized", fp8_gemm_inputs: bool = False,
+    fp8_scaling: str = "current",
 ) -> float:
     """Bytes one layer stashes for backward per micro-batch on one rank (Korthikanti et al. 2022, sec. 4).
 
@@ -545,11 +606,22 @@ def activation_bytes_per_layer(
     ``tp=1`` only).
     ``attention="flash"`` stores no ``s x s`` terms but the fp32 logsumexp, ``4 a s b`` bytes (NOTE [flash
     attention]). ``fp8_gemm_inputs``: Transformer Engine saves the fp8 copy of each linear layer's input (QKV,
-    projection, fc1, fc2 inputs: 1 byte an element) instead of the bf16 one.
+    projection, fc1, fc2 inputs: 1 byte an element) instead of the bf16 one; with ``fp8_scaling="mxfp8"`` that
+    copy carries its E8M0 block scales, one byte per 32 elements: ``1 + 1/32`` bytes an element. Transformer
+    Engine 2.9 (70f5366) keeps one copy of a saved input: ``pytorch/module/linear.py`` (``layernorm_linear.py``
+    alike) discards the rowwise data of the quantized input before saving it
+    (``update_usage(rowwise_usage=False, columnwise_usage=True)``) unless it must be all-gathered rowwise in
+    backward, which ``MXFP8Quantizer`` does not need (``supports_only_rowwise_all_gather`` is only true for the
+    per-tensor fp8 quantizers), and ``grouped_linear.py`` saves the routed experts' inputs columnwise only; a
+    ``MXFP8Tensor``'s columnwise copy holds its fp8 data and its ``columnwise_scale_inv``, one E8M0 byte per 32
+    elements. The per-tensor recipes' scale is one fp32 per tensor, not counted.
     """
     _check_attention(attention)
     e = spec.bytes_per_element
-    g = 1 if fp8_gemm_inputs else e  # bytes of a saved GEMM input
+    if fp8_scaling not in FP8_SCALINGS:
+        raise WorkloadError(f"fp8_scaling: got {brief(fp8_scaling)}; must be one of {', '.join(FP8_SCALINGS)}")
+    # bytes of a saved GEMM input: one fp8 copy, MXFP8's with its E8M0 scales
+    g = (1 + (1 / _MXFP8_BLOCK if fp8_scaling == "mxfp8" else 0)) if fp8_gemm_inputs else e
     b, s, h, a = micro_batch, spec.seq_len / cp, spec.hidden, spec.heads
     kv = spec.kv_hidden
     sbh = s * b * h
