@@ -338,3 +338,41 @@ def test_overlapped_reduction_hides_behind_the_last_pass_in_both_evaluators(fiel
     assert got.idle_iteration_s == pytest.approx(step.iteration_s - step.contention_s, rel=1e-9)
     assert got.iteration_s >= got.idle_iteration_s * (1 - 1e-12)
     assert step.iteration_s >= 0.99 * got.iteration_s
+
+
+# TP2 DP2 stages fill half a DGX H100: stages 0 and 1 on node 0, 2 and 3 on node 1, so the boundary between
+# stages 1 and 2 (and, interleaved, the last stage's send to the first) crosses the network, the others NVLink
+_MIXED_BOUNDARIES = [
+    dict(gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=8),
+    dict(gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=8, dp_overlap=True, zero=1),
+    dict(gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=16, virtual_stages=2),
+    dict(gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=16, virtual_stages=2, pp_comm_overlap=True),
+    dict(gpus=16, tp=2, pp=8, dp=1, micro_batch=1, global_batch=16),
+    dict(gpus=8, tp=2, pp=4, dp=1, micro_batch=1, global_batch=8),  # every boundary inside one node
+]
+
+
+@pytest.mark.parametrize("fields", _MIXED_BOUNDARIES)
+def test_each_pipeline_send_on_the_link_its_boundary_crosses(fields: dict[str, object]) -> None:
+    """Stage boundaries some inside, some across DGX H100 nodes: on an idle fabric (every transfer alone; a send
+    still meets its receiver's TP calls on the NVLink port with contention) the engine, whose sends cross the
+    links their ranks are on, equals the closed form and the per-rank schedule to 1e-9."""
+    e = Execution(**fields)  # type: ignore[arg-type]
+    cluster = load_cluster("dgx-h100").for_gpus(e.gpus)
+    got = engine_step(_GPT3, e, cluster, replicas="fold")
+    assert got.idle_iteration_s == pytest.approx(llm_step(_GPT3, e, cluster).iteration_s, rel=1e-9)
+    assert got.idle_iteration_s == pytest.approx(llm_step(_GPT3, e, cluster, mode="ranks").iteration_s, rel=1e-9)
+
+
+def test_boundary_sends_by_hand_on_dgx_h100() -> None:
+    """TP2 PP4 DP2 on two DGX H100s: one send of ``b s h / tp`` bf16 bytes takes 1 us + bytes / 450 GB/s on
+    NVLink (stages 0-1, 2-3) and 5 us + bytes / 50 GB/s on the NDR rail (stages 1-2, and 3-0); a pass with no
+    peer holds the slowest, and each stage's micro-batch carries the sends of its own two boundaries."""
+    e = Execution(gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=8)
+    c = stage_costs(_GPT3, e, load_cluster("dgx-h100").for_gpus(16))
+    nbytes = 2 * _GPT3.seq_len * _GPT3.hidden / 2
+    nvlink, network = 1e-6 + nbytes / 450e9, 5e-6 + nbytes / 50e9
+    assert c.boundary_p2p_s == pytest.approx((nvlink, network, nvlink, network), rel=1e-12)
+    assert c.p2p_s == pytest.approx(network, rel=1e-12)
+    assert [c.stage_sends_s(s, 1) for s in range(4)] == pytest.approx(
+        [nvlink + network, network + nvlink, nvlink + network, network + nvlink], rel=1e-12)

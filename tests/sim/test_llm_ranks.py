@@ -140,11 +140,12 @@ def test_per_rank_engine_with_flash_attention_against_independent_flop_count(v, 
 def test_straggler_on_the_last_stage_costs_m_times_its_extra_compute(v):
     """One rank of the last stage 2x slower: its TP peer waits for it at every layer and the DP reduction waits
     for its replica, so the iteration grows by exactly ``m x`` the last stage's compute per micro-batch; the
-    fast path, which assumes symmetric ranks, does not see it."""
-    e = Execution(gpus=16, tp=2, pp=4, dp=2, virtual_stages=v, micro_batch=1, global_batch=16)
+    fast path, which assumes symmetric ranks, does not see it. Every stage boundary crosses nodes (TP4 DP2
+    stages fill a DGX A100), so every send takes the same time."""
+    e = Execution(gpus=32, tp=4, pp=4, dp=2, virtual_stages=v, micro_batch=1, global_batch=16)
     cl = _dgx(e)
     c = stage_costs(SPEC, e, cl)
-    slow_rank = 1 + 2 * (1 + 2 * 3)  # t=1, d=1, s=3 (Megatron order: tp fastest, then dp, then pp)
+    slow_rank = 1 + 4 * (1 + 2 * 3)  # t=1, d=1, s=3 (Megatron order: tp fastest, then dp, then pp)
     base = simulate_ranks(SPEC, e, cl)
     slow = simulate_ranks(SPEC, e, cl, slowdown={slow_rank: 2.0})
     n = SPEC.layers // 4

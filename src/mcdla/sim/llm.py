@@ -49,13 +49,29 @@ NOTE [time model] (also ``docs/llm.md``):
   a pipeline that reduces inside the communication kernel; the model does not tell the two apart.
 * Pipeline: per micro-batch a stage runs its ``layers / pp`` layers forward and backward plus, per virtual
   chunk, a point-to-point send of the activation and one of its gradient (``b s h / tp`` bytes with
-  Megatron's scatter/gather) over the dimension neighbouring stages are apart on (with ``pp_comm_overlap`` only what
-  exceeds one chunk's forward compute, plus the hidden part on each of the ``2 (v p - 1)`` sends the fill and
-  the drain wait for); the last stage adds the vocabulary projection and
+  Megatron's scatter/gather) over the link its stage boundary crosses (NOTE [pipeline sends]; with
+  ``pp_comm_overlap`` only what exceeds one chunk's forward compute, plus the hidden part on each of the
+  ``2 (v p - 1)`` sends the fill and the drain wait for); the last stage adds the vocabulary projection and
   the loss. Iteration = ``m * T_last + (p - 1) / v * T_middle``, the exact length of the (interleaved) 1F1B
   schedule of these stages (the bubble ``(p - 1) / (m v)`` when balanced); ``mode="ranks"`` schedules every
   rank instead (``sim/llm_ranks.py``), as does an uneven split (``layers_first_stage``/``layers_last_stage``,
   or the embedding and the loss counted as layers), where the slowest stage sets the pace.
+* NOTE [pipeline sends]: each send is priced on the link between its own two stages' ranks
+  (:meth:`Cluster.dim_between` of data-parallel replica 0's TP x CP ranks and their peers in the
+  :class:`~mcdla.workload.parallel_dims.ParallelDims` layout, the links the engine's sends cross): where stages
+  fill part of a node (TP2 DP2 on an 8-GPU DGX: stages 0 and 1 on one node, 2 and 3 on the next) some boundaries
+  are NVLink and some the network, and the interleaved schedule's send from the last stage to the first stage's
+  next chunk crosses its own. A forward pass ends with the send to the next stage, a backward pass with the send
+  to the previous one; where Megatron has no peer (the last chunk's forward on the last stage, the first chunk's
+  backward on the first) the pass holds the slowest boundary's send (``StageCosts.p2p_s``, also what the first
+  stage's last backward carries under ``dp_overlap``). With one chunk per stage and the last stage the slowest
+  (it holds the slowest send), the last stage never waits once fed, so the bubble is the first micro-batch's
+  forward through the other stages and its backward back, each pass with its own send. Interleaved, the fill
+  and the drain also cross the last stage's send to the first and the stages' chunks differ in their sends, and
+  no sum of stage or chunk times equals the schedule (its excess over the chunk-0 passes is a constant in
+  ``m``), so the closed form runs the schedule of one replica (``sim/llm_ranks.py`` ``pipeline_s``, O(p m v)),
+  as it does for a one-chunk pipeline whose slowest stage is not the last. Where every boundary's send takes
+  the same time, ``StageCosts.boundary_p2p_s`` is () and the formula above applies.
 * Context parallelism: the ring exchange (or all-gather) of K and V in every attention, overlapped with the
   attention of the block before (``sim/llm_cp.py``, NOTE [context parallel exchange]); the CP group maps onto
   the fabric like any group, inside a node or across nodes.
@@ -122,7 +138,7 @@ from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_b
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import LayerShares, layer_shares
 from mcdla.workload.op_recompute import OP_RECOMPUTE, op_recomputed_gemm_flops
-from mcdla.workload.parallel_dims import group_strides
+from mcdla.workload.parallel_dims import ParallelDims, group_strides
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
                                         attention_bwd_flops_ratio, flash_attention_bytes,
                                         flash_attention_exponentials, fp8_cast_bytes_per_layer,
@@ -511,17 +527,25 @@ def fsdp_exposed_s(gather_s: float, reduce_s: float, compute_s: float, layers: i
     return max(compute, rs_end) - layers * compute_s
 
 
-def _p2p_s(cluster: Cluster, pp: int, pp_stride: int, nbytes: float) -> float:
-    """One pipeline send between neighbouring stages: rank 0 of stage 0 to its peer ``pp_stride`` ranks on,
-    across the dimension that separates them (:meth:`Cluster.dim_between`), memoised per cluster as
-    :func:`_group_collective_s` is."""
-    if pp == 1:
-        return 0.0
-    key = ("p2p", nbytes, 2, pp_stride)
+def _boundary_p2p_s(cluster: Cluster, e: Execution, nbytes: float) -> tuple[float, ...]:
+    """One pipeline send across each stage boundary: stage ``b`` to ``b + 1`` for ``b < p - 1``, then the last
+    stage to the first (the interleaved schedule's next chunk), each on the dimension its ranks cross
+    (:meth:`Cluster.dim_between`, as the engine's sends cross it): the slowest of the TP x CP ranks of data-parallel
+    replica 0 (:class:`~mcdla.workload.parallel_dims.ParallelDims`) and their peers. () with one stage; memoised
+    per cluster as :func:`_group_collective_s` is."""
+    if e.pp == 1:
+        return ()
+    key = ("p2p", nbytes, e.tp, e.cp, e.dp, e.pp)
     got = cluster.model_memo.get(key)
     if got is not None:
         return got  # type: ignore[return-value]
-    return _remember(cluster, key, p2p_time(nbytes, cluster.dim_between(0, pp_stride)))
+    layout = ParallelDims.of(e)
+    sends = []
+    for b in range(e.pp):
+        dims = {cluster.dim_between(layout.rank(tp=t, cp=x, pp=b), layout.rank(tp=t, cp=x, pp=(b + 1) % e.pp))
+                for x in range(e.cp) for t in range(e.tp)}
+        sends.append(max(p2p_time(nbytes, dim) for dim in dims))
+    return _remember(cluster, key, tuple(sends))
 
 
 def _offload_bytes_per_s(cluster: Cluster, gpus: int) -> float:
@@ -548,6 +572,18 @@ def _uneven(layers: tuple[int, ...]) -> bool:
     return bool(layers) and layers.count(layers[0]) != len(layers)
 
 
+def send_boundary(stage: int, chunk: int, stages: int, virtual_stages: int, *, forward: bool) -> int | None:
+    """The boundary (:attr:`StageCosts.boundary_p2p_s`'s index) the send ending a pass of ``chunk`` on ``stage``
+    crosses in Megatron's (interleaved) schedule: a forward to the next stage, from the last stage to the first
+    stage's next chunk (the last entry); a backward to the previous stage, from the first stage to the last
+    stage's previous chunk; None where there is no peer (the last chunk's forward on the last stage, the first
+    chunk's backward on the first)."""
+    p, v = stages, virtual_stages
+    if forward:
+        return stage if stage < p - 1 else (p - 1 if chunk < v - 1 else None)
+    return stage - 1 if stage else (p - 1 if chunk else None)
+
+
 @slot_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageCosts:
@@ -567,7 +603,9 @@ class StageCosts:
     layer_recompute_s: float  # recomputation in the backward of one layer
     layer_tp_fwd_s: float  # TP collectives in one layer's forward, the part not hidden (``tp_comm_overlap``)
     layer_tp_bwd_s: float  # in its backward (+ the recomputed forward's with full recompute), likewise
-    p2p_s: float  # one point-to-point transfer of a chunk's activation or its gradient (its exposed part)
+    p2p_s: float  # one point-to-point transfer of a chunk's activation or its gradient on the slowest stage
+    # boundary (its exposed part): what a pass holds where Megatron has no peer (the last stage's last forward,
+    # the first stage's first backward); every send when ``boundary_p2p_s`` is ()
     last_fwd_s: float  # logits + loss forward on the last stage, per micro-batch
     last_bwd_s: float  # their backward (2 x)
     offload_fwd_s: float  # exposed offload traffic per micro-batch and stage, forward
@@ -593,6 +631,36 @@ class StageCosts:
     p2p_hidden_s: float = 0.0  # the part of a send the sender's next chunk hides (``pp_comm_overlap``); its
     # receiver still waits for it, so the fill and the drain of the schedule each cross v p - 1 of them
     dp_tail_s: float = 0.0  # the reduction's part issued only after the backward (HSDP's last units, ``dp_overlap``)
+    boundary_p2p_s: tuple[float, ...] = ()  # the exposed part of one send across each stage boundary, on the link
+    # it crosses: stage b to b + 1, then (the last entry) the last stage to the first, the interleaved schedule's
+    # next chunk; () with one stage
+    boundary_hidden_s: tuple[float, ...] = ()  # the part of each the sender's next chunk hides (``pp_comm_overlap``)
+
+    def send_s(self, stage: int, chunk: int, virtual_stages: int, *, forward: bool) -> float:
+        """The exposed send that ends a pass of ``chunk`` on ``stage``, on the boundary it crosses
+        (:func:`send_boundary`), :attr:`p2p_s` where Megatron has no peer."""
+        if not self.boundary_p2p_s:
+            return self.p2p_s
+        b = send_boundary(stage, chunk, len(self.boundary_p2p_s), virtual_stages, forward=forward)
+        return self.p2p_s if b is None else self.boundary_p2p_s[b]
+
+    def pass_sends_s(self, stage: int | None, virtual_stages: int, *, forward: bool) -> float:
+        """The exposed sends that end one micro-batch's forward (or backward) passes on ``stage``, one per chunk
+        (``v`` :attr:`p2p_s` with ``stage`` None or one boundary time)."""
+        if stage is None or not self.boundary_p2p_s:
+            return virtual_stages * self.p2p_s
+        total = 0.0
+        for ch in range(virtual_stages):
+            total += self.send_s(stage, ch, virtual_stages, forward=forward)
+        return total
+
+    def stage_sends_s(self, stage: int | None, virtual_stages: int) -> float:
+        """The exposed sends of one micro-batch on ``stage``: a forward and a backward send per chunk
+        (``2 v`` :attr:`p2p_s` with ``stage`` None or one boundary time)."""
+        if stage is None or not self.boundary_p2p_s:
+            return 2 * virtual_stages * self.p2p_s
+        return (self.pass_sends_s(stage, virtual_stages, forward=True)
+                + self.pass_sends_s(stage, virtual_stages, forward=False))
 
     @property
     def layer_comm_fwd_s(self) -> float:
@@ -610,12 +678,13 @@ class StageCosts:
         backward's end (``dp_tail_s``)."""
         return max(0.0, self.dp_full_s - self.dp_hidden_s) + self.dp_tail_s
 
-    def stage_s(self, layers: int, virtual_stages: int, *, last: bool = False) -> float:
+    def stage_s(self, layers: int, virtual_stages: int, *, last: bool = False, stage: int | None = None) -> float:
         """One micro-batch on a stage of ``layers`` layers over its ``virtual_stages`` chunks: compute,
-        recompute, TP, the ``2 v`` pipeline transfers, exposed offload; the last stage adds the logits and loss."""
+        recompute, TP, the ``2 v`` pipeline transfers (:meth:`stage_sends_s` of ``stage``), exposed offload; the
+        last stage adds the logits and loss."""
         n = layers
         return (n * (self.layer_fwd_s + self.layer_bwd_s) + n * self.layer_recompute_s
-                + n * (self.layer_comm_fwd_s + self.layer_comm_bwd_s) + 2 * virtual_stages * self.p2p_s
+                + n * (self.layer_comm_fwd_s + self.layer_comm_bwd_s) + self.stage_sends_s(stage, virtual_stages)
                 + self.offload_fwd_s + self.offload_bwd_s + self.fsdp_fwd_s + self.fsdp_bwd_s
                 + (self.last_fwd_s + self.last_bwd_s + self.last_fsdp_s if last else 0.0))
 
@@ -623,17 +692,18 @@ class StageCosts:
         """A middle stage's time per micro-batch (:meth:`stage_s` of ``layers_per_stage`` layers)."""
         return self.stage_s(self.layers_per_stage, virtual_stages)
 
-    def stage_parts(self, layers: int, micro_batches: int, virtual_stages: int, *, last: bool = True) -> dict[str, float]:
+    def stage_parts(self, layers: int, micro_batches: int, virtual_stages: int, *, last: bool = True,
+                    stage: int | None = None) -> dict[str, float]:
         """A stage's busy time over ``micro_batches`` micro-batches by part (seconds; ``LlmStep`` field names):
-        compute (with the logits and loss on the last stage), recompute, TP, PP, offload with the optimizer
-        state's round trip, CP and EP. Both the closed form and the per-rank schedule report these for the
-        pacing stage."""
+        compute (with the logits and loss on the last stage), recompute, TP, PP (``stage``'s sends,
+        :meth:`stage_sends_s`), offload with the optimizer state's round trip, CP and EP. Both the closed form and
+        the per-rank schedule report these for the pacing stage."""
         n, m = layers, micro_batches
         last_extra = self.last_fwd_s + self.last_bwd_s if last else 0.0
         return dict(compute_s=m * (n * (self.layer_fwd_s + self.layer_bwd_s) + last_extra),
                     recompute_s=m * (n * self.layer_recompute_s),
                     tp_comm_s=m * (n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s)),
-                    pp_comm_s=m * (2 * virtual_stages * self.p2p_s),
+                    pp_comm_s=m * self.stage_sends_s(stage, virtual_stages),
                     fsdp_comm_s=m * (self.fsdp_fwd_s + self.fsdp_bwd_s + (self.last_fsdp_s if last else 0.0)),
                     offload_s=m * (self.offload_fwd_s + self.offload_bwd_s) + self.offload_step_s,
                     cp_comm_s=m * (n * (self.layer_cp_fwd_s + self.layer_cp_bwd_s)),
@@ -641,7 +711,8 @@ class StageCosts:
 
     def iteration_parts(self, micro_batches: int, virtual_stages: int) -> dict[str, float]:
         """The steady-state parts of an evenly split iteration: the last stage's :meth:`stage_parts`."""
-        return self.stage_parts(self.layers_per_stage, micro_batches, virtual_stages, last=True)
+        return self.stage_parts(self.layers_per_stage, micro_batches, virtual_stages, last=True,
+                                stage=len(self.boundary_p2p_s) - 1 if self.boundary_p2p_s else None)
 
 
 class _LayerCompute(NamedTuple):
@@ -795,7 +866,7 @@ def _checked(spec: TransformerSpec, e: Execution, cluster: Cluster, precision: s
 
 def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures) -> StageCosts:
     """:func:`stage_costs` of an execution :func:`_checked` passed, at ``prec``, from its figures ``fig``."""
-    tp_stride, pp_stride, _cp_stride, _ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
+    tp_stride, _pp_stride, _cp_stride, _ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
     offload_bytes_per_s = _offload_bytes_per_s(cluster, e.gpus)
     spec = fig.spec
     b = e.micro_batch
@@ -830,11 +901,20 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
     chunks = fig.chunks
     logits, loss = lc.logits_s, lc.loss_s
     p2p_bytes = act_bytes / e.tp
-    p2p = _p2p_s(cluster, e.pp, pp_stride, p2p_bytes)
-    p2p_hidden = 0.0
+    sends = _boundary_p2p_s(cluster, e, p2p_bytes)
+    hidden = (0.0,) * len(sends)
     if e.pp_comm_overlap:  # each send runs while the next chunk computes: exposed past the smallest chunk's forward
-        p2p_hidden = min(p2p, min(n for row in chunks for n in row) * layer_fwd)
-        p2p -= p2p_hidden
+        smallest = min(n for row in chunks for n in row) * layer_fwd
+        hidden = tuple(min(t, smallest) for t in sends)
+    # the slowest boundary's send (of those the schedule crosses: the last stage's to the first with virtual
+    # stages) is what a pass with no peer holds; every send's where the boundaries' are the same
+    crossed = range(len(sends) if e.virtual_stages > 1 else len(sends) - 1)
+    slowest = max(crossed, key=lambda b: sends[b], default=None)
+    boundary = tuple(t - h for t, h in zip(sends, hidden, strict=True))
+    p2p = 0.0 if slowest is None else boundary[slowest]
+    p2p_hidden = 0.0 if slowest is None else hidden[slowest]
+    if all(sends[b] == sends[slowest] for b in crossed):
+        boundary = hidden = ()
 
     off_fwd = off_bwd = 0.0
     act_stage, groups = fig.act_stage, fig.groups
@@ -917,7 +997,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunks,
         layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
         recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd, layer_tp_hide_fwd_s=hide_fwd,
-        layer_tp_hide_bwd_s=hide_bwd, p2p_hidden_s=p2p_hidden)
+        layer_tp_hide_bwd_s=hide_bwd, p2p_hidden_s=p2p_hidden, boundary_p2p_s=boundary, boundary_hidden_s=hidden)
 
 
 def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
@@ -1021,7 +1101,9 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
         from mcdla.sim.llm_ranks import ranks_step
 
         return ranks_step(spec, execution, cluster, precision=precision)
-    stage_mid = c.stage_s(c.layers_per_stage, e.virtual_stages)
+    p, v = e.pp, e.virtual_stages
+    sends = c.boundary_p2p_s  # () where every boundary's send takes the same time
+    stage_mid = c.stage_s(c.layers_per_stage, v, stage=p - 1 if sends else None)  # the last stage's, no logits
     # no shared link priced as idle (NOTE [link floor] in sim/llm_floor.py): the stretches are exposed offload
     zero3 = zero3_traffic(spec, e, prec.element_bytes) if e.zero >= 3 else None
     floors = link_floors(e, cluster, c, _rank_traffic(e, prec, fig), zero3)
@@ -1036,10 +1118,23 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     # stage_mid and the last is the slowest: the last stage never waits once fed, the fill and the drain are
     # (p - 1) / v of a middle stage (NOTE [rank schedule] in sim/llm_ranks.py; tested equal to the per-rank
     # schedule in tests/sim/test_llm_ranks.py).
-    bubble = (e.pp - 1) / e.virtual_stages * stage_mid
-    # pp_comm_overlap: the hidden part of each send still delays its receiver: the fill passes v p - 1 chunk
-    # boundaries before the last stage runs the last chunk, and the drain as many back (NOTE [rank schedule])
-    bubble += 2 * (e.virtual_stages * e.pp - 1) * c.p2p_hidden_s
+    if not sends:
+        bubble = (p - 1) / v * stage_mid
+        # pp_comm_overlap: the hidden part of each send still delays its receiver: the fill passes v p - 1 chunk
+        # boundaries before the last stage runs the last chunk, and the drain as many back (NOTE [rank schedule])
+        bubble += 2 * (v * p - 1) * c.p2p_hidden_s
+    else:
+        # NOTE [pipeline sends]: stage boundaries on different links
+        if v == 1 and all(c.stage_s(c.layers_per_stage, v, stage=s) + stretch <= stage_last for s in range(p - 1)):
+            # the last stage paces and never waits once fed: the fill is the first micro-batch's forward through
+            # the other stages, the drain the last one's backward back, each pass with its own send
+            bubble = (p - 1) * (stage_mid - c.stage_sends_s(p - 1, v))
+            bubble += sum(c.send_s(s, 0, v, forward=True) + c.send_s(s, 0, v, forward=False) for s in range(p - 1))
+            bubble += 2 * sum(c.boundary_hidden_s[:p - 1])
+        else:  # interleaved: the schedule itself, one replica (O(p m v))
+            from mcdla.sim.llm_ranks import pipeline_s
+
+            bubble = pipeline_s(c, e, stretch_s=stretch) - m * stage_last
     iteration = m * stage_last + bubble + dp_exposed + dp_stretch + c.optimizer_s + c.offload_step_s
     dp_shared = 0.0 if floors.stage_s else dp_stretch  # without offload: the shared links slow the reduction
     contention = m * stretch + dp_stretch  # what rounds away against the iteration is no contention
@@ -1053,9 +1148,9 @@ def pacing_stage_parts(c: StageCosts, e: Execution) -> tuple[int, dict[str, floa
     """The slowest pipeline stage (the last among equals) and its :meth:`StageCosts.stage_parts` over the
     iteration's micro-batches, the steady-state parts both modes report (an uneven split may pace elsewhere)."""
     layers = c.stage_layers or (c.layers_per_stage,) * e.pp
-    times = [c.stage_s(layers[s], e.virtual_stages, last=s == e.pp - 1) for s in range(e.pp)]
+    times = [c.stage_s(layers[s], e.virtual_stages, last=s == e.pp - 1, stage=s) for s in range(e.pp)]
     pace = max(range(e.pp), key=lambda s: (times[s], s))
-    return pace, c.stage_parts(layers[pace], e.micro_batches, e.virtual_stages, last=pace == e.pp - 1)
+    return pace, c.stage_parts(layers[pace], e.micro_batches, e.virtual_stages, last=pace == e.pp - 1, stage=pace)
 
 
 def step_record(spec: TransformerSpec, e: Execution, cluster: Cluster, c: StageCosts, *, precision: str,

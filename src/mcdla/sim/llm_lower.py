@@ -39,8 +39,8 @@ NOTE [LLM lowering]
   carries both its offload and its NIC's traffic); the rank's next chunk waits for the copies, so what the
   compute and the collectives do not hide is exposed.
 * Where Megatron has no peer (the last chunk's forward on the last stage, the first chunk's backward on stage
-  0) the rank is held for the transfer's time, as the analytical model charges every forward and backward one
-  transfer.
+  0) the rank is held for the slowest stage boundary's transfer time (``StageCosts.p2p_s``), as the analytical
+  model charges every forward and backward one transfer (NOTE [pipeline sends] in :mod:`mcdla.sim.llm`).
 * ``replicas="all"`` (``"auto"`` up to :data:`ALL_REPLICAS_UP_TO` GPUs) simulates every replica instead, unfolded,
   and runs the data-parallel reduction as collectives, one all-reduce per parameter group on its reduction
   group's fabric dimensions (the ``dp x cp`` replicas, the ``dp cp / ep`` holding the same experts; ZeRO-1/2

@@ -16,11 +16,13 @@ compute time factor) or a non-uniform layer split (``layers_per_stage``). NOTE [
   An op starts when its rank is free and its input is there: a forward after the previous chunk's forward
   (stage ``s - 1``, or stage ``p - 1`` of chunk ``c - 1``), a backward after the next chunk's backward and
   its own forward.
-* Every forward and backward op ends with one blocking point-to-point transfer over the rank's own network
-  link (``p2p_s``, Megatron's scatter/gather of ``b s h / tp``), as the fast path charges ``2 v`` transfers
-  per micro-batch to every stage; one transfer at a time per link, since the op holds its rank. With
-  ``pp_comm_overlap`` the op holds only the exposed part and the rest (``p2p_hidden_s``) runs beside the next
-  op: its receiver starts that much after the op ends.
+* Every forward and backward op ends with one blocking point-to-point transfer (Megatron's scatter/gather of
+  ``b s h / tp``) on the link the stage boundary it crosses runs over (``StageCosts.send_s``: a forward to the
+  next stage, a backward to the previous one, the interleaved schedule's wrap between the last stage and the
+  first; where Megatron has no peer the op holds the slowest boundary's send, ``p2p_s``), as the fast path
+  charges ``2 v`` transfers per micro-batch to every stage; one transfer at a time per link, since the op holds
+  its rank. With ``pp_comm_overlap`` the op holds only the exposed part and the rest (``boundary_hidden_s``)
+  runs beside the next op: its receiver starts that much after the op ends.
 * After a replica's last backward on stage ``s``, the DP group of that stage reduces its gradients: it starts
   when the slowest replica is done and exposes what the last backward does not hide (the fast path's
   ``dp_exposed_s``); then each rank's optimizer step (nominal, not slowed) and optimizer offload.
@@ -45,7 +47,7 @@ from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
-__all__ = ["MAX_RANK_GPUS", "MAX_SCHEDULED_OPS", "PipelineSchedule", "RanksResult", "pipeline_order",
+__all__ = ["MAX_RANK_GPUS", "MAX_SCHEDULED_OPS", "PipelineSchedule", "RanksResult", "pipeline_order", "pipeline_s",
            "schedule_pipeline", "simulate_ranks", "ranks_step"]
 
 MAX_RANK_GPUS = 2**20
@@ -106,13 +108,16 @@ class PipelineSchedule:
 
 
 def schedule_pipeline(fwd_s: Sequence[Sequence[float]], bwd_s: Sequence[Sequence[float]],
-                      micro_batches: int, *, transit_s: float = 0.0) -> PipelineSchedule:
+                      micro_batches: int, *, transit_s: float | Sequence[float] = 0.0) -> PipelineSchedule:
     """Run the ops of Megatron's schedule on ``p = len(fwd_s)`` stages of ``v = len(fwd_s[0])`` chunks with the
     given durations (``fwd_s[s][c]``, ``bwd_s[s][c]``: one micro-batch of chunk ``c`` on stage ``s``, transfers
     included) and the dependencies of the module docstring; every op starts as soon as its rank is free and
     its input has arrived, ``transit_s`` after the op on the other stage that produced it ended (the part of a
-    send that runs beside the sender's next chunk under ``pp_comm_overlap``, not in its durations)."""
+    send that runs beside the sender's next chunk under ``pp_comm_overlap``, not in its durations): one figure,
+    or one per stage boundary (:attr:`~mcdla.sim.llm.StageCosts.boundary_hidden_s`: stage ``b`` and ``b + 1``,
+    then the last stage and the first)."""
     p, v, m = len(fwd_s), len(fwd_s[0]), micro_batches
+    transit = [float(transit_s)] * p if isinstance(transit_s, int | float) else list(transit_s)
     orders = [pipeline_order(p, m, v, s) for s in range(p)]
     nan = float("nan")
     f_end = [[nan] * (v * m) for _ in range(p)]
@@ -129,11 +134,11 @@ def schedule_pipeline(fwd_s: Sequence[Sequence[float]], bwd_s: Sequence[Sequence
             while i < len(order):
                 forward, mb, c = order[i]
                 if forward:
-                    dep = (f_end[s - 1][c * m + mb] if s else f_end[p - 1][(c - 1) * m + mb]) + transit_s \
-                        if s or c else 0.0
+                    dep = (f_end[s - 1][c * m + mb] + transit[s - 1] if s
+                           else f_end[p - 1][(c - 1) * m + mb] + transit[p - 1]) if s or c else 0.0
                 else:
-                    dep = b_end[s + 1][c * m + mb] + transit_s if s < p - 1 else (
-                        b_end[0][(c + 1) * m + mb] + transit_s if c < v - 1 else f_end[s][c * m + mb])
+                    dep = b_end[s + 1][c * m + mb] + transit[s] if s < p - 1 else (
+                        b_end[0][(c + 1) * m + mb] + transit[p - 1] if c < v - 1 else f_end[s][c * m + mb])
                     dep = max(dep, f_end[s][c * m + mb])
                 if dep != dep:  # NaN: the input is not computed yet
                     break
@@ -178,12 +183,28 @@ def _chunk_durations(c: StageCosts, e: Execution, chunks: Sequence[Sequence[int]
             n = chunks[s][ch]
             last = s == p - 1 and ch == v - 1
             f_row.append(k * (n * c.layer_fwd_s + (c.last_fwd_s if last else 0.0)) + n * c.layer_comm_fwd_s
-                         + c.p2p_s + (c.offload_fwd_s + c.fsdp_fwd_s) / v + (c.last_fsdp_s if last else 0.0))
+                         + c.send_s(s, ch, v, forward=True) + (c.offload_fwd_s + c.fsdp_fwd_s) / v
+                         + (c.last_fsdp_s if last else 0.0))
             b_row.append(k * (n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last else 0.0))
-                         + n * c.layer_comm_bwd_s + c.p2p_s + (c.offload_bwd_s + c.fsdp_bwd_s) / v)
+                         + n * c.layer_comm_bwd_s + c.send_s(s, ch, v, forward=False)
+                         + (c.offload_bwd_s + c.fsdp_bwd_s) / v)
         fwd.append(f_row)
         bwd.append(b_row)
     return fwd, bwd
+
+
+def pipeline_s(c: StageCosts, e: Execution, *, stretch_s: float = 0.0) -> float:
+    """The makespan of one replica's pipeline at nominal speed (:func:`schedule_pipeline` of the execution's
+    chunks, each boundary's send on its own link), each stage's micro-batch longer by ``stretch_s`` (the closed
+    form's link floor, spread evenly over its ``2 v`` passes): the closed form of a pipeline whose boundaries'
+    sends differ where no expression in the stage times is exact (NOTE [pipeline sends] in :mod:`mcdla.sim.llm`).
+    O(p m v)."""
+    fwd, bwd = _chunk_durations(c, e, c.chunk_layers, [1.0] * e.pp)
+    extra = stretch_s / (2 * e.virtual_stages)
+    if extra:
+        fwd = [[t + extra for t in row] for row in fwd]
+        bwd = [[t + extra for t in row] for row in bwd]
+    return schedule_pipeline(fwd, bwd, e.micro_batches, transit_s=c.boundary_hidden_s or c.p2p_hidden_s).makespan_s
 
 
 def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster, *,
@@ -226,7 +247,7 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
     pipelines: list[PipelineSchedule] = []
     for d in range(e.dp):
         fwd, bwd = _chunk_durations(c, e, chunks, factor[d])
-        pipelines.append(schedule_pipeline(fwd, bwd, e.micro_batches, transit_s=c.p2p_hidden_s))
+        pipelines.append(schedule_pipeline(fwd, bwd, e.micro_batches, transit_s=c.boundary_hidden_s or c.p2p_hidden_s))
     # The DP reduction of stage s waits for the slowest replica's last backward of that stage.
     if c.dp_full_s > 0 or c.dp_tail_s > 0:
         reduced = [max(pl.end_s[s] for pl in pipelines) + c.dp_exposed_s for s in range(p)]
