@@ -149,7 +149,7 @@ from mcdla.workload.memo import HashOnce, hash_once, pure_cache, slot_init
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
            "LlmStep", "RankTraffic", "ShardCollective", "StageCosts", "Zero3Traffic", "cluster_rejection",
            "elementwise_bytes_per_layer", "fsdp_exposed_s", "llm_step", "pacing_stage_parts", "rank_traffic",
-           "ring_exchange_costs", "stage_costs", "step_record", "zero3_traffic"]
+           "ring_exchange_costs", "send_boundary", "stage_costs", "step_record", "zero3_traffic"]
 
 DEFAULT_PRECISION = "bf16"
 """The number format of the GEMMs (a run choice, not hardware): the key of the device's ``peak_flops_per_s``."""
