@@ -7,6 +7,8 @@ preset's repeated figures (and their sources) in one place. Format: ``docs/hardw
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 from importlib import resources
 from pathlib import Path
@@ -311,13 +313,19 @@ def _read(path: Path) -> Any:
     return read_document(path, what="system file", error=HardwareError)
 
 
+@functools.cache
+def _preset_document(name: str) -> Any:
+    """A bundled preset's parsed file, parsed once per process (the package's files do not change while it
+    runs); callers get a deep copy."""
+    return yaml.safe_load(resources.files(_PRESET_PACKAGE).joinpath(f"{name}.yaml").read_text())
+
+
 def read_system_document(name_or_path: str | Path) -> tuple[Any, str]:
     """The parsed file of a preset name (``"mc-dla"``) or system file path, and how errors name it; one-line
     HardwareError for neither."""
     text = str(name_or_path)
     if text in preset_names():
-        ref = resources.files(_PRESET_PACKAGE).joinpath(f"{text}.yaml")
-        return yaml.safe_load(ref.read_text()), f"preset {text!r}"
+        return copy.deepcopy(_preset_document(text)), f"preset {text!r}"
     path = Path(text)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         return _read(path), f"system file {brief(text, 200)}"
