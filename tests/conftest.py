@@ -54,3 +54,13 @@ def figures_cluster(*, gpus_per_node: int = 8, nodes: int = 1, peak_flops_per_s:
 def llm_cluster() -> Callable[..., Cluster]:
     """:func:`figures_cluster`, the factory of a cluster from plain figures."""
     return figures_cluster
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``examples(quick, long)`` takes ``examples``, its property's hypothesis example count:
+    ``quick`` in the default suite, ``long`` in the slow suite (``make test-slow``)."""
+    marker = metafunc.definition.get_closest_marker("examples")
+    if marker is not None:
+        quick, long = marker.args
+        metafunc.parametrize("examples", [pytest.param(quick, id="quick"),
+                                          pytest.param(long, id="long", marks=pytest.mark.slow)])

@@ -122,21 +122,21 @@ def _clean(load, suffix: str, content: bytes) -> None:
             assert "\n" not in message and len(message) <= MAX_MESSAGE, message[:1000]
 
 
-_FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The file loaders' fuzz: 50 examples each in the default suite, 200 in the slow suite.
+_FUZZ = [pytest.param(settings(max_examples=n, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
+                      id=name, marks=marks) for n, name, marks in ((50, "quick", ()), (200, "long", pytest.mark.slow))]
 
 
-@_FUZZ
-@given(_file_bytes(_WORKLOAD))
-def test_fuzzed_workload_files_load_or_fail_cleanly(case) -> None:
+@pytest.mark.parametrize("profile", _FUZZ)
+def test_fuzzed_workload_files_load_or_fail_cleanly(profile) -> None:
     """A mutated workload file loads or raises one bounded-length WorkloadError line."""
-    _clean(load_workload_file, *case)
+    profile(given(_file_bytes(_WORKLOAD))(lambda case: _clean(load_workload_file, *case)))()
 
 
-@_FUZZ
-@given(_file_bytes(_SYSTEM))
-def test_fuzzed_system_files_load_or_fail_cleanly(case) -> None:
+@pytest.mark.parametrize("profile", _FUZZ)
+def test_fuzzed_system_files_load_or_fail_cleanly(profile) -> None:
     """A mutated system file loads or raises one bounded-length HardwareError line."""
-    _clean(load_system, *case)
+    profile(given(_file_bytes(_SYSTEM))(lambda case: _clean(load_system, *case)))()
 
 
 def test_huge_pool_memory_name_is_cut_in_the_message(tmp_path: Path) -> None:
@@ -154,17 +154,20 @@ def test_huge_pool_memory_name_is_cut_in_the_message(tmp_path: Path) -> None:
     assert len(message) <= MAX_MESSAGE, len(message)
 
 
-@_FUZZ
-@given(_file_bytes(_PLAN))
-def test_fuzzed_plan_files_load_or_fail_cleanly(case) -> None:
+@pytest.mark.parametrize("profile", _FUZZ)
+def test_fuzzed_plan_files_load_or_fail_cleanly(profile) -> None:
     """A mutated plan file (always read as JSON) loads or raises one bounded-length PlanError line."""
-    _clean(Plan.load, ".json", case[1])
+    profile(given(_file_bytes(_PLAN))(lambda case: _clean(Plan.load, ".json", case[1])))()
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_file_bytes(_WORKLOAD), _file_bytes(_SYSTEM))
-def test_fuzzed_files_through_the_cli(workload, system) -> None:
+@pytest.mark.examples(10, 30)
+def test_fuzzed_files_through_the_cli(examples) -> None:
     """``mcdla simulate --json`` on mutated files: exit 0 with strict JSON, 1 (infeasible) or 2, one stderr line."""
+    settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])(
+        given(_file_bytes(_WORKLOAD), _file_bytes(_SYSTEM))(_simulate_cleanly))()
+
+
+def _simulate_cleanly(workload, system) -> None:
     import contextlib
     import io
 
@@ -238,7 +241,7 @@ def test_hostile_files_fail_fast_with_one_line(tmp_path, kind, what) -> None:
 # -- the LLM surfaces: execution records, generated systems, llm-predict, search, export-chakra, Chakra import ----
 # Each case must end in a clean error (one bounded line, exit 2), an infeasible answer (exit 1) or a finite
 # success (strict JSON), within a time and a memory bound. The quick profile runs in the default suite (about
-# 10 s in all); the long one, with ten times the examples (about 3 min), in the slow suite.
+# 5 s in all); the long one, with 25 times the examples (about 3 min), in the slow suite.
 
 _EXECUTION = {"gpus": 16, "tp": 8, "pp": 2, "dp": 1, "micro_batch": 1, "global_batch": 16, "recompute": "selective",
               "fp8_scaling": "mxfp8", "ep_dispatcher": "hybridep", "reduce_bucket_numel": 50000000,
@@ -264,7 +267,7 @@ _CASE_RSS_BYTES = 3 * 2**30
 #: offload path's closed form, tests/hardware/test_traffic.py).
 _MAX_FUZZ_NODE_GPUS = 16_384
 
-_QUICK = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
+_QUICK = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 _LONG = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 _PROFILES = [pytest.param(_QUICK, id="quick"), pytest.param(_LONG, id="long", marks=pytest.mark.slow)]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import shlex
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 import mcdla
 from mcdla.hardware.cluster import load_cluster
-from mcdla.plan.llm_search import search
+from mcdla.plan.llm_search import enumerate_executions, search
 from mcdla.report.export_config import megatron_file
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
@@ -27,8 +28,7 @@ def test_json_and_csv_match_the_python_search(run_cli, tmp_path):
     assert code == 0, stderr
     data = json.loads(stdout)
     assert data["meta"]["mcdla_version"] == mcdla.__version__
-    expected = search(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8, global_batch=16,
-                      max_virtual_stages=2)
+    expected = _full_small_search()
     assert data["valid"] == len(expected.enumeration.executions) and data["rejected"] == expected.enumeration.rejected
     assert data["candidates"] == data["valid"] + sum(data["rejected"].values())
     assert data["best"]["index"] == expected.best.index
@@ -100,6 +100,12 @@ def _small_search(**kwargs):
                   max_virtual_stages=2, **kwargs)
 
 
+@functools.cache
+def _full_small_search():
+    """The library's search of ``SMALL`` with every row kept, run once for the tests that read it."""
+    return _small_search()
+
+
 def test_workers_past_the_cpu_count_start_no_more_processes_than_cpus(run_cli, monkeypatch):
     """--workers 2147483647 starts at most os.cpu_count() processes (never one per chunk, never an
     OverflowError) and gives the in-process answer."""
@@ -126,7 +132,7 @@ def test_workers_past_the_cpu_count_start_no_more_processes_than_cpus(run_cli, m
 def test_max_configurations_refuses_past_the_candidate_count(run_cli):
     """The candidates counted in closed form equal the enumeration's; one fewer allowed is one line naming
     --max-configurations and the count, before any candidate is evaluated; exactly that many runs."""
-    from mcdla.plan.llm_search import count_candidates, enumerate_executions
+    from mcdla.plan.llm_search import count_candidates
 
     cluster = load_cluster("dgx-a100").for_gpus(8)
     spec = preset("megatron-1.7b")
@@ -165,7 +171,7 @@ def test_top_is_bounded(run_cli):
 def test_streamed_top_k_equals_the_full_ranking():
     """A search that keeps only the top k rows (a bounded heap) ranks them as sorting every row does, counts
     the same fitting rows and the same least device memory, and streams every row to on_row in order."""
-    full = _small_search()
+    full = _full_small_search()
     seen = []
     streamed = _small_search(top=7, keep_rows=False, on_row=seen.append)
     assert streamed.rows == () and streamed.ranked == full.ranked[:7] and streamed.fitting == len(full.ranked)
@@ -351,10 +357,11 @@ def test_tiers_and_cpu_optimizer_options_reach_the_search(run_cli):
     code, stdout, stderr = run_cli("search", *small, "--tiers", "host,nvme", "--cpu-optimizer")
     assert code == 0, stderr
     data = json.loads(stdout)
-    expected = search(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8, global_batch=8,
-                      max_virtual_stages=1, tiers=("host", "nvme"), cpu_optimizer=(False, True))
-    assert data["valid"] == len(expected.enumeration.executions)
-    assert any(e.offload_tier == "nvme" and e.cpu_optimizer for e in expected.enumeration.executions)
+    expected = enumerate_executions(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8,
+                                    global_batch=8, max_virtual_stages=1, tiers=("host", "nvme"),
+                                    cpu_optimizer=(False, True))
+    assert data["valid"] == len(expected.executions)
+    assert any(e.offload_tier == "nvme" and e.cpu_optimizer for e in expected.executions)
     code, _, stderr = run_cli("search", *small, "--tiers", "disk")
     assert code == 2 and stderr.count("\n") == 1 and "--tiers: got 'disk'" in stderr
 
@@ -368,10 +375,11 @@ def test_layer_count_options_reach_the_search(run_cli):
                                    "all,4")
     assert code == 0, stderr
     data = json.loads(stdout)
-    expected = search(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8, global_batch=8,
-                      max_virtual_stages=1, recompute_layers=(None, 2), offload_layers=(None, 4))
-    assert data["valid"] == len(expected.enumeration.executions)
-    assert any(e.recompute_num_layers == 2 for e in expected.enumeration.executions)
+    expected = enumerate_executions(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8,
+                                    global_batch=8, max_virtual_stages=1, recompute_layers=(None, 2),
+                                    offload_layers=(None, 4))
+    assert data["valid"] == len(expected.executions)
+    assert any(e.recompute_num_layers == 2 for e in expected.executions)
     code, stdout, stderr = run_cli("search", *small, "--recompute", "full", "--recompute-layers", "2", "--top", "1",
                                    "--no-offload")
     assert code == 0 and "full block 2" in stdout, stderr

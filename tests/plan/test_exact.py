@@ -42,11 +42,11 @@ def _equals_brute(solver, note, workload, link, fraction) -> None:
 
 
 @EXACT
-@settings(max_examples=40, deadline=None)
-@given(workloads(max_layers=5), links(), fractions)
-def test_milp_equals_brute_force(solver, note, workload, link, fraction) -> None:
+@pytest.mark.examples(12, 40)
+def test_milp_equals_brute_force(solver, note, examples) -> None:
     """On chains of up to 5 layers the exact planner's engine makespan equals the best canonical plan's."""
-    _equals_brute(solver, note, workload, link, fraction)
+    settings(max_examples=examples, deadline=None)(given(workloads(max_layers=5), links(), fractions)(
+        lambda workload, link, fraction: _equals_brute(solver, note, workload, link, fraction)))()
 
 
 @EXACT

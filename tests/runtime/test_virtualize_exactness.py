@@ -31,8 +31,16 @@ def _spec(tier: str, tmp_path) -> str:
     }[tier]
 
 
-@pytest.mark.parametrize("tier", TIERS)
-@pytest.mark.parametrize("kind", list(MODELS))
+def _model_tier_cases():
+    """Every model x every tier; in the default suite every model on the spill pool (host, compress(file) and
+    file, all three reached) and the CNN on each tier, the other pairs in the slow suite."""
+    for kind in MODELS:
+        for tier in TIERS:
+            slow = tier != "spill" and kind != "cnn"
+            yield pytest.param(kind, tier, id=f"{kind}-{tier}", marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize(("kind", "tier"), list(_model_tier_cases()))
 def test_every_tier_is_bit_exact(kind, tier, tmp_path):
     """Each model x each tier: identical loss and gradients over three Adam steps, everything offloaded."""
     ref_model, model = twin(kind)
@@ -56,18 +64,21 @@ def test_budget_is_bit_exact(kind, tmp_path):
     assert_identical(ref, got)
 
 
-@settings(max_examples=12, deadline=None)
-@given(
-    batch=st.integers(min_value=1, max_value=33),
-    width=st.sampled_from([8, 24, 64, 130]),
-    depth=st.integers(min_value=1, max_value=4),
-    tier=st.sampled_from(TIERS),
-    budget=st.one_of(st.none(), st.integers(min_value=0, max_value=200_000)),
-    min_bytes=st.sampled_from([0, 100, 4096]),
-    window=st.integers(min_value=1, max_value=4),
-)
-def test_mlp_exact_over_sizes(tmp_path_factory, batch, width, depth, tier, budget, min_bytes, window):
+@pytest.mark.examples(4, 12)
+def test_mlp_exact_over_sizes(tmp_path_factory, examples):
     """Property: for any size, tier, budget, threshold and window the MLP's step is bit-identical."""
+    settings(max_examples=examples, deadline=None)(given(
+        batch=st.integers(min_value=1, max_value=33),
+        width=st.sampled_from([8, 24, 64, 130]),
+        depth=st.integers(min_value=1, max_value=4),
+        tier=st.sampled_from(TIERS),
+        budget=st.one_of(st.none(), st.integers(min_value=0, max_value=200_000)),
+        min_bytes=st.sampled_from([0, 100, 4096]),
+        window=st.integers(min_value=1, max_value=4),
+    )(lambda **case: _check_mlp_size(tmp_path_factory, **case)))()
+
+
+def _check_mlp_size(tmp_path_factory, batch, width, depth, tier, budget, min_bytes, window):
     torch.manual_seed(0)
     ref_model = MLP(width=width, depth=depth)
     model = MLP(width=width, depth=depth)
@@ -82,15 +93,18 @@ def test_mlp_exact_over_sizes(tmp_path_factory, batch, width, depth, tier, budge
     assert vm.live_steps == 0 and not list(tmp.rglob("*.blk"))
 
 
-@settings(max_examples=15, deadline=None)
-@given(
-    kind=st.sampled_from(list(MODELS)),
-    batch=st.integers(min_value=1, max_value=12),
-    tier=st.sampled_from(TIERS),
-    budget=st.one_of(st.none(), st.integers(min_value=0, max_value=100_000)),
-)
-def test_every_model_exact_over_batch_sizes(tmp_path_factory, kind, batch, tier, budget):
+@pytest.mark.examples(4, 15)
+def test_every_model_exact_over_batch_sizes(tmp_path_factory, examples):
     """Property: every model, any batch size, tier and budget: two Adam steps bit-identical."""
+    settings(max_examples=examples, deadline=None)(given(
+        kind=st.sampled_from(list(MODELS)),
+        batch=st.integers(min_value=1, max_value=12),
+        tier=st.sampled_from(TIERS),
+        budget=st.one_of(st.none(), st.integers(min_value=0, max_value=100_000)),
+    )(lambda **case: _check_model_batch(tmp_path_factory, **case)))()
+
+
+def _check_model_batch(tmp_path_factory, kind, batch, tier, budget):
     ref_model, model = twin(kind)
     batches = [make_batch(kind, batch, seed=s) for s in range(2)]
     ref = train_steps(ref_model, batches)

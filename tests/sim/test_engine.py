@@ -64,31 +64,35 @@ def _preset(name: str) -> System:
     return ring_system(3, pool_bytes_per_s=5e9) if name == "ring" else load_system(name)
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_runs())
-def test_conservation_and_memory_bounds(run) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.examples(60, 250)
+def test_conservation_and_memory_bounds(examples) -> None:  # type: ignore[no-untyped-def]
     """Bytes offloaded equal bytes prefetched; no memory ever exceeds its capacity or goes negative."""
-    w, plan, name, parallel, capacity = run
-    r = simulate(_preset(name).with_hbm(capacity), w, plan, parallel=parallel, record_timeline=True)
-    if r.feasible:
-        assert r.offloaded_bytes == pytest.approx(r.prefetched_bytes, rel=1e-12)
-        n_dev = len(r.devices)
-        offloaded = sum(l.saved_bytes for l in w.layers if plan.action(l.name) is Action.OFFLOAD)
-        if parallel == "data":
-            assert r.offloaded_bytes == pytest.approx(n_dev * offloaded, rel=1e-12)
-        else:  # each device holds between a 1/n_dev slice and all of a layer's saved bytes
-            assert offloaded * (1 - 1e-12) <= r.offloaded_bytes <= n_dev * offloaded * (1 + 1e-12)
-        assert r.iteration_time_s == pytest.approx(
-            r.compute_s + r.recompute_s + r.exposed_virtualization_s + r.exposed_communication_s, rel=1e-9)
-    for node, cap in r.capacity_bytes_by_node.items():
-        assert r.peak_bytes_by_node[node] <= cap * (1 + 1e-9)
-        points = r.memory_timeline[node]
-        assert all(0.0 <= value <= cap * (1 + 1e-9) for _t, value in points)
-        assert all(t1 <= t2 for (t1, _), (t2, _) in zip(points, points[1:]))
-    if r.feasible:  # everything allocated is freed again: only static bytes remain
-        for device in r.devices:
-            assert r.memory_timeline[device][-1][1] == pytest.approx(  # float rounding of the running sum
-                r.memory_timeline[device][0][1], rel=1e-9, abs=1e-12 * r.peak_bytes_by_node[device])
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_runs())
+    def check(run) -> None:  # type: ignore[no-untyped-def]
+        w, plan, name, parallel, capacity = run
+        r = simulate(_preset(name).with_hbm(capacity), w, plan, parallel=parallel, record_timeline=True)
+        if r.feasible:
+            assert r.offloaded_bytes == pytest.approx(r.prefetched_bytes, rel=1e-12)
+            n_dev = len(r.devices)
+            offloaded = sum(l.saved_bytes for l in w.layers if plan.action(l.name) is Action.OFFLOAD)
+            if parallel == "data":
+                assert r.offloaded_bytes == pytest.approx(n_dev * offloaded, rel=1e-12)
+            else:  # each device holds between a 1/n_dev slice and all of a layer's saved bytes
+                assert offloaded * (1 - 1e-12) <= r.offloaded_bytes <= n_dev * offloaded * (1 + 1e-12)
+            assert r.iteration_time_s == pytest.approx(
+                r.compute_s + r.recompute_s + r.exposed_virtualization_s + r.exposed_communication_s, rel=1e-9)
+        for node, cap in r.capacity_bytes_by_node.items():
+            assert r.peak_bytes_by_node[node] <= cap * (1 + 1e-9)
+            points = r.memory_timeline[node]
+            assert all(0.0 <= value <= cap * (1 + 1e-9) for _t, value in points)
+            assert all(t1 <= t2 for (t1, _), (t2, _) in zip(points, points[1:]))
+        if r.feasible:  # everything allocated is freed again: only static bytes remain
+            for device in r.devices:
+                assert r.memory_timeline[device][-1][1] == pytest.approx(  # float rounding of the running sum
+                    r.memory_timeline[device][0][1], rel=1e-9, abs=1e-12 * r.peak_bytes_by_node[device])
+
+    check()
 
 
 def test_deadlock_reports_needed_bytes() -> None:

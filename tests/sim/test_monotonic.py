@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import math
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -40,21 +41,25 @@ def _faster_link(link: PoolLink, what: str, factor: float) -> PoolLink:
     return dataclasses.replace(link, offload_bytes_per_s=off, prefetch_bytes_per_s=pre)
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_single_cases())
-@example((*late_prefetch_case(), PoolLink.symmetric(8e9), 2.0, "offload"))  # NOTE [safe prefetch] in mcdla.sim
-def test_single_device_is_monotone(case) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.examples(200, 1000)
+def test_single_device_is_monotone(examples) -> None:  # type: ignore[no-untyped-def]
     """One device: a faster pool link (either direction) or faster compute never slows the iteration."""
-    w, plan, link, factor, what = case
-    dev = default_device()
-    slow = evaluate_plan(w, plan, link, device=dev)
-    if what == "compute":
-        fast_dev = dataclasses.replace(dev, peak_flops_per_s={k: v * factor for k, v in dev.peak_flops_per_s.items()},
-                                       hbm_bytes_per_s=dev.hbm_bytes_per_s * factor)
-        fast = evaluate_plan(w, plan, link, device=fast_dev)
-    else:
-        fast = evaluate_plan(w, plan, _faster_link(link, what, factor), device=dev)
-    _no_slower(slow, fast)
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_single_cases())
+    @example((*late_prefetch_case(), PoolLink.symmetric(8e9), 2.0, "offload"))  # NOTE [safe prefetch] in mcdla.sim
+    def check(case) -> None:  # type: ignore[no-untyped-def]
+        w, plan, link, factor, what = case
+        dev = default_device()
+        slow = evaluate_plan(w, plan, link, device=dev)
+        if what == "compute":
+            fast_dev = dataclasses.replace(dev, hbm_bytes_per_s=dev.hbm_bytes_per_s * factor,
+                                           peak_flops_per_s={k: v * factor for k, v in dev.peak_flops_per_s.items()})
+            fast = evaluate_plan(w, plan, link, device=fast_dev)
+        else:
+            fast = evaluate_plan(w, plan, _faster_link(link, what, factor), device=dev)
+        _no_slower(slow, fast)
+
+    check()
 
 
 @functools.cache
@@ -88,26 +93,30 @@ def _system_cases(draw: st.DrawFn):  # type: ignore[no-untyped-def]
     return w, draw(plans(w)), name, change, draw(FASTER), draw(st.sampled_from(["data", "model"])), capacity
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_system_cases())
-def test_systems_are_monotone(case) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.examples(60, 250)
+def test_systems_are_monotone(examples) -> None:  # type: ignore[no-untyped-def]
     """Eight-device systems: faster compute, a faster network (every link and memory), or a faster kind of
     link where that cannot re-divide a shared link (``_PER_KIND``) never slows the iteration."""
-    w, plan, name, change, factor, parallel, capacity = case
-    base = _base(name).with_hbm(capacity)
-    if change == "compute":
-        fast_system = base.with_compute_scale(factor)
-    elif change == "network":
-        fast_system = _faster_network(base, factor)
-    else:
-        kind = LinkKind(change)
-        bandwidth = max(l.bytes_per_s for l in base.links if l.kind is kind)
-        if math.isinf(bandwidth):
-            return
-        fast_system = base.with_link_bandwidth(kind, bandwidth * factor)
-        if any(l.kind is kind and l.bytes_per_s != bandwidth for l in base.links):
-            base = base.with_link_bandwidth(kind, bandwidth)  # a kind with mixed speeds: compare at equal speeds
-    _no_slower(simulate(base, w, plan, parallel=parallel), simulate(fast_system, w, plan, parallel=parallel))
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_system_cases())
+    def check(case) -> None:  # type: ignore[no-untyped-def]
+        w, plan, name, change, factor, parallel, capacity = case
+        base = _base(name).with_hbm(capacity)
+        if change == "compute":
+            fast_system = base.with_compute_scale(factor)
+        elif change == "network":
+            fast_system = _faster_network(base, factor)
+        else:
+            kind = LinkKind(change)
+            bandwidth = max(l.bytes_per_s for l in base.links if l.kind is kind)
+            if math.isinf(bandwidth):
+                return
+            fast_system = base.with_link_bandwidth(kind, bandwidth * factor)
+            if any(l.kind is kind and l.bytes_per_s != bandwidth for l in base.links):
+                base = base.with_link_bandwidth(kind, bandwidth)  # a kind with mixed speeds: compare at equal speeds
+        _no_slower(simulate(base, w, plan, parallel=parallel), simulate(fast_system, w, plan, parallel=parallel))
+
+    check()
 
 
 def test_one_faster_link_can_slow_a_shared_one() -> None:

@@ -64,12 +64,16 @@ def _cases(draw: st.DrawFn):  # type: ignore[no-untyped-def]
     return w, draw(plans(w, budget_bytes=budget)), draw(links_st)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(_cases())
-def test_table_check_equals_the_walk(checked, case) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.examples(100, 400)
+def test_table_check_equals_the_walk(checked, examples) -> None:  # type: ignore[no-untyped-def]
     """On random chains, plans (offload, recompute, far prefetch triggers), links and budgets."""
-    w, plan, link = case
-    evaluate_plan(w, plan, link)
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_cases())
+    def check(case) -> None:  # type: ignore[no-untyped-def]
+        w, plan, link = case
+        evaluate_plan(w, plan, link)
+
+    check()
 
 
 def test_the_checks_said_both_answers(checked) -> None:  # type: ignore[no-untyped-def]

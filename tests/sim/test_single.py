@@ -121,12 +121,16 @@ def _cases(draw: st.DrawFn):  # type: ignore[no-untyped-def]
     return w, draw(plans(w, budget_bytes=budget)), draw(links_st)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_cases())
-def test_fast_path_equals_general_engine(case) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.examples(100, 400)
+def test_fast_path_equals_general_engine(examples) -> None:  # type: ignore[no-untyped-def]
     """evaluate_plan gives exactly the result of simulate on the equivalent one-device System."""
-    w, plan, link = case
-    dev = default_device()
-    fast = evaluate_plan(w, plan, link, device=dev)
-    general = simulate(one_device_system(dev, link, plan.budget_bytes), w, plan)
-    assert dataclasses.replace(fast, stats={}) == dataclasses.replace(general, stats={})
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_cases())
+    def check(case) -> None:  # type: ignore[no-untyped-def]
+        w, plan, link = case
+        dev = default_device()
+        fast = evaluate_plan(w, plan, link, device=dev)
+        general = simulate(one_device_system(dev, link, plan.budget_bytes), w, plan)
+        assert dataclasses.replace(fast, stats={}) == dataclasses.replace(general, stats={})
+
+    check()

@@ -7,6 +7,8 @@ preset's repeated figures (and their sources) in one place. Format: ``docs/hardw
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 from importlib import resources
 from pathlib import Path
@@ -18,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief, field_path
 from mcdla.hardware.model import Device, Link, LinkKind, Memory, MemoryKind, Switch, System
-from mcdla.hardware.topology import Topology
+from mcdla.hardware.topology import topology_of
 from mcdla.units import parse_bytes, parse_bytes_per_s, parse_count, parse_flops_per_s, parse_seconds
 
 __all__ = ["BANDWIDTH_BOUNDS_BYTES_PER_S", "CAPACITY_BOUNDS_BYTES", "LATENCY_BOUNDS_S", "PEAK_BOUNDS_FLOPS_PER_S",
@@ -249,7 +251,7 @@ def explicit_system(data: Any, where: str = "system") -> System:
         pools={k: tuple(v) for k, v in spec.pools.items()},
         rings=tuple(tuple(r) for r in spec.rings),
     )
-    Topology(system)  # validates connectivity and pool routes
+    topology_of(system)  # validates connectivity and pool routes
     return system
 
 
@@ -311,13 +313,19 @@ def _read(path: Path) -> Any:
     return read_document(path, what="system file", error=HardwareError)
 
 
+@functools.cache
+def _preset_document(name: str) -> Any:
+    """A bundled preset's parsed file, parsed once per process (the package's files do not change while it
+    runs); callers get a deep copy."""
+    return yaml.safe_load(resources.files(_PRESET_PACKAGE).joinpath(f"{name}.yaml").read_text())
+
+
 def read_system_document(name_or_path: str | Path) -> tuple[Any, str]:
     """The parsed file of a preset name (``"mc-dla"``) or system file path, and how errors name it; one-line
     HardwareError for neither."""
     text = str(name_or_path)
     if text in preset_names():
-        ref = resources.files(_PRESET_PACKAGE).joinpath(f"{text}.yaml")
-        return yaml.safe_load(ref.read_text()), f"preset {text!r}"
+        return copy.deepcopy(_preset_document(text)), f"preset {text!r}"
     path = Path(text)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         return _read(path), f"system file {brief(text, 200)}"
