@@ -1,5 +1,6 @@
 """Fixtures shared by the layers' tests: a generated cluster built from plain figures (the LLM model's tests)."""
 
+import gc
 import math
 from collections.abc import Callable
 
@@ -64,3 +65,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         quick, long = marker.args
         metafunc.parametrize("examples", [pytest.param(quick, id="quick"),
                                           pytest.param(long, id="long", marks=pytest.mark.slow)])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move every object alive after collection (torch, PyTorch's op and module databases, the parametrize
+    values) to the collector's permanent generation: they live for the whole run, and without this every
+    ``gc.collect()`` the runtime tests call (and every automatic full collection) walks them again."""
+    gc.collect()
+    gc.freeze()

@@ -18,7 +18,8 @@ from mcdla.report.export_config import megatron_file
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
 
-SMALL = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", "8", "--global-batch", "16",
+GPUS = 4  # SMALL's GPU count: 2,592 valid configurations, a search of 0.6 s
+SMALL = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", str(GPUS), "--global-batch", "16",
          "--max-virtual-stages", "2", "--quiet")
 
 
@@ -96,7 +97,7 @@ def test_ray_missing_says_how_to_install(run_cli, monkeypatch):
 
 
 def _small_search(**kwargs):
-    return search(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8, global_batch=16,
+    return search(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(GPUS), gpus=GPUS, global_batch=16,
                   max_virtual_stages=2, **kwargs)
 
 
@@ -106,6 +107,7 @@ def _full_small_search():
     return _small_search()
 
 
+@pytest.mark.slow  # ~3.5 s; test_table_and_process_pool runs the process pool by default
 def test_workers_past_the_cpu_count_start_no_more_processes_than_cpus(run_cli, monkeypatch):
     """--workers 2147483647 starts at most os.cpu_count() processes (never one per chunk, never an
     OverflowError) and gives the in-process answer."""
@@ -134,10 +136,10 @@ def test_max_configurations_refuses_past_the_candidate_count(run_cli):
     --max-configurations and the count, before any candidate is evaluated; exactly that many runs."""
     from mcdla.plan.llm_search import count_candidates
 
-    cluster = load_cluster("dgx-a100").for_gpus(8)
+    cluster = load_cluster("dgx-a100").for_gpus(GPUS)
     spec = preset("megatron-1.7b")
-    n = enumerate_executions(spec, cluster, gpus=8, global_batch=16, max_virtual_stages=2).candidates
-    assert count_candidates(spec, cluster, gpus=8, global_batch=16, max_virtual_stages=2) == n
+    n = enumerate_executions(spec, cluster, gpus=GPUS, global_batch=16, max_virtual_stages=2).candidates
+    assert count_candidates(spec, cluster, gpus=GPUS, global_batch=16, max_virtual_stages=2) == n
     code, stdout, stderr = run_cli("search", *SMALL, "--max-configurations", str(n - 1))
     assert code == 2 and not stdout and stderr.count("\n") == 1
     assert "--max-configurations: got" in stderr and f"has {n} candidate configurations" in stderr
@@ -313,11 +315,11 @@ def test_global_batches_rank_by_tokens_per_gpu_with_train_time(run_cli):
     spec = preset("megatron-1.7b")
     rates = {}
     for batch in (8, 16):
-        expected = search(spec, load_cluster("dgx-a100").for_gpus(8), gpus=8, global_batch=batch,
+        expected = search(spec, load_cluster("dgx-a100").for_gpus(GPUS), gpus=GPUS, global_batch=batch,
                           max_virtual_stages=2, tp=[2], zero=[0])
         per = next(p for p in data["per_batch"] if p["global_batch"] == batch)
         assert per["best"]["index"] == expected.best.index and per["fitting"] == expected.fitting
-        rates[batch] = batch * spec.seq_len / expected.best.step.iteration_s / 8
+        rates[batch] = batch * spec.seq_len / expected.best.step.iteration_s / GPUS
         assert per["best"]["tokens_per_s_per_gpu"] == pytest.approx(rates[batch], rel=1e-12)
         assert per["best"]["mfu"] == expected.best.step.mfu
     assert data["best"]["global_batch"] == max(rates, key=rates.get)
@@ -326,7 +328,7 @@ def test_global_batches_rank_by_tokens_per_gpu_with_train_time(run_cli):
     got = [r["tokens_per_s_per_gpu"] for r in data["top"]]
     assert got == sorted(got, reverse=True)
     for r in data["top"]:
-        assert r["time_to_train_s"] == pytest.approx(1e12 / (r["tokens_per_s_per_gpu"] * 8), rel=1e-12)
+        assert r["time_to_train_s"] == pytest.approx(1e12 / (r["tokens_per_s_per_gpu"] * GPUS), rel=1e-12)
     code, stdout, _ = run_cli("search", *SMALL, "--workers", "1", "--global-batch", "8,16", "--train-tokens", "1T",
                               "--tp", "2", "--zero", "0")
     assert code == 0 and "best at global batch 8" in stdout and "best at global batch 16" in stdout
@@ -352,12 +354,12 @@ def test_search_exports_its_best_row(run_cli, tmp_path):
 def test_tiers_and_cpu_optimizer_options_reach_the_search(run_cli):
     """--tiers host,nvme --cpu-optimizer searches the same space as the library with those dimensions; a bad
     tier is one line naming --tiers."""
-    small = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", "8", "--global-batch", "8",
+    small = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", str(GPUS), "--global-batch", "8",
              "--max-virtual-stages", "1", "--quiet", "--workers", "1", "--json")
     code, stdout, stderr = run_cli("search", *small, "--tiers", "host,nvme", "--cpu-optimizer")
     assert code == 0, stderr
     data = json.loads(stdout)
-    expected = enumerate_executions(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8,
+    expected = enumerate_executions(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(GPUS), gpus=GPUS,
                                     global_batch=8, max_virtual_stages=1, tiers=("host", "nvme"),
                                     cpu_optimizer=(False, True))
     assert data["valid"] == len(expected.executions)
@@ -369,13 +371,13 @@ def test_tiers_and_cpu_optimizer_options_reach_the_search(run_cli):
 def test_layer_count_options_reach_the_search(run_cli):
     """--recompute-layers and --offload-layers search the same space as the library with those counts (all =
     every layer), and the table names a count."""
-    small = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", "8", "--global-batch", "8",
+    small = ("--model", "megatron-1.7b", "--system", "dgx-a100", "--gpus", str(GPUS), "--global-batch", "8",
              "--max-virtual-stages", "1", "--quiet", "--workers", "1")
     code, stdout, stderr = run_cli("search", *small, "--json", "--recompute-layers", "all,2", "--offload-layers",
                                    "all,4")
     assert code == 0, stderr
     data = json.loads(stdout)
-    expected = enumerate_executions(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(8), gpus=8,
+    expected = enumerate_executions(preset("megatron-1.7b"), load_cluster("dgx-a100").for_gpus(GPUS), gpus=GPUS,
                                     global_batch=8, max_virtual_stages=1, recompute_layers=(None, 2),
                                     offload_layers=(None, 4))
     assert data["valid"] == len(expected.executions)

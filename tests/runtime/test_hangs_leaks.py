@@ -233,7 +233,7 @@ def _fake_cuda_fetch(delay_s: float, fail: bool):
 
 def test_release_after_copy_is_waited_for_by_synchronize(monkeypatch):
     """The block of a fetch is freed by a tracked tail: synchronize() returns only once every tail ran."""
-    monkeypatch.setattr(_Mover, "fetch", _fake_cuda_fetch(0.2, fail=False))
+    monkeypatch.setattr(_Mover, "fetch", _fake_cuda_fetch(0.05, fail=False))
     model, x, y = model_and_batch()
     host = HostTier(capacity_bytes=1 << 30, buffers=HostBufferPool(pinned=False))
     vm = virtualize(host, min_bytes=1024, model=model)
@@ -246,10 +246,10 @@ def test_release_after_copy_is_waited_for_by_synchronize(monkeypatch):
     assert vm.live_steps == 0 and vm.report.complete and vm.report.fetched_bytes > 0
 
 
-@pytest.mark.parametrize("delay_s", [0.0, 0.2])
+@pytest.mark.parametrize("delay_s", [0.0, 0.05])
 def test_release_after_copy_failure_fails_the_step(monkeypatch, delay_s):
     """A failing tail (the copy's event reports an error) is the step's failure, not lost; one that fails
-    after backward has used every tensor (0.2 s) still leaves an aborted report with the error."""
+    after backward has used every tensor (50 ms) still leaves an aborted report with the error."""
     monkeypatch.setattr(_Mover, "fetch", _fake_cuda_fetch(delay_s, fail=True))
     model, x, y = model_and_batch()
     host = HostTier(capacity_bytes=1 << 30, buffers=HostBufferPool(pinned=False))

@@ -381,7 +381,8 @@ time.sleep(120)
 """
 
 
-@pytest.mark.parametrize("end", ["sigkill", "sigterm", "exit"])
+@pytest.mark.parametrize("end", ["sigkill", pytest.param("sigterm", marks=pytest.mark.slow),
+                                 pytest.param("exit", marks=pytest.mark.slow)])  # ~2 s each: SIGKILL by default
 def test_blocks_of_a_process_that_died_do_not_stay(tmp_path, end):
     """SIGTERM and a plain exit remove the process's blocks; after SIGKILL the next tier sweeps them, while
     a live process's blocks are never swept."""
