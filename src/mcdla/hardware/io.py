@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from mcdla._io_safety import read_document
 from mcdla.errors import HardwareError, brief, field_path
 from mcdla.hardware.model import Device, Link, LinkKind, Memory, MemoryKind, Switch, System
-from mcdla.hardware.topology import topology_of
+from mcdla.hardware.topology import Topology
 from mcdla.units import parse_bytes, parse_bytes_per_s, parse_count, parse_flops_per_s, parse_seconds
 
 __all__ = ["BANDWIDTH_BOUNDS_BYTES_PER_S", "CAPACITY_BOUNDS_BYTES", "LATENCY_BOUNDS_S", "PEAK_BOUNDS_FLOPS_PER_S",
@@ -251,7 +251,7 @@ def explicit_system(data: Any, where: str = "system") -> System:
         pools={k: tuple(v) for k, v in spec.pools.items()},
         rings=tuple(tuple(r) for r in spec.rings),
     )
-    topology_of(system)  # validates connectivity and pool routes
+    Topology(system)  # validates connectivity and pool routes
     return system
 
 

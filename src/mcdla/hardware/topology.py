@@ -17,7 +17,7 @@ import networkx as nx
 from mcdla.errors import HardwareError
 from mcdla.hardware.model import Link, System
 
-__all__ = ["Resource", "Route", "Topology", "topology_of"]
+__all__ = ["Resource", "Route", "Topology"]
 
 Resource = tuple[str, ...]
 """A shared bandwidth resource: ``("link", a, b)`` (direction a->b) or ``("dram", memory)``."""
@@ -132,21 +132,3 @@ class Topology:
     @cached_property
     def ring_count(self) -> int:
         return len(self.system.rings)
-
-
-#: The topologies of the last few System objects routed on, by identity: validating a loaded system, compiling its
-#: fabric and running its engine route on the same object, which cannot change (a frozen System).
-_RECENT: dict[int, tuple[System, Topology]] = {}
-_RECENT_SIZE = 8
-
-
-def topology_of(system: System) -> Topology:
-    """``Topology(system)``, built once per System object among the last ``_RECENT_SIZE`` routed on."""
-    hit = _RECENT.get(id(system))
-    if hit is not None and hit[0] is system:
-        return hit[1]
-    topo = Topology(system)
-    if len(_RECENT) >= _RECENT_SIZE:
-        _RECENT.pop(next(iter(_RECENT)))
-    _RECENT[id(system)] = (system, topo)
-    return topo

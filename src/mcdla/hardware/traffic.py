@@ -128,9 +128,9 @@ def routed_offload_link(system: System, device: str | None = None) -> PoolLink:
     [symmetric closed form]; equal to the max-min drain of :func:`mcdla.sim.pool_link` when the devices that share
     a resource are symmetric, which tests check on the presets). One-line HardwareError for an unknown device or
     one without a pool."""
-    from mcdla.hardware.topology import topology_of
+    from mcdla.hardware.topology import Topology
 
-    topo = topology_of(system)
+    topo = Topology(system)
     name = device if device is not None else system.devices[0].name
     system.device(name)
     pool = system.pool_of(name)
@@ -292,9 +292,9 @@ def graph_paths(system: System, *, in_use: int | None = None) -> tuple[tuple[Tra
     :func:`routed_offload_link`), an estimate on an asymmetric file. ``in_use``: only the first ``in_use``
     devices offload (a job smaller than the node), so only their routes share the pool's resources; the rings
     stay the whole node's."""
-    from mcdla.hardware.topology import topology_of
+    from mcdla.hardware.topology import Topology
 
-    topo = topology_of(system)
+    topo = Topology(system)
     first = system.devices[0]
     capacity = {**topo.resources, **{("hbm", d.name): d.hbm_bytes_per_s for d in system.devices}}
 

@@ -34,7 +34,7 @@ from mcdla.errors import HardwareError, SimError
 from mcdla.hardware.model import Device, MemoryKind, System
 from mcdla.hardware.pool_link import PoolLink
 from mcdla.hardware.cluster import ALGORITHMS
-from mcdla.hardware.topology import Resource, Route, Topology, topology_of
+from mcdla.hardware.topology import Resource, Route, Topology
 from mcdla.sim.collective_models import Collective
 from mcdla.sim.collective_phases import Endpoint, Reducer, lower
 from mcdla.sim.ir_compile import copy_route, reducer_switch
@@ -107,7 +107,7 @@ class Fabric:
         """
         if collective_algorithm not in ALGORITHMS:
             raise SimError(f"collective_algorithm: got {collective_algorithm!r}; must be one of {', '.join(ALGORITHMS)}")
-        topo = topology_of(system)
+        topo = Topology(system)
         builder = _Builder(system.name)
         for mem in system.memories:
             builder.memory(mem.name, mem.kind.value, mem.capacity_bytes)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from mcdla.errors import SimError
 from mcdla.hardware.model import System
-from mcdla.hardware.topology import Resource, Topology, topology_of
+from mcdla.hardware.topology import Resource, Topology
 from mcdla.sim.collective_models import Collective
 from mcdla.sim.collective_phases import Reducer, lower
 from mcdla.sim.ir import CollectiveOp, Offload, Op, Prefetch, RankProgram, Send
@@ -69,7 +69,7 @@ class CompiledPrograms:
     def __init__(self, system: System, programs: dict[int, RankProgram], devices: Mapping[int, str] | None,
                  topo: Topology | None = None, mirrors: Mapping[int, Sequence[str]] | None = None) -> None:
         self.system = system
-        self.topo = topology_of(system) if topo is None else topo
+        self.topo = Topology(system) if topo is None else topo
         self.programs = programs
         names = system.device_names
         if devices is None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from mcdla.errors import SimError
 from mcdla.hardware.model import System
-from mcdla.hardware.topology import topology_of
+from mcdla.hardware.topology import Topology
 from mcdla.sim.collective_models import Collective
 from mcdla.sim.events import EventQueue
 from mcdla.sim.flows import FlowNetwork, Transfer
@@ -345,7 +345,7 @@ class CollectiveFlows:
         """``devices``: device name of each rank; default rank ``r`` on ``system.devices[r]``."""
         self.system = system
         self.devices = devices
-        self.topo = topology_of(system)
+        self.topo = Topology(system)
 
     def time(self, collective: Collective) -> float:
         """Seconds ``collective`` takes on the idle system."""
