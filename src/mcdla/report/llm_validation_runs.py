@@ -190,14 +190,15 @@ def _token_drop(drop: float, dropless: float, precision: str) -> str:
 
 def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mbs: int, tp: int, pp: int,
                 vp: int, ep: int, tokens_per_s_per_gpu: float, choices: str, *, gpus_per_node: int = 0,
-                common: str = _MOE_COMMON, **execution: object) -> MeasuredRun:
+                common: str = _MOE_COMMON, table_mbs: int = 0, **execution: object) -> MeasuredRun:
+    """One 25.11 row; ``table_mbs`` is the table's MBS where the configuration that ran sets ``mbs`` instead."""
     seconds = gbs * 4096 / (tokens_per_s_per_gpu * gpus)
     hybridep = system.startswith("gb")
     dispatcher = _HYBRIDEP if hybridep else _ALLTOALL
     return MeasuredRun(
         name=f"{model} {system}", model=model, system=system, precision=precision, measured_s=seconds,
         family="megatron-bridge-moe", gpus_per_node=gpus_per_node,
-        source=f"{_BRIDGE_SUMMARY}: {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} GPUs, GBS {gbs}, MBS {mbs}, "
+        source=f"{_BRIDGE_SUMMARY}: {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} GPUs, GBS {gbs}, MBS {table_mbs or mbs}, "
                f"TP{tp} PP{pp} VP{vp} EP{ep}",
         choices=f"{choices}; {dispatcher}; {common}",
         execution=Execution(gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), virtual_stages=vp, ep=ep, zero=1,
@@ -261,8 +262,16 @@ BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
                 moe_router_graph=True),
     _bridge_moe("gb200-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 23766,
                 f"{_MX}; {_GRAPH}; {_token_drop(23723, 23766, 'FP8-MX')}", fp8_scaling="mxfp8", moe_router_graph=True),
-    _bridge_moe("gb300-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 4, 1, 1, 1, 8, 28934, f"{_MX}; {_GRAPH}",
-                fp8_scaling="mxfp8", moe_router_graph=True),
+    _bridge_moe("gb300-nvl72", "qwen3-30b-a3b", 8, "fp8", 512, 8, 1, 1, 1, 8, 28934,
+                "MBS 8 (GA 8) as the configuration that ran, where the table says MBS 4 with GA 16: every GB300 30B "
+                "config from its first (Megatron-Bridge main bf75c658, Megatron-Bridge#971, 2025-11-06) through "
+                "r0.2.0 (7af9601c) and main at the table's commits (97ad8cc6, 5776a6d9) sets micro_batch_size=8, and "
+                "no version sets 4; the table's first GB300 section (97ad8cc6, Megatron-Bridge#1596) gave its Qwen3 "
+                "rows the GB200 rows' layout columns (its GB300 235B row MBS 1 GA 32 where the r0.2.0 config sets 4),"
+                " Megatron-Bridge#1669 replaced the other GB300 rows and left this one; 26.02 lists it at MBS 8, "
+                "30,376 tokens/s/GPU "
+                f"(+5.0 %, GB200 30B at MBS 4 +9.8 %); {_MX}; {_GRAPH}",
+                fp8_scaling="mxfp8", moe_router_graph=True, table_mbs=4),
     _bridge_moe("gb200-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 1, 1, 8, 3, 32, 4916,
                 f"{_SPLIT_RACK}; {_GRAPH} (and attention, cuda_graph_scope attn, not modelled)", gpus_per_node=64,
                 moe_router_graph=True, **_SPLIT_KW),
