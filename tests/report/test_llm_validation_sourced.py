@@ -34,16 +34,17 @@ FMS = {("llama2-7b", "fms-a100-400g"): (128, "hsdp", "none", 3700),
        ("llama2-70b", "fms-h100-800g"): (96, "fsdp", "full", 800)}
 # Megatron-Bridge 25.11 performance-summary.md (5776a6d9): (system, model) -> GPUs, GBS, MBS, TP, PP, VP, EP,
 # tokens/s/GPU, precision as run here; sequence 4096. GB300 30B at its configs' MBS 8 (the table says 4).
-MOE = {("dgx-h100", "qwen3-30b-a3b"): (16, 512, 2, 1, 2, 24, 8, 5275, "fp8"),
+MOE = {("dgx-h100", "qwen3-30b-a3b"): (16, 512, 1, 1, 2, 12, 8, 5275, "fp8"),
        ("b200", "qwen3-30b-a3b"): (8, 512, 1, 1, 1, 1, 8, 9299, "fp8"),
        ("gb200-nvl72", "qwen3-30b-a3b"): (8, 512, 4, 1, 1, 1, 8, 23766, "fp8"),
        ("gb300-nvl72", "qwen3-30b-a3b"): (8, 512, 8, 1, 1, 1, 8, 28934, "fp8"),
        ("gb200-nvl72", "qwen3-235b-a22b"): (256, 8192, 1, 1, 8, 3, 32, 4916, "bf16"),
        ("gb300-nvl72", "qwen3-235b-a22b"): (256, 8192, 2, 1, 4, 12, 16, 6131, "bf16"),
-       ("b200", "qwen3-235b-a22b"): (64, 1024, 1, 1, 8, 2, 8, 3269, "fp8"),
+       ("b200", "qwen3-235b-a22b"): (64, 1024, 1, 1, 8, 4, 8, 3269, "fp8"),
        ("gb200-nvl72", "deepseek-v3-671b"): (256, 4096, 1, 1, 4, 4, 64, 3139, "bf16"),
        ("b200", "deepseek-v3-671b"): (256, 2048, 1, 1, 16, 1, 8, 2139, "fp8")}
-MOE_TABLE_MBS = {("gb300-nvl72", "qwen3-30b-a3b"): 4}
+MOE_TABLE_MBS = {("gb300-nvl72", "qwen3-30b-a3b"): 4, ("dgx-h100", "qwen3-30b-a3b"): 2}
+MOE_TABLE_VP = {("dgx-h100", "qwen3-30b-a3b"): 24, ("b200", "qwen3-235b-a22b"): 2}
 # The Megatron-Bridge r0.2.0 DeepSeek-V3 recipe's layout_map entries for these rows' PP x VP, (4, 4) and (16, 1),
 # without the MTP layer (not modelled): the embedding and 4 layers, 14 chunks of 4, 1 layer and the loss.
 DSV3_LAYOUT = [4] + [4] * 14 + [1]
@@ -97,6 +98,7 @@ def test_moe_records_match_the_published_rows(run):
     assert preset(run.model).experts == (256 if run.model == "deepseek-v3-671b" else 128)
     assert run.precision == precision and run.choices and "Megatron-Bridge 25.11" in run.source
     assert f"GBS {gbs}, MBS {MOE_TABLE_MBS.get((run.system, run.model), mbs)}," in run.source
+    assert f" VP{MOE_TABLE_VP.get((run.system, run.model), vp)} EP{ep}" in run.source
 
 
 @pytest.mark.parametrize("run", [r for r in BRIDGE_MOE_RUNS if r.model == "deepseek-v3-671b"], ids=lambda r: r.name)
@@ -168,7 +170,8 @@ def test_fitted_host_call_time_is_the_grid_minimum():
     """The ``host_call_time`` of the four systems of the MoE family (one figure, docs/llm.md "Megatron-Bridge MoE")
     is the 10 us grid point (0-150 us) with the least RMS relative error over the family's nine rows, each run on
     its preset with the figure replaced, re-run here through llm_step. Left out one row at a time the grid gives
-    the same point for every row (the presets' source text and docs/llm.md)."""
+    a point within one step of it for every row: no single row sets the figure (the presets' source text and
+    docs/llm.md give each row's)."""
     systems = {r.system for r in BRIDGE_MOE_RUNS}
 
     def errors(call_s: float) -> list[float]:
@@ -192,7 +195,7 @@ def test_fitted_host_call_time_is_the_grid_minimum():
     for system in systems:
         assert load_cluster(system).device.host_call_s == pytest.approx(best, rel=1e-9)
     for i, run in enumerate(BRIDGE_MOE_RUNS):
-        assert min(grid, key=lambda call_s: rms(call_s, i)) == pytest.approx(best, rel=1e-9), run.name
+        assert abs(min(grid, key=lambda call_s: rms(call_s, i)) - best) <= 10e-6 * (1 + 1e-9), run.name
 
 
 @pytest.mark.parametrize("name, total, active", [("qwen3-30b-a3b", 30.5e9, 3.3e9), ("qwen3-235b-a22b", 235e9, 22e9),

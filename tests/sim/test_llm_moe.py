@@ -316,10 +316,11 @@ def test_issue_time_binds_only_past_the_expert_gemms(call_s, llm_cluster):
 
 
 def test_host_call_time_of_the_presets_and_its_bounds(llm_cluster):
-    """The four systems of the Megatron-Bridge MoE rows carry the fitted 40 us (docs/llm.md); a preset without the
-    figure charges nothing; a time past the latency bounds is a one-line error."""
-    for name in ("dgx-h100", "b200", "gb200-nvl72", "gb300-nvl72"):
-        assert load_cluster(name).device.host_call_s == pytest.approx(40e-6, rel=1e-12)
+    """The four systems of the Megatron-Bridge MoE rows carry one fitted figure (its value is the grid minimum,
+    tests/report/test_llm_validation_sourced.py, slow); a preset without the figure charges nothing; a time past
+    the latency bounds is a one-line error."""
+    figures = {load_cluster(name).device.host_call_s for name in ("dgx-h100", "b200", "gb200-nvl72", "gb300-nvl72")}
+    assert len(figures) == 1 and 0.0 < figures.pop() < 1e-3
     assert load_cluster("dgx-a100").device.host_call_s == 0.0
     with pytest.raises(HardwareError, match="host_call_time"):
         llm_cluster(host_call_s=2.0)

@@ -190,8 +190,10 @@ def _token_drop(drop: float, dropless: float, precision: str) -> str:
 
 def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mbs: int, tp: int, pp: int,
                 vp: int, ep: int, tokens_per_s_per_gpu: float, choices: str, *, gpus_per_node: int = 0,
-                common: str = _MOE_COMMON, table_mbs: int = 0, **execution: object) -> MeasuredRun:
-    """One 25.11 row; ``table_mbs`` is the table's MBS where the configuration that ran sets ``mbs`` instead."""
+                common: str = _MOE_COMMON, table_mbs: int = 0, table_vp: int = 0,
+                **execution: object) -> MeasuredRun:
+    """One 25.11 row; ``table_mbs`` and ``table_vp`` are the table's MBS and VP where the configuration that ran
+    sets ``mbs`` and ``vp`` instead (the row's layout columns copied from the 25.09 table, docs/llm.md)."""
     seconds = gbs * 4096 / (tokens_per_s_per_gpu * gpus)
     hybridep = system.startswith("gb")
     dispatcher = _HYBRIDEP if hybridep else _ALLTOALL
@@ -199,7 +201,7 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
         name=f"{model} {system}", model=model, system=system, precision=precision, measured_s=seconds,
         family="megatron-bridge-moe", gpus_per_node=gpus_per_node,
         source=f"{_BRIDGE_SUMMARY}: {tokens_per_s_per_gpu:,g} tokens/s/GPU on {gpus} GPUs, GBS {gbs}, MBS {table_mbs or mbs}, "
-               f"TP{tp} PP{pp} VP{vp} EP{ep}",
+               f"TP{tp} PP{pp} VP{table_vp or vp} EP{ep}",
         choices=f"{choices}; {dispatcher}; {common}",
         execution=Execution(gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), virtual_stages=vp, ep=ep, zero=1,
                             micro_batch=mbs, global_batch=gbs, sequence_parallel=tp > 1, dp_overlap=True,
@@ -252,11 +254,20 @@ _DSV3_MTP = ("the table's 'w/ MTP': the recipe's one multi-token-prediction laye
              "embedding-and-hidden projection and a second output layer and loss; it holds 1 of the 4 layers of "
              "the other stages")
 
+_COPIED = ("the table's MBS/VP columns equal the 25.09 table's row of this system and model while the container's "
+           "config (r0.2.0 7af9601c scripts/performance/configs/qwen3/workload_base_configs.py) and main at the "
+           "table's commits (97ad8cc6, 5776a6d9: configs/qwen/qwen3_workload_base_configs.py) set another: the "
+           "record follows the config that ran")
+
 BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
-    _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 2, 1, 2, 24, 8, 5275,
+    _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 1, 1, 2, 12, 8, 5275,
+                "MBS 1 and VP 12 as QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG (virtual_pipeline_model_parallel_size 12, "
+                "micro_batch_size the WorkloadBaseConfig default 1, utils/utils.py), not the table's MBS 2 VP 24 "
+                f"GA 32: {_COPIED}; "
                 "FP8-CS as fp8 with fp8_scaling current (amax, scale and cast kernels per expert split); the "
                 "all-to-all's overlap with compute (moe_a2a_overlap True in the H100 configs) "
-                f"not modelled; {_NO_GRAPH}; {_token_drop(10494, 5275, 'FP8-CS')}"),
+                f"not modelled; {_NO_GRAPH}; {_token_drop(10494, 5275, 'FP8-CS, at MBS 2 VP 24')}",
+                table_mbs=2, table_vp=24),
     _bridge_moe("b200", "qwen3-30b-a3b", 8, "fp8", 512, 1, 1, 1, 1, 8, 9299,
                 f"{_MX}; {_GRAPH}; {_token_drop(18066, 9299, 'FP8-CS, no FP8-MX figure')}", fp8_scaling="mxfp8",
                 moe_router_graph=True),
@@ -277,10 +288,12 @@ BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
                 moe_router_graph=True, **_SPLIT_KW),
     _bridge_moe("gb300-nvl72", "qwen3-235b-a22b", 256, "bf16", 8192, 2, 1, 4, 12, 16, 6131,
                 f"{_SPLIT_RACK}; {_GRAPH}", gpus_per_node=64, moe_router_graph=True, **_SPLIT_KW),
-    _bridge_moe("b200", "qwen3-235b-a22b", 64, "fp8", 1024, 1, 1, 8, 2, 8, 3269,
+    _bridge_moe("b200", "qwen3-235b-a22b", 64, "fp8", 1024, 1, 1, 8, 4, 8, 3269,
+                "VP 4 as QWEN3_235B_A22B_B200_FP8_CS_BASE_CONFIG (virtual_pipeline_model_parallel_size 4), not the "
+                f"table's VP 2: {_COPIED}; "
                 f"{_MX}; {_SPLIT_235B}; the all-to-all's overlap with compute (moe_a2a_overlap True in the B200 "
-                f"configs) not modelled; {_NO_GRAPH}; {_token_drop(4275, 3269, 'FP8-MX')}", fp8_scaling="mxfp8",
-                **_SPLIT_KW),
+                f"configs) not modelled; {_NO_GRAPH}; {_token_drop(4275, 3269, 'FP8-MX, at VP 2')}",
+                fp8_scaling="mxfp8", table_vp=2, **_SPLIT_KW),
     _bridge_moe("gb200-nvl72", "deepseek-v3-671b", 256, "bf16", 4096, 1, 1, 4, 4, 64, 3139,
                 "the table's 'w/o MTP' (no multi-token-prediction layer); GBS 4096 as the table (the r0.2.0 GB200 "
                 "config says 2048); the pre-MLP norm, router and preprocess in a CUDA graph as moe_router_graph "
