@@ -649,10 +649,7 @@ class StageCosts:
         (``v`` :attr:`p2p_s` with ``stage`` None or one boundary time)."""
         if stage is None or not self.boundary_p2p_s:
             return virtual_stages * self.p2p_s
-        total = 0.0
-        for ch in range(virtual_stages):
-            total += self.send_s(stage, ch, virtual_stages, forward=forward)
-        return total
+        return sum(self.send_s(stage, ch, virtual_stages, forward=forward) for ch in range(virtual_stages))
 
     def stage_sends_s(self, stage: int | None, virtual_stages: int) -> float:
         """The exposed sends of one micro-batch on ``stage``: a forward and a backward send per chunk
