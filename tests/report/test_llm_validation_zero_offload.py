@@ -28,6 +28,8 @@ V100_FP16, V100_HBM, V100_HBM_BW = 125e12, 32e9, 900e9
 SOCKET_DRAM, GPUS_PER_SOCKET, PCIE, PER_SWITCH = 6 * 21.33e9, 8, 16e9 * 0.8, 2
 # ZeRO-Offload paper (Ren et al. 2021) Table 4: CPU-Adam over 10 billion parameters in 2.57 s on its DGX-2.
 CPU_ADAM_PARAMS_PER_S = 10e9 / 2.57
+# Azure HC-series (2 x Xeon Platinum 8168) performance page: "STREAM Triad | 190 GB/s", both sockets.
+SOCKET_SUSTAINED = 190e9 / 2
 
 
 def test_family_is_registered_and_in_all():
@@ -60,26 +62,31 @@ def test_record_is_the_tutorial_script_and_its_log():
 
 
 def test_dgx2_preset_carries_the_cited_figures():
-    """The preset's V100 and host figures are the ones its sources give; a whole node's GPU shares its socket's
-    DRAM with 7 others and its PCIe switch with one, the one-GPU job has both to itself, and the host's CPU-Adam
-    rate is shared by the job's GPUs on the node."""
+    """The preset's V100 and host figures are the ones its sources give; the CPU's passes run at the socket's
+    sustained DRAM bandwidth (below its peak), a whole node's GPU sharing it with 7 others and its PCIe switch with
+    one, the one-GPU job having both to itself; the host's CPU-Adam rate is shared by the job's GPUs on the node,
+    and moves Adam's 28 bytes per parameter faster than one socket sustains (so its measurement, not the socket's
+    DRAM, prices Adam)."""
     c = load_cluster("dgx-2-v100")
     assert c.gpus_per_node == 16 and c.nodes == 1
     assert c.device.peak_flops_per_s["fp16"] == pytest.approx(V100_FP16, rel=1e-12)
     assert c.device.hbm_bytes == pytest.approx(V100_HBM, rel=1e-12)
     assert c.device.hbm_bytes_per_s == pytest.approx(V100_HBM_BW, rel=1e-12)
-    assert host_dram_bytes_per_s(c) == pytest.approx(SOCKET_DRAM / GPUS_PER_SOCKET, rel=1e-3)
-    assert host_dram_bytes_per_s(c, 1) == pytest.approx(SOCKET_DRAM, rel=1e-3)
+    assert SOCKET_SUSTAINED < SOCKET_DRAM
+    assert host_dram_bytes_per_s(c) == pytest.approx(SOCKET_SUSTAINED / GPUS_PER_SOCKET, rel=1e-12)
+    assert host_dram_bytes_per_s(c, 1) == pytest.approx(SOCKET_SUSTAINED, rel=1e-12)
+    assert host_dram_bytes_per_s(c.without_offload().for_gpus(1)) is None
     assert c.pool_link().prefetch_bytes_per_s == pytest.approx(PCIE / PER_SWITCH, rel=1e-12)
     assert c.pool_link_for_gpus(1).prefetch_bytes_per_s == pytest.approx(PCIE, rel=1e-12)
     assert cpu_adam_params_per_s(c, 1) == pytest.approx(CPU_ADAM_PARAMS_PER_S, rel=1e-3)
     assert cpu_adam_params_per_s(c) == pytest.approx(CPU_ADAM_PARAMS_PER_S / 16, rel=1e-3)
+    assert 28 * CPU_ADAM_PARAMS_PER_S > SOCKET_SUSTAINED
 
 
 def test_run_is_valid_on_its_preset_and_charges_the_closed_forms():
     """The execution runs on the preset (no rejection). Its optimizer time is the CPU step of ``llm_offload``:
-    the fp32 gradients' unscale (8 bytes per parameter) at the socket's DRAM, then Adam, the longer of 28 bytes
-    per parameter at that DRAM and the parameters at the host's CPU-Adam rate (the one GPU has both to itself);
+    the fp32 gradients' unscale (8 bytes per parameter) at the socket's sustained DRAM bandwidth, then Adam, the
+    parameters at the host's CPU-Adam rate (the one GPU has both to itself);
     its exposed transfer the GPU's passes over the gradients (34 bytes per parameter at the HBM rate), the fp32
     gradients out (4 bytes, after the backward: no overlap_comm), the 16-bit
     parameters back (2 bytes) and the layers' checkpoints (batch x seq x hidden 2-byte elements each) out in the
@@ -89,9 +96,7 @@ def test_run_is_valid_on_its_preset_and_charges_the_closed_forms():
     assert tier_rejection(run.execution, cluster) is None
     step = llm_step(spec, run.execution, cluster, precision=run.precision)
     p = spec.params()
-    adam = max(28 * p / SOCKET_DRAM, p / CPU_ADAM_PARAMS_PER_S)
-    assert adam == pytest.approx(p / CPU_ADAM_PARAMS_PER_S, rel=1e-12)  # the measured rate binds
-    assert step.optimizer_s == pytest.approx(8 * p / SOCKET_DRAM + adam, rel=1e-3)
+    assert step.optimizer_s == pytest.approx(8 * p / SOCKET_SUSTAINED + p / CPU_ADAM_PARAMS_PER_S, rel=1e-3)
     checkpoints = SCRIPT["num_layers"] * SCRIPT["batch_size"] * SCRIPT["seq_length"] * SCRIPT["hidden_size"] * 2
     # the GPU's passes before each gradient copy (DeepSpeed v0.3.0 copy_grads_in_partition: float64 norm 2 + 8 + 8,
     # overflow check 2 + 4 + 4, fp32 cast 2 + 4 bytes per parameter) at the V100's HBM rate x 0.8

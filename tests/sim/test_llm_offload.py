@@ -16,16 +16,19 @@ HBM = 1e15  # the most a file may give: the layers' elementwise kernels take ~1e
 NEAR = 1e-3  # hides of a transfer: at most ~2e-4 of the figures below, hence this tolerance where it matters
 
 
-def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12, cpu_adam=None, hbm=HBM):
+def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12, cpu_adam=None, hbm=HBM, sustained=None,
+             sockets=1):
     node = {"gpus": GPUS, "source": "test",
             "gpu": {"peak_flops_per_s": {"bf16": peak}, "hbm": 80e9, "hbm_bandwidth": hbm, "source": "test"},
             "gemm_efficiency": {"peak_fraction": 1.0, "half_width": 0.0, "source": "test"},
             "scale_up": {"bandwidth": 1e15, "source": "test"},
-            "sockets": {"count": 1, "source": "test",
+            "sockets": {"count": sockets, "source": "test",
                         "memory": {"kind": "host", "capacity": pool, "dram_bandwidth": dram, "source": "test"},
                         "gpu_link": {"kind": "pcie", "bandwidth": LINK, "source": "test"}}}
     if cpu_adam is not None:
         node["sockets"]["cpu_adam"] = {"params_per_s": cpu_adam, "source": "test"}
+    if sustained is not None:
+        node["sockets"]["sustained_dram"] = {"bandwidth": sustained, "source": "test"}
     if nvme:
         node["nvme"] = {"drives": 2, "capacity": drive, "read_bandwidth": READ, "write_bandwidth": WRITE,
                         "source": "test"}
@@ -87,19 +90,43 @@ def test_one_gpu_job_has_the_socket_and_its_link_to_itself():
 
 
 @pytest.mark.parametrize("gpus", [1, GPUS])
-def test_cpu_adam_no_faster_than_the_hosts_measured_rate_shared_by_the_jobs_gpus(gpus):
-    """With node.sockets.cpu_adam, Adam takes the longer of 28 P at the DRAM share and P at the rate over the
-    job's GPUs on the node (each GPU's process runs its own step over the host's cores); the unscale stays at the
-    DRAM share."""
-    rate = 1e9  # parameters/s: 28 B x 1e9 = 28 GB/s, below DRAM / 4
+@pytest.mark.parametrize("rate", [1e9, 1e13])  # parameters/s: 28 B x rate below and far above DRAM / 4
+def test_cpu_adam_at_the_hosts_measured_rate_shared_by_the_jobs_gpus(gpus, rate):
+    """With node.sockets.cpu_adam, Adam takes P at the rate over the job's GPUs on the node (each GPU's process
+    runs its own step over the host's cores), a measurement of the whole loop that takes the place of the 28 P
+    at the DRAM share, below or above it; the unscale stays at the DRAM share."""
     e = (Execution(gpus=1, micro_batch=1, global_batch=2, offload_optimizer=True, cpu_optimizer=True) if gpus == 1
          else _execution(cpu_optimizer=True))
     p = SMALL.params() / gpus
     dram = DRAM if gpus == 1 else DRAM / GPUS
     step = llm_step(SMALL, e, _cluster(cpu_adam=rate))
-    assert step.optimizer_s == pytest.approx(8 * p / dram + max(28 * p / dram, p / (rate / gpus)), rel=1e-12)
-    fast = llm_step(SMALL, e, _cluster(cpu_adam=1e15))  # the rate above the DRAM bound changes nothing
-    assert fast.optimizer_s == pytest.approx((8 + 28) * p / dram, rel=1e-12)
+    assert step.optimizer_s == pytest.approx(8 * p / dram + p / (rate / gpus), rel=1e-12)
+    unmeasured = llm_step(SMALL, e, _cluster())
+    assert unmeasured.optimizer_s == pytest.approx((8 + 28) * p / dram, rel=1e-12)
+
+
+@pytest.mark.parametrize("gpus", [1, GPUS])
+@pytest.mark.parametrize("sockets", [1, 2])
+def test_cpu_passes_at_the_sockets_share_of_the_measured_sustained_bandwidth_where_below_peak(gpus, sockets):
+    """node.sockets.sustained_dram, measured over all the sockets: each socket gets it over the sockets, and the
+    CPU's passes (the unscale, Adam's 28 B per parameter) run at the lesser of that and the socket's peak DRAM,
+    over the job's GPUs on the socket; a figure above the peak changes nothing."""
+    low = 0.6 * DRAM * sockets  # 60 % of each socket's peak
+    per_socket_gpus = min(gpus, GPUS // sockets)  # GPU i on socket i * sockets // GPUS: the first socket's
+    e = (Execution(gpus=1, micro_batch=1, global_batch=2, offload_optimizer=True, cpu_optimizer=True) if gpus == 1
+         else _execution(cpu_optimizer=True))
+    p = SMALL.params() / gpus
+    c = _cluster(sustained=low, sockets=sockets)
+    assert c.socket_sustained_dram_bytes_per_s == pytest.approx(0.6 * DRAM, rel=1e-12)
+    if sockets == 2:  # a job on two of every node's four GPUs keeps one socket and its share of the figure
+        half = c.with_gpus_per_node(GPUS // 2)
+        assert half.socket_sustained_dram_bytes_per_s == pytest.approx(0.6 * DRAM, rel=1e-12)
+    assert host_dram_bytes_per_s(c, gpus) == pytest.approx(0.6 * DRAM / per_socket_gpus, rel=1e-12)
+    assert llm_step(SMALL, e, c).optimizer_s == pytest.approx((8 + 28) * p / (0.6 * DRAM / per_socket_gpus),
+                                                              rel=1e-12)
+    high = _cluster(sustained=2 * DRAM * sockets, sockets=sockets)
+    assert host_dram_bytes_per_s(high, gpus) == pytest.approx(DRAM / per_socket_gpus, rel=1e-12)
+    assert host_dram_bytes_per_s(_cluster(sockets=sockets), gpus) == host_dram_bytes_per_s(high, gpus)
 
 
 def test_gradients_out_hide_behind_the_last_backward_with_dp_overlap():
@@ -210,6 +237,8 @@ def test_bad_bucket_and_cpu_adam_figures_are_refused_naming_the_field():
         _execution(cpu_optimizer=True, reduce_bucket_numel=0)
     with pytest.raises(HardwareError, match=r"cpu_adam.params_per_s"):
         _cluster(cpu_adam=0)
+    with pytest.raises(HardwareError, match=r"sustained_dram.bandwidth: got 0"):
+        _cluster(sustained=0)
 
 
 def test_synchronous_activation_offload_is_exposed_whole():

@@ -224,6 +224,15 @@ class Cluster:
         sockets = self._spec.node.sockets if self._spec is not None else None
         return None if sockets is None or sockets.cpu_adam is None else sockets.cpu_adam.params_per_s
 
+    @property
+    def socket_sustained_dram_bytes_per_s(self) -> float | None:
+        """One socket's share of the host's measured sustained DRAM bandwidth (``node.sockets.sustained_dram``,
+        measured over all the sockets' cores, over the sockets), None without the figure."""
+        sockets = self._spec.node.sockets if self._spec is not None else None
+        if sockets is None or sockets.sustained_dram is None:
+            return None
+        return sockets.sustained_dram.bandwidth / sockets.count
+
     def dim(self, name: str) -> FabricDim:
         """The dimension called ``name``; one-line HardwareError listing the names otherwise."""
         for d in self.dims:
@@ -290,6 +299,9 @@ class Cluster:
             if part == "sockets" and group.cpu_adam is not None:  # the share of the host's cores
                 share["cpu_adam"] = group.cpu_adam.model_copy(
                     update={"params_per_s": group.cpu_adam.params_per_s * gpus / node.gpus})
+            if part == "sockets" and group.sustained_dram is not None:  # the kept sockets' share
+                share["sustained_dram"] = group.sustained_dram.model_copy(
+                    update={"bandwidth": group.sustained_dram.bandwidth * gpus / node.gpus})
             update[part] = group.model_copy(update=share)
         spec = self._spec.model_copy(update={"node": node.model_copy(update=update),
                                              "name": f"{self.name} ({gpus} GPUs per node)"})

@@ -121,6 +121,15 @@ class _CpuAdamSpec(_Spec):
     source: str
 
 
+class _SustainedDramSpec(_Spec):
+    """The host DRAM bandwidth a streaming kernel sustains over all the node's sockets' cores (measured, bytes/s)."""
+
+    bandwidth: _Quantity
+    source: str
+
+    _bw = bandwidth_validator("bandwidth", allow_inf=False)
+
+
 class _SocketsSpec(_Spec):
     count: int = Field(ge=1, le=MAX_DEVICES)
     memory: dict[str, Any]
@@ -128,6 +137,7 @@ class _SocketsSpec(_Spec):
     interconnect: dict[str, Any] | None = None
     pcie_switch: _PcieSwitchSpec | None = None
     cpu_adam: _CpuAdamSpec | None = None
+    sustained_dram: _SustainedDramSpec | None = None
     source: str
 
 

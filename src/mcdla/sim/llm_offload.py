@@ -17,11 +17,15 @@ offload runs it (``deepspeed/runtime/zero/stage2.py`` at v0.3.0, ``stage_1_and_2
   cast: 24), at the GPU's HBM rate (``hbm_bytes_per_s * memory_efficiency``, as every memory-bound kernel of the
   model), on the same stream as the copies, before them.
 * The CPU step first unscales (and clips) the fp32 gradients in host memory (``unscale_and_clip_grads``: one
-  ``mul_``, ``UNSCALE_BYTES`` per parameter), then runs DeepSpeedCPUAdam, which streams ``ADAM_TRAFFIC_BYTES`` per
-  parameter (reads the gradient, reads and writes the fp32 master weight and both moments, writes the 16-bit
-  weight). Both at the host DRAM bandwidth the job's GPU gets (its socket's DRAM over the job's GPUs on that
-  socket, :meth:`~mcdla.hardware.cluster.Cluster.paths_for_gpus`), and Adam no faster than the node's measured
-  CPU-Adam rate (``node.sockets.cpu_adam``) over the job's GPUs on the node, where the preset has one.
+  ``mul_``, ``UNSCALE_BYTES`` per parameter) at the host DRAM bandwidth the job's GPU gets: its socket's DRAM
+  (the socket's share of the host's measured sustained bandwidth, ``node.sockets.sustained_dram``, where the
+  preset has one below the peak) over the job's GPUs on that socket
+  (:meth:`~mcdla.hardware.cluster.Cluster.paths_for_gpus`). Then DeepSpeedCPUAdam: the node's measured CPU-Adam
+  rate (``node.sockets.cpu_adam``) over the job's GPUs on the node where the preset has one, a measurement of the
+  whole loop with its memory traffic (``dgx-2-v100``'s moves 28 bytes per parameter at 109 GB/s, above one
+  socket's sustained 95 GB/s, so no one socket's figure bounds it), else ``ADAM_TRAFFIC_BYTES`` per parameter
+  (reads the gradient, reads and writes the fp32 master weight and both moments, writes the 16-bit weight) at
+  that DRAM share.
 * The updated 16-bit parameters come back over the link after the CPU step.
 * Memory: the copied gradients are freed on the GPU (``param.grad = None`` at v0.3.0, ``clear_grad_attribute``
   since), which keeps only the reduce bucket of ``reduce_bucket_numel`` 16-bit elements (``reduce_bucket_size``;
@@ -59,15 +63,18 @@ UNSCALE_BYTES = 2 * MASTER_GRAD_BYTES
 
 
 def host_dram_bytes_per_s(cluster: Cluster, gpus: int | None = None) -> float | None:
-    """Host DRAM bandwidth one GPU's share of its socket gets (bytes/s) in a job of ``gpus`` GPUs (a whole node by
-    default): the socket memory on the GPU's offload path (:meth:`Cluster.paths_for_gpus`) over the job's GPUs on
+    """Host DRAM bandwidth the CPU's passes for one GPU get (bytes/s) in a job of ``gpus`` GPUs (a whole node by
+    default): the socket memory on the GPU's offload path (:meth:`Cluster.paths_for_gpus`), or the socket's share
+    of the host's measured sustained bandwidth where the preset has one and it is lower, over the job's GPUs on
     that socket; None when the pool has no host memory."""
     if cluster.offload is None:
         return None
     paths = cluster.paths if gpus is None else cluster.paths_for_gpus(gpus)
+    sustained = cluster.socket_sustained_dram_bytes_per_s
     for res in next(p for p in paths if p.traffic == "offload").resources:
         if res.resource[0] == "dram" and res.resource[1].startswith("host"):
-            return res.bytes_per_s / res.sharers
+            peak = res.bytes_per_s
+            return (peak if sustained is None else min(peak, sustained)) / res.sharers
     return None
 
 
@@ -159,15 +166,13 @@ def cpu_optimizer_step(execution: Execution, cluster: Cluster, params: float, *,
 def cpu_adam_s(execution: Execution, cluster: Cluster, params: float, *,
                optimizer_bytes: int = OPTIMIZER_BYTES) -> float:
     """Seconds the CPU step takes over ``params`` parameters (module docstring): the gradients' unscale,
-    ``UNSCALE_BYTES`` each at the GPU's share of host DRAM, then Adam, ``ADAM_TRAFFIC_BYTES`` each at that share or
-    the node's CPU-Adam rate share where slower, or with the ``nvme`` tier the drives' read and write of the
-    state if longer."""
+    ``UNSCALE_BYTES`` each at the GPU's share of host DRAM (:func:`host_dram_bytes_per_s`), then Adam at the
+    node's CPU-Adam rate share where the preset has one, else ``ADAM_TRAFFIC_BYTES`` each at that DRAM share, or
+    with the ``nvme`` tier the drives' read and write of the state if longer."""
     dram = host_dram_bytes_per_s(cluster, execution.gpus)
     assert dram is not None  # tier_rejection refused the execution otherwise
-    adam = ADAM_TRAFFIC_BYTES * params / dram
     rate = cpu_adam_params_per_s(cluster, execution.gpus)
-    if rate is not None:
-        adam = max(adam, params / rate)
+    adam = ADAM_TRAFFIC_BYTES * params / dram if rate is None else params / rate
     if execution.offload_tier == "nvme":
         rates = nvme_bytes_per_s(cluster, execution.gpus)
         assert rates is not None
