@@ -795,8 +795,8 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     dense_gemm = flops["gemm"] - routed / e.capacity_factor
     expert_f = routed / split / expert_rate if routed else 0.0
     gemm_f = dense_gemm / split / gemm_rate + expert_f
-    # the host's MoE launches, where they outlast the GPU work they issue: the experts' GEMMs and the source-side
-    # permute (NOTE [expert parallelism])
+    # the host's MoE launches, where they outlast the GPU work they issue: the experts' GEMMs, the source-side
+    # permute and the fp8 row padding (NOTE [expert parallelism])
     issue_f, issue_b = grouped_gemm_issue_s(spec, e, dev.host_call_s, fp8=prec.fp8)
     source_permute = source_permute_bytes(spec, e) / hbm_per_s
     pad_f = fp8_padding_bytes(spec, e, prec.fp8) / hbm_per_s  # the fp8 row padding, as many bytes backward
