@@ -9,8 +9,9 @@ Four checks, the first three on the rows Megatron-Core's ``MoEAlltoAllTokenDispa
   ``TransformerLayerSchedulePlan.run`` (Megatron-Core 0.15,
   ``megatron/core/models/common/model_chunk_schedule_plan.py``) issues one layer's forward of one micro-batch and backward of another, the host held at the forward's dispatch
   until the attention and router are done (the dispatcher's ``before_ep_alltoall`` sync); GPU times are the
-  model's (host time 0), the host's the preset's ``host_call_time`` per launch of the grouped GEMMs' loop
-  (``grouped_gemm_launches``, the backward's split evenly between the data and the weight gradients) and of the
+  model's (host time 0, the fp8 row padding's with the experts' GEMMs), the host's the preset's ``host_call_time``
+  per launch of the grouped GEMMs' loop (``grouped_gemm_launches`` and ``fp8_padding_launches``, the backward's
+  split evenly between the data and the weight gradients) and of the
   ungraphed norm, router and preprocess (``router_preprocess_launches``, before the attention's forward and
   backward);
 * those rows' predictions with the EP all-to-alls hidden (as the two streams hide them) and one pipeline send
@@ -42,9 +43,10 @@ from mcdla.report.llm_validation import run_cluster
 from mcdla.report.llm_validation_runs import BRIDGE_MOE_RUNS
 from mcdla.sim.llm import StageCosts
 from mcdla.sim.llm import cluster_precision, llm_step, stage_costs
-from mcdla.sim.llm_moe import (expert_gemm_width, grouped_gemm_launches, routed_expert_flops,
-                               router_preprocess_launches, tokens_per_local_expert)
-from mcdla.workload.transformer import preset
+from mcdla.sim.llm_moe import (expert_gemm_width, fp8_padding_bytes, fp8_padding_launches, grouped_gemm_launches,
+                               routed_expert_flops, router_preprocess_launches, tokens_per_local_expert)
+from mcdla.workload.execution import Execution
+from mcdla.workload.transformer import TransformerSpec, preset
 
 ALLTOALL = tuple(r for r in BRIDGE_MOE_RUNS if not r.system.startswith("gb"))
 """The rows run with the alltoall dispatcher (the H100 and B200 configs set no flex backend)."""
@@ -88,9 +90,9 @@ def fit() -> list[tuple[str, ...]]:
     return rows
 
 
-def _expert_s(run: MeasuredRun) -> tuple[StageCosts, Cluster, bool, float]:
-    """The row's stage costs with ``host_call_time`` 0, that cluster, whether it runs fp8 and one layer's routed
-    expert GEMMs' forward time (seconds)."""
+def _expert_s(run: MeasuredRun) -> tuple[StageCosts, Cluster, bool, float, float]:
+    """The row's stage costs with ``host_call_time`` 0, that cluster, whether it runs fp8, one layer's routed
+    expert GEMMs' forward time and its fp8 row padding's forward time (seconds; as long backward)."""
     spec, e = preset(run.model), run.execution
     plain = _cluster(run, 0.0)
     sc = stage_costs(spec, e, plain, precision=run.precision)
@@ -99,7 +101,14 @@ def _expert_s(run: MeasuredRun) -> tuple[StageCosts, Cluster, bool, float]:
     peak = plain.device.flops_per_s(prec.gemm_peak) * (curve.fp8_fraction if prec.fp8 else 1.0)
     expert = routed_expert_flops(spec, e) / (e.tp * e.cp) / (
         peak * curve.at(expert_gemm_width(spec, e), tokens=tokens_per_local_expert(spec, e)))
-    return sc, plain, prec.fp8, expert
+    pad = fp8_padding_bytes(spec, e, prec.fp8) / (plain.device.hbm_bytes_per_s * plain.device.memory_efficiency)
+    return sc, plain, prec.fp8, expert, pad
+
+
+def _loop_launches(spec: TransformerSpec, e: Execution, fp8: bool) -> tuple[int, int]:
+    """Launches of the experts' loop, forward and backward: the grouped GEMMs' and the fp8 row padding's."""
+    (gg_f, gg_b), (pad_f, pad_b) = grouped_gemm_launches(spec, e, fp8), fp8_padding_launches(spec, e, fp8)
+    return gg_f + pad_f, gg_b + pad_b
 
 
 def combined_layer_s(run: MeasuredRun, layers: int = 40, call_s: float | None = None,
@@ -109,12 +118,13 @@ def combined_layer_s(run: MeasuredRun, layers: int = 40, call_s: float | None = 
     ``host_call_time`` when None) with ``dense`` (forward, backward) launches of the attention block besides; the
     host held at the dispatch unless ``sync`` is False."""
     spec, e = preset(run.model), run.execution
-    sc, _, fp8, expert = _expert_s(run)
+    sc, _, fp8, gemm, pad = _expert_s(run)
     launch_s = run_cluster(run, None).device.host_call_s if call_s is None else call_s
-    fwd_launches, bwd_launches = grouped_gemm_launches(spec, e, fp8)
+    fwd_launches, bwd_launches = _loop_launches(spec, e, fp8)
     host_f, host_dgrad = fwd_launches * launch_s, bwd_launches * launch_s / 2
     route_f, route_b = ((n + d) * launch_s for n, d in zip(router_preprocess_launches(e), dense))
-    a2a, attn_f, attn_b = sc.layer_ep_fwd_s / 2, sc.layer_fwd_s - expert, sc.layer_bwd_s - 2 * expert
+    expert, dgrad = gemm + pad, gemm + pad / 2  # the backward's padding split as its launches are
+    a2a, attn_f, attn_b = sc.layer_ep_fwd_s / 2, sc.layer_fwd_s - expert, sc.layer_bwd_s - 2 * gemm - pad
     host, free, done = 0.0, {"comp": 0.0, "comm": 0.0}, {}
 
     def op(name: str, stream: str, host_s: float, gpu_s: float, after: str = "") -> None:
@@ -127,11 +137,11 @@ def combined_layer_s(run: MeasuredRun, layers: int = 40, call_s: float | None = 
     for i in range(layers):  # TransformerLayerSchedulePlan.run, forward layer i beside a backward layer
         op(f"bcomb{i}", "comm", 0.0, a2a, f"bdisp{i - 1}")
         op(f"fattn{i}", "comp", route_f, attn_f, f"fcomb{i - 1}")  # attention, router, preprocess, permute
-        op(f"bdgrad{i}", "comp", host_dgrad, expert, f"bcomb{i}")
+        op(f"bdgrad{i}", "comp", host_dgrad, dgrad, f"bcomb{i}")
         if sync:  # cuda_sync_point before_ep_alltoall
             host = max(host, done[f"fattn{i}"])
         op(f"fdisp{i}", "comm", 0.0, a2a, f"fattn{i}")
-        op(f"bwgrad{i}", "comp", host_dgrad, expert)
+        op(f"bwgrad{i}", "comp", host_dgrad, dgrad)
         op(f"bdisp{i}", "comm", 0.0, a2a, f"bdgrad{i}")
         op(f"fmlp{i}", "comp", host_f, expert, f"fdisp{i}")
         op(f"fcomb{i}", "comm", 0.0, a2a, f"fmlp{i}")
@@ -165,10 +175,10 @@ def _layer_parts(run: MeasuredRun, call_s: float, dense: tuple[int, int]) -> dic
     per launch of the grouped GEMMs' loop, of the ungraphed norm, router and preprocess and of ``dense`` (forward,
     backward) launches of the attention block."""
     spec, e = preset(run.model), run.execution
-    sc, plain, fp8, expert = _expert_s(run)
-    gg_f, gg_b = grouped_gemm_launches(spec, e, fp8)
+    sc, plain, fp8, gemm, pad = _expert_s(run)
+    gg_f, gg_b = _loop_launches(spec, e, fp8)
     rp_f, rp_b = router_preprocess_launches(e)
-    bwd_expert = plain.gemm_efficiency.backward_ratio * expert
+    expert, bwd_expert = gemm + pad, plain.gemm_efficiency.backward_ratio * gemm + pad
     return {"attn_f": sc.layer_fwd_s - expert, "attn_b": sc.layer_bwd_s - bwd_expert, "expert_f": expert,
             "expert_b": bwd_expert, "a2a_f": sc.layer_ep_fwd_s / 2, "a2a_b": sc.layer_ep_bwd_s / 2,
             "host_attn_f": (dense[0] + rp_f) * call_s, "host_attn_b": (dense[1] + rp_b) * call_s,

@@ -13,10 +13,10 @@ from mcdla.errors import ConfigError
 from mcdla.hardware.gemm import GemmEfficiency
 from mcdla.sim.llm import llm_step
 from mcdla.errors import HardwareError
-from mcdla.hardware.cluster import load_cluster
-from mcdla.sim.llm_moe import (ep_all_to_all_s, ep_ranks_per_token, grouped_gemm_issue_s, grouped_gemm_launches,
-                               hybridep_bytes_per_s, hybridep_priced, permutation_bytes, router_preprocess_launches,
-                               tokens_per_local_expert)
+from mcdla.hardware.cluster import Cluster, cluster_from_dict, load_cluster
+from mcdla.sim.llm_moe import (ep_all_to_all_s, ep_ranks_per_token, fp8_padding_applies, fp8_padding_bytes,
+                               fp8_padding_launches, grouped_gemm_issue_s, grouped_gemm_launches, hybridep_bytes_per_s,
+                               hybridep_priced, permutation_bytes, router_preprocess_launches, tokens_per_local_expert)
 from mcdla.workload.execution import Execution
 from mcdla.workload.hf_config import load_hf_config
 from mcdla.workload.transformer import TransformerSpec, preset
@@ -259,12 +259,68 @@ def test_grouped_gemm_issue_by_hand():
         e8 = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8, fp8_scaling=scaling, moe_router_graph=True)
         assert grouped_gemm_launches(spec, e8, True) == launches
         assert grouped_gemm_launches(spec, e8, False) == (32, 64)
+        # plus the fp8 row padding's 3 kernels each way (16 local experts, one kernel a call)
         assert grouped_gemm_issue_s(spec, e8, call, fp8=True) == pytest.approx(
-            ((launches[0] + 2) * call, (launches[1] + 4) * call), rel=1e-12)
+            ((launches[0] + 2 + 3) * call, (launches[1] + 4 + 3) * call), rel=1e-12)
     e = Execution(gpus=128, dp=128, ep=128, micro_batch=1, global_batch=128, moe_router_graph=True)
     assert grouped_gemm_issue_s(spec, e, call) == pytest.approx((4 * call, 8 * call), rel=1e-12)
     assert grouped_gemm_launches(spec, e, True) == (2 + 6, 4 + 6)  # current scaling, one expert
     assert grouped_gemm_issue_s(preset("llama3-8b"), Execution(gpus=1, micro_batch=1, global_batch=1), call) == (0, 0)
+
+
+def test_fp8_padding_bytes_and_launches_by_hand():
+    """Qwen3-30B-A3B (every layer MoE, h 2048, top-8 of 128) on EP 8, MBS 1, seq 4096, fp8 with the alltoall
+    dispatcher, dropless: the rank's 16 experts take 8 x 4096 rows; the hidden states' pad and the fc2 output's
+    unpad each read and write them, 4 x 32768 x 2048 x 2 bytes forward; one padding kernel per call (up to 64
+    experts a kernel): hidden, probabilities, output forward, their gradients backward. TP 2 with sequence
+    parallelism: the experts still take the gathered 4096 tokens' rows. EP 1 keeps 128 experts, two kernels a
+    call. Nothing in bf16, with HybridEP (its permute pads), for a dense model, nor padded to a capacity whose
+    rows are aligned: C 1.25 gives ceil(4096 x 8 / 128 x 1.25) x 8 = 2560 rows an expert (a multiple of 32), C 1.1
+    gives 282 x 8 = 2256 (of 16, not of 32: only MXFP8 pads)."""
+    spec = preset("qwen3-30b-a3b")
+    assert (spec.top_k, spec.hidden, spec.experts, spec.seq_len, spec.moe_layers) == (8, 2048, 128, 4096, spec.layers)
+    ep8 = dict(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=8)
+    copies = 4 * 8 * 4096 * 2048 * 2
+    for scaling in ("current", "mxfp8", "delayed"):
+        e = Execution(**ep8, fp8_scaling=scaling)
+        assert fp8_padding_bytes(spec, e, True) == pytest.approx(copies, rel=1e-12)
+        assert fp8_padding_launches(spec, e, True) == (3, 3)
+        assert fp8_padding_bytes(spec, e, False) == 0.0 and fp8_padding_launches(spec, e, False) == (0, 0)
+        hybrid = Execution(**ep8, fp8_scaling=scaling, ep_dispatcher="hybridep")
+        assert fp8_padding_bytes(spec, hybrid, True) == 0.0 and fp8_padding_launches(spec, hybrid, True) == (0, 0)
+    e = Execution(gpus=16, tp=2, dp=8, ep=8, micro_batch=1, global_batch=8, sequence_parallel=True)
+    assert fp8_padding_bytes(spec, e, True) == pytest.approx(copies, rel=1e-12)
+    e = Execution(gpus=8, dp=8, micro_batch=2, global_batch=16)
+    assert fp8_padding_bytes(spec, e, True) == pytest.approx(2 * copies, rel=1e-12)
+    assert fp8_padding_launches(spec, e, True) == (6, 6)
+    for scaling, pads in (("current", False), ("mxfp8", True)):
+        assert not fp8_padding_applies(spec, Execution(**ep8, capacity_factor=1.25, fp8_scaling=scaling), True)
+        assert fp8_padding_applies(spec, Execution(**ep8, capacity_factor=1.1, fp8_scaling=scaling), True) == pads
+    assert fp8_padding_bytes(spec, Execution(**ep8, capacity_factor=1.1, fp8_scaling="mxfp8"), True) == (
+        pytest.approx(copies * 1.1, rel=1e-12))
+    dense = Execution(gpus=1, micro_batch=1, global_batch=1)
+    assert fp8_padding_bytes(preset("llama3-8b"), dense, True) == 0.0
+    assert fp8_padding_launches(preset("llama3-8b"), dense, True) == (0, 0)
+
+
+@pytest.mark.parametrize("mode", ["fast", "ranks"])
+def test_fp8_padding_is_charged_at_hbm_rate_forward_and_backward(mode, monkeypatch):
+    """Qwen3-30B-A3B on one H100 node (EP 8, MBS 1, 2 micro-batches, fp8, host_call_time 0): the padding adds its
+    4 x 8 x 4096 x 2048 x 2 bytes at the HBM rate to each of the 48 layers' forward and backward of each
+    micro-batch, against the same run with the padding priced at nothing, in the closed form and in the per-rank
+    engine alike."""
+    import mcdla.sim.llm as llm
+
+    def h100() -> Cluster:  # a fresh cluster each time: its memo holds the model's figures
+        return cluster_from_dict({"format": "mcdla-system/1", "extends": "dgx-h100", "name": "h100",
+                                  "node": {"gpu": {"host_call_time": 0.0}}}, "test").for_gpus(8)
+    spec, cluster = preset("qwen3-30b-a3b"), h100()
+    e = Execution(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=16)
+    padded = llm_step(spec, e, cluster, precision="fp8", mode=mode).iteration_s
+    rate = cluster.device.hbm_bytes_per_s * cluster.device.memory_efficiency
+    monkeypatch.setattr(llm, "fp8_padding_bytes", lambda *args: 0.0)
+    plain = llm_step(spec, e, h100(), precision="fp8", mode=mode).iteration_s
+    assert padded - plain == pytest.approx(2 * 48 * 2 * 4 * 8 * 4096 * 2048 * 2 / rate, rel=1e-6)
 
 
 def test_router_and_preprocess_launches_by_hand():

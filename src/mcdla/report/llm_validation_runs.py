@@ -177,6 +177,16 @@ _HYBRIDEP = ("token dispatcher flex with the HybridEP backend (moe_flex_dispatch
              "compute (no moe_a2a_overlap in these configs); the GB300 rows at the GB200 measurement (the same "
              "NVLink 5)")
 
+_FP8_PAD = ("fp8 row padding charged: TEGroupedMLP.forward (Megatron-LM 0d8e0714 megatron/core/transformer/moe/"
+            "experts.py) pads each local expert's bf16 rows to a multiple of 16 (32 with MXFP8) and unpads the fc2 "
+            "output (Transformer Engine 2.9 Fp8Padding, Fp8Unpadding: fused_multi_row_padding, skipped only when "
+            "every split is aligned, which the dropless counts are not; moe_router_padding_for_quantization unset), "
+            "4 R h bf16 elements read and written each way (R the rows the rank's experts take) and 3 launches "
+            "each way (sim/llm_moe.py fp8_padding_bytes, fp8_padding_launches)")
+_FP8_PAD_HYBRIDEP = ("no separate fp8 row padding: HybridEP's permute rounds each expert's rows up to the fp8 "
+                     "alignment (pad_multiple, Megatron-LM 0d8e0714 token_dispatcher.py _HybridEPManager), so "
+                     "Transformer Engine's Fp8Padding finds every split aligned")
+
 
 def _token_drop(drop: float, dropless: float, precision: str) -> str:
     """The note of a row whose layout the same page's 25.09 table also ran, token-drop (``drop`` tokens/s/GPU):
@@ -197,6 +207,8 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
     seconds = gbs * 4096 / (tokens_per_s_per_gpu * gpus)
     hybridep = system.startswith("gb")
     dispatcher = _HYBRIDEP if hybridep else _ALLTOALL
+    if precision == "fp8":
+        dispatcher += "; " + (_FP8_PAD_HYBRIDEP if hybridep else _FP8_PAD)
     return MeasuredRun(
         name=f"{model} {system}", model=model, system=system, precision=precision, measured_s=seconds,
         family="megatron-bridge-moe", gpus_per_node=gpus_per_node,

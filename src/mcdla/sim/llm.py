@@ -131,9 +131,9 @@ from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes, ring_attention_moved_s
 from mcdla.sim.llm_eager import eager_block_bytes, foreach_adam_bytes
 from mcdla.sim.llm_floor import link_floors
-from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, expert_gemm_width, grouped_gemm_issue_s,
-                               permutation_bytes, rank_param_groups, routed_expert_flops, source_permute_bytes,
-                               tokens_per_local_expert)
+from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, expert_gemm_width, fp8_padding_bytes,
+                               grouped_gemm_issue_s, permutation_bytes, rank_param_groups, routed_expert_flops,
+                               source_permute_bytes, tokens_per_local_expert)
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import LayerShares, layer_shares
@@ -795,12 +795,13 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     dense_gemm = flops["gemm"] - routed / e.capacity_factor
     expert_f = routed / split / expert_rate if routed else 0.0
     gemm_f = dense_gemm / split / gemm_rate + expert_f
-    # the host's MoE launches, where they outlast the GPU work they issue: the experts' GEMMs and the source-side
-    # permute (NOTE [expert parallelism])
+    # the host's MoE launches, where they outlast the GPU work they issue: the experts' GEMMs, the source-side
+    # permute and the fp8 row padding (NOTE [expert parallelism])
     issue_f, issue_b = grouped_gemm_issue_s(spec, e, dev.host_call_s, fp8=prec.fp8)
     source_permute = source_permute_bytes(spec, e) / hbm_per_s
-    issue_wait_f = max(0.0, issue_f - expert_f - source_permute)
-    issue_wait_b = max(0.0, issue_b - curve.backward_ratio * expert_f - source_permute)
+    pad_f = fp8_padding_bytes(spec, e, prec.fp8) / hbm_per_s  # the fp8 row padding, as many bytes backward
+    issue_wait_f = max(0.0, issue_f - expert_f - source_permute - pad_f)
+    issue_wait_b = max(0.0, issue_b - curve.backward_ratio * expert_f - source_permute - pad_f)
     attn_f = flops["attention"] / split / other_rate
     if e.attention == "flash":
         kernel = flash_attention_bytes(spec, b, tp=e.tp, cp=e.cp)
@@ -826,9 +827,9 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     if e.tp_comm_overlap and e.tp > 1:  # NOTE [userbuffers ring exchange]
         ring = ring_exchange_costs(spec, e, curve, gemm_rate, efficiency)
         ring_f, ring_b = ring["gemm_fwd"] + ring["reduce_bytes"] / hbm_per_s, ring["gemm_bwd"]
-    layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd + permute_f + issue_wait_f + ring_f
+    layer_fwd = gemm_f + attn_f + block_f + core_fwd + cast_fwd + permute_f + pad_f + issue_wait_f + ring_f
     layer_bwd = (gemm_bwd_ratio * gemm_f + 2 * block_f + attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd
-                 + cast_bwd + permute_f + issue_wait_b + ring_b)
+                 + cast_bwd + permute_f + pad_f + issue_wait_b + ring_b)
     op_recompute = (op_recomputed_gemm_flops(spec, b) / split / gemm_rate + block_f - ew["last_add"] / hbm_per_s
                     if op else 0.0)
     logits = logits_fwd_flops(spec, b) / split / other_rate

@@ -59,6 +59,13 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
   the all-to-all, its permutations and launches still HybridEP's. Its permutations move ``2 (D t + r t) h`` elements forward (the permute reads the ``D t``
   rows and writes the ``r t`` expert rows, the unpermute the reverse; no source-side permute, no sorts), as many
   backward (:func:`permutation_bytes`).
+* In fp8 Megatron-Core's ``TEGroupedMLP.forward`` pads each local expert's rows to a multiple of 16 (32 with
+  MXFP8) before the grouped GEMMs and unpads the fc2 output after (Transformer Engine's ``Fp8Padding`` and
+  ``Fp8Unpadding``, bf16 copies before quantization), unless every split is aligned: with the alltoall
+  dispatcher's dropless random counts they are not; HybridEP's permute pads them itself (``pad_multiple``). Per
+  MoE layer and micro-batch the hidden states' pad and the output's unpad read and write the ``R = r t'`` rows the
+  rank's experts take, and their gradients the reverse (:func:`fp8_padding_bytes`, at the HBM rate), in three
+  launches each way (:func:`fp8_padding_launches`, issued with the experts' loop).
 * Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
   (:func:`rank_param_groups`); the expert gradients are reduced, and with ZeRO the expert optimizer state
   sharded, over the ``dp cp / ep`` ranks that hold the same experts, the rest over all ``dp cp`` replicas.
@@ -78,10 +85,12 @@ from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 from mcdla.workload.memo import pure_cache
 
-__all__ = ["GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_MIN_RANKS", "HYBRIDEP_REFERENCE_BYTES_PER_S", "MXFP8_SWIZZLES",
+__all__ = ["FP8_ALIGN", "FP8_PADDING_LAUNCHES", "GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_MIN_RANKS",
+           "HYBRIDEP_REFERENCE_BYTES_PER_S", "MXFP8_SWIZZLES",
            "PERMUTE_LAUNCHES", "PRE_MLP_NORM_LAUNCHES", "QUANTIZE_LAUNCHES", "ROUTER_GRAPH_LAUNCHES",
            "ROUTER_LAUNCHES", "TOKEN_COUNT_LAUNCHES", "ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "ep_ranks_per_token",
-           "expert_gemm_width", "expert_params_per_layer", "grouped_gemm_issue_s", "grouped_gemm_launches",
+           "expert_gemm_width", "expert_params_per_layer", "fp8_padding_applies", "fp8_padding_bytes",
+           "fp8_padding_launches", "grouped_gemm_issue_s", "grouped_gemm_launches",
            "hybridep_bytes_per_s", "hybridep_priced", "permutation_bytes", "rank_param_groups",
            "routed_expert_flops", "router_preprocess_launches", "source_permute_bytes", "tokens_per_local_expert"]
 
@@ -344,18 +353,73 @@ def source_permute_bytes(spec: TransformerSpec, execution: Execution) -> float:
     return spec.bytes_per_element * elements * spec.moe_layers / spec.layers
 
 
+FP8_ALIGN: dict[str, int] = {"delayed": 16, "current": 16, "mxfp8": 32}
+"""Rows an fp8 grouped GEMM's split must be a multiple of, by fp8 recipe: 32 with MXFP8 (its 32-row block
+scales), 16 otherwise (Megatron-LM 0d8e0714 ``megatron/core/fp8_utils.py`` ``get_fp8_align_size``; Transformer
+Engine 2.9 ``Fp8Padding``'s default, ``32 if ... mxfp8() else 16``)."""
+
+FP8_PADDING_LAUNCHES: tuple[int, int] = (3, 3)
+"""Launches of one MoE layer's fp8 row padding per micro-batch, forward and backward, per 64 local experts
+(``kMaxTensorsPerKernel``, Transformer Engine 2.9 ``transformer_engine/common/util/padding.cu``: one
+``multi_padding_kernel`` or ``multi_unpadding_kernel`` over up to 64 splits): ``TEGroupedMLP.forward`` pads the
+hidden states and the probabilities (``Fp8Padding``) and unpads the fc2 output (``Fp8Unpadding``); backward each
+gradient the reverse (``_Fp8Padding.backward`` unpads, ``_Fp8Unpadding.backward`` pads)."""
+
+
+def fp8_padding_applies(spec: TransformerSpec, execution: Execution, fp8: bool) -> bool:
+    """Whether a MoE layer's fp8 grouped GEMMs pad their splits (NOTE [expert parallelism]): in fp8 (Megatron-Core
+    ``TEGroupedMLP``'s ``Fp8Padding``, skipped when every split is already a multiple of :data:`FP8_ALIGN`) with
+    the alltoall dispatcher: dropless (``capacity_factor`` 1) its per-expert counts are random, so almost never
+    all aligned; padded to capacity (``capacity_factor`` other than 1, ``moe_pad_expert_input_to_capacity``) each
+    local expert gets ``ceil(t top_k / E x C) x tp x ep`` rows (``MoEAlltoAllTokenDispatcher.preprocess``,
+    ``get_capacity``; ``t = b s / (cp tp)``), padded only when that is unaligned. HybridEP (``ep_dispatcher:
+    hybridep`` with EP > 1) rounds each expert's rows up in its permute (``pad_multiple``), so never."""
+    e = execution
+    if not fp8 or spec.moe_layers == 0 or (e.ep_dispatcher == "hybridep" and e.ep > 1):
+        return False
+    if e.capacity_factor == 1:
+        return True
+    tokens = e.micro_batch * spec.seq_len // (e.cp * e.tp)
+    rows = math.ceil(tokens * spec.top_k / spec.experts * e.capacity_factor) * e.tp * e.ep
+    return rows % FP8_ALIGN[e.fp8_scaling] != 0
+
+
+def fp8_padding_bytes(spec: TransformerSpec, execution: Execution, fp8: bool) -> float:
+    """HBM bytes of one mean layer's fp8 row padding on one rank per micro-batch, forward (the backward moves as
+    many; NOTE [expert parallelism]): the hidden states' pad and the fc2 output's unpad each read and write the
+    ``R = top_k x C x b s / cp`` rows the rank's experts take, ``h`` elements each: ``4 R h`` elements, over the
+    share of MoE layers (the pad rows, under :data:`FP8_ALIGN` per expert, and the probabilities' pad, one element
+    a row, are left out); 0 where :func:`fp8_padding_applies` does not."""
+    if not fp8_padding_applies(spec, execution, fp8):
+        return 0.0
+    e = execution
+    rows = spec.top_k * e.capacity_factor * e.micro_batch * spec.seq_len / e.cp
+    return 4 * rows * spec.hidden * spec.bytes_per_element * spec.moe_layers / spec.layers
+
+
+def fp8_padding_launches(spec: TransformerSpec, execution: Execution, fp8: bool) -> tuple[int, int]:
+    """Launches of one MoE layer's fp8 row padding on one rank per micro-batch, forward and backward:
+    :data:`FP8_PADDING_LAUNCHES` per 64 local experts where :func:`fp8_padding_applies`, else ``(0, 0)``."""
+    if not fp8_padding_applies(spec, execution, fp8):
+        return 0, 0
+    kernels = -(-(spec.experts // execution.ep) // 64)
+    return FP8_PADDING_LAUNCHES[0] * kernels, FP8_PADDING_LAUNCHES[1] * kernels
+
+
 def grouped_gemm_issue_s(spec: TransformerSpec, execution: Execution, call_s: float, *,
                          fp8: bool = False) -> tuple[float, float]:
     """Host time to issue one mean layer's MoE launches on one rank per micro-batch, forward and backward (NOTE
-    [expert parallelism]): the grouped GEMMs' (:func:`grouped_gemm_launches`) and the pre-MLP norm's, router's and
-    preprocess's (:func:`router_preprocess_launches`), times ``call_s`` (the device's ``host_call_s``), over the
-    share of MoE layers. Zero for a dense model."""
+    [expert parallelism]): the grouped GEMMs' (:func:`grouped_gemm_launches`), the fp8 row padding's
+    (:func:`fp8_padding_launches`) and the pre-MLP norm's, router's and preprocess's
+    (:func:`router_preprocess_launches`), times ``call_s`` (the device's ``host_call_s``), over the share of MoE
+    layers. Zero for a dense model."""
     if spec.moe_layers == 0:
         return 0.0, 0.0
     fwd, bwd = grouped_gemm_launches(spec, execution, fp8)
+    pad_f, pad_b = fp8_padding_launches(spec, execution, fp8)
     route_f, route_b = router_preprocess_launches(execution)
     share = call_s * spec.moe_layers / spec.layers
-    return (fwd + route_f) * share, (bwd + route_b) * share
+    return (fwd + pad_f + route_f) * share, (bwd + pad_b + route_b) * share
 
 
 @pure_cache(64)
