@@ -1,6 +1,7 @@
 """Bundled presets load, carry sources, and have the topology the docs describe."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -71,3 +72,12 @@ def test_pcie_links_carry_the_dma_achievable_rate(name) -> None:
     for link in pcie:
         assert link.bytes_per_s == pytest.approx(0.8 * 16e9)
         assert "16 GB/s" in link.source and "0.8" in link.source
+
+
+def test_effective_hbm_rate_is_the_bandwidth_times_memory_efficiency() -> None:
+    """The sustained HBM rate memory-bound kernels get is the device's HBM bandwidth times its memory efficiency:
+    dgx-h100's two fields' product, 3.35 TB/s x 0.8 by hand, and 3.35 TB/s x 0.5 with the efficiency changed."""
+    h100 = load_system("dgx-h100").devices[0]
+    assert h100.effective_hbm_bytes_per_s == h100.hbm_bytes_per_s * h100.memory_efficiency
+    assert h100.effective_hbm_bytes_per_s == pytest.approx(3.35e12 * 0.8, rel=1e-15)
+    assert replace(h100, memory_efficiency=0.5).effective_hbm_bytes_per_s == pytest.approx(3.35e12 * 0.5, rel=1e-15)

@@ -156,16 +156,44 @@ def test_unknown_preset_lists_names():
         preset("gpt-5")
 
 
+def _gemms_by_hand(name):
+    """The mean layer's linear layers of a preset, ``{name: (multiply-adds per token, share of the layers)}``, by
+    hand from the published shapes (the presets' sources): GPT-3 MHA + GELU 4h; Llama-3 70B GQA + SwiGLU;
+    Mixtral and Qwen3 MoE (top-k routed SwiGLU experts and a gating GEMM of h x experts in every layer; Qwen3's
+    32 heads of 128 = 4096 != hidden); DeepSeek-V3 MLA (q down/up through q_lora_rank, a joint kv down projection
+    with the shared rope key, kv up to every head's nope key and value) with 3 dense leading layers of 18432 and
+    58 MoE layers of 8 routed + 1 shared expert of 2048."""
+    if name == "gpt3-175b":
+        h = 12288
+        return {"qkv": (3 * h * h, 1), "proj": (h * h, 1), "fc1": (4 * h * h, 1), "fc2": (4 * h * h, 1)}
+    if name == "llama3-70b":
+        h, kv, f = 8192, 8 * 128, 28672
+        return {"qkv": (h * (h + 2 * kv), 1), "proj": (h * h, 1), "fc1": (2 * h * f, 1), "fc2": (h * f, 1)}
+    if name in ("mixtral-8x7b", "qwen3-30b-a3b"):
+        h, q, kv, f, experts, k = ((4096, 4096, 8 * 128, 14336, 8, 2) if name == "mixtral-8x7b"
+                                   else (2048, 32 * 128, 4 * 128, 768, 128, 8))
+        return {"qkv": (h * (q + 2 * kv), 1), "proj": (q * h, 1), "router": (h * experts, 1),
+                "expert_fc1": (k * 2 * h * f, 1), "expert_fc2": (k * h * f, 1)}
+    assert name == "deepseek-v3-671b"
+    h, a, q_rank, kv_rank, nope, rope, v = 7168, 128, 1536, 512, 128, 64, 128
+    mla = h * q_rank + q_rank * a * (nope + rope) + h * (kv_rank + rope) + kv_rank * a * (nope + v)
+    moe, dense_f, f = 58 / 61, 18432, 2048
+    fc = (3 * dense_f + 58 * f) / 61  # the dense layers' FFN and the MoE layers' shared expert
+    return {"mla": (mla, 1), "proj": (a * v * h, 1), "router": (moe * h * 256, moe), "fc1": (2 * h * fc, 1),
+            "fc2": (h * fc, 1), "expert_fc1": (moe * 8 * 2 * h * f, moe), "expert_fc2": (moe * 8 * h * f, moe)}
+
+
 @pytest.mark.parametrize("name", ["gpt3-175b", "llama3-70b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3-671b"])
-def test_layer_gemms_sum_to_the_layer_gemm_flops(name):
-    """NOTE [layer GEMMs]: the linear layers' weights per token sum to the layer's GEMM FLOPs over 2 b s, and the
-    userbuffers run QKV (not MLA's projections), the projection and the dense or shared FFN, not the router nor
-    the routed experts."""
-    spec = preset(name)
+def test_layer_gemms_and_gemm_flops_by_hand(name):
+    """NOTE [layer GEMMs]: the linear layers, their weights per token and shares are the published shapes' (by
+    hand), the layer's forward GEMM FLOPs 2 b s times their sum, and the userbuffers run QKV (not MLA's
+    projections), the projection and the dense or shared FFN, not the router nor the routed experts."""
+    spec, b = preset(name), 3
+    expected = _gemms_by_hand(name)
     gemms = layer_gemms(spec)
-    assert sum(g.weights for g in gemms) == pytest.approx(layer_fwd_flops(spec, 3)["gemm"] / (2 * 3 * spec.seq_len),
-                                                          rel=1e-12)
-    ring = {g.name for g in gemms if g.ring}
-    dense_ffn = spec.experts == 1 or spec.dense_layers or spec.shared_experts
-    assert ring == ({"proj"} | ({"qkv"} if spec.mla is None else set())
-                    | ({"fc1", "fc2"} if dense_ffn else set()))
+    assert [g.name for g in gemms] == list(expected)
+    for g in gemms:
+        assert (g.weights, g.share) == pytest.approx(expected[g.name], rel=1e-12), g.name
+    per_token = sum(w for w, _ in expected.values())
+    assert layer_fwd_flops(spec, b)["gemm"] == pytest.approx(2 * b * spec.seq_len * per_token, rel=1e-12)
+    assert {g.name for g in gemms if g.ring} == {"qkv", "proj", "fc1", "fc2"} & set(expected)

@@ -83,6 +83,12 @@ class Device:
                 raise HardwareError(f"{owner}.{name}: got {brief(value)}; must be in (0, 1]")
             object.__setattr__(self, name, value)
 
+    @property
+    def effective_hbm_bytes_per_s(self) -> float:
+        """The sustained HBM rate memory-bound kernels get, ``hbm_bytes_per_s * memory_efficiency``: a streaming
+        kernel reaches only that fraction of the peak bandwidth, so every byte-bound time divides by this."""
+        return self.hbm_bytes_per_s * self.memory_efficiency
+
     def flops_per_s(self, precision: str) -> float:
         """Peak FLOP/s at ``precision``; one-line HardwareError listing the known precisions otherwise."""
         try:

@@ -15,7 +15,7 @@ NOTE [time model] (also ``docs/llm.md``):
   [precision]; the routed experts' grouped GEMMs at the curve's point for their own tokens per local expert,
   NOTE [expert parallelism]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and
   softmax and its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``:
-  NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``hbm_bytes_per_s * memory_efficiency``, plus fp8's casts
+  NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``Device.effective_hbm_bytes_per_s``, plus fp8's casts
   and, with ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x; an MoE
   layer's token permutations move as many bytes each way, and its grouped GEMMs wait for the host's per-expert
@@ -778,7 +778,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
         return got  # type: ignore[return-value]
     dev = cluster.device
     b, split = e.micro_batch, e.tp * e.cp
-    hbm_per_s = dev.hbm_bytes_per_s * dev.memory_efficiency
+    hbm_per_s = dev.effective_hbm_bytes_per_s
     curve = cluster.gemm_efficiency
     efficiency = curve.at(spec.hidden / e.tp, tokens=b * spec.seq_len / e.cp)
     gemm_peak = dev.flops_per_s(prec.gemm_peak) * (curve.fp8_fraction if prec.fp8 else 1.0)

@@ -198,7 +198,7 @@ def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluste
         # the measured calls' copy of the received rows out of (into) HybridEP's buffer, read and written at the
         # HBM rate, which Megatron-Core's permuting calls replace by the permutations charged apart; the rest
         # scales with the domain's bandwidth
-        copy = 2 * received / (cluster.device.hbm_bytes_per_s * cluster.device.memory_efficiency)
+        copy = 2 * received / cluster.device.effective_hbm_bytes_per_s
         scale = HYBRIDEP_REFERENCE_BYTES_PER_S / dims[0].bytes_per_s
         pair = (max(0.0, received / dispatch - copy) + max(0.0, received / combine - copy)) * scale * share
         return pair, (1 + layer_shares(e, spec).recomputed) * pair

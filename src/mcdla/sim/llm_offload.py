@@ -14,7 +14,7 @@ offload runs it (``deepspeed/runtime/zero/stage2.py`` at v0.3.0, ``stage_1_and_2
   (``set_norm_for_param_grad_in_gpu``: ``.double()`` reads 2 bytes and writes 8, ``.norm(2)`` reads the 8), the
   overflow check (``_has_inf_or_nan`` at v0.3.0: ``.float()`` 2 + 4, ``.sum()`` 4) and the fp32 cast the copy
   sends (2 + 4): :func:`grad_pass_bytes`, 34 per parameter of a 16-bit gradient (an fp32 one skips the copy and the
-  cast: 24), at the GPU's HBM rate (``hbm_bytes_per_s * memory_efficiency``, as every memory-bound kernel of the
+  cast: 24), at the GPU's sustained HBM rate (``Device.effective_hbm_bytes_per_s``, as every memory-bound kernel of the
   model), on the same stream as the copies, before them.
 * The CPU step first unscales (and clips) the fp32 gradients in host memory (``unscale_and_clip_grads``: one
   ``mul_``, ``UNSCALE_BYTES`` per parameter) at the host DRAM bandwidth the job's GPU gets: its socket's DRAM
@@ -92,9 +92,9 @@ def grad_pass_bytes(element_bytes: int = GRAD_BYTES) -> int:
 
 def gradient_passes_s(cluster: Cluster, params: float, element_bytes: int = GRAD_BYTES) -> float:
     """Seconds of the GPU's passes over the gradients of ``params`` parameters before they go to the host
-    (module docstring): :func:`grad_pass_bytes` each at the device's HBM rate times its ``memory_efficiency``."""
+    (module docstring): :func:`grad_pass_bytes` each at the device's ``effective_hbm_bytes_per_s``."""
     dev = cluster.device
-    return grad_pass_bytes(element_bytes) * params / (dev.hbm_bytes_per_s * dev.memory_efficiency)
+    return grad_pass_bytes(element_bytes) * params / dev.effective_hbm_bytes_per_s
 
 
 def _job_gpus_on_node(cluster: Cluster, gpus: int | None) -> int:

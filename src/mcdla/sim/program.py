@@ -61,7 +61,7 @@ ALL_REDUCE, ALL_GATHER = "all-reduce", "all-gather"
 def roofline_s(flops: float, bytes_moved: float, device: Device, precision: str) -> float:
     """Time of one operation (s): ``max(flops / (peak * compute_eff), bytes / (hbm_bw * memory_eff))``."""
     peak = device.flops_per_s(precision) * device.compute_efficiency
-    bandwidth = device.hbm_bytes_per_s * device.memory_efficiency
+    bandwidth = device.effective_hbm_bytes_per_s
     return max(flops / peak, bytes_moved / bandwidth)
 
 

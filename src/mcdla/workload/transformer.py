@@ -390,18 +390,17 @@ def _check_attention(attention: str) -> None:
 
 @pure_cache(1024, copy_dict=True)
 def layer_fwd_flops(spec: TransformerSpec, batch: int, *, attention: Attention = "materialized") -> dict[str, float]:
-    """Forward FLOPs of one layer for ``batch`` samples: ``gemm`` (projections, FFN, router) and ``attention``
-    (``Q K^T`` and ``attention x V``), kept apart because they run at different efficiencies and precisions.
-    ``attention="flash"`` with a causal mask halves the core (NOTE [flash attention])."""
+    """Forward FLOPs of one layer for ``batch`` samples: ``gemm`` (projections, FFN, router: ``2 b s`` times the
+    weights of :func:`layer_gemms`) and ``attention`` (``Q K^T`` and ``attention x V``), kept apart because they
+    run at different efficiencies and precisions. ``attention="flash"`` with a causal mask halves the core (NOTE
+    [flash attention])."""
     _check_attention(attention)
-    b, s, h = batch, spec.seq_len, spec.hidden
-    projections = 2.0 * b * s * _projection_weights(spec)
-    ffn = spec.ffn_matrices * 2.0 * b * s * h * spec.ffn_width_per_token
-    router = 2.0 * b * s * h * spec.experts * spec.moe_layers / spec.layers
+    b, s = batch, spec.seq_len
+    gemm = 2.0 * b * s * sum(g.weights for g in layer_gemms(spec))
     core = 2.0 * b * s * s * (spec.q_width + spec.attention_out_width)
     if attention == "flash" and spec.causal:
         core /= 2.0
-    return {"gemm": projections + ffn + router, "attention": core}
+    return {"gemm": gemm, "attention": core}
 
 
 def attention_bwd_flops_ratio(attention: Attention) -> float:
