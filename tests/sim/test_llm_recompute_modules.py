@@ -136,6 +136,7 @@ def test_file_round_trip_and_bad_name():
     e = execution_from_dict({"gpus": 1, "recompute": "selective", "recompute_modules": ["mla_up_proj", "moe_act"]})
     assert e.recompute_modules == ("mla_up_proj", "moe_act")
     assert execution_from_dict(execution_to_dict(e)) == e
+    assert Execution(**execution_to_dict(e)) == e  # a list, as JSON gives it, is kept as a tuple
     with pytest.raises(ConfigError) as err:
         execution_from_dict({"gpus": 1, "recompute": "selective", "recompute_modules": ["attn"]})
     assert "recompute_modules" in str(err.value) and "'attn'" in str(err.value) and "\n" not in str(err.value)

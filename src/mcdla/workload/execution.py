@@ -324,8 +324,10 @@ class Execution(HashOnce):
                               "update overlaps the CPU's Adam step, set cpu_optimizer")
 
     def _check_recompute_modules(self) -> None:
-        """``recompute_modules``: a non-empty tuple of distinct :data:`RECOMPUTE_MODULES`, other than the default
-        only with ``recompute="selective"``."""
+        """``recompute_modules``: a non-empty tuple (or list, kept as a tuple) of distinct :data:`RECOMPUTE_MODULES`,
+        other than the default only with ``recompute="selective"``."""
+        if isinstance(self.recompute_modules, list):  # as JSON gives it
+            object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
         modules = self.recompute_modules
         if not isinstance(modules, tuple) or not modules or len(set(modules)) < len(modules):
             raise ConfigError(f"execution.recompute_modules: got {brief(modules)}; must be a non-empty list of "
