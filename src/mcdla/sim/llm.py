@@ -773,8 +773,8 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     op = e.recompute == OP_RECOMPUTE
     modules = e.recompute_modules if e.recompute == "selective" else ()
     key = ("layer", spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
-           e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.ep_dispatcher, e.fp8_scaling, op, modules,
-           e.tp_comm_overlap, e.moe_router_graph)
+           e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.ep_dispatcher, e.fp8_scaling, op,
+           modules, e.tp_comm_overlap, e.moe_router_graph)
     got = cluster.model_memo.get(key)
     if got is not None:
         return got  # type: ignore[return-value]

@@ -76,5 +76,6 @@ def layer_shares(execution: Execution, spec: TransformerSpec) -> LayerShares:
         recomputed = stored = count / chunk
         group = 1
     offloaded = float(offloading) if e.offload_num_layers is None else e.offload_num_layers / chunk
-    return LayerShares(recomputed=recomputed, attention_recomputed=recomputed if full else float(e.recomputes_attention),
+    return LayerShares(recomputed=recomputed,
+                       attention_recomputed=recomputed if full else float(e.recomputes_attention),
                        stored_inputs=stored, group=group, offloaded=offloaded)
