@@ -344,6 +344,17 @@ def test_megatron_recompute_layer_count(method, n):
     assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", method, n)
 
 
+def test_megatron_recompute_modules():
+    """Selective recompute's modules other than the default are ``--recompute-modules`` with their names."""
+    e = Execution(**PARTIAL, recompute="selective", recompute_modules=("mla_up_proj", "moe_act"))
+    a = vendored_megatron_parser().parse_args(shlex.split(megatron_file(e, preset("deepseek-v3-671b"), "bf16"),
+                                                          comments=True))
+    assert (a.recompute_granularity, a.recompute_modules) == ("selective", ["mla_up_proj", "moe_act"])
+    plain = Execution(**PARTIAL, recompute="selective")
+    assert vendored_megatron_parser().parse_args(shlex.split(megatron_file(plain, DENSE, "bf16"),
+                                                             comments=True)).recompute_modules is None
+
+
 def test_megatron_block_of_zero_layers_writes_no_recompute():
     e = Execution(**PARTIAL, recompute="full", recompute_num_layers=0)
     a = vendored_megatron_parser().parse_args(shlex.split(megatron_file(e, DENSE, "bf16"), comments=True))

@@ -129,8 +129,9 @@ def _csv_header() -> list[str]:
 def _csv_row(r: Any) -> list[Any]:
     from mcdla.plan.llm_search import EXECUTION_FIELDS, STEP_FIELDS
 
-    return [r.index, *(getattr(r.execution, n) for n in EXECUTION_FIELDS), *(getattr(r.step, n) for n in STEP_FIELDS),
-            r.fits]
+    fields = (getattr(r.execution, n) for n in EXECUTION_FIELDS)  # recompute_modules as "core_attn,mla_up_proj"
+    return [r.index, *(",".join(v) if isinstance(v, tuple) else v for v in fields),
+            *(getattr(r.step, n) for n in STEP_FIELDS), r.fits]
 
 
 @contextlib.contextmanager

@@ -21,7 +21,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   allows only with sequence parallelism).
 - ``micro_batch``, ``global_batch``, the model's ``seq_len``: ``--micro-batch-size``, ``--global-batch-size``,
   ``--seq-length``.
-- ``recompute``: ``selective`` is ``--recompute-granularity selective`` (the attention core; ``selective-op``,
+- ``recompute``: ``selective`` is ``--recompute-granularity selective`` (the attention core; other
+  ``recompute_modules`` add ``--recompute-modules`` with their names; ``selective-op``,
   torchtitan's op policy, has no argument: a ``#`` note); ``full`` is
   ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` (every layer from its
   input); with ``recompute_num_layers`` N, ``--recompute-method block|uniform --recompute-num-layers N`` (block
@@ -131,7 +132,8 @@ def _megatron_cpu_optimizer(e: Execution) -> bool:
 def _megatron_recompute(e: Execution) -> list[str]:
     """``--recompute-*`` arguments (module docstring)."""
     if e.recompute == "selective":
-        return ["--recompute-granularity", "selective"]
+        modules = [] if e.recompute_modules == ("core_attn",) else ["--recompute-modules", *e.recompute_modules]
+        return ["--recompute-granularity", "selective", *modules]
     if e.recompute != "full":
         return []
     if e.recompute_num_layers is None:
@@ -316,9 +318,10 @@ def _torchtitan_checkpoint(e: Execution, spec: TransformerSpec) -> tuple[dict[st
     if e.recompute == "selective-op":
         return {"mode": "selective", "selective_ac_option": "op"}, []
     if e.recompute == "selective":
+        what = "the attention core" if e.recompute_modules == ("core_attn",) else ", ".join(e.recompute_modules)
         return {"mode": "selective", "selective_ac_option": "op"}, [
-            "recompute selective (the attention core): torchtitan has no such policy, written as its op policy "
-            "(recompute selective-op)"]
+            f"recompute selective ({what}): torchtitan has no such policy, written as its op policy (recompute "
+            "selective-op)"]
     if e.recompute != "full" or n is None:
         return {"mode": e.recompute}, []
     if e.recompute_method == "uniform":

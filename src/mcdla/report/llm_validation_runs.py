@@ -245,15 +245,19 @@ _DSV3_RECIPES = ("the 25.11 container's performance scripts (Megatron-Bridge r0.
 _DSV3_COMMON = ("61 layers split by the recipe's pipeline_model_parallel_layout for this PP x VP (deepseek_v3.py "
                 "layout_map: the embedding and 4 layers, 14 chunks of 4, 1 layer with the loss) as pipeline_layout "
                 "'Et*4|(t*4|)*14tL'; MLA run as expanded multi-head attention (the preset: its projections' FLOPs "
-                "and parameters exact, the attention core and stored Q/K/V over the 192/128 per-head dimensions); "
+                "and parameters exact, the attention core and Q/K/V over the 192/128 per-head dimensions); "
                 "the 3 leading dense layers (first_k_dense_replace) and the shared expert in the model's counts, "
                 "but every stage timed with the mean of the 61 layers (the first stage, holding the 3 dense "
                 "layers, is not the slowest); the router's group-limited top-k (8 groups, top 4), sigmoid scores "
                 "and expert bias not modelled: with forced balance (moe_router_force_load_balancing True) every "
                 "expert at its mean load, capacity_factor 1, its launches counted as the Qwen3 router's; "
-                "selective recompute of the MLA up-projections (recompute_modules mla_up_proj: the q and kv up "
-                "projections re-run in the backward, about 3 % of a layer's GEMM FLOPs) not modelled, recompute "
-                "none; distributed optimizer (use_distributed_optimizer True) as ZeRO-1, its precision-aware "
+                "selective recompute of the MLA up-projections (deepseek_llm_pretrain.py recompute_granularity "
+                "selective, the GB200 and B200 configs recompute_modules ['mla_up_proj'], set by "
+                "utils/helpers.py set_recompute_overrides) as recompute selective with recompute_modules "
+                "mla_up_proj: the q and kv up projections re-run in the backward at the GEMM rate (9 % of the "
+                "mean layer's forward GEMM FLOPs) and Q, K, V not stored (Megatron-LM 0d8e0714 "
+                "multi_latent_attention.py, CheckpointWithoutOutput), the attention core not recomputed (no "
+                "core_attn); distributed optimizer (use_distributed_optimizer True) as ZeRO-1, its precision-aware "
                 "state (use_precision_aware_optimizer: bf16 moments and main gradients) not modelled, the state "
                 "counted as fp32 Adam's; dp_overlap on (the "
                 "configs set overlap_grad_reduce True, the recipe overlap_param_gather); with interleaving "
@@ -261,6 +265,7 @@ _DSV3_COMMON = ("61 layers split by the recipe's pipeline_model_parallel_layout 
                 "(moe_grouped_gemm True), permute fusion (moe_permute_fusion True), router fusion "
                 "(moe_router_fusion True) not modelled apart; expert TP 1; TP 1 (no sequence parallelism); flash "
                 "attention; " + _DSV3_RECIPES)
+_MLA_UP = dict(recompute="selective", recompute_modules=("mla_up_proj",))
 _DSV3_MTP = ("the table's 'w/ MTP': the recipe's one multi-token-prediction layer (mtp_num_layers 1, on the last "
              "stage with the loss: 'Et*4|(t*4|)*14tmL') not modelled, so the last stage lacks one MoE layer, its "
              "embedding-and-hidden projection and a second output layer and loss; it holds 1 of the 4 layers of "
@@ -312,14 +317,14 @@ BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
                 "(cuda_graph_scope moe_router and moe_preprocess in the GB200 config); the shared expert's overlap "
                 "off (apply_flex_dispatcher_backend sets moe_shared_expert_overlap False with HybridEP); "
                 f"{_RACK_64}", gpus_per_node=64, common=_DSV3_COMMON, moe_router_graph=True,
-                pipeline_layout="Et*4|(t*4|)*14tL"),
+                pipeline_layout="Et*4|(t*4|)*14tL", **_MLA_UP),
     _bridge_moe("b200", "deepseek-v3-671b", 256, "fp8", 2048, 1, 1, 16, 1, 8, 2139,
                 f"{_MX}; {_DSV3_MTP}; token dispatcher alltoall (no flex backend in the B200 config: the "
                 "provider's default), with the provider's moe_shared_expert_overlap True (the shared expert beside "
                 "the dispatch on a side stream) not modelled; no CUDA graph (the B200 config sets no "
                 "cuda_graph_scope): the pre-MLP norm's, the router's and the alltoall preprocess's launches charged "
                 "at host_call_time each; moe_a2a_overlap False", common=_DSV3_COMMON, fp8_scaling="mxfp8",
-                pipeline_layout="Et*4|(t*4|)*14tL"),
+                pipeline_layout="Et*4|(t*4|)*14tL", **_MLA_UP),
 )
 """Megatron-Bridge 25.11's MoE runs: Qwen3 30B-A3B on H100, B200, GB200, GB300; Qwen3 235B-A22B on GB200, GB300,
 B200; DeepSeek-V3 671B on GB200 (bf16) and B200 (FP8-MX)."""

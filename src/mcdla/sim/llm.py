@@ -22,8 +22,9 @@ NOTE [time model] (also ``docs/llm.md``):
   launches (GEMM calls and fp8 quantizations) where those outlast them (NOTE [expert parallelism]).
   ``fused_kernels: false`` counts those kernels as eager PyTorch runs them, one per op (NOTE [eager kernels] in
   :mod:`mcdla.sim.llm_eager`). Recompute adds a forward (``full``), the attention core with its softmax and
-  dropout (``selective``) or torchtitan's op policy's every second matrix product and the memory-bound kernels
-  but the last residual add (``selective-op``, NOTE [op-level selective recompute] in
+  dropout (``selective``; its other ``recompute_modules`` their GEMMs and kernels, NOTE [recompute modules] in
+  :mod:`mcdla.workload.transformer`) or torchtitan's op policy's every second matrix product and the memory-bound
+  kernels but the last residual add (``selective-op``, NOTE [op-level selective recompute] in
   :mod:`mcdla.workload.op_recompute`); with
   ``recompute_num_layers`` (and ``offload_num_layers``) a layer's figures are the mean over its model chunk of
   the recomputed (offloaded) and the plain layers (NOTE [partial recompute and offload] in
@@ -143,7 +144,7 @@ from mcdla.workload.transformer import (Attention, TransformerSpec, activation_b
                                         attention_bwd_flops_ratio, flash_attention_bytes,
                                         flash_attention_exponentials, fp8_cast_bytes_per_layer,
                                         hardware_flops_per_iteration, layer_fwd_flops, layer_gemms, logits_fwd_flops,
-                                        model_flops_per_iteration)
+                                        model_flops_per_iteration, recompute_module_costs)
 from mcdla.workload.memo import HashOnce, hash_once, pure_cache, slot_init
 
 __all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
@@ -723,7 +724,7 @@ class _LayerCompute(NamedTuple):
     core_fwd_s: float  # the attention kernel's memory traffic (and exponentials), forward
     fwd_s: float  # the layer's forward
     bwd_s: float  # its backward
-    op_recompute_s: float  # what ``selective-op`` recomputes in its backward (0 under any other recompute)
+    op_recompute_s: float  # what ``selective-op``, or ``selective``'s modules but the core, recompute in backward
     logits_s: float  # the vocabulary projection, forward (on the last stage)
     loss_s: float  # the loss, forward
     hbm_per_s: float  # the HBM bandwidth the memory-bound kernels get
@@ -770,9 +771,10 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     """:class:`_LayerCompute` of ``spec`` at ``prec`` under ``e``'s micro-batch, TP, CP, EP, capacity factor,
     attention kernel, kernel fusion and fp8 scaling on ``cluster``'s GPU (NOTE [time model])."""
     op = e.recompute == OP_RECOMPUTE
+    modules = e.recompute_modules if e.recompute == "selective" else ()
     key = ("layer", spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
            e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.ep_dispatcher, e.fp8_scaling, op,
-           e.tp_comm_overlap, e.moe_router_graph)
+           modules, e.tp_comm_overlap, e.moe_router_graph)
     got = cluster.model_memo.get(key)
     if got is not None:
         return got  # type: ignore[return-value]
@@ -832,6 +834,9 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
                  + cast_bwd + permute_f + pad_f + issue_wait_b + ring_b)
     op_recompute = (op_recomputed_gemm_flops(spec, b) / split / gemm_rate + block_f - ew["last_add"] / hbm_per_s
                     if op else 0.0)
+    if modules and modules != ("core_attn",):  # NOTE [recompute modules]: the up projections at the dense GEMMs' rate
+        again = recompute_module_costs(spec, b, modules, tp=e.tp, sp=e.sequence_parallel, cp=e.cp)
+        op_recompute = again["gemm"] / gemm_rate + again["bytes"] / hbm_per_s
     logits = logits_fwd_flops(spec, b) / split / other_rate
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
     result = _LayerCompute(gemm_s=gemm_f, overlapped_s=overlapped_f, attention_s=attn_f, core_fwd_s=core_fwd,
@@ -877,8 +882,10 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         layer_recompute = full * layer_fwd
     elif e.recompute == OP_RECOMPUTE:  # NOTE [op-level selective recompute]: checkpoint stops before the last add
         layer_recompute = lc.op_recompute_s
+    elif e.recompute == "selective":  # NOTE [recompute modules]
+        layer_recompute = (attn_f + core_fwd if "core_attn" in e.recompute_modules else 0.0) + lc.op_recompute_s
     else:
-        layer_recompute = attn_f + core_fwd if e.recompute == "selective" else 0.0
+        layer_recompute = 0.0
     cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)
     ep_fwd, ep_bwd = ep_all_to_all_s(spec, e, cluster)
 
@@ -1039,7 +1046,8 @@ def _activation_bytes(spec: TransformerSpec, e: Execution, prec: Precision) -> f
     def per_layer(recompute: str) -> float:
         return activation_bytes_per_layer(spec, e.micro_batch, tp=e.tp, sp=e.sequence_parallel, cp=e.cp,
                                           recompute=recompute, attention=e.attention,  # type: ignore[arg-type]
-                                          fp8_gemm_inputs=prec.fp8, fp8_scaling=e.fp8_scaling)
+                                          fp8_gemm_inputs=prec.fp8, fp8_scaling=e.fp8_scaling,
+                                          recompute_modules=e.recompute_modules)
     if e.recompute_num_layers is None:
         return per_layer(e.recompute)
     shares = layer_shares(e, spec)
@@ -1222,7 +1230,8 @@ def _record(e: Execution, cluster: Cluster, c: StageCosts, prec: Precision, fig:
         offload_s=offload_s,
         model_flops=model_flops,
         hardware_flops=hardware_flops_per_iteration(spec, e.global_batch, e.recompute, attention=e.attention,
-                                                    recompute_share=shares.recomputed),
+                                                    recompute_share=shares.recomputed,
+                                                    recompute_modules=e.recompute_modules),
         mfu=model_flops / (e.gpus * flops_per_s * iteration),
         device_bytes=device_bytes,
         offloaded_bytes=offloaded,

@@ -118,5 +118,5 @@ def ring_attention_moved_s(spec: TransformerSpec, execution: Execution, cluster:
         for i, calls in enumerate((2, 4 if e.recompute == "full" else 2)):
             rest[i] += batched_latency_s("all-to-all", a2a, calls * layers * share, dims)
     step = layers * attention_fwd_s / e.cp
-    back = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2)
+    back = (e.cp - 1) * (3 if e.recomputes_attention else 2)
     return max(0.0, (e.cp - 1) * step - rest[0]), max(0.0, back * step - rest[1])

@@ -139,7 +139,7 @@ def _class_bytes(execution: Execution, cluster: Cluster, costs: StageCosts, traf
         return {"forward": fwd, "backward": bwd}
     _tp_stride, _pp_stride, cp_stride, ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
     moved = {"forward": fwd, "backward": bwd}
-    recomputes = e.recompute in ("selective", "full")
+    recomputes = e.recomputes_attention
     calls: list[tuple[str, str, float, tuple[FabricDim, ...]]] = []  # (phase, kind, bytes, dimensions)
     if e.cp > 1:
         dims = cluster.group_dims(e.cp, cp_stride)
@@ -486,7 +486,7 @@ def _ring_attention_s(execution: Execution, costs: StageCosts) -> float:
     """The attention one layer's backward runs beside its CP ring's sends (the engine moves it out of the
     layer's compute into the ring steps); 0 without a ring."""
     e = execution
-    steps = (e.cp - 1) * (3 if e.recompute in ("selective", "full") else 2) if e.cp_comm == "p2p" else 0
+    steps = (e.cp - 1) * (3 if e.recomputes_attention else 2) if e.cp_comm == "p2p" else 0
     return steps * costs.layer_attention_fwd_s / e.cp
 
 

@@ -121,7 +121,7 @@ def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankT
     """The forward and backward :class:`PassExchange` of a chunk of ``layers`` layers on ``rank``
     (NOTE [CP and EP lowering])."""
     layout = ParallelDims.of(e)
-    n, recomputes = layers, e.recompute in ("selective", "full")
+    n, recomputes = layers, e.recomputes_attention
     fwd: list[tuple[Collective, float]] = []
     bwd: list[tuple[Collective, float]] = []
     ring_f = ring_b = None

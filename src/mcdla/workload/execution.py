@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mcdla._io_safety import read_document
 from mcdla.errors import ConfigError, brief, validation_line
 from mcdla.workload.op_recompute import OP_RECOMPUTE, check_op_recompute
-from mcdla.workload.transformer import ATTENTIONS, FP8_SCALINGS, Attention, Recompute, TransformerSpec
+from mcdla.workload.transformer import (ATTENTIONS, FP8_SCALINGS, RECOMPUTE_MODULES, Attention, Recompute,
+                                        TransformerSpec)
 from mcdla.workload.memo import HashOnce, hash_once, pure_cache
 
 __all__ = ["CP_COMM_TYPES", "EP_DISPATCHERS", "OFFLOAD_TIERS", "OPTIMIZER_KERNELS", "RECOMPUTE_METHODS", "ROPE_KERNELS", "ZERO3_COLLECTIVES",
@@ -85,6 +86,9 @@ class Execution(HashOnce):
         recompute: ``none``, ``selective`` (attention core), ``selective-op`` (torchtitan's op policy: every
             second matrix product and the memory-bound kernels, NOTE [op-level selective recompute] in
             :mod:`mcdla.workload.op_recompute`) or ``full`` (every layer from its input).
+        recompute_modules: with ``selective``, Megatron-Core's ``--recompute-modules`` (NOTE [recompute modules]
+            in :mod:`mcdla.workload.transformer`): any of ``core_attn`` (the attention core, the default),
+            ``mla_up_proj``, ``moe_act``, ``layernorm``; left at the default with the other recompute choices.
         recompute_method, recompute_num_layers: with ``full``, Megatron-LM's ``--recompute-method block|uniform
             --recompute-num-layers N`` per model chunk (:mod:`mcdla.workload.layer_counts`); None recomputes
             every layer from its own input.
@@ -194,6 +198,7 @@ class Execution(HashOnce):
     activation_offload_sync: bool = False
     moe_router_graph: bool = False
     pipeline_layout: str | None = None
+    recompute_modules: tuple[str, ...] = ("core_attn",)
 
     __hash__ = hash_once  # a key of the model's memoised figures, hashed once (mcdla.workload.memo)
 
@@ -228,6 +233,7 @@ class Execution(HashOnce):
                               "expert parallelism with tensor parallelism needs sequence parallelism (Megatron-Core)")
         if self.recompute not in _RECOMPUTE:
             raise ConfigError(f"execution.recompute: got {brief(self.recompute)}; must be one of {', '.join(_RECOMPUTE)}")
+        self._check_recompute_modules()
         if self.rope_kernels not in ROPE_KERNELS:
             raise ConfigError(f"execution.rope_kernels: got {brief(self.rope_kernels)}; "
                               f"must be one of {', '.join(ROPE_KERNELS)}")
@@ -316,6 +322,30 @@ class Execution(HashOnce):
         if self.delayed_param_update and not self.cpu_optimizer:
             raise ConfigError("execution.delayed_param_update: got true with cpu_optimizer=false; the delayed "
                               "update overlaps the CPU's Adam step, set cpu_optimizer")
+
+    def _check_recompute_modules(self) -> None:
+        """``recompute_modules``: a non-empty tuple (or list, kept as a tuple) of distinct :data:`RECOMPUTE_MODULES`,
+        other than the default only with ``recompute="selective"``."""
+        if isinstance(self.recompute_modules, list):  # as JSON gives it
+            object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        modules = self.recompute_modules
+        if not isinstance(modules, tuple) or not modules or len(set(modules)) < len(modules):
+            raise ConfigError(f"execution.recompute_modules: got {brief(modules)}; must be a non-empty list of "
+                              f"distinct names among {', '.join(RECOMPUTE_MODULES)}")
+        for name in modules:
+            if name not in RECOMPUTE_MODULES:
+                raise ConfigError(f"execution.recompute_modules: got {brief(name)}; must be among "
+                                  f"{', '.join(RECOMPUTE_MODULES)} (Megatron-Core's mlp, moe and shared_experts "
+                                  "are not modelled)")
+        if modules != ("core_attn",) and self.recompute != "selective":
+            raise ConfigError(f"execution.recompute_modules: got {','.join(modules)} with recompute="
+                              f"{self.recompute}; it names what selective recompute re-runs, needs "
+                              "recompute=selective")
+
+    @property
+    def recomputes_attention(self) -> bool:
+        """Whether backward re-runs the attention core: ``full``, or ``selective`` with ``core_attn``."""
+        return self.recompute == "full" or (self.recompute == "selective" and "core_attn" in self.recompute_modules)
 
     def _check_layer_counts(self) -> None:
         """Partial recompute and offload: counts >= 0 (>= 1 for ``uniform``), each only with what it counts."""
@@ -494,6 +524,11 @@ def check_execution(execution: Execution, spec: TransformerSpec) -> None:
         layer_shares(e, spec)
     if e.recompute == OP_RECOMPUTE:
         check_op_recompute(spec, e.tp, e.attention)
+    for module, needs, has in (("mla_up_proj", "multi-head latent attention", spec.mla is not None),
+                               ("moe_act", "experts", spec.experts > 1)):
+        if module in e.recompute_modules and not has:
+            raise ConfigError(f"execution.recompute_modules: got {module} for {spec.name}; it needs {needs} "
+                              "(Megatron-Core refuses it otherwise)")
     if e.zero3_collectives == "per-tensor" and (spec.experts > 1 or spec.mla is not None):
         raise ConfigError(f"execution.zero3_collectives: got 'per-tensor' for {spec.name}; the per-tensor "
                           "collectives are named for a dense model without MLA, use 'per-layer'")
@@ -564,6 +599,8 @@ class _ExecutionFile(BaseModel):
     activation_offload_sync: bool = False
     moe_router_graph: bool = False
     pipeline_layout: str | None = Field(default=None, min_length=1, max_length=10_000)
+    recompute_modules: list[Literal["core_attn", "mla_up_proj", "moe_act", "layernorm"]] = Field(
+        default=["core_attn"], min_length=1, max_length=len(RECOMPUTE_MODULES))
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
@@ -578,7 +615,9 @@ def execution_from_dict(data: Any, source: str = "execution") -> Execution:
         parsed = _ExecutionFile.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_one_line(exc, source)) from None
-    return Execution(**parsed.model_dump())
+    fields = parsed.model_dump()
+    fields["recompute_modules"] = tuple(fields["recompute_modules"])
+    return Execution(**fields)
 
 
 def load_execution(path: str | Path) -> Execution:
@@ -589,4 +628,4 @@ def load_execution(path: str | Path) -> Execution:
 
 def execution_to_dict(execution: Execution) -> dict[str, Any]:
     """The record as plain data (the file format); an even split's absent end-stage layer counts are left out."""
-    return {k: v for k, v in asdict(execution).items() if v is not None}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(execution).items() if v is not None}

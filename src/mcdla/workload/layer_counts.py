@@ -30,7 +30,7 @@ class LayerShares:
 
     Attributes:
         recomputed: share of the layers fully recomputed in backward (1 with ``recompute="full"`` and no count).
-        attention_recomputed: share whose attention core is recomputed (1 with ``selective``; 0 with
+        attention_recomputed: share whose attention core is recomputed (1 with ``selective`` and ``core_attn``; 0 with
             ``selective-op``, which keeps the attention kernel's output).
         stored_inputs: share of the layers whose input is stored as a checkpoint (the recomputed ones; with
             ``uniform``, one in each group of ``recompute_num_layers``).
@@ -55,7 +55,7 @@ def layer_shares(execution: Execution, spec: TransformerSpec) -> LayerShares:
     counted = e.recompute_num_layers is not None or e.offload_num_layers is not None
     offloading = e.offload_activations or e.offload_weights
     if not counted:
-        return LayerShares(recomputed=float(full), attention_recomputed=float(e.recompute in ("selective", "full")),
+        return LayerShares(recomputed=float(full), attention_recomputed=float(e.recomputes_attention),
                            stored_inputs=float(full), group=1, offloaded=float(offloading))
     sizes = {n for row in chunk_layers(e, spec) for n in row}
     field = "recompute_num_layers" if e.recompute_num_layers is not None else "offload_num_layers"
@@ -76,5 +76,6 @@ def layer_shares(execution: Execution, spec: TransformerSpec) -> LayerShares:
         recomputed = stored = count / chunk
         group = 1
     offloaded = float(offloading) if e.offload_num_layers is None else e.offload_num_layers / chunk
-    return LayerShares(recomputed=recomputed, attention_recomputed=recomputed if full else float(e.recompute == "selective"),
+    return LayerShares(recomputed=recomputed,
+                       attention_recomputed=recomputed if full else float(e.recomputes_attention),
                        stored_inputs=stored, group=group, offloaded=offloaded)

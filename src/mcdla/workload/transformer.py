@@ -55,6 +55,25 @@ grouped GEMM, which Transformer Engine 2.9 refuses them anyway ("GroupedLinear d
 overlap", NVIDIA/TransformerEngine 70f5366 ``pytorch/module/grouped_linear.py``); MLA's projections' buffer
 names (``q_proj``, ``kv_down_proj``, ...) are not among the four, and ``TELinear`` turns the overlap off for
 them. The router's gating GEMM is no tensor-parallel layer.
+
+NOTE [recompute modules] ``recompute="selective"`` is Megatron-Core's ``--recompute-granularity selective`` with
+its ``--recompute-modules`` (``TransformerConfig.recompute_modules``, default ``["core_attn"]``; Megatron-LM
+0d8e0714, ``megatron/core/transformer/transformer_config.py``), of which these are modelled
+(:data:`RECOMPUTE_MODULES`): ``core_attn``, the attention core checkpointed from Q, K and V (Korthikanti et al.
+2022, sec. 5: the ``s x s`` terms not stored; with the flash kernel its forward re-run, nothing less stored);
+``mla_up_proj``, MLA's query and key/value up projections with their latent norms and RoPE
+(``multi_latent_attention.py`` ``qkv_up_proj_and_rope_apply`` under ``CheckpointWithoutOutput``; a direct query
+projection ``linear_q_proj`` when there is no ``q_lora_rank``), whose outputs Q, K and V are freed once the
+attention core has run and recomputed before its backward; ``moe_act``, the routed experts' activation function
+(``moe/experts.py`` ``TEGroupedMLP``: its output, the fc2 input, freed after fc2 and recomputed); ``layernorm``,
+the input and pre-MLP norms where they run as their own module (``transformer_layer.py``: not where Transformer
+Engine fuses the norm into the next linear layer, ``IdentityOp``; ``models/gpt/gpt_layer_specs.py`` fuses it for
+plain attention and for a dense MLP, not for MLA nor before an MoE layer), their outputs freed and recomputed.
+The last three are Megatron's output-discarding checkpoints: the module's input stays stored, its output is not.
+The time model re-runs each recomputed module's forward in the backward at the rates it prices that kernel at
+(the up projections as GEMMs, the norms and the activation as HBM bytes, :func:`recompute_module_costs`); the
+latent norms and RoPE are not priced in the forward either. ``mlp``, ``moe`` and ``shared_experts`` (whole
+blocks checkpointed) are not modelled.
 """
 
 from __future__ import annotations
@@ -75,6 +94,8 @@ __all__ = [
     "LayerGemm",
     "layer_fwd_flops",
     "layer_gemms",
+    "recompute_module_costs",
+    "RECOMPUTE_MODULES",
     "logits_fwd_flops",
     "model_flops_per_iteration",
     "hardware_flops_per_iteration",
@@ -89,6 +110,9 @@ __all__ = [
 ]
 
 Recompute = Literal["none", "selective", "selective-op", "full"]
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "mla_up_proj", "moe_act", "layernorm")
+"""Megatron-Core's ``recompute_modules`` the model prices with ``recompute="selective"`` (NOTE [recompute
+modules]); ``("core_attn",)`` is Megatron-Core's default."""
 Attention = Literal["flash", "materialized"]
 ATTENTIONS: tuple[str, ...] = ("flash", "materialized")
 """``flash``: a fused FlashAttention-2 kernel; ``materialized``: the ``s x s`` scores written to HBM (Megatron's
@@ -143,6 +167,12 @@ class MlaAttention:
         kv = hidden * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
         kv += self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
         return q + kv + heads * self.v_head_dim * hidden
+
+    def up_weights(self, hidden: int, heads: int) -> int:
+        """Weights of the up projections (NOTE [recompute modules]): the query's from its latent (or the direct
+        query projection) and the keys' and values' from the kv latent."""
+        return ((self.q_lora_rank or hidden) * heads * self.qk_head_dim
+                + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -470,7 +500,9 @@ def layer_gemms(spec: TransformerSpec) -> tuple[LayerGemm, ...]:
     if spec.mla is None:
         attention = [LayerGemm("qkv", float(h * (spec.q_width + spec.kv_hidden + spec.v_width)), 1.0, "ag")]
     else:  # MLA's down and up projections: no userbuffers name in Transformer Engine
-        attention = [LayerGemm("mla", _projection_weights(spec) - out, 1.0, "")]
+        up = float(spec.mla.up_weights(h, spec.heads))
+        attention = [LayerGemm("mla_down", _projection_weights(spec) - out - up, 1.0, ""),
+                     LayerGemm("mla_up", up, 1.0, "")]
     gemms = [*attention, LayerGemm("proj", float(out), 1.0, "rs")]
     ffn = int(spec.ffn_hidden)  # type: ignore[arg-type]
     fc1 = spec.ffn_matrices - 1  # fc1 (SwiGLU: gate and up, one GEMM) against fc2
@@ -505,16 +537,21 @@ def model_flops_per_iteration(spec: TransformerSpec, global_batch: int) -> float
 
 @pure_cache(1024)
 def hardware_flops_per_iteration(spec: TransformerSpec, global_batch: int, recompute: Recompute, *,
-                                 attention: Attention = "materialized", recompute_share: float = 1.0) -> float:
+                                 attention: Attention = "materialized", recompute_share: float = 1.0,
+                                 recompute_modules: tuple[str, ...] = ("core_attn",)) -> float:
     """FLOPs the devices execute, recomputation included: ``full`` re-runs every layer's forward (the
-    ``recompute_share`` of the layers that a recompute count leaves recomputed), ``selective`` only the attention
-    core (Korthikanti et al. 2022, sec. 5), ``selective-op`` every second matrix product (NOTE [op-level
+    ``recompute_share`` of the layers that a recompute count leaves recomputed), ``selective`` its
+    ``recompute_modules`` (NOTE [recompute modules]: ``core_attn`` the attention core, Korthikanti et al. 2022,
+    sec. 5; ``mla_up_proj`` MLA's up projections), ``selective-op`` every second matrix product (NOTE [op-level
     selective recompute] in :mod:`mcdla.workload.op_recompute`); with ``attention="flash"`` the core is the kernel's (causal halving, a
     2.5x backward: NOTE [flash attention])."""
     from mcdla.workload.op_recompute import op_recomputed_gemm_flops  # built on this module
 
     layer = layer_fwd_flops(spec, global_batch, attention=attention)
-    extra = {"none": 0.0, "selective": layer["attention"],
+    selective = layer["attention"] if "core_attn" in recompute_modules else 0.0
+    if recompute == "selective" and recompute_modules != ("core_attn",):
+        selective += recompute_module_costs(spec, global_batch, recompute_modules)["gemm"]
+    extra = {"none": 0.0, "selective": selective,
              "selective-op": op_recomputed_gemm_flops(spec, global_batch),
              "full": recompute_share * (layer["gemm"] + layer["attention"])}[recompute]
     per_layer = 3.0 * layer["gemm"] + (1.0 + attention_bwd_flops_ratio(attention)) * layer["attention"]
@@ -588,11 +625,46 @@ def fp8_cast_bytes_per_layer(spec: TransformerSpec, micro_batch: int, *, tp: int
     return {"fwd": fwd, "bwd": bwd}
 
 
+@pure_cache(1024, copy_dict=True)
+def recompute_module_costs(spec: TransformerSpec, micro_batch: int, modules: tuple[str, ...], *, tp: int = 1,
+                           sp: bool = False, cp: int = 1, stored_bytes: float | None = None) -> dict[str, float]:
+    """What ``mla_up_proj``, ``moe_act`` and ``layernorm`` of ``modules`` cost one layer (the mean layer) on one rank
+    per micro-batch (NOTE [recompute modules]; ``core_attn`` is the attention core's, priced apart): ``gemm``, the
+    forward FLOPs re-run in the backward (the up projections, ``2 b s`` times their weights); ``bytes``, the HBM
+    bytes of the memory-bound kernels re-run (each norm reads and writes ``b s h``; the SwiGLU/GELU reads its
+    ``ffn_matrices - 1`` inputs and writes one output of the routed width ``top_k x ffn_hidden``); ``saved``, the
+    stashed bytes not kept: Q, K and V (expanded widths, split over ``tp``), the norms' outputs (the QKV and fc1
+    inputs, split over ``tp`` with ``sp``), the routed experts' fc2 input, at ``stored_bytes`` an element
+    (``bytes_per_element`` when None: the GEMM inputs' stored copy, fp8 with Transformer Engine's fp8). The input
+    norm is its own module only with MLA and the pre-MLP norm only before an MoE layer (the mean layer's share of
+    those)."""
+    unknown = sorted(set(modules) - set(RECOMPUTE_MODULES))
+    if unknown:
+        raise WorkloadError(f"recompute_modules: got {unknown[0]!r}; must be among {', '.join(RECOMPUTE_MODULES)}")
+    e = spec.bytes_per_element
+    g = e if stored_bytes is None else stored_bytes
+    tokens = micro_batch * spec.seq_len / cp
+    moe = spec.moe_layers / spec.layers
+    routed = moe * spec.top_k * int(spec.ffn_hidden)  # type: ignore[arg-type]  # mean routed width a token runs
+    gemm = moved = saved = 0.0
+    if "mla_up_proj" in modules and spec.mla is not None:
+        gemm = 2.0 * tokens * spec.mla.up_weights(spec.hidden, spec.heads) / tp
+        saved += e * tokens * (spec.q_width + spec.kv_hidden + spec.v_width) / tp
+    if "moe_act" in modules:
+        moved += spec.ffn_matrices * e * tokens * routed / tp
+        saved += g * tokens * routed / tp
+    if "layernorm" in modules:
+        norms = (1.0 if spec.mla is not None else 0.0) + moe
+        moved += norms * 2 * e * tokens * spec.hidden / (tp if sp else 1)
+        saved += norms * g * tokens * spec.hidden / (tp if sp else 1)
+    return {"gemm": gemm, "bytes": moved, "saved": saved}
+
+
 @pure_cache(1024)
 def activation_bytes_per_layer(
     spec: TransformerSpec, micro_batch: int, *, tp: int = 1, sp: bool = False, cp: int = 1,
     recompute: Recompute = "none", attention: Attention = "materialized", fp8_gemm_inputs: bool = False,
-    fp8_scaling: str = "current",
+    fp8_scaling: str = "current", recompute_modules: tuple[str, ...] = ("core_attn",),
 ) -> float:
     """Bytes one layer stashes for backward per micro-batch on one rank (Korthikanti et al. 2022, sec. 4).
 
@@ -600,7 +672,8 @@ def activation_bytes_per_layer(
     byte each) and output, projection input, dropout mask; FFN block: norm input, fc1 input, activation
     input(s), fc2 input, dropout mask. Tensor parallelism splits what lies between the two collectives by
     ``tp``; sequence parallelism also splits the rest. Context parallelism splits the sequence by ``cp``.
-    ``selective`` drops the ``s x s`` terms (recomputed); ``full`` keeps only the layer input; ``selective-op``
+    ``selective`` with ``recompute_modules`` ``core_attn`` drops the ``s x s`` terms (recomputed), with the others
+    what :func:`recompute_module_costs` says they do not keep; ``full`` keeps only the layer input; ``selective-op``
     keeps what torchtitan's op policy saves (:func:`~mcdla.workload.op_recompute.op_saved_bytes_per_layer`, at
     ``tp=1`` only).
     ``attention="flash"`` stores no ``s x s`` terms but the fp32 logsumexp, ``4 a s b`` bytes (NOTE [flash
@@ -641,10 +714,14 @@ def activation_bytes_per_layer(
               + e * s * b * ffn_width * (spec.ffn_matrices - 1) + g * s * b * ffn_width)  # act input(s), fc2 input
     if attention == "flash":
         inside += _LSE_BYTES * a * s * b
-    elif recompute == "none":
+    elif recompute == "none" or "core_attn" not in recompute_modules:
         # softmax output, dropout mask and dropout output over the a x s x s scores (the full sequence of keys)
         inside += (e + mask + e * mask) * a * s * spec.seq_len * b
-    return outside / (tp if sp else 1) + inside / tp
+    stored = outside / (tp if sp else 1) + inside / tp
+    if recompute == "selective" and recompute_modules != ("core_attn",):
+        stored -= recompute_module_costs(spec, micro_batch, recompute_modules, tp=tp, sp=sp, cp=cp,
+                                         stored_bytes=g)["saved"]
+    return stored
 
 
 def _spec(**kw: object) -> TransformerSpec:
