@@ -722,6 +722,7 @@ class _LayerCompute(NamedTuple):
     overlapped_s: float  # those Transformer Engine's userbuffers run, forward (NOTE [layer GEMMs])
     attention_s: float  # the attention core's FLOPs, forward
     core_fwd_s: float  # the attention kernel's memory traffic (and exponentials), forward
+    core_bwd_s: float  # the same, backward
     fwd_s: float  # the layer's forward
     bwd_s: float  # its backward
     op_recompute_s: float  # what ``selective-op``, or ``selective``'s modules but the core, recompute in backward
@@ -840,7 +841,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     logits = logits_fwd_flops(spec, b) / split / other_rate
     loss = _LOSS_PASSES * _LOSS_ELEMENT_BYTES * b * spec.seq_len / e.cp * spec.vocab / e.tp / hbm_per_s
     result = _LayerCompute(gemm_s=gemm_f, overlapped_s=overlapped_f, attention_s=attn_f, core_fwd_s=core_fwd,
-                           fwd_s=layer_fwd, bwd_s=layer_bwd,
+                           core_bwd_s=core_bwd, fwd_s=layer_fwd, bwd_s=layer_bwd,
                            op_recompute_s=op_recompute, logits_s=logits, loss_s=loss, hbm_per_s=hbm_per_s,
                            gemm_bwd_ratio=gemm_bwd_ratio)
     return _remember(cluster, key, result)
