@@ -176,11 +176,12 @@ def _gemms_by_hand(name):
                 "expert_fc1": (k * 2 * h * f, 1), "expert_fc2": (k * h * f, 1)}
     assert name == "deepseek-v3-671b"
     h, a, q_rank, kv_rank, nope, rope, v = 7168, 128, 1536, 512, 128, 64, 128
-    mla = h * q_rank + q_rank * a * (nope + rope) + h * (kv_rank + rope) + kv_rank * a * (nope + v)
+    down = h * q_rank + h * (kv_rank + rope)  # the query and key/value latents (and the shared rope key)
+    up = q_rank * a * (nope + rope) + kv_rank * a * (nope + v)  # the heads from the latents
     moe, dense_f, f = 58 / 61, 18432, 2048
     fc = (3 * dense_f + 58 * f) / 61  # the dense layers' FFN and the MoE layers' shared expert
-    return {"mla": (mla, 1), "proj": (a * v * h, 1), "router": (moe * h * 256, moe), "fc1": (2 * h * fc, 1),
-            "fc2": (h * fc, 1), "expert_fc1": (moe * 8 * 2 * h * f, moe), "expert_fc2": (moe * 8 * h * f, moe)}
+    return {"mla_down": (down, 1), "mla_up": (up, 1), "proj": (a * v * h, 1), "router": (moe * h * 256, moe),
+            "fc1": (2 * h * fc, 1), "fc2": (h * fc, 1), "expert_fc1": (moe * 8 * 2 * h * f, moe), "expert_fc2": (moe * 8 * h * f, moe)}
 
 
 @pytest.mark.parametrize("name", ["gpt3-175b", "llama3-70b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3-671b"])
