@@ -124,7 +124,9 @@ def combined_layer_s(run: MeasuredRun, layers: int = 40, call_s: float | None = 
     host_f, host_dgrad = fwd_launches * launch_s, bwd_launches * launch_s / 2
     route_f, route_b = ((n + d) * launch_s for n, d in zip(router_preprocess_launches(e), dense))
     expert, dgrad = gemm + pad, gemm + pad / 2  # the backward's padding split as its launches are
-    a2a, attn_f, attn_b = sc.layer_ep_fwd_s / 2, sc.layer_fwd_s - expert, sc.layer_bwd_s - 2 * gemm - pad
+    # the all-to-alls whole: the streams hide them here, not the model's combined share (NOTE [EP overlap])
+    a2a = (sc.layer_ep_fwd_s + sc.layer_ep_hidden_fwd_s) / 2
+    attn_f, attn_b = sc.layer_fwd_s - expert, sc.layer_bwd_s - 2 * gemm - pad
     host, free, done = 0.0, {"comp": 0.0, "comm": 0.0}, {}
 
     def op(name: str, stream: str, host_s: float, gpu_s: float, after: str = "") -> None:

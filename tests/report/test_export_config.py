@@ -49,6 +49,8 @@ CASES = [
                     global_batch=64, offload_optimizer=True, cpu_optimizer=True, delayed_param_update=True), "bf16"),
     (MOE, Execution(gpus=16, tp=1, pp=2, dp=8, ep=8, zero=1, micro_batch=2, global_batch=64,
                     ep_dispatcher="hybridep", moe_router_graph=True), "bf16"),
+    (MOE, Execution(gpus=16, tp=1, pp=2, dp=8, ep=8, zero=1, micro_batch=1, global_batch=64, virtual_stages=2,
+                    pp_comm_overlap=True, moe_a2a_overlap=True), "bf16"),
     (DENSE, Execution(gpus=64, tp=4, pp=4, dp=4, virtual_stages=2, micro_batch=1, global_batch=64,
                       pp_comm_overlap=True), "bf16"),
     (DENSE, Execution(gpus=8, pp=2, dp=4, virtual_stages=2, micro_batch=1, global_batch=32, pp_comm_overlap=True,
@@ -102,6 +104,8 @@ def execution_from_megatron(a: argparse.Namespace, gpus: int) -> dict[str, objec
         "cp_comm": a.cp_comm_type[0] if a.cp_comm_type else "p2p",
         "ep_dispatcher": ("hybridep" if a.moe_token_dispatcher_type == "flex"
                           and a.moe_flex_dispatcher_backend == "hybridep" else "alltoall"),
+        # Megatron-Bridge's moe_a2a_overlap sets both (set_moe_a2a_overlap_overrides)
+        "moe_a2a_overlap": bool(a.overlap_moe_expert_parallel_comm) and bool(a.delay_wgrad_compute),
         "moe_router_graph": (a.cuda_graph_impl == "transformer_engine"
                              and {"moe_router", "moe_preprocess"} <= set(a.cuda_graph_modules or ())),
         "virtual_stages": a.num_virtual_stages_per_pipeline_rank or 1,

@@ -41,6 +41,12 @@ _NO_SHARED_LINK = [
     ("deepseek-v3-671b", dict(gpus=16, tp=1, dp=16, ep=16, micro_batch=1, global_batch=16)),
     # HybridEP inside one node: its dispatch and combine beside the pass's compute, nothing on the links
     ("qwen3-30b-a3b", dict(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=16, ep_dispatcher="hybridep")),
+    # moe_a2a_overlap: the combined steps' hidden all-to-alls, without pipelining and interleaved, and HybridEP's
+    ("mixtral-8x7b", dict(gpus=8, tp=1, dp=8, ep=8, micro_batch=1, global_batch=32, moe_a2a_overlap=True)),
+    ("mixtral-8x7b", dict(gpus=16, tp=1, dp=8, pp=2, virtual_stages=2, ep=4, micro_batch=1, global_batch=64,
+                          moe_a2a_overlap=True)),
+    ("qwen3-30b-a3b", dict(gpus=8, dp=8, ep=8, micro_batch=1, global_batch=32, ep_dispatcher="hybridep",
+                           moe_a2a_overlap=True)),
 ]
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from mcdla.errors import ConfigError
 from mcdla.hardware.gemm import GemmEfficiency
-from mcdla.sim.llm import llm_step
+from mcdla.sim.llm import llm_step, stage_costs
 from mcdla.errors import HardwareError
 from mcdla.hardware.cluster import Cluster, cluster_from_dict, load_cluster
 from mcdla.sim.llm_moe import (ep_all_to_all_s, ep_ranks_per_token, fp8_padding_applies, fp8_padding_bytes,
@@ -471,3 +471,66 @@ def test_moe_presets_match_their_config_json(name, example):
     assert (spec.experts, spec.top_k, spec.shared_experts, spec.mla) == (read.experts, read.top_k,
                                                                           read.shared_experts, read.mla)
 
+
+
+@pytest.mark.parametrize(("pp", "vp", "m", "alone"), [(1, 1, 4, 1), (1, 1, 1, 1), (2, 3, 8, 2 * 2 + 1),
+                                                      (2, 4, 4, 3 * 2 + 1), (2, 2, 2, 3)])
+def test_a2a_overlap_hides_up_to_the_other_micro_batchs_compute_in_combined_steps(pp, vp, m, alone, llm_cluster):
+    """moe_a2a_overlap: per combined step the forward's all-to-alls hide behind the other micro-batch's backward
+    compute and the backward's behind its forward (min of the two), over the combined share of the last stage's
+    m v passes: without pipelining all but the first forward and the last backward, interleaved all but the
+    (v - 1) pp + 1 warm-up forwards (and as many cool-down backwards); by hand from the stage costs without it.
+    Off, nothing changes."""
+    cluster = llm_cluster(nodes=4, gpus_per_node=4, network_bytes_per_s=25e9)
+    dp = 16 // pp
+    e = Execution(gpus=16, dp=dp, pp=pp, virtual_stages=vp, ep=min(dp, 8), micro_batch=1, global_batch=m * dp,
+                  pp_comm_overlap=vp > 1)
+    spec = replace(MOE, layers=2 * pp * vp)
+    off = stage_costs(spec, e, cluster)
+    on = stage_costs(spec, replace(e, moe_a2a_overlap=True), cluster)
+    share = max(0, m * vp - alone) / (m * vp)
+    assert off.layer_ep_fwd_s > 0 and off.layer_ep_hidden_fwd_s == off.layer_ep_hidden_bwd_s == 0.0
+    hide_f = share * min(off.layer_ep_fwd_s, off.layer_bwd_s + off.layer_recompute_s)
+    hide_b = share * min(off.layer_ep_bwd_s, off.layer_fwd_s)
+    assert on.layer_ep_hidden_fwd_s == pytest.approx(hide_f, rel=1e-12, abs=0.0)
+    assert on.layer_ep_hidden_bwd_s == pytest.approx(hide_b, rel=1e-12, abs=0.0)
+    assert on.layer_ep_fwd_s == pytest.approx(off.layer_ep_fwd_s - hide_f, rel=1e-12, abs=1e-18)
+    assert on.layer_ep_bwd_s == pytest.approx(off.layer_ep_bwd_s - hide_b, rel=1e-12, abs=1e-18)
+    step_off, step_on = llm_step(spec, e, cluster), llm_step(spec, replace(e, moe_a2a_overlap=True), cluster)
+    assert step_on.iteration_s <= step_off.iteration_s
+    assert step_on.compute_s == pytest.approx(step_off.compute_s, rel=1e-12)
+
+
+def test_a2a_overlap_hides_all_when_compute_is_long_and_only_the_compute_when_short(llm_cluster):
+    """Both regimes of min(EP time, the other micro-batch's compute): on a fast network the whole all-to-all
+    hides in the combined steps; on a slow one the hidden part equals the compute it hides behind."""
+    e = Execution(gpus=16, dp=16, ep=8, micro_batch=1, global_batch=16 * 5, moe_a2a_overlap=True)
+    share = 4 / 5  # m = 5, the first forward and the last backward alone
+    fast = stage_costs(MOE, e, llm_cluster(nodes=4, gpus_per_node=4, network_bytes_per_s=1e15))
+    whole = stage_costs(MOE, replace(e, moe_a2a_overlap=False),
+                        llm_cluster(nodes=4, gpus_per_node=4, network_bytes_per_s=1e15))
+    assert fast.layer_ep_hidden_fwd_s == pytest.approx(share * whole.layer_ep_fwd_s, rel=1e-12)
+    slow = stage_costs(MOE, e, llm_cluster(nodes=4, gpus_per_node=4, network_bytes_per_s=1e6))
+    assert slow.layer_ep_hidden_fwd_s == pytest.approx(share * (slow.layer_bwd_s + slow.layer_recompute_s), rel=1e-12)
+    assert slow.layer_ep_hidden_bwd_s == pytest.approx(share * slow.layer_fwd_s, rel=1e-12)
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    (dict(gpus=8, dp=8, ep=1), "ep=1"),
+    (dict(gpus=8, dp=8, ep=8, recompute="full"), "recompute=full"),
+    (dict(gpus=16, dp=8, pp=2, ep=8), "virtual_stages=1"),
+])
+def test_a2a_overlap_refuses_what_megatron_core_refuses(fields, needle):
+    """transformer_config.py's checks for overlap_moe_expert_parallel_comm: EP > 1, no full recompute, a virtual
+    pipeline with PP > 1; one line naming the field."""
+    with pytest.raises(ConfigError, match=f"execution.moe_a2a_overlap: got true with .*{needle}") as err:
+        Execution(micro_batch=1, global_batch=64, moe_a2a_overlap=True, **fields)
+    assert "\n" not in str(err.value)
+
+
+def test_a2a_overlap_reads_from_a_file_and_rejects_a_non_boolean():
+    from mcdla.workload.execution import execution_from_dict
+    e = execution_from_dict({"gpus": 8, "dp": 8, "ep": 8, "global_batch": 8, "moe_a2a_overlap": True})
+    assert e.moe_a2a_overlap is True
+    with pytest.raises(ConfigError, match="moe_a2a_overlap"):
+        execution_from_dict({"gpus": 8, "dp": 8, "ep": 8, "global_batch": 8, "moe_a2a_overlap": "often"})

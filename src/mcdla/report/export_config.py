@@ -46,6 +46,8 @@ Megatron-LM (``pretrain_gpt.py`` arguments):
   (every expert runs its full capacity, as modelled); 1 is Megatron's default dropless routing.
 - MoE ``ep_dispatcher``: ``hybridep`` is ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
   hybridep``; ``alltoall`` is ``--moe-token-dispatcher-type alltoall``.
+- MoE ``moe_a2a_overlap``: ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (Megatron-Bridge's
+  ``set_moe_a2a_overlap_overrides`` sets both).
 - MoE ``moe_router_graph``: ``--cuda-graph-impl transformer_engine --cuda-graph-modules moe_router moe_preprocess``
   (``--cuda-graph-scope`` in Megatron-LM 0d8e0714).
 - precision: ``bf16`` is ``--bf16``, ``fp16`` is ``--fp16``, ``fp8`` is ``--bf16 --fp8-format hybrid`` (E4M3
@@ -226,6 +228,8 @@ def megatron_args(e: Execution, spec: TransformerSpec, precision: str) -> tuple[
     if spec.experts > 1 and e.ep > 1:
         args += (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"]
                  if e.ep_dispatcher == "hybridep" else ["--moe-token-dispatcher-type", "alltoall"])
+    if spec.experts > 1 and e.moe_a2a_overlap:
+        args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if spec.experts > 1 and e.moe_router_graph:
         args += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", "moe_router", "moe_preprocess"]
     if spec.experts > 1 and e.capacity_factor != 1:

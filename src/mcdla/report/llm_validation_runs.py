@@ -276,15 +276,18 @@ _COPIED = ("the table's MBS/VP columns equal the 25.09 table's row of this syste
            "table's commits (97ad8cc6, 5776a6d9: configs/qwen/qwen3_workload_base_configs.py) set another: the "
            "record follows the config that ran")
 
+_A2A_OVERLAP = ("moe_a2a_overlap True (overlap_moe_expert_parallel_comm and delay_wgrad_compute, "
+                "set_moe_a2a_overlap_overrides): the all-to-alls hidden behind the other micro-batch's compute in "
+                "the combined 1F1B steps; its host cost not modelled")
+
 BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
     _bridge_moe("dgx-h100", "qwen3-30b-a3b", 16, "fp8", 512, 1, 1, 2, 12, 8, 5275,
                 "MBS 1 and VP 12 as QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG (virtual_pipeline_model_parallel_size 12, "
                 "micro_batch_size the WorkloadBaseConfig default 1, utils/utils.py), not the table's MBS 2 VP 24 "
                 f"GA 32: {_COPIED}; "
-                "FP8-CS as fp8 with fp8_scaling current (amax, scale and cast kernels per expert split); the "
-                "all-to-all's overlap with compute (moe_a2a_overlap True in the H100 configs) "
-                f"not modelled; {_NO_GRAPH}; {_token_drop(10494, 5275, 'FP8-CS, at MBS 2 VP 24')}",
-                table_mbs=2, table_vp=24),
+                "FP8-CS as fp8 with fp8_scaling current (amax, scale and cast kernels per expert split); "
+                f"{_A2A_OVERLAP} (the H100 configs); {_NO_GRAPH}; {_token_drop(10494, 5275, 'FP8-CS, at MBS 2 VP 24')}",
+                table_mbs=2, table_vp=24, moe_a2a_overlap=True),
     _bridge_moe("b200", "qwen3-30b-a3b", 8, "fp8", 512, 1, 1, 1, 1, 8, 9299,
                 f"{_MX}; {_GRAPH}; {_token_drop(18066, 9299, 'FP8-CS, no FP8-MX figure')}", fp8_scaling="mxfp8",
                 moe_router_graph=True),
@@ -308,9 +311,9 @@ BRIDGE_MOE_RUNS: tuple[MeasuredRun, ...] = (
     _bridge_moe("b200", "qwen3-235b-a22b", 64, "fp8", 1024, 1, 1, 8, 4, 8, 3269,
                 "VP 4 as QWEN3_235B_A22B_B200_FP8_CS_BASE_CONFIG (virtual_pipeline_model_parallel_size 4), not the "
                 f"table's VP 2: {_COPIED}; "
-                f"{_MX}; {_SPLIT_235B}; the all-to-all's overlap with compute (moe_a2a_overlap True in the B200 "
-                f"configs) not modelled; {_NO_GRAPH}; {_token_drop(4275, 3269, 'FP8-MX, at VP 2')}",
-                fp8_scaling="mxfp8", table_vp=2, **_SPLIT_KW),
+                f"{_MX}; {_SPLIT_235B}; {_A2A_OVERLAP} (the B200 configs); {_NO_GRAPH}; "
+                f"{_token_drop(4275, 3269, 'FP8-MX, at VP 2')}",
+                fp8_scaling="mxfp8", table_vp=2, moe_a2a_overlap=True, **_SPLIT_KW),
     _bridge_moe("gb200-nvl72", "deepseek-v3-671b", 256, "bf16", 4096, 1, 1, 4, 4, 64, 3139,
                 "the table's 'w/o MTP' (no multi-token-prediction layer); GBS 4096 as the table (the r0.2.0 GB200 "
                 "config says 2048); the pre-MLP norm, router and preprocess in a CUDA graph as moe_router_graph "

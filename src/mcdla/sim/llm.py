@@ -132,8 +132,9 @@ from mcdla.sim.collective_models import collective_time, p2p_time
 from mcdla.sim.llm_cp import cp_exchange, kv_block_bytes, ring_attention_moved_s
 from mcdla.sim.llm_eager import eager_block_bytes, foreach_adam_bytes
 from mcdla.sim.llm_floor import link_floors
-from mcdla.sim.llm_moe import (ParamGroup, all_to_all_bytes, ep_all_to_all_s, expert_gemm_width, fp8_padding_bytes,
-                               grouped_gemm_issue_s, permutation_bytes, rank_param_groups, routed_expert_flops,
+from mcdla.sim.llm_moe import (ParamGroup, a2a_overlap_hidden_s, all_to_all_bytes, ep_all_to_all_s,
+                               expert_gemm_width, fp8_padding_bytes, grouped_gemm_issue_s, permutation_bytes,
+                               rank_param_groups, routed_expert_flops,
                                source_permute_bytes, tokens_per_local_expert)
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
@@ -623,8 +624,10 @@ class StageCosts:
     chunk_layers: tuple[tuple[int, ...], ...] = ()  # layers of each stage's virtual chunks
     layer_cp_fwd_s: float = 0.0  # exposed K/V exchange of context parallelism in one layer's forward
     layer_cp_bwd_s: float = 0.0  # and in its backward (+ the recomputed attention's)
-    layer_ep_fwd_s: float = 0.0  # MoE all-to-alls in one (mean) layer's forward
+    layer_ep_fwd_s: float = 0.0  # MoE all-to-alls in one (mean) layer's forward, less ``moe_a2a_overlap``'s hiding
     layer_ep_bwd_s: float = 0.0  # and in its backward (+ the recomputed forward's with full recompute)
+    layer_ep_hidden_fwd_s: float = 0.0  # what ``moe_a2a_overlap`` hides of the forward's, per micro-batch on
+    layer_ep_hidden_bwd_s: float = 0.0  # average, and of the backward's (NOTE [EP overlap] in mcdla.sim.llm_moe)
     recomputed_share: float = 0.0  # share of the layers fully recomputed (the TP calls their backward repeats)
     layer_attention_fwd_s: float = 0.0  # the attention core's forward in one layer (what a CP ring send overlaps)
     layer_tp_hide_fwd_s: float = 0.0  # GEMM time of one layer's forward its TP collectives overlap (``tp_comm_overlap``)
@@ -889,6 +892,8 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         layer_recompute = 0.0
     cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)
     ep_fwd, ep_bwd = ep_all_to_all_s(spec, e, cluster)
+    ep_hidden = a2a_overlap_hidden_s(e, (ep_fwd, ep_bwd), (layer_fwd, layer_bwd + layer_recompute))
+    ep_fwd, ep_bwd = ep_fwd - ep_hidden[0], ep_bwd - ep_hidden[1]
 
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
     tp_one = _tp_allreduce_s(cluster, e.tp, tp_stride, e.sequence_parallel, act_bytes)
@@ -1002,8 +1007,9 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         dp_full_s=dp_full, dp_hidden_s=hidden_by, dp_tail_s=dp_tail, optimizer_s=optimizer,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunks,
         layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
-        recomputed_share=full, layer_attention_fwd_s=attn_f + core_fwd, layer_tp_hide_fwd_s=hide_fwd,
-        layer_tp_hide_bwd_s=hide_bwd, p2p_hidden_s=p2p_hidden, boundary_p2p_s=boundary, boundary_hidden_s=hidden)
+        layer_ep_hidden_fwd_s=ep_hidden[0], layer_ep_hidden_bwd_s=ep_hidden[1], recomputed_share=full,
+        layer_attention_fwd_s=attn_f + core_fwd, layer_tp_hide_fwd_s=hide_fwd, layer_tp_hide_bwd_s=hide_bwd,
+        p2p_hidden_s=p2p_hidden, boundary_p2p_s=boundary, boundary_hidden_s=hidden)
 
 
 def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:

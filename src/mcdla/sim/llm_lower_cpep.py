@@ -149,6 +149,8 @@ def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankT
         per_layer_b, share = 4 if e.recompute == "full" else 2, traffic.moe_layer_share
         fwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, 2 * n * share, group, dims)
         bwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, per_layer_b * n * share, group, dims)
+        # what moe_a2a_overlap's combined steps hide behind the other micro-batch's compute (NOTE [EP overlap])
+        overlap_f, overlap_b = overlap_f + n * c.layer_ep_hidden_fwd_s, overlap_b + n * c.layer_ep_hidden_bwd_s
     return (PassExchange(compute_s=sum(lat for _c, lat in fwd) - overlap_f, ring=ring_f,
                          collectives=tuple(coll for coll, _lat in fwd)),
             PassExchange(compute_s=sum(lat for _c, lat in bwd) - overlap_b, ring=ring_b,

@@ -9,7 +9,7 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
 * Per MoE layer and micro-batch, one rank dispatches and combines ``tokens x top_k x hidden x capacity``
   elements, ``tokens = b s / (cp tp)`` (sequence parallelism splits the tokens over TP, which Megatron-Core
   requires with TP and EP together): one all-to-all each way in forward, two in backward, two more with full
-  recomputation (:func:`all_to_all_bytes`). Not overlapped.
+  recomputation (:func:`all_to_all_bytes`). Not overlapped, but with ``moe_a2a_overlap`` (NOTE [EP overlap]).
 * The capacity factor ``C`` pads (``C > 1``) or drops (``C < 1``) every expert's tokens to ``C`` times its
   mean load, so a rank's routed expert GEMMs run ``C`` times the routed tokens: the routed FFN FLOPs scale by
   ``C`` (:func:`routed_expert_flops`). Shared experts and dense layers are not routed.
@@ -69,6 +69,21 @@ NOTE [expert parallelism] (also ``docs/llm.md``):
 * Weights: a rank holds ``1 / ep`` of the routed experts (with expert TP = TP) and all the rest
   (:func:`rank_param_groups`); the expert gradients are reduced, and with ZeRO the expert optimizer state
   sharded, over the ``dp cp / ep`` ranks that hold the same experts, the rest over all ``dp cp`` replicas.
+
+NOTE [EP overlap] (``Execution.moe_a2a_overlap``; also ``docs/llm.md``): Megatron-Core's
+``overlap_moe_expert_parallel_comm`` (Megatron-LM 0d8e0714, ``megatron/core/pipeline_parallel/combined_1f1b.py``,
+``megatron/core/models/common/model_chunk_schedule_plan.py`` ``TransformerLayerSchedulePlan.run``) runs one
+micro-batch's forward and another's backward layer by layer on a compute and a communication stream: "EP A2A in
+forward step is hidden by the attention/mlp computation in the backward step, and vice versa". Per mean layer of
+such a combined step the forward's all-to-alls hide up to the backward's compute (with its recompute) and the
+backward's up to the forward's: ``min(a_f, c_b)`` and ``min(a_b, c_f)``. The steps that run one pass alone do
+not hide: without pipelining the first micro-batch's forward and the last one's backward (``m - 1`` of ``m``
+combined); interleaved, the warm-up's forward passes, ``(pp - r - 1) 2 + (v - 1) pp + 1`` on rank ``r`` (the
+one extra forward the overlap schedules, ``get_pp_rank_microbatches`` in ``schedules.py``, with the default
+``microbatch_group_size_per_vp_stage = pp``), and as many cool-down backward passes, of ``m v``. The time model
+takes the last stage's share (``r = pp - 1``) as the mean over its micro-batches (:func:`a2a_overlap_hidden_s`).
+The host's cost of the schedule (each layer split into schedule nodes, Megatron-Bridge turning the overlap off
+"due to CPU overhead") has no source that prices it and is not modelled.
 """
 
 from __future__ import annotations
@@ -88,7 +103,8 @@ from mcdla.workload.memo import pure_cache
 __all__ = ["FP8_ALIGN", "FP8_PADDING_LAUNCHES", "GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_MIN_RANKS",
            "HYBRIDEP_REFERENCE_BYTES_PER_S", "MXFP8_SWIZZLES",
            "PERMUTE_LAUNCHES", "PRE_MLP_NORM_LAUNCHES", "QUANTIZE_LAUNCHES", "ROUTER_GRAPH_LAUNCHES",
-           "ROUTER_LAUNCHES", "TOKEN_COUNT_LAUNCHES", "ParamGroup", "all_to_all_bytes", "ep_all_to_all_s", "ep_ranks_per_token",
+           "ROUTER_LAUNCHES", "TOKEN_COUNT_LAUNCHES", "ParamGroup", "a2a_overlap_hidden_s", "all_to_all_bytes",
+           "ep_all_to_all_s", "ep_ranks_per_token",
            "expert_gemm_width", "expert_params_per_layer", "fp8_padding_applies", "fp8_padding_bytes",
            "fp8_padding_launches", "grouped_gemm_issue_s", "grouped_gemm_launches",
            "hybridep_bytes_per_s", "hybridep_priced", "permutation_bytes", "rank_param_groups",
@@ -176,6 +192,22 @@ def ep_ranks_per_token(spec: TransformerSpec, execution: Execution) -> float:
     replacement (forced balance): ``ep (1 - C(E - L, k) / C(E, k))``, ``L = E / ep`` local experts per rank."""
     ep, experts, k = execution.ep, spec.experts, spec.top_k
     return ep * (1.0 - math.comb(experts - experts // ep, k) / math.comb(experts, k))
+
+
+def a2a_overlap_hidden_s(execution: Execution, ep_s: tuple[float, float], compute_s: tuple[float, float],
+                         ) -> tuple[float, float]:
+    """The all-to-all time ``moe_a2a_overlap`` hides per mean layer and micro-batch, forward and backward
+    (seconds; NOTE [EP overlap]): ``ep_s`` the layer's all-to-alls and ``compute_s`` its compute, each
+    (forward, backward with its recompute); in a combined step the forward's hide behind the backward's compute
+    and the reverse, over the share of the last stage's passes that run combined. Zero without the overlap."""
+    e = execution
+    if not e.moe_a2a_overlap:
+        return 0.0, 0.0
+    total = e.micro_batches * e.virtual_stages
+    alone = 1 if e.pp == 1 else (e.virtual_stages - 1) * e.pp + 1
+    share = max(0, total - alone) / total
+    (ep_f, ep_b), (fwd, bwd) = ep_s, compute_s
+    return share * min(ep_f, bwd), share * min(ep_b, fwd)
 
 
 def ep_all_to_all_s(spec: TransformerSpec, execution: Execution, cluster: Cluster) -> tuple[float, float]:

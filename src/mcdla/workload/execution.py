@@ -137,6 +137,10 @@ class Execution(HashOnce):
             (Megatron-Core ``cuda_graph_scope`` ``moe_router`` and ``moe_preprocess``): one graph launch each
             way per MoE layer instead of their kernels' launches (NOTE [expert parallelism] in
             :mod:`mcdla.sim.llm_moe`).
+        moe_a2a_overlap: Megatron-Core's EP communication overlap (``overlap_moe_expert_parallel_comm`` with
+            ``delay_wgrad_compute``, Megatron-Bridge's ``moe_a2a_overlap``): the combined 1F1B schedule runs one
+            micro-batch's forward beside another's backward, each one's all-to-alls hidden behind the other's
+            compute (NOTE [EP overlap] in :mod:`mcdla.sim.llm_moe`); its host cost is not priced.
         reduce_bucket_numel: with ``cpu_optimizer`` under ZeRO-1/2, the elements of DeepSpeed's gradient reduce
             bucket (``reduce_bucket_size``, default 5e8): the GPU holds that bucket (two with ``dp_overlap``,
             DeepSpeed's ``overlap_comm`` double buffer) instead of the whole gradients, each bucket going to the
@@ -199,6 +203,7 @@ class Execution(HashOnce):
     moe_router_graph: bool = False
     pipeline_layout: str | None = None
     recompute_modules: tuple[str, ...] = ("core_attn",)
+    moe_a2a_overlap: bool = False
 
     __hash__ = hash_once  # a key of the model's memoised figures, hashed once (mcdla.workload.memo)
 
@@ -211,7 +216,7 @@ class Execution(HashOnce):
                      "dp_overlap", "tp_comm_overlap", "pp_comm_overlap", "cpu_optimizer", "delayed_param_update",
                      "account_for_embedding_in_pipeline_split",
                      "account_for_loss_in_pipeline_split", "fused_kernels", "activation_offload_sync",
-                     "moe_router_graph"):
+                     "moe_router_graph", "moe_a2a_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
@@ -234,6 +239,7 @@ class Execution(HashOnce):
         if self.recompute not in _RECOMPUTE:
             raise ConfigError(f"execution.recompute: got {brief(self.recompute)}; must be one of {', '.join(_RECOMPUTE)}")
         self._check_recompute_modules()
+        self._check_a2a_overlap()
         if self.rope_kernels not in ROPE_KERNELS:
             raise ConfigError(f"execution.rope_kernels: got {brief(self.rope_kernels)}; "
                               f"must be one of {', '.join(ROPE_KERNELS)}")
@@ -322,6 +328,21 @@ class Execution(HashOnce):
         if self.delayed_param_update and not self.cpu_optimizer:
             raise ConfigError("execution.delayed_param_update: got true with cpu_optimizer=false; the delayed "
                               "update overlaps the CPU's Adam step, set cpu_optimizer")
+
+    def _check_a2a_overlap(self) -> None:
+        """Megatron-Core's refusals of ``overlap_moe_expert_parallel_comm`` (Megatron-LM 0d8e0714
+        ``megatron/core/transformer/transformer_config.py``): EP > 1, no full recompute, a virtual pipeline with
+        PP > 1 (both dispatchers here are ``alltoall`` or ``flex``, which it takes)."""
+        if not self.moe_a2a_overlap:
+            return
+        if self.ep == 1:
+            raise ConfigError("execution.moe_a2a_overlap: got true with ep=1; it needs expert parallelism (ep > 1)")
+        if self.recompute == "full":
+            raise ConfigError("execution.moe_a2a_overlap: got true with recompute=full; Megatron-Core refuses full "
+                              "recompute with it (none, selective or selective-op)")
+        if self.pp > 1 and self.virtual_stages == 1:
+            raise ConfigError(f"execution.moe_a2a_overlap: got true with pp={self.pp} and virtual_stages=1; with "
+                              "pp > 1 it needs an interleaved schedule (virtual_stages > 1)")
 
     def _check_recompute_modules(self) -> None:
         """``recompute_modules``: a non-empty tuple (or list, kept as a tuple) of distinct :data:`RECOMPUTE_MODULES`,
@@ -601,6 +622,7 @@ class _ExecutionFile(BaseModel):
     pipeline_layout: str | None = Field(default=None, min_length=1, max_length=10_000)
     recompute_modules: list[Literal["core_attn", "mla_up_proj", "moe_act", "layernorm"]] = Field(
         default=["core_attn"], min_length=1, max_length=len(RECOMPUTE_MODULES))
+    moe_a2a_overlap: bool = False
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
