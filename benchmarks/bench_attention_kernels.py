@@ -108,10 +108,15 @@ def model_ms(k: Kernel) -> tuple[float, float]:
     spec = dataclasses.replace(preset(k.model), seq_len=k.seq)
     cluster = load_cluster(k.system)
     e = Execution(gpus=1, micro_batch=k.batch, global_batch=k.batch)
-    lc = llm._layer_compute(spec, e, cluster, llm.cluster_precision(cluster, "bf16"))
-    fwd = lc.attention_s + lc.core_fwd_s
-    bwd = attention_bwd_flops_ratio(e.attention) * lc.attention_s + lc.core_bwd_s
+    fwd, bwd = _core_s(llm._layer_compute(spec, e, cluster, llm.cluster_precision(cluster, "bf16")), e)
     return fwd * 1e3, bwd * 1e3
+
+
+def _core_s(lc: llm._LayerCompute, e: Execution) -> tuple[float, float]:
+    """One layer's attention core as the model prices it, forward and backward seconds: its FLOPs at the bf16
+    rate plus the kernel's HBM traffic and exponentials."""
+    return (lc.attention_s + lc.core_fwd_s,
+            attention_bwd_flops_ratio(e.attention) * lc.attention_s + lc.core_bwd_s)
 
 
 def _ratios() -> dict[tuple[str, int], tuple[float, float]]:
@@ -135,8 +140,7 @@ def _cudnn_913() -> Iterator[None]:
         if chip is None or e.attention != "flash":
             return lc
         kf, kb = ratios[(chip, spec.seq_len)]
-        fwd = lc.attention_s + lc.core_fwd_s
-        bwd = attention_bwd_flops_ratio(e.attention) * lc.attention_s + lc.core_bwd_s
+        fwd, bwd = _core_s(lc, e)
         attention = kf * lc.attention_s  # the forward's share scaled with it; the backward's core takes the rest
         return lc._replace(fwd_s=lc.fwd_s + (kf - 1) * fwd, bwd_s=lc.bwd_s + (kb - 1) * bwd,
                            attention_s=attention, core_fwd_s=kf * lc.core_fwd_s,

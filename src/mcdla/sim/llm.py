@@ -887,7 +887,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
     elif e.recompute == OP_RECOMPUTE:  # NOTE [op-level selective recompute]: checkpoint stops before the last add
         layer_recompute = lc.op_recompute_s
     elif e.recompute == "selective":  # NOTE [recompute modules]
-        layer_recompute = (attn_f + core_fwd if "core_attn" in e.recompute_modules else 0.0) + lc.op_recompute_s
+        layer_recompute = (attn_f + core_fwd if e.recomputes_attention else 0.0) + lc.op_recompute_s
     else:
         layer_recompute = 0.0
     cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)

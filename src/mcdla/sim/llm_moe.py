@@ -434,7 +434,7 @@ def fp8_padding_launches(spec: TransformerSpec, execution: Execution, fp8: bool)
     :data:`FP8_PADDING_LAUNCHES` per 64 local experts where :func:`fp8_padding_applies`, else ``(0, 0)``."""
     if not fp8_padding_applies(spec, execution, fp8):
         return 0, 0
-    kernels = -(-(spec.experts // execution.ep) // 64)
+    kernels = math.ceil(spec.experts // execution.ep / 64)
     return FP8_PADDING_LAUNCHES[0] * kernels, FP8_PADDING_LAUNCHES[1] * kernels
 
 

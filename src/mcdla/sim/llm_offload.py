@@ -93,8 +93,7 @@ def grad_pass_bytes(element_bytes: int = GRAD_BYTES) -> int:
 def gradient_passes_s(cluster: Cluster, params: float, element_bytes: int = GRAD_BYTES) -> float:
     """Seconds of the GPU's passes over the gradients of ``params`` parameters before they go to the host
     (module docstring): :func:`grad_pass_bytes` each at the device's ``effective_hbm_bytes_per_s``."""
-    dev = cluster.device
-    return grad_pass_bytes(element_bytes) * params / dev.effective_hbm_bytes_per_s
+    return grad_pass_bytes(element_bytes) * params / cluster.device.effective_hbm_bytes_per_s
 
 
 def _job_gpus_on_node(cluster: Cluster, gpus: int | None) -> int:
