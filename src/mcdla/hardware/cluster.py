@@ -322,7 +322,8 @@ class Cluster:
         """The same cluster with another GEMM efficiency curve (a refit), kept by :meth:`with_nodes`."""
         curve = _GemmSpec(peak_fraction=gemm.peak_fraction, half_width=gemm.half_width, source=gemm.source or "given",
                           half_tokens=gemm.half_tokens, backward_ratio=gemm.backward_ratio,
-                          fp8_fraction=gemm.fp8_fraction, fp8_tn_only=gemm.fp8_tn_only)
+                          fp8_fraction=gemm.fp8_fraction, fp8_tn_only=gemm.fp8_tn_only,
+                          bf16_over_fp8=gemm.bf16_over_fp8)
         if self._spec is None:
             return dataclasses.replace(self, gemm_efficiency=gemm)
         spec = self._spec.model_copy(update={"node": self._spec.node.model_copy(update={"gemm_efficiency": curve})})
@@ -550,7 +551,7 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
     g = node.gemm_efficiency
     gemm = (GemmEfficiency(peak_fraction=g.peak_fraction, half_width=g.half_width, source=g.source,
                            half_tokens=g.half_tokens, backward_ratio=g.backward_ratio, fp8_fraction=g.fp8_fraction,
-                           fp8_tn_only=g.fp8_tn_only)
+                           fp8_tn_only=g.fp8_tn_only, bf16_over_fp8=g.bf16_over_fp8)
             if g is not None else _default_gemm(spec.name, device))
     return Cluster(name=spec.name, description=spec.description, nodes=nodes, gpus_per_node=node.gpus, device=device,
                    gemm_efficiency=gemm, dims=tuple(dims), paths=paths, offload=_offload(spec.name, paths, pool_bytes),

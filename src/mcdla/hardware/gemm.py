@@ -65,6 +65,7 @@ class GemmEfficiency:
     backward_ratio: float = DEFAULT_BACKWARD_RATIO
     fp8_fraction: float = DEFAULT_FP8_FRACTION
     fp8_tn_only: bool = False
+    bf16_over_fp8: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peak_fraction", _check("peak_fraction", self.peak_fraction, 0, 1, low_open=True))
@@ -72,6 +73,8 @@ class GemmEfficiency:
         object.__setattr__(self, "half_tokens", _check("half_tokens", self.half_tokens, 0))
         object.__setattr__(self, "backward_ratio", _check("backward_ratio", self.backward_ratio, 0, low_open=True))
         object.__setattr__(self, "fp8_fraction", _check("fp8_fraction", self.fp8_fraction, 0, 1, low_open=True))
+        if self.bf16_over_fp8 is not None:
+            object.__setattr__(self, "bf16_over_fp8", _check("bf16_over_fp8", self.bf16_over_fp8, 0, 1, low_open=True))
         if not isinstance(self.fp8_tn_only, bool):
             raise HardwareError(f"gemm_efficiency.fp8_tn_only: got {self.fp8_tn_only!r}; must be true or false")
 

@@ -105,6 +105,7 @@ class _GemmSpec(_Spec):
     backward_ratio: float = Field(default=DEFAULT_BACKWARD_RATIO, gt=0, allow_inf_nan=False)
     fp8_fraction: float = Field(default=DEFAULT_FP8_FRACTION, gt=0, le=1)
     fp8_tn_only: bool = False
+    bf16_over_fp8: float | None = Field(default=None, gt=0, le=1)
 
 
 class _PcieSwitchSpec(_Spec):

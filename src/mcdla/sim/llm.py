@@ -771,6 +771,16 @@ def _ring_weights(spec: TransformerSpec) -> tuple[float, float, float]:
     return ring, row, rings
 
 
+def gemm_peak_flops_per_s(cluster: Cluster, key: str) -> float:
+    """The peak a GEMM at ``key`` precision is priced against on ``cluster``'s GPU, before the curve."""
+    dev, curve = cluster.device, cluster.gemm_efficiency
+    if key == "fp8":
+        return dev.flops_per_s("fp8") * curve.fp8_fraction
+    if key in ("bf16", "fp16") and curve.bf16_over_fp8 is not None:
+        return dev.flops_per_s("fp8") * curve.fp8_fraction * curve.bf16_over_fp8
+    return dev.flops_per_s(key)
+
+
 def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: Precision) -> _LayerCompute:
     """:class:`_LayerCompute` of ``spec`` at ``prec`` under ``e``'s micro-batch, TP, CP, EP, capacity factor,
     attention kernel, kernel fusion and fp8 scaling on ``cluster``'s GPU (NOTE [time model])."""
@@ -787,7 +797,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     hbm_per_s = dev.effective_hbm_bytes_per_s
     curve = cluster.gemm_efficiency
     efficiency = curve.at(spec.hidden / e.tp, tokens=b * spec.seq_len / e.cp)
-    gemm_peak = dev.flops_per_s(prec.gemm_peak) * (curve.fp8_fraction if prec.fp8 else 1.0)
+    gemm_peak = gemm_peak_flops_per_s(cluster, prec.gemm_peak)
     gemm_rate = gemm_peak * efficiency
     # the routed experts' grouped GEMMs, each over its own expert's tokens and at its own narrowest dimension
     # (NOTE [expert parallelism])
