@@ -553,6 +553,9 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
                            half_tokens=g.half_tokens, backward_ratio=g.backward_ratio, fp8_fraction=g.fp8_fraction,
                            fp8_tn_only=g.fp8_tn_only, bf16_over_fp8=g.bf16_over_fp8)
             if g is not None else _default_gemm(spec.name, device))
+    if gemm.bf16_over_fp8 is not None and "fp8" not in device.peak_flops_per_s:
+        raise HardwareError(f"{where}: node.gemm_efficiency.bf16_over_fp8: got {gemm.bf16_over_fp8:g}; needs an fp8 "
+                            f"peak in the GPU's peak_flops_per_s (has {', '.join(sorted(device.peak_flops_per_s))})")
     return Cluster(name=spec.name, description=spec.description, nodes=nodes, gpus_per_node=node.gpus, device=device,
                    gemm_efficiency=gemm, dims=tuple(dims), paths=paths, offload=_offload(spec.name, paths, pool_bytes),
                    _spec=spec, _where=where)

@@ -11,8 +11,8 @@ NOTE [time model] (also ``docs/llm.md``):
 
 * Per layer and micro-batch on one rank: GEMM FLOPs (projections, FFN) and attention-core FLOPs (``QK^T``,
   ``xV``) divided by ``tp * cp``, at ``peak * gemm_efficiency(h / tp, b s / cp)`` (the GEMMs at the precision's
-  GEMM peak, times the curve's ``fp8_fraction`` in fp8; the core and the logits at its other peak: NOTE
-  [precision]; the routed experts' grouped GEMMs at the curve's point for their own tokens per local expert,
+  GEMM peak, times the curve's ``fp8_fraction`` in fp8, in bf16 the fp8 rate times ``bf16_over_fp8`` where the
+  curve gives it, NOTE [bf16 from fp8]; the core and the logits at its other peak: NOTE [precision]; the routed experts' grouped GEMMs at the curve's point for their own tokens per local expert,
   NOTE [expert parallelism]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and
   softmax and its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``:
   NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``Device.effective_hbm_bytes_per_s``, plus fp8's casts
@@ -772,7 +772,21 @@ def _ring_weights(spec: TransformerSpec) -> tuple[float, float, float]:
 
 
 def gemm_peak_flops_per_s(cluster: Cluster, key: str) -> float:
-    """The peak a GEMM at ``key`` precision is priced against on ``cluster``'s GPU, before the curve."""
+    """The peak a linear layer's GEMM at precision ``key`` is priced against on ``cluster``'s GPU, before the
+    curve: the datasheet peak, times ``fp8_fraction`` in fp8 and, for bf16/fp16 on a curve with
+    ``bf16_over_fp8``, the fp8 one times that ratio.
+
+    NOTE [bf16 from fp8]: a preset's ``fp8_fraction`` is fitted on its chip's published FP8 runs (the Llama rows
+    of ``validate-llm --family megatron-bridge-fp8``), so what a linear layer's fp8 GEMM sustains in such a run
+    is measured; no fitting source publishes a dense bf16 run on these GPUs (``docs/llm.md`` "Megatron-Bridge
+    MoE"). What the chip's bf16 GEMMs reach against its fp8 GEMMs is a property of its tensor cores that the
+    Maximum Achievable Matmul FLOPS table measures (stas00/ml-engineering 744d01e,
+    ``compute/accelerator/README.md``: at its best shape GB200 runs bf16 at 0.504 of its fp8 rate, B200 0.508,
+    B300 0.528, H100 0.566). With ``bf16_over_fp8`` the linear layers' bf16 GEMMs (dense and routed experts)
+    run at the fitted fp8 rate times that ratio: whatever keeps a training run's fp8 GEMMs below the best
+    shape's rate is taken to slow its bf16 GEMMs alike. The attention core and the logits stay on the bf16 curve,
+    priced as in fp8 runs, where the fit saw them (``python -m benchmarks.bench_bf16_rule`` measures the
+    alternatives that move them too)."""
     dev, curve = cluster.device, cluster.gemm_efficiency
     if key == "fp8":
         return dev.flops_per_s("fp8") * curve.fp8_fraction
