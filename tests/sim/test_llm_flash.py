@@ -54,6 +54,46 @@ def test_fp8_runs_only_the_linear_gemms_at_the_fp8_peak(llm_cluster):
     assert step.iteration_s == pytest.approx(m * (GPT.layers * (3 * g + 3.5 * a) + 3 * logits), rel=1e-12)
 
 
+
+def test_bf16_gemms_run_at_the_fp8_rate_times_the_measured_ratio(llm_cluster):
+    """NOTE [bf16 from fp8]: with a 2x fp8 peak reached at 0.6 of the bf16 efficiency and a bf16/fp8 matmul ratio
+    of 0.45, a bf16 run's linear GEMMs run at 2 x 0.6 x 0.45 = 0.54 of the bf16 rate; the attention core and the
+    logits stay at the bf16 rate; an fp8 run is unchanged by the ratio."""
+    m, b = 2, 1
+    e = Execution(gpus=1, micro_batch=b, global_batch=b * m)
+    c = _cluster(llm_cluster, fp8=2 * PEAK)
+    plain = GemmEfficiency(peak_fraction=EFF, half_width=0, fp8_fraction=0.6)
+    ratio = dataclasses.replace(plain, bf16_over_fp8=0.45)
+    g, a, logits = _gpt_times(b, 2 * PEAK * 0.6 * 0.45 * EFF, PEAK * EFF)
+    step = llm_step(GPT, e, dataclasses.replace(c, gemm_efficiency=ratio), precision="bf16")
+    assert step.iteration_s == pytest.approx(m * (GPT.layers * (3 * g + 3.5 * a) + 3 * logits), rel=1e-12)
+    with_ratio = llm_step(GPT, e, dataclasses.replace(c, gemm_efficiency=ratio), precision="fp8")
+    without = llm_step(GPT, e, dataclasses.replace(c, gemm_efficiency=plain), precision="fp8")
+    assert with_ratio.iteration_s == without.iteration_s
+
+
+def test_bf16_over_fp8_needs_an_fp8_peak():
+    """A curve with ``bf16_over_fp8`` on a GPU without an fp8 peak is refused in one line naming the field."""
+    from mcdla.errors import HardwareError
+    from mcdla.hardware.cluster import cluster_from_dict
+
+    with pytest.raises(HardwareError, match=r"^test: node\.gemm_efficiency\.bf16_over_fp8: got 0\.5; needs an fp8 "
+                                            r"peak in the GPU's peak_flops_per_s \(has bf16, fp16, fp32\)$"):
+        cluster_from_dict({"format": "mcdla-system/1", "extends": "dgx-a100", "name": "a",
+                           "node": {"gemm_efficiency": {"bf16_over_fp8": 0.5}}}, "test")
+
+
+@pytest.mark.parametrize("system", ["dgx-h100", "b200", "gb200-nvl72", "gb300-nvl72"])
+def test_preset_bf16_over_fp8_is_the_quoted_matmul_ratio(system):
+    """Each preset's ratio is the quotient of the two measured TFLOP/s figures its source quotes, to 4 places."""
+    import re
+
+    curve = load_cluster(system).gemm_efficiency
+    quoted = re.search(r"bf16 over fp8 matmul throughput at its best shape, ([0-9.]+) / ([0-9.]+) TFLOP/s",
+                       curve.source)
+    assert quoted is not None
+    assert curve.bf16_over_fp8 == round(float(quoted.group(1)) / float(quoted.group(2)), 4)
+
 def test_fp8_memory_adds_a_weight_copy_and_saves_fp8_inputs(llm_cluster):
     """One GPU, fp8: weights 2 + 1 (fp8 copy) + gradients 2 + Adam 12 bytes per parameter, and one micro-batch
     of activations per layer: s b h (4 norm + 2 fp8 QKV/fc1 inputs + 2 masks + 6 QKV + 1 projection + 8 GELU
@@ -161,7 +201,7 @@ def test_gemm_backward_ratio_scales_only_the_gemm_backward(ratio, llm_cluster):
 
 @pytest.mark.parametrize("field, value, allowed", [
     ("half_tokens", -1.0, "finite and >= 0"), ("backward_ratio", 0.0, "finite and > 0"),
-    ("fp8_fraction", 1.5, "in (0, 1]")])
+    ("fp8_fraction", 1.5, "in (0, 1]"), ("bf16_over_fp8", 0.0, "in (0, 1]")])
 def test_bad_curve_fields_are_one_line(field, value, allowed):
     """A bad kernel-time figure names the field, the value and what is allowed."""
     from mcdla.errors import HardwareError
