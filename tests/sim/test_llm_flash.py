@@ -94,6 +94,65 @@ def test_preset_bf16_over_fp8_is_the_quoted_matmul_ratio(system):
     assert quoted is not None
     assert curve.bf16_over_fp8 == round(float(quoted.group(1)) / float(quoted.group(2)), 4)
 
+
+def test_measured_attention_kernel_scales_the_core_each_way(llm_cluster):
+    """NOTE [attention kernel build]: a build measured at kf x the model's forward and kb x its backward makes the
+    causal core cost kf A forward and kb 2.5 A backward; between two measured sequence lengths the factors are
+    interpolated linearly, and the GEMMs and logits do not change."""
+    from mcdla.hardware.attention_kernel import AttentionKernel
+
+    m, b = 2, 1
+    c = _cluster(llm_cluster)
+    build = AttentionKernel(name="k", seq_lens=(1024, 4096), fwd=(0.5, 0.8), bwd=(1.0, 1.6))
+    c = dataclasses.replace(c, attention_kernels=(build,))
+    w = (GPT.seq_len - 1024) / (4096 - 1024)
+    kf, kb = 0.5 + w * 0.3, 1.0 + w * 0.6
+    g, a, logits = _gpt_times(b, PEAK * EFF, PEAK * EFF)
+    e = Execution(gpus=1, micro_batch=b, global_batch=b * m, attention="flash", attention_kernel="k")
+    step = llm_step(GPT, e, c)
+    assert step.iteration_s == pytest.approx(m * (GPT.layers * (3 * g + kf * a + kb * 2.5 * a) + 3 * logits),
+                                             rel=1e-12)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(attention_kernel="nope"), r"^execution\.attention_kernel: got 'nope'; \S+ measures k \(node\.attention_kernels\)$"),
+    (dict(attention_kernel="k", attention="materialized"),
+     r"^execution\.attention_kernel: got 'k' with attention 'materialized'; a measured build prices the fused kernel"),
+])
+def test_attention_kernel_refusals_are_one_line(llm_cluster, fields, message):
+    """An unknown build, or one with the materialized attention, is refused in one line naming the field."""
+    from mcdla.hardware.attention_kernel import AttentionKernel
+
+    c = dataclasses.replace(_cluster(llm_cluster), attention_kernels=(
+        AttentionKernel(name="k", seq_lens=(2048,), fwd=(1.0,), bwd=(1.0,)),))
+    with pytest.raises(ConfigError, match=message):
+        llm_step(GPT, Execution(gpus=1, micro_batch=1, global_batch=1, **fields), c)
+
+
+def test_attention_kernel_outside_its_measured_lengths_is_refused(llm_cluster):
+    """A sequence outside the build's measured lengths has no figure: one line naming the lengths."""
+    from mcdla.hardware.attention_kernel import AttentionKernel
+
+    c = dataclasses.replace(_cluster(llm_cluster), attention_kernels=(
+        AttentionKernel(name="k", seq_lens=(4096, 8192), fwd=(1.0, 1.0), bwd=(1.0, 1.0)),))
+    with pytest.raises(ConfigError, match=r"^execution\.attention_kernel: got 'k' at sequence 2048; its times were "
+                                          r"measured at sequence 4096 to 8192 only$"):
+        llm_step(GPT, Execution(gpus=1, micro_batch=1, global_batch=1, attention_kernel="k"), c)
+
+
+@pytest.mark.parametrize("figures, message", [
+    (dict(seq_lens=[8192, 4096], fwd=[1, 1], bwd=[1, 1]), r"seq_lens: got \[8192, 4096\]; must be increasing"),
+    (dict(seq_lens=[4096], fwd=[1, 2], bwd=[1]), r"got 1 seq_lens, 2 fwd, 1 bwd; must be as many of each"),
+])
+def test_bad_attention_kernel_figures_are_one_line(figures, message):
+    """A system file's attention kernel build with unordered lengths or mismatched lists is refused in one line."""
+    from mcdla.errors import HardwareError
+    from mcdla.hardware.cluster import cluster_from_dict
+
+    with pytest.raises(HardwareError, match=rf"^attention_kernels\.k(\.|: ){message}"):
+        cluster_from_dict({"format": "mcdla-system/1", "extends": "b200", "name": "x",
+                           "node": {"attention_kernels": {"k": {**figures, "source": "t"}}}}, "test")
+
 def test_fp8_memory_adds_a_weight_copy_and_saves_fp8_inputs(llm_cluster):
     """One GPU, fp8: weights 2 + 1 (fp8 copy) + gradients 2 + Adam 12 bytes per parameter, and one micro-batch
     of activations per layer: s b h (4 norm + 2 fp8 QKV/fc1 inputs + 2 masks + 6 QKV + 1 projection + 8 GELU

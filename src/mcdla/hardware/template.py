@@ -172,10 +172,20 @@ class _NvmeSpec(_Spec):
     _bw = bandwidth_validator("read_bandwidth", "write_bandwidth", allow_inf=False)
 
 
+class _AttentionKernelSpec(_Spec):
+    """A kernel build's measured attention times over the LLM model's, by sequence length (hardware/attention_kernel.py)."""
+
+    seq_lens: list[int] = Field(min_length=1, max_length=64)
+    fwd: list[float] = Field(min_length=1, max_length=64)
+    bwd: list[float] = Field(min_length=1, max_length=64)
+    source: str
+
+
 class _NodeSpec(_Spec):
     gpus: int = Field(ge=1, le=MAX_DEVICES)
     gpu: dict[str, Any]
     gemm_efficiency: _GemmSpec | None = None
+    attention_kernels: dict[str, _AttentionKernelSpec] = Field(default_factory=dict)
     source: str
     scale_up: _ScaleUpSpec | None = None
     sockets: _SocketsSpec | None = None

@@ -48,8 +48,32 @@ from __future__ import annotations
 from mcdla.report.llm_records import MeasuredRun
 from mcdla.workload.execution import Execution
 
+CUDNN_25_11 = "cudnn-9.13.1"
+"""The attention kernel build of the Megatron-Bridge 25.11 runs: NeMo Framework 25.11 ships cuDNN 9.13.1.26
+(NVIDIA-NeMo/Megatron-Bridge r0.2.0 7af9601c and v0.2.1 1c43b392, ``docs/releases/software-versions.md``), whose
+measured SDPA times the Blackwell presets carry (``node.attention_kernels``); no cuDNN 9.13.1 time on Hopper was
+published, so the H100 rows keep the model's pricing."""
+
+_CUDNN_CHOICE = ("attention at cuDNN 9.13.1's measured times (attention_kernel cudnn-9.13.1: NeMo Framework 25.11's "
+                 "cuDNN 9.13.1.26, Megatron-Bridge r0.2.0 and v0.2.1 docs/releases/software-versions.md; the preset's "
+                 "node.attention_kernels, NVIDIA/cudnn-frontend's published bf16 SDPA times over the model's)")
+_CUDNN_H100 = ("attention at the model's pricing (the 25.11 container's cuDNN 9.13.1 has no published SDPA time on "
+               "Hopper)")
+
+
+def bridge_attention_kernel(system: str) -> dict[str, object]:
+    """The execution field a Megatron-Bridge 25.11 row on ``system`` takes for its attention kernel: the
+    container's cuDNN build where the preset measures it, none on H100."""
+    return {} if system == "dgx-h100" else {"attention_kernel": CUDNN_25_11}
+
+
+def bridge_attention_note(system: str) -> str:
+    """The record's stated choice for its attention kernel (:func:`bridge_attention_kernel`)."""
+    return _CUDNN_H100 if system == "dgx-h100" else _CUDNN_CHOICE
+
+
 __all__ = ["TORCHTITAN_RUNS", "FMS_FSDP_RUNS", "BRIDGE_MOE_RUNS", "ZERO_OFFLOAD_RUNS", "ZO_TUTORIAL_ITERATIONS_MS",
-           "SOURCED_FAMILIES"]
+           "SOURCED_FAMILIES", "CUDNN_25_11", "bridge_attention_kernel", "bridge_attention_note"]
 
 _TITAN_A100 = ("pytorch/torchtitan docs/performance.md (commit 4d88a8a44fe4), \"Llama 3 performance numbers\" "
                "(FSDP2 on 64 A100 80GB)")
@@ -206,6 +230,8 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
     sets ``mbs`` and ``vp`` instead (the row's layout columns copied from the 25.09 table, docs/llm.md)."""
     seconds = gbs * 4096 / (tokens_per_s_per_gpu * gpus)
     hybridep = system.startswith("gb")
+    execution.update(bridge_attention_kernel(system))
+    choices += "; " + bridge_attention_note(system)
     dispatcher = _HYBRIDEP if hybridep else _ALLTOALL
     if precision == "fp8":
         dispatcher += "; " + (_FP8_PAD_HYBRIDEP if hybridep else _FP8_PAD)

@@ -20,6 +20,11 @@ NOTE [time model] (also ``docs/llm.md``):
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x; an MoE
   layer's token permutations move as many bytes each way, and its grouped GEMMs wait for the host's per-expert
   launches (GEMM calls and fp8 quantizations) where those outlast them (NOTE [expert parallelism]).
+  NOTE [attention kernel build]: with ``execution.attention_kernel`` the fused attention core's forward and
+  backward (FLOPs, bytes and exponentials together) take the named build's measured times over this pricing at
+  the layer's sequence length (:class:`~mcdla.hardware.attention_kernel.AttentionKernel`, ``node.attention_kernels``:
+  cuDNN 9.13.1's published SDPA times on the Blackwell presets, the build of NeMo Framework 25.11); the
+  factors are measured on one head shape (Llama 3.1 405B's) and applied to every shape on the chip.
   ``fused_kernels: false`` counts those kernels as eager PyTorch runs them, one per op (NOTE [eager kernels] in
   :mod:`mcdla.sim.llm_eager`). Recompute adds a forward (``full``), the attention core with its softmax and
   dropout (``selective``; its other ``recompute_modules`` their GEMMs and kernels, NOTE [recompute modules] in
@@ -566,6 +571,14 @@ def cluster_rejection(execution: Execution, cluster: Cluster) -> str | None:
         return "execution.offload_*: offload asked but the cluster has no second tier (no pool memory)"
     if e.gpus > cluster.n_devices:
         return f"execution.gpus: got {e.gpus}; must be at most the {cluster.n_devices} GPUs of {cluster.name}"
+    if e.attention_kernel is not None:
+        if cluster.attention_kernel(e.attention_kernel) is None:
+            known = ", ".join(k.name for k in cluster.attention_kernels) or "none"
+            return (f"execution.attention_kernel: got {brief(e.attention_kernel)}; {cluster.name} measures "
+                    f"{known} (node.attention_kernels)")
+        if e.attention != "flash":
+            return (f"execution.attention_kernel: got {brief(e.attention_kernel)} with attention "
+                    f"{brief(e.attention)}; a measured build prices the fused kernel (attention: flash)")
     return tier_rejection(e, cluster)
 
 
@@ -802,7 +815,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     modules = e.recompute_modules if e.recompute == "selective" else ()
     key = ("layer", spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
            e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.ep_dispatcher, e.fp8_scaling, op,
-           modules, e.tp_comm_overlap, e.moe_router_graph)
+           modules, e.tp_comm_overlap, e.moe_router_graph, e.attention_kernel)
     got = cluster.model_memo.get(key)
     if got is not None:
         return got  # type: ignore[return-value]
@@ -843,6 +856,13 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     else:
         core_fwd = ew["scores"] / hbm_per_s
         core_bwd = 2 * core_fwd
+    if e.attention_kernel is not None:  # NOTE [attention kernel build]
+        kernel = cluster.attention_kernel(e.attention_kernel)
+        assert kernel is not None  # cluster_rejection names an unknown build first
+        kf, kb = kernel.scale(spec.seq_len)
+        core_bwd = kb * (attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd) \
+            - attention_bwd_flops_ratio(e.attention) * kf * attn_f
+        attn_f, core_fwd = kf * attn_f, kf * core_fwd
     cast_fwd = cast_bwd = 0.0
     if prec.fp8:
         cast = fp8_cast_bytes_per_layer(spec, b, tp=e.tp, cp=e.cp, scaling=e.fp8_scaling, sp=e.sequence_parallel,
