@@ -173,7 +173,8 @@ class _NvmeSpec(_Spec):
 
 
 class _AttentionKernelSpec(_Spec):
-    """A kernel build's measured attention times over the LLM model's, by sequence length (hardware/attention_kernel.py)."""
+    """A kernel build's measured attention times over the LLM model's, by sequence length
+    (:mod:`mcdla.hardware.attention_kernel`)."""
 
     seq_lens: list[int] = Field(min_length=1, max_length=64)
     fwd: list[float] = Field(min_length=1, max_length=64)

@@ -12,8 +12,8 @@ NOTE [time model] (also ``docs/llm.md``):
 * Per layer and micro-batch on one rank: GEMM FLOPs (projections, FFN) and attention-core FLOPs (``QK^T``,
   ``xV``) divided by ``tp * cp``, at ``peak * gemm_efficiency(h / tp, b s / cp)`` (the GEMMs at the precision's
   GEMM peak, times the curve's ``fp8_fraction`` in fp8, in bf16 the fp8 rate times ``bf16_over_fp8`` where the
-  curve gives it, NOTE [bf16 from fp8]; the core and the logits at its other peak: NOTE [precision]; the routed experts' grouped GEMMs at the curve's point for their own tokens per local expert,
-  NOTE [expert parallelism]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and
+  curve gives it, NOTE [bf16 from fp8]; the core and the logits at its other peak: NOTE [precision]; the routed
+  experts' grouped GEMMs at the curve's point for their own tokens per local expert, NOTE [expert parallelism]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and
   softmax and its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``:
   NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``Device.effective_hbm_bytes_per_s``, plus fp8's casts
   and, with ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
