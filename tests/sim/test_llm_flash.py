@@ -401,17 +401,20 @@ def test_userbuffers_ring_exchange_leaves_the_router_and_routed_experts_whole(sh
 
 @pytest.mark.parametrize("bw", [20e9, 200e9])
 def test_tp_collectives_of_an_moe_layer_hide_only_behind_the_userbuffers_gemms(bw, llm_cluster):
-    """An MoE model (a shared expert) under TP 4 with tp_comm_overlap: each direction exposes what its collectives
-    exceed the GEMMs Transformer Engine's userbuffers run, forward max(0, 2 R - G), backward max(0, 2 R - 2 G), G
-    the QKV, projection and dense or shared FFN GEMMs' forward on the rank (not the router, not the routed experts),
+    """An MoE model (a shared expert) under TP 4 with tp_comm_overlap: each layer's direction exposes what its
+    collectives exceed the GEMMs Transformer Engine's userbuffers run in that layer, forward max(0, 2 R - G),
+    backward max(0, 2 R - 2 G), G the QKV, projection and FFN GEMMs' forward on the rank (the dense FFN of 4096
+    in the 2 dense layers, the shared expert's 512 in the 6 MoE layers; not the router, not the routed experts),
     R one ring all-reduce of b s h bf16 elements."""
     spec, t, b, m = _moe(1), 4, 1, 2
     e = dict(gpus=t, tp=t, micro_batch=b, global_batch=b * m)
     c = _cluster(llm_cluster, nvlink=bw)
     r = 2 * (t - 1) / t * 2 * b * spec.seq_len * spec.hidden / bw
-    h, width = spec.hidden, (2 * 4096 + 6 * 512) / 8
-    g = 2 * b * spec.seq_len * (4 * h * h + 2 * h * width) / (PEAK * EFF * t)
+    h = spec.hidden
     overlap = llm_step(spec, Execution(**e, tp_comm_overlap=True), c)
-    exposed = m * spec.layers * (max(0.0, 2 * r - g) + max(0.0, 2 * r - 2 * g))
+    exposed = 0.0
+    for layers, width in ((2, 4096), (6, 512)):
+        g = 2 * b * spec.seq_len * (4 * h * h + 2 * h * width) / (PEAK * EFF * t)
+        exposed += m * layers * (max(0.0, 2 * r - g) + max(0.0, 2 * r - 2 * g))
     assert exposed > 0
     assert overlap.tp_comm_s == pytest.approx(exposed, rel=1e-9)

@@ -19,8 +19,8 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
 * ``megatron-bridge-moe``: Megatron-Bridge 25.11's ``performance-summary.md`` (NVIDIA-NeMo/Megatron-Bridge,
   commit 5776a6d9), the MoE rows the execution record expresses as published: seven Qwen3 rows and two
   DeepSeek-V3 rows, GB200 bf16 (PP4 VP4) and B200 FP8-MX (PP16), whose 61 layers the r0.2.0 recipe splits by its
-  ``pipeline_model_parallel_layout`` for that PP x VP (``pipeline_layout``; MLA approximated, MTP, the router's
-  group-limited top-k and the dense layers' place not modelled, each record's ``choices``). Left out, with the
+  ``pipeline_model_parallel_layout`` for that PP x VP (``pipeline_layout``; MLA approximated, MTP and the router's
+  group-limited top-k not modelled, each record's ``choices``). Left out, with the
   reason: DeepSeek-V3 on GB300 (PP2 VP4) and its GB200 FP8-MX row (PP8 VP4), for which neither the recipe's
   layout map (keys (1,1), (4,1), (8,1), (4,2), (16,1), (8,2), (4,4)) nor the configs give a layout, and 61
   layers do not split over 8 or 32 chunks without one (Megatron-Core's ``get_num_layers_to_build`` asserts),
@@ -273,9 +273,11 @@ _DSV3_COMMON = ("61 layers split by the recipe's pipeline_model_parallel_layout 
                 "'Et*4|(t*4|)*14tL'; MLA run as expanded multi-head attention (the preset: its projections' FLOPs "
                 "and parameters exact, the attention core and Q/K/V over the 192/128 per-head dimensions); "
                 "the 3 leading dense layers (first_k_dense_replace) and the shared expert in the model's counts, "
-                "but every stage timed with the mean of the 61 layers (the first stage, holding the 3 dense "
-                "layers, is not the slowest); the router's group-limited top-k (8 groups, top 4), sigmoid scores "
-                "and expert bias not modelled: with forced balance (moe_router_force_load_balancing True) every "
+                "each chunk timed with its own dense and MoE layers (the 3 dense ones on the first chunk, layers "
+                "0-3, as Megatron-Core numbers them; every other chunk, the pacing stages' included, MoE layers "
+                "only; the memory with the mean layer); the router's group-limited top-k (8 groups, top 4), "
+                "sigmoid scores and expert bias not modelled: with forced balance "
+                "(moe_router_force_load_balancing True) every "
                 "expert at its mean load, capacity_factor 1, its launches counted as the Qwen3 router's; "
                 "selective recompute of the MLA up-projections (deepseek_llm_pretrain.py recompute_granularity "
                 "selective, the GB200 and B200 configs recompute_modules ['mla_up_proj'], set by "
