@@ -1,5 +1,4 @@
-"""The attention core as the LLM time model prices it against cuDNN's published SDPA kernel times (measured, not
-adopted).
+"""The attention core as the LLM time model prices it against cuDNN's published SDPA kernel times.
 
 The model prices a layer's causal attention core (``attention: flash``) as its FLOPs at the bf16 peak times the
 GEMM curve's efficiency, plus the fused kernel's HBM bytes, plus the softmax exponentials at the device's
@@ -9,11 +8,12 @@ publishes bf16 SDPA forward and backward times, causal (``top_left``), for Llama
 their commit, file and cuDNN version. Each is set beside the model's charge for the same heads, batch and sequence
 on the matching preset (the GEMM curve's point at the named model's hidden size and ``batch x seq`` tokens).
 
-``--rows`` also prices the layers of the bf16 and fp8 Megatron-Bridge rows on Blackwell at cuDNN 9.13.1's
-measured times (the cuDNN of ``nvcr.io/nvidia/pytorch:25.09-py3``, the base image of Megatron-Bridge v0.2.0's
-``docker/Dockerfile.ci``): each layer's attention forward and backward times multiplied by measured / model of the
-Llama-405B shape (head size 128) on the same chip and sequence, DeepSeek-V3's 192/128 heads taken as head size
-128 (no 9.13 figure for them), and reports both families. Run::
+The cuDNN 9.13.1 rows (the cuDNN of NeMo Framework 25.11, which ran Megatron-Bridge's 25.11 tables:
+Megatron-Bridge r0.2.0 ``docs/releases/software-versions.md``) are the source of the Blackwell presets'
+``node.attention_kernels`` ``cudnn-9.13.1`` figures: :func:`ratios` gives each measured time over the model's
+charge on the chip's preset, which the presets carry to four places. ``--rows`` prices both Megatron-Bridge
+families as recorded (their Blackwell rows name that build, ``execution.attention_kernel``) and with the model's
+own attention pricing instead (the field removed). Run::
 
     .venv/bin/python -m benchmarks.bench_attention_kernels               # run, print and record in RESULTS.md
     .venv/bin/python -m benchmarks.bench_attention_kernels --no-record   # print only
@@ -22,15 +22,13 @@ Llama-405B shape (head size 128) on the same chip and sequence, DeepSeek-V3's 19
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import mcdla.sim.llm as llm
 from benchmarks._results import markdown_table, record
 from mcdla.hardware import load_cluster
-from mcdla.report.llm_validation import FAMILIES, summary, validate_llm
+from mcdla.report.llm_validation import FAMILIES, MeasuredRun, summary, validate_llm
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import attention_bwd_flops_ratio, preset
 
@@ -98,16 +96,12 @@ backend rows at frontend 1.21.1 and 1.18.0, 9.19 at 1.19.0; 9.17.0 the ``cudnn_f
 ``nvcr.io/nvidia/pytorch:25.09-py3``, as each README states). The H200 rows are priced on ``dgx-h100`` (the same
 989 TFLOP/s bf16 peak; 4.8 against 3.35 TB/s of HBM)."""
 
-CUDNN_913 = {"b200": "b200", "gb200-nvl72": "b200", "gb300-nvl72": "gb300-nvl72"}
-"""The Blackwell presets ``--rows`` rescales, with the preset of the chip whose cuDNN 9.13.1 time it takes
-(GB200 carries the B200 chip)."""
-
-
-def model_ms(k: Kernel) -> tuple[float, float]:
-    """The model's forward and backward milliseconds of one layer's attention core for ``k``'s shape."""
+def model_ms(k: Kernel, attention_kernel: str | None = None) -> tuple[float, float]:
+    """The model's forward and backward milliseconds of one layer's attention core for ``k``'s shape (with the
+    measured build ``attention_kernel`` of ``k``'s preset where given)."""
     spec = dataclasses.replace(preset(k.model), seq_len=k.seq)
     cluster = load_cluster(k.system)
-    e = Execution(gpus=1, micro_batch=k.batch, global_batch=k.batch)
+    e = Execution(gpus=1, micro_batch=k.batch, global_batch=k.batch, attention_kernel=attention_kernel)
     fwd, bwd = _core_s(llm._layer_compute(spec, e, cluster, llm.cluster_precision(cluster, "bf16")), e)
     return fwd * 1e3, bwd * 1e3
 
@@ -119,8 +113,9 @@ def _core_s(lc: llm._LayerCompute, e: Execution) -> tuple[float, float]:
             attention_bwd_flops_ratio(e.attention) * lc.attention_s + lc.core_bwd_s)
 
 
-def _ratios() -> dict[tuple[str, int], tuple[float, float]]:
-    """Measured over model, forward and backward, of cuDNN 9.13.1 by (chip preset, sequence)."""
+def ratios() -> dict[tuple[str, int], tuple[float, float]]:
+    """Measured over model, forward and backward, of cuDNN 9.13.1 by (chip preset, sequence): the figures of the
+    presets' ``attention_kernels`` ``cudnn-9.13.1`` (``gb200-nvl72`` takes the B200 chip's, ``b200``'s)."""
     out = {}
     for k in MEASURED:
         if k.cudnn == "9.13.1":
@@ -129,43 +124,24 @@ def _ratios() -> dict[tuple[str, int], tuple[float, float]]:
     return out
 
 
-@contextlib.contextmanager
-def _cudnn_913() -> Iterator[None]:
-    """The model with each Blackwell layer's attention core scaled to cuDNN 9.13.1's measured times."""
-    ratios, plain = _ratios(), llm._layer_compute
-
-    def scaled(spec, e, cluster, prec):  # type: ignore[no-untyped-def]
-        lc = plain(spec, e, cluster, prec)
-        chip = CUDNN_913.get(cluster.name.split(" ")[0])  # a preset resized per node keeps its name first
-        if chip is None or e.attention != "flash":
-            return lc
-        kf, kb = ratios[(chip, spec.seq_len)]
-        fwd, bwd = _core_s(lc, e)
-        attention = kf * lc.attention_s  # the forward's share scaled with it; the backward's core takes the rest
-        return lc._replace(fwd_s=lc.fwd_s + (kf - 1) * fwd, bwd_s=lc.bwd_s + (kb - 1) * bwd,
-                           attention_s=attention, core_fwd_s=kf * lc.core_fwd_s,
-                           core_bwd_s=kb * bwd - attention_bwd_flops_ratio(e.attention) * attention)
-
-    llm._layer_compute = scaled  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        llm._layer_compute = plain  # type: ignore[assignment]
+def _without_kernel(run: MeasuredRun) -> MeasuredRun:
+    """The run with the model's own attention pricing (no measured kernel build)."""
+    return dataclasses.replace(run, execution=dataclasses.replace(run.execution, attention_kernel=None))
 
 
 def _rows_table() -> str:
-    """Both Megatron-Bridge families as the model prices them and with cuDNN 9.13.1's attention times."""
+    """Both Megatron-Bridge families as recorded (cuDNN 9.13.1's times on Blackwell) and with the model's own
+    attention pricing."""
     lines = []
     for family in ("megatron-bridge-moe", "megatron-bridge-fp8"):
-        plain = validate_llm(runs=FAMILIES[family])
-        with _cudnn_913():
-            scaled = validate_llm(runs=FAMILIES[family])
-        rows = [(r.run.name, f"{r.error:+.1%}", f"{s.error:+.1%}") for r, s in zip(plain, scaled, strict=True)]
-        a, b = summary(plain), summary(scaled)
+        recorded = validate_llm(runs=FAMILIES[family])
+        own = validate_llm(runs=tuple(_without_kernel(r) for r in FAMILIES[family]))
+        rows = [(r.run.name, f"{r.error:+.1%}", f"{s.error:+.1%}") for r, s in zip(recorded, own, strict=True)]
+        a, b = summary(recorded), summary(own)
         rows.append(("mean / max |error|", f"{a['mean_abs_error']:.1%} / {a['max_abs_error']:.1%}",
                      f"{b['mean_abs_error']:.1%} / {b['max_abs_error']:.1%}"))
-        lines.append(f"{family} (fp8 fractions as fitted):\n\n"
-                     + markdown_table(("run", "model", "attention at cuDNN 9.13.1"), rows))
+        lines.append(f"{family} (the presets' fp8 fractions, fitted with the recorded build):\n\n"
+                     + markdown_table(("run", "recorded (cuDNN 9.13.1 on Blackwell)", "model's own attention"), rows))
     return "\n\n".join(lines)
 
 
@@ -184,14 +160,14 @@ def kernel_table() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-record", action="store_true", help="print only")
-    parser.add_argument("--rows", action="store_true", help="also the Bridge rows at cuDNN 9.13.1's times")
+    parser.add_argument("--rows", action="store_true", help="also the Bridge rows with the model's own attention pricing")
     args = parser.parse_args()
     text = ("Model over measured (ratio < 1: the model is faster than the kernel):\n\n" + kernel_table())
     if args.rows:
         text += "\n\n" + _rows_table()
     print(text)
     if not args.no_record:
-        record("attention-kernels", "The attention core against cuDNN's published SDPA times (measured, not adopted)",
+        record("attention-kernels", "The attention core against cuDNN's published SDPA times",
                ".venv/bin/python -m benchmarks.bench_attention_kernels" + (" --rows" if args.rows else ""), text)
 
 

@@ -45,12 +45,12 @@ GRID = tuple(i / 100 for i in range(60, 101))
 HALF_TOKENS = (0.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 """The curve's ``half_tokens`` swept against the ring exchange's chunked GEMMs (0: the presets' own)."""
 
-_CHIP = {"dgx-h100": "H100", "b200": "B200", "gb200-nvl72": "B200", "gb300-nvl72": "B300"}
+CHIP = {"dgx-h100": "H100", "b200": "B200", "gb200-nvl72": "B200", "gb300-nvl72": "B300"}
 """The GPU chip of each preset the family runs on: HGX B200 and GB200 both carry the Blackwell B200 (at 1,000 W
 and 1,200 W, which their presets' peaks already differ by: 4.5 and 5 PFLOP/s fp8 dense), GB300 Blackwell Ultra."""
 
 GROUPINGS: dict[str, Callable[[MeasuredRun], str]] = {
-    "per chip (shipped, 3 fractions)": lambda run: _CHIP[run.system],
+    "per chip (shipped, 3 fractions)": lambda run: CHIP[run.system],
     "per preset (4 fractions)": lambda run: run.system,
     "shared (1 fraction)": lambda run: "all",
 }
@@ -114,7 +114,7 @@ def _moe_errors(fractions: dict[str, float], group_of_system: Callable[[str], st
     out = []
     for run in FAMILIES[MOE_FAMILY]:
         cluster = run_cluster(run, None)
-        group = group_of_system(run.system) if run.system in _CHIP else None
+        group = group_of_system(run.system) if run.system in CHIP else None
         if run.precision == "fp8" and group in fractions:
             seconds = _predict(run, cluster, fractions[group])
         else:

@@ -54,6 +54,105 @@ def test_fp8_runs_only_the_linear_gemms_at_the_fp8_peak(llm_cluster):
     assert step.iteration_s == pytest.approx(m * (GPT.layers * (3 * g + 3.5 * a) + 3 * logits), rel=1e-12)
 
 
+
+def test_bf16_gemms_run_at_the_fp8_rate_times_the_measured_ratio(llm_cluster):
+    """NOTE [bf16 from fp8]: with a 2x fp8 peak reached at 0.6 of the bf16 efficiency and a bf16/fp8 matmul ratio
+    of 0.45, a bf16 run's linear GEMMs run at 2 x 0.6 x 0.45 = 0.54 of the bf16 rate; the attention core and the
+    logits stay at the bf16 rate; an fp8 run is unchanged by the ratio."""
+    m, b = 2, 1
+    e = Execution(gpus=1, micro_batch=b, global_batch=b * m)
+    c = _cluster(llm_cluster, fp8=2 * PEAK)
+    plain = GemmEfficiency(peak_fraction=EFF, half_width=0, fp8_fraction=0.6)
+    ratio = dataclasses.replace(plain, bf16_over_fp8=0.45)
+    g, a, logits = _gpt_times(b, 2 * PEAK * 0.6 * 0.45 * EFF, PEAK * EFF)
+    step = llm_step(GPT, e, dataclasses.replace(c, gemm_efficiency=ratio), precision="bf16")
+    assert step.iteration_s == pytest.approx(m * (GPT.layers * (3 * g + 3.5 * a) + 3 * logits), rel=1e-12)
+    with_ratio = llm_step(GPT, e, dataclasses.replace(c, gemm_efficiency=ratio), precision="fp8")
+    without = llm_step(GPT, e, dataclasses.replace(c, gemm_efficiency=plain), precision="fp8")
+    assert with_ratio.iteration_s == without.iteration_s
+
+
+def test_bf16_over_fp8_needs_an_fp8_peak():
+    """A curve with ``bf16_over_fp8`` on a GPU without an fp8 peak is refused in one line naming the field."""
+    from mcdla.errors import HardwareError
+    from mcdla.hardware.cluster import cluster_from_dict
+
+    with pytest.raises(HardwareError, match=r"^test: node\.gemm_efficiency\.bf16_over_fp8: got 0\.5; needs an fp8 "
+                                            r"peak in the GPU's peak_flops_per_s \(has bf16, fp16, fp32\)$"):
+        cluster_from_dict({"format": "mcdla-system/1", "extends": "dgx-a100", "name": "a",
+                           "node": {"gemm_efficiency": {"bf16_over_fp8": 0.5}}}, "test")
+
+
+@pytest.mark.parametrize("system", ["dgx-h100", "b200", "gb200-nvl72", "gb300-nvl72"])
+def test_preset_bf16_over_fp8_is_the_quoted_matmul_ratio(system):
+    """Each preset's ratio is the quotient of the two measured TFLOP/s figures its source quotes, to 4 places."""
+    import re
+
+    curve = load_cluster(system).gemm_efficiency
+    quoted = re.search(r"bf16 over fp8 matmul throughput at its best shape, ([0-9.]+) / ([0-9.]+) TFLOP/s",
+                       curve.source)
+    assert quoted is not None
+    assert curve.bf16_over_fp8 == round(float(quoted.group(1)) / float(quoted.group(2)), 4)
+
+
+def test_measured_attention_kernel_scales_the_core_each_way(llm_cluster):
+    """NOTE [attention kernel build]: a build measured at kf x the model's forward and kb x its backward makes the
+    causal core cost kf A forward and kb 2.5 A backward; between two measured sequence lengths the factors are
+    interpolated linearly, and the GEMMs and logits do not change."""
+    from mcdla.hardware.attention_kernel import AttentionKernel
+
+    m, b = 2, 1
+    c = _cluster(llm_cluster)
+    build = AttentionKernel(name="k", seq_lens=(1024, 4096), fwd=(0.5, 0.8), bwd=(1.0, 1.6))
+    c = dataclasses.replace(c, attention_kernels=(build,))
+    w = (GPT.seq_len - 1024) / (4096 - 1024)
+    kf, kb = 0.5 + w * 0.3, 1.0 + w * 0.6
+    g, a, logits = _gpt_times(b, PEAK * EFF, PEAK * EFF)
+    e = Execution(gpus=1, micro_batch=b, global_batch=b * m, attention="flash", attention_kernel="k")
+    step = llm_step(GPT, e, c)
+    assert step.iteration_s == pytest.approx(m * (GPT.layers * (3 * g + kf * a + kb * 2.5 * a) + 3 * logits),
+                                             rel=1e-12)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(attention_kernel="nope"), r"^execution\.attention_kernel: got 'nope'; \S+ measures k \(node\.attention_kernels\)$"),
+    (dict(attention_kernel="k", attention="materialized"),
+     r"^execution\.attention_kernel: got 'k' with attention 'materialized'; a measured build prices the fused kernel"),
+])
+def test_attention_kernel_refusals_are_one_line(llm_cluster, fields, message):
+    """An unknown build, or one with the materialized attention, is refused in one line naming the field."""
+    from mcdla.hardware.attention_kernel import AttentionKernel
+
+    c = dataclasses.replace(_cluster(llm_cluster), attention_kernels=(
+        AttentionKernel(name="k", seq_lens=(2048,), fwd=(1.0,), bwd=(1.0,)),))
+    with pytest.raises(ConfigError, match=message):
+        llm_step(GPT, Execution(gpus=1, micro_batch=1, global_batch=1, **fields), c)
+
+
+def test_attention_kernel_outside_its_measured_lengths_is_refused(llm_cluster):
+    """A sequence outside the build's measured lengths has no figure: one line naming the lengths."""
+    from mcdla.hardware.attention_kernel import AttentionKernel
+
+    c = dataclasses.replace(_cluster(llm_cluster), attention_kernels=(
+        AttentionKernel(name="k", seq_lens=(4096, 8192), fwd=(1.0, 1.0), bwd=(1.0, 1.0)),))
+    with pytest.raises(ConfigError, match=r"^execution\.attention_kernel: got 'k' at sequence 2048; its times were "
+                                          r"measured at sequence 4096 to 8192 only$"):
+        llm_step(GPT, Execution(gpus=1, micro_batch=1, global_batch=1, attention_kernel="k"), c)
+
+
+@pytest.mark.parametrize("figures, message", [
+    (dict(seq_lens=[8192, 4096], fwd=[1, 1], bwd=[1, 1]), r"seq_lens: got \[8192, 4096\]; must be increasing"),
+    (dict(seq_lens=[4096], fwd=[1, 2], bwd=[1]), r"got 1 seq_lens, 2 fwd, 1 bwd; must be as many of each"),
+])
+def test_bad_attention_kernel_figures_are_one_line(figures, message):
+    """A system file's attention kernel build with unordered lengths or mismatched lists is refused in one line."""
+    from mcdla.errors import HardwareError
+    from mcdla.hardware.cluster import cluster_from_dict
+
+    with pytest.raises(HardwareError, match=rf"^attention_kernels\.k(\.|: ){message}"):
+        cluster_from_dict({"format": "mcdla-system/1", "extends": "b200", "name": "x",
+                           "node": {"attention_kernels": {"k": {**figures, "source": "t"}}}}, "test")
+
 def test_fp8_memory_adds_a_weight_copy_and_saves_fp8_inputs(llm_cluster):
     """One GPU, fp8: weights 2 + 1 (fp8 copy) + gradients 2 + Adam 12 bytes per parameter, and one micro-batch
     of activations per layer: s b h (4 norm + 2 fp8 QKV/fc1 inputs + 2 masks + 6 QKV + 1 projection + 8 GELU
@@ -161,7 +260,7 @@ def test_gemm_backward_ratio_scales_only_the_gemm_backward(ratio, llm_cluster):
 
 @pytest.mark.parametrize("field, value, allowed", [
     ("half_tokens", -1.0, "finite and >= 0"), ("backward_ratio", 0.0, "finite and > 0"),
-    ("fp8_fraction", 1.5, "in (0, 1]")])
+    ("fp8_fraction", 1.5, "in (0, 1]"), ("bf16_over_fp8", 0.0, "in (0, 1]")])
 def test_bad_curve_fields_are_one_line(field, value, allowed):
     """A bad kernel-time figure names the field, the value and what is allowed."""
     from mcdla.errors import HardwareError
@@ -302,17 +401,20 @@ def test_userbuffers_ring_exchange_leaves_the_router_and_routed_experts_whole(sh
 
 @pytest.mark.parametrize("bw", [20e9, 200e9])
 def test_tp_collectives_of_an_moe_layer_hide_only_behind_the_userbuffers_gemms(bw, llm_cluster):
-    """An MoE model (a shared expert) under TP 4 with tp_comm_overlap: each direction exposes what its collectives
-    exceed the GEMMs Transformer Engine's userbuffers run, forward max(0, 2 R - G), backward max(0, 2 R - 2 G), G
-    the QKV, projection and dense or shared FFN GEMMs' forward on the rank (not the router, not the routed experts),
+    """An MoE model (a shared expert) under TP 4 with tp_comm_overlap: each layer's direction exposes what its
+    collectives exceed the GEMMs Transformer Engine's userbuffers run in that layer, forward max(0, 2 R - G),
+    backward max(0, 2 R - 2 G), G the QKV, projection and FFN GEMMs' forward on the rank (the dense FFN of 4096
+    in the 2 dense layers, the shared expert's 512 in the 6 MoE layers; not the router, not the routed experts),
     R one ring all-reduce of b s h bf16 elements."""
     spec, t, b, m = _moe(1), 4, 1, 2
     e = dict(gpus=t, tp=t, micro_batch=b, global_batch=b * m)
     c = _cluster(llm_cluster, nvlink=bw)
     r = 2 * (t - 1) / t * 2 * b * spec.seq_len * spec.hidden / bw
-    h, width = spec.hidden, (2 * 4096 + 6 * 512) / 8
-    g = 2 * b * spec.seq_len * (4 * h * h + 2 * h * width) / (PEAK * EFF * t)
+    h = spec.hidden
     overlap = llm_step(spec, Execution(**e, tp_comm_overlap=True), c)
-    exposed = m * spec.layers * (max(0.0, 2 * r - g) + max(0.0, 2 * r - 2 * g))
+    exposed = 0.0
+    for layers, width in ((2, 4096), (6, 512)):
+        g = 2 * b * spec.seq_len * (4 * h * h + 2 * h * width) / (PEAK * EFF * t)
+        exposed += m * layers * (max(0.0, 2 * r - g) + max(0.0, 2 * r - 2 * g))
     assert exposed > 0
     assert overlap.tp_comm_s == pytest.approx(exposed, rel=1e-9)

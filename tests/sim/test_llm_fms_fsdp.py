@@ -4,6 +4,7 @@ PyTorch's foreach AdamW (``optimizer_kernels: foreach``) and HSDP's replica all-
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -96,6 +97,9 @@ def test_hsdp_per_unit_all_reduce_on_the_engine_equals_the_analytical_model(fiel
     engine's iteration equals the closed form to 1e-9 on DGX H100 nodes, and the tail is exposed."""
     e = Execution(**{**dict(gpus=16, dp=16, micro_batch=1, global_batch=16, zero=3, dp_overlap=True), **fields})
     spec, cluster = preset("megatron-1.7b"), load_cluster("dgx-h100").for_gpus(16)
+    # the bf16 GEMMs at the curve's own rate: at the preset's (NOTE [bf16 from fp8]) the 4-way shard's all-reduce
+    # meets its gathers on the rails and the engine adds that contention, which this closed form leaves out
+    cluster = cluster.with_gemm_efficiency(dataclasses.replace(cluster.gemm_efficiency, bf16_over_fp8=None))
     analytical = llm_step(spec, e, cluster)
     got = engine_step(spec, e, cluster, replicas=replicas)
     assert stage_costs(spec, e, cluster).dp_tail_s > 0 and analytical.dp_comm_s > 0

@@ -48,6 +48,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from mcdla.errors import HardwareError, brief
+from mcdla.hardware.attention_kernel import AttentionKernel
 from mcdla.hardware.direct_topology import DIRECT_TOPOLOGIES, check_direct
 from mcdla.hardware.gemm import DEFAULT_HALF_WIDTH, GemmEfficiency
 from mcdla.hardware.model import Device, LinkKind, System
@@ -140,6 +141,8 @@ class Cluster:
             ``compute_efficiency`` as peak and :data:`~mcdla.hardware.gemm.DEFAULT_HALF_WIDTH`).
         dims: fabric dimensions, innermost first: the scale-up domain (when a node has more than one GPU) and
             the scale-out fabric (when the file has one), each with the size of one group.
+        attention_kernels: measured attention kernel builds a run may name (``node.attention_kernels``;
+            :class:`~mcdla.hardware.attention_kernel.AttentionKernel`), by name.
         paths: one GPU's :class:`~mcdla.hardware.traffic.TrafficPath` per traffic class the node has
             (``offload`` only with a pool).
         offload: the offload path as the planners' :class:`PoolLink` (every GPU offloading at once; None
@@ -153,6 +156,7 @@ class Cluster:
     device: Device
     gemm_efficiency: GemmEfficiency
     dims: tuple[FabricDim, ...]
+    attention_kernels: tuple[AttentionKernel, ...] = ()
     paths: tuple[TrafficPath, ...] = dataclasses.field(compare=False)
     offload: PoolLink | None = dataclasses.field(compare=False)
     _spec: _ClusterSpec | None = dataclasses.field(repr=False, compare=False)
@@ -172,6 +176,10 @@ class Cluster:
     # the time model's figures derived from this cluster alone (``model_memo``)
     _model_memo: dict[tuple[object, ...], object] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
+
+    def attention_kernel(self, name: str) -> AttentionKernel | None:
+        """The measured attention kernel build ``name`` of this node, or None."""
+        return next((k for k in self.attention_kernels if k.name == name), None)
 
     @property
     def model_memo(self) -> dict[tuple[object, ...], object]:
@@ -322,7 +330,8 @@ class Cluster:
         """The same cluster with another GEMM efficiency curve (a refit), kept by :meth:`with_nodes`."""
         curve = _GemmSpec(peak_fraction=gemm.peak_fraction, half_width=gemm.half_width, source=gemm.source or "given",
                           half_tokens=gemm.half_tokens, backward_ratio=gemm.backward_ratio,
-                          fp8_fraction=gemm.fp8_fraction, fp8_tn_only=gemm.fp8_tn_only)
+                          fp8_fraction=gemm.fp8_fraction, fp8_tn_only=gemm.fp8_tn_only,
+                          bf16_over_fp8=gemm.bf16_over_fp8)
         if self._spec is None:
             return dataclasses.replace(self, gemm_efficiency=gemm)
         spec = self._spec.model_copy(update={"node": self._spec.node.model_copy(update={"gemm_efficiency": curve})})
@@ -550,10 +559,15 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
     g = node.gemm_efficiency
     gemm = (GemmEfficiency(peak_fraction=g.peak_fraction, half_width=g.half_width, source=g.source,
                            half_tokens=g.half_tokens, backward_ratio=g.backward_ratio, fp8_fraction=g.fp8_fraction,
-                           fp8_tn_only=g.fp8_tn_only)
+                           fp8_tn_only=g.fp8_tn_only, bf16_over_fp8=g.bf16_over_fp8)
             if g is not None else _default_gemm(spec.name, device))
+    if gemm.bf16_over_fp8 is not None and "fp8" not in device.peak_flops_per_s:
+        raise HardwareError(f"{where}: node.gemm_efficiency.bf16_over_fp8: got {gemm.bf16_over_fp8:g}; needs an fp8 "
+                            f"peak in the GPU's peak_flops_per_s (has {', '.join(sorted(device.peak_flops_per_s))})")
+    kernels = tuple(AttentionKernel(name=name, seq_lens=tuple(k.seq_lens), fwd=tuple(k.fwd), bwd=tuple(k.bwd),
+                                    source=k.source) for name, k in sorted(node.attention_kernels.items()))
     return Cluster(name=spec.name, description=spec.description, nodes=nodes, gpus_per_node=node.gpus, device=device,
-                   gemm_efficiency=gemm, dims=tuple(dims), paths=paths, offload=_offload(spec.name, paths, pool_bytes),
+                   gemm_efficiency=gemm, dims=tuple(dims), attention_kernels=kernels, paths=paths, offload=_offload(spec.name, paths, pool_bytes),
                    _spec=spec, _where=where)
 
 

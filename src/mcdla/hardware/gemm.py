@@ -49,7 +49,9 @@ class GemmEfficiency:
     tokens it multiplies ``t`` (``micro_batch * seq / cp`` for a dense GEMM, the tokens of one local expert for
     a routed expert's grouped GEMM): ``peak_fraction * x / (x + half_width) * t / (t +
     half_tokens)``; its backward takes ``backward_ratio`` x its forward; in fp8 it reaches ``fp8_fraction`` of
-    that efficiency against the fp8 peak; ``fp8_tn_only``: its fp8 GEMMs take only the TN layout (Hopper: Transformer
+    that efficiency against the fp8 peak; ``bf16_over_fp8``, where given, is the chip's measured ratio of dense
+    bf16 to fp8 matmul throughput, and its bf16 (and fp16) GEMMs then run at its fp8 GEMM rate times it rather than
+    at the bf16 peak (NOTE [bf16 from fp8] in :mod:`mcdla.sim.llm`); ``fp8_tn_only``: its fp8 GEMMs take only the TN layout (Hopper: Transformer
     Engine 2.9's ``is_non_tn_fp8_gemm_supported`` is false below compute capability 10.0), so a tensor a backward GEMM
     reads the other way is also written transposed (``mcdla.workload.transformer.fp8_cast_bytes_per_layer``).
 
@@ -65,6 +67,8 @@ class GemmEfficiency:
     backward_ratio: float = DEFAULT_BACKWARD_RATIO
     fp8_fraction: float = DEFAULT_FP8_FRACTION
     fp8_tn_only: bool = False
+    bf16_over_fp8: float | None = None
+    """Measured dense bf16 over fp8 matmul throughput of the chip (in (0, 1]); None: bf16 GEMMs at the bf16 peak."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peak_fraction", _check("peak_fraction", self.peak_fraction, 0, 1, low_open=True))
@@ -72,6 +76,8 @@ class GemmEfficiency:
         object.__setattr__(self, "half_tokens", _check("half_tokens", self.half_tokens, 0))
         object.__setattr__(self, "backward_ratio", _check("backward_ratio", self.backward_ratio, 0, low_open=True))
         object.__setattr__(self, "fp8_fraction", _check("fp8_fraction", self.fp8_fraction, 0, 1, low_open=True))
+        if self.bf16_over_fp8 is not None:
+            object.__setattr__(self, "bf16_over_fp8", _check("bf16_over_fp8", self.bf16_over_fp8, 0, 1, low_open=True))
         if not isinstance(self.fp8_tn_only, bool):
             raise HardwareError(f"gemm_efficiency.fp8_tn_only: got {self.fp8_tn_only!r}; must be true or false")
 

@@ -105,6 +105,7 @@ class _GemmSpec(_Spec):
     backward_ratio: float = Field(default=DEFAULT_BACKWARD_RATIO, gt=0, allow_inf_nan=False)
     fp8_fraction: float = Field(default=DEFAULT_FP8_FRACTION, gt=0, le=1)
     fp8_tn_only: bool = False
+    bf16_over_fp8: float | None = Field(default=None, gt=0, le=1)
 
 
 class _PcieSwitchSpec(_Spec):
@@ -171,10 +172,21 @@ class _NvmeSpec(_Spec):
     _bw = bandwidth_validator("read_bandwidth", "write_bandwidth", allow_inf=False)
 
 
+class _AttentionKernelSpec(_Spec):
+    """A kernel build's measured attention times over the LLM model's, by sequence length
+    (:mod:`mcdla.hardware.attention_kernel`)."""
+
+    seq_lens: list[int] = Field(min_length=1, max_length=64)
+    fwd: list[float] = Field(min_length=1, max_length=64)
+    bwd: list[float] = Field(min_length=1, max_length=64)
+    source: str
+
+
 class _NodeSpec(_Spec):
     gpus: int = Field(ge=1, le=MAX_DEVICES)
     gpu: dict[str, Any]
     gemm_efficiency: _GemmSpec | None = None
+    attention_kernels: dict[str, _AttentionKernelSpec] = Field(default_factory=dict)
     source: str
     scale_up: _ScaleUpSpec | None = None
     sockets: _SocketsSpec | None = None

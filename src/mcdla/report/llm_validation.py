@@ -43,7 +43,7 @@ from rich.table import Table
 from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.report.llm_records import MeasuredRun
-from mcdla.report.llm_validation_runs import SOURCED_FAMILIES
+from mcdla.report.llm_validation_runs import SOURCED_FAMILIES, bridge_attention_kernel, bridge_attention_note
 from mcdla.sim.llm import LlmStep, llm_step
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, hardware_flops_per_iteration, preset
@@ -114,6 +114,8 @@ _RECIPE_405B: dict[str, object] = dict(sequence_parallel=True, zero=1, micro_bat
 def _bridge(system: str, model: str, gpus: int, gbs: int, tokens_per_s_per_gpu: float, choices: str,
             **execution: object) -> MeasuredRun:
     seconds = gbs * 8192 / (tokens_per_s_per_gpu * gpus)
+    execution.update(bridge_attention_kernel(system))
+    choices += "; " + bridge_attention_note(system)
     execution.setdefault("dp_overlap", True)
     execution.setdefault("pp_comm_overlap", int(execution.get("virtual_stages", 1)) > 1)  # type: ignore[call-overload]
     return MeasuredRun(

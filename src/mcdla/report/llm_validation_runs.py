@@ -19,8 +19,8 @@ tokens per second per GPU turned into time: ``global_batch x seq_len / (tokens/s
 * ``megatron-bridge-moe``: Megatron-Bridge 25.11's ``performance-summary.md`` (NVIDIA-NeMo/Megatron-Bridge,
   commit 5776a6d9), the MoE rows the execution record expresses as published: seven Qwen3 rows and two
   DeepSeek-V3 rows, GB200 bf16 (PP4 VP4) and B200 FP8-MX (PP16), whose 61 layers the r0.2.0 recipe splits by its
-  ``pipeline_model_parallel_layout`` for that PP x VP (``pipeline_layout``; MLA approximated, MTP, the router's
-  group-limited top-k and the dense layers' place not modelled, each record's ``choices``). Left out, with the
+  ``pipeline_model_parallel_layout`` for that PP x VP (``pipeline_layout``; MLA approximated, MTP and the router's
+  group-limited top-k not modelled, each record's ``choices``). Left out, with the
   reason: DeepSeek-V3 on GB300 (PP2 VP4) and its GB200 FP8-MX row (PP8 VP4), for which neither the recipe's
   layout map (keys (1,1), (4,1), (8,1), (4,2), (16,1), (8,2), (4,4)) nor the configs give a layout, and 61
   layers do not split over 8 or 32 chunks without one (Megatron-Core's ``get_num_layers_to_build`` asserts),
@@ -48,8 +48,32 @@ from __future__ import annotations
 from mcdla.report.llm_records import MeasuredRun
 from mcdla.workload.execution import Execution
 
+CUDNN_25_11 = "cudnn-9.13.1"
+"""The attention kernel build of the Megatron-Bridge 25.11 runs: NeMo Framework 25.11 ships cuDNN 9.13.1.26
+(NVIDIA-NeMo/Megatron-Bridge r0.2.0 7af9601c and v0.2.1 1c43b392, ``docs/releases/software-versions.md``), whose
+measured SDPA times the Blackwell presets carry (``node.attention_kernels``); no cuDNN 9.13.1 time on Hopper was
+published, so the H100 rows keep the model's pricing."""
+
+_CUDNN_CHOICE = ("attention at cuDNN 9.13.1's measured times (attention_kernel cudnn-9.13.1: NeMo Framework 25.11's "
+                 "cuDNN 9.13.1.26, Megatron-Bridge r0.2.0 and v0.2.1 docs/releases/software-versions.md; the preset's "
+                 "node.attention_kernels, NVIDIA/cudnn-frontend's published bf16 SDPA times over the model's)")
+_CUDNN_H100 = ("attention at the model's pricing (the 25.11 container's cuDNN 9.13.1 has no published SDPA time on "
+               "Hopper)")
+
+
+def bridge_attention_kernel(system: str) -> dict[str, object]:
+    """The execution field a Megatron-Bridge 25.11 row on ``system`` takes for its attention kernel: the
+    container's cuDNN build where the preset measures it, none on H100."""
+    return {} if system == "dgx-h100" else {"attention_kernel": CUDNN_25_11}
+
+
+def bridge_attention_note(system: str) -> str:
+    """The record's stated choice for its attention kernel (:func:`bridge_attention_kernel`)."""
+    return _CUDNN_H100 if system == "dgx-h100" else _CUDNN_CHOICE
+
+
 __all__ = ["TORCHTITAN_RUNS", "FMS_FSDP_RUNS", "BRIDGE_MOE_RUNS", "ZERO_OFFLOAD_RUNS", "ZO_TUTORIAL_ITERATIONS_MS",
-           "SOURCED_FAMILIES"]
+           "SOURCED_FAMILIES", "CUDNN_25_11", "bridge_attention_kernel", "bridge_attention_note"]
 
 _TITAN_A100 = ("pytorch/torchtitan docs/performance.md (commit 4d88a8a44fe4), \"Llama 3 performance numbers\" "
                "(FSDP2 on 64 A100 80GB)")
@@ -206,6 +230,8 @@ def _bridge_moe(system: str, model: str, gpus: int, precision: str, gbs: int, mb
     sets ``mbs`` and ``vp`` instead (the row's layout columns copied from the 25.09 table, docs/llm.md)."""
     seconds = gbs * 4096 / (tokens_per_s_per_gpu * gpus)
     hybridep = system.startswith("gb")
+    execution.update(bridge_attention_kernel(system))
+    choices += "; " + bridge_attention_note(system)
     dispatcher = _HYBRIDEP if hybridep else _ALLTOALL
     if precision == "fp8":
         dispatcher += "; " + (_FP8_PAD_HYBRIDEP if hybridep else _FP8_PAD)
@@ -247,9 +273,11 @@ _DSV3_COMMON = ("61 layers split by the recipe's pipeline_model_parallel_layout 
                 "'Et*4|(t*4|)*14tL'; MLA run as expanded multi-head attention (the preset: its projections' FLOPs "
                 "and parameters exact, the attention core and Q/K/V over the 192/128 per-head dimensions); "
                 "the 3 leading dense layers (first_k_dense_replace) and the shared expert in the model's counts, "
-                "but every stage timed with the mean of the 61 layers (the first stage, holding the 3 dense "
-                "layers, is not the slowest); the router's group-limited top-k (8 groups, top 4), sigmoid scores "
-                "and expert bias not modelled: with forced balance (moe_router_force_load_balancing True) every "
+                "each chunk timed with its own dense and MoE layers (the 3 dense ones on the first chunk, layers "
+                "0-3, as Megatron-Core numbers them; every other chunk, the pacing stages' included, MoE layers "
+                "only; the memory with the mean layer); the router's group-limited top-k (8 groups, top 4), "
+                "sigmoid scores and expert bias not modelled: with forced balance "
+                "(moe_router_force_load_balancing True) every "
                 "expert at its mean load, capacity_factor 1, its launches counted as the Qwen3 router's; "
                 "selective recompute of the MLA up-projections (deepseek_llm_pretrain.py recompute_granularity "
                 "selective, the GB200 and B200 configs recompute_modules ['mla_up_proj'], set by "

@@ -11,15 +11,20 @@ NOTE [time model] (also ``docs/llm.md``):
 
 * Per layer and micro-batch on one rank: GEMM FLOPs (projections, FFN) and attention-core FLOPs (``QK^T``,
   ``xV``) divided by ``tp * cp``, at ``peak * gemm_efficiency(h / tp, b s / cp)`` (the GEMMs at the precision's
-  GEMM peak, times the curve's ``fp8_fraction`` in fp8; the core and the logits at its other peak: NOTE
-  [precision]; the routed experts' grouped GEMMs at the curve's point for their own tokens per local expert,
-  NOTE [expert parallelism]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and
+  GEMM peak, times the curve's ``fp8_fraction`` in fp8, in bf16 the fp8 rate times ``bf16_over_fp8`` where the
+  curve gives it, NOTE [bf16 from fp8]; the core and the logits at its other peak: NOTE [precision]; the routed
+  experts' grouped GEMMs at the curve's point for their own tokens per local expert, NOTE [expert parallelism]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and
   softmax and its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``:
   NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``Device.effective_hbm_bytes_per_s``, plus fp8's casts
   and, with ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x; an MoE
   layer's token permutations move as many bytes each way, and its grouped GEMMs wait for the host's per-expert
   launches (GEMM calls and fp8 quantizations) where those outlast them (NOTE [expert parallelism]).
+  NOTE [attention kernel build]: with ``execution.attention_kernel`` the fused attention core's forward and
+  backward (FLOPs, bytes and exponentials together) take the named build's measured times over this pricing at
+  the layer's sequence length (:class:`~mcdla.hardware.attention_kernel.AttentionKernel`, ``node.attention_kernels``:
+  cuDNN 9.13.1's published SDPA times on the Blackwell presets, the build of NeMo Framework 25.11); the
+  factors are measured on one head shape (Llama 3.1 405B's) and applied to every shape on the chip.
   ``fused_kernels: false`` counts those kernels as eager PyTorch runs them, one per op (NOTE [eager kernels] in
   :mod:`mcdla.sim.llm_eager`). Recompute adds a forward (``full``), the attention core with its softmax and
   dropout (``selective``; its other ``recompute_modules`` their GEMMs and kernels, NOTE [recompute modules] in
@@ -78,6 +83,20 @@ NOTE [time model] (also ``docs/llm.md``):
   the fabric like any group, inside a node or across nodes.
 * Expert parallelism: the all-to-all dispatch and combine of every MoE layer, the capacity factor's expert
   FLOPs, ``1 / ep`` of the routed experts per rank (``sim/llm_moe.py``, NOTE [expert parallelism]).
+* NOTE [layer kinds]: where a model's layers differ (``dense_layers``, DeepSeek's ``first_k_dense_replace``
+  leading layers with a dense FFN) every model chunk is timed with the layers it holds: ``n_dense`` times a
+  dense layer's figures plus ``n_moe`` times an MoE layer's (``StageCosts.layer_kinds``: forward, backward,
+  recompute, TP, CP and EP each priced by the same per-layer functions on each kind's model,
+  :meth:`~mcdla.workload.transformer.TransformerSpec.layer_kinds`, so the all-to-alls fall on the MoE layers
+  only). Megatron-Core numbers the layers in order over the virtual stages, so the dense ones sit on the first
+  chunks (:func:`~mcdla.workload.layer_counts.dense_chunk_layers`, ``StageCosts.chunk_dense``): the stages then
+  differ and the pipeline is scheduled as an uneven split's is; the pacing stage, the bubble, the per-rank
+  schedule, the lowered engine's chunks, the closed form's one stage (``pp = 1``), the first chunk's backward
+  that ``dp_overlap`` hides the reduction behind and the smallest chunk's forward that bounds what
+  ``pp_comm_overlap`` hides sum each kind. What ``StageCosts`` prices per stage with one layer's figures stays
+  the mean layer's: the exposed offload and ZeRO-3 traffic, the CPU optimizer's overlap, and the memory
+  (activations of the fullest stage are its layers times the mean layer's, its weights counted as MoE layers);
+  the FLOP totals (model FLOPs, MFU) are exact either way.
 * Data parallelism: one all-reduce of the rank's gradients over its replicas, the ``dp x cp`` ranks (the
   routed experts' over the ``dp cp / ep`` that hold them), on their dimensions (hierarchical over
   NVLink and the network when a node holds several members; ZeRO-1/2: reduce-scatter + all-gather, the same
@@ -138,7 +157,7 @@ from mcdla.sim.llm_moe import (ParamGroup, a2a_overlap_hidden_s, all_to_all_byte
                                source_permute_bytes, tokens_per_local_expert)
 from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
-from mcdla.workload.layer_counts import LayerShares, layer_shares
+from mcdla.workload.layer_counts import LayerShares, dense_chunk_layers, layer_shares
 from mcdla.workload.op_recompute import OP_RECOMPUTE, op_recomputed_gemm_flops
 from mcdla.workload.parallel_dims import ParallelDims, group_strides
 from mcdla.workload.transformer import (Attention, TransformerSpec, activation_bytes_per_layer,
@@ -148,8 +167,8 @@ from mcdla.workload.transformer import (Attention, TransformerSpec, activation_b
                                         model_flops_per_iteration, recompute_module_costs)
 from mcdla.workload.memo import HashOnce, hash_once, pure_cache, slot_init
 
-__all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision",
-           "LlmStep", "RankTraffic", "ShardCollective", "StageCosts", "Zero3Traffic", "cluster_rejection",
+__all__ = ["DEFAULT_PRECISION", "PRECISIONS", "Precision", "precision_of", "cluster_precision", "LayerCosts",
+           "LlmStep", "RankTraffic", "ShardCollective", "StageCosts", "Zero3Traffic", "by_kind", "cluster_rejection",
            "elementwise_bytes_per_layer", "fsdp_exposed_s", "llm_step", "pacing_stage_parts", "rank_traffic",
            "ring_exchange_costs", "send_boundary", "stage_costs", "step_record", "zero3_traffic"]
 
@@ -566,6 +585,14 @@ def cluster_rejection(execution: Execution, cluster: Cluster) -> str | None:
         return "execution.offload_*: offload asked but the cluster has no second tier (no pool memory)"
     if e.gpus > cluster.n_devices:
         return f"execution.gpus: got {e.gpus}; must be at most the {cluster.n_devices} GPUs of {cluster.name}"
+    if e.attention_kernel is not None:
+        if cluster.attention_kernel(e.attention_kernel) is None:
+            known = ", ".join(k.name for k in cluster.attention_kernels) or "none"
+            return (f"execution.attention_kernel: got {brief(e.attention_kernel)}; {cluster.name} measures "
+                    f"{known} (node.attention_kernels)")
+        if e.attention != "flash":
+            return (f"execution.attention_kernel: got {brief(e.attention_kernel)} with attention "
+                    f"{brief(e.attention)}; a measured build prices the fused kernel (attention: flash)")
     return tier_rejection(e, cluster)
 
 
@@ -584,6 +611,46 @@ def send_boundary(stage: int, chunk: int, stages: int, virtual_stages: int, *, f
     if forward:
         return stage if stage < p - 1 else (p - 1 if chunk < v - 1 else None)
     return stage - 1 if stage else (p - 1 if chunk else None)
+
+
+class LayerCosts(NamedTuple):
+    """One layer's per-micro-batch durations on one rank (seconds), :class:`StageCosts`' ``layer_*`` fields: the
+    mean layer's there, each kind's in :attr:`StageCosts.layer_kinds` (NOTE [layer kinds])."""
+
+    layer_fwd_s: float
+    layer_bwd_s: float
+    layer_recompute_s: float
+    layer_tp_fwd_s: float
+    layer_tp_bwd_s: float
+    layer_cp_fwd_s: float
+    layer_cp_bwd_s: float
+    layer_ep_fwd_s: float
+    layer_ep_bwd_s: float
+    layer_ep_hidden_fwd_s: float
+    layer_ep_hidden_bwd_s: float
+    layer_attention_fwd_s: float
+    layer_tp_hide_fwd_s: float
+    layer_tp_hide_bwd_s: float
+
+    @property
+    def layer_comm_fwd_s(self) -> float:
+        """One layer's forward link time: TP collectives, exposed CP exchange, EP all-to-alls."""
+        return self.layer_tp_fwd_s + self.layer_cp_fwd_s + self.layer_ep_fwd_s
+
+    @property
+    def layer_comm_bwd_s(self) -> float:
+        """One layer's backward link time (:attr:`layer_comm_fwd_s`'s counterpart)."""
+        return self.layer_tp_bwd_s + self.layer_cp_bwd_s + self.layer_ep_bwd_s
+
+
+def by_kind(mean: T, kinds: tuple[LayerCosts, ...], layers: int, dense: int) -> tuple[tuple[T | LayerCosts, int], ...]:
+    """``layers`` layers of which ``dense`` are dense leading layers as (per-layer figures, count) by kind
+    (NOTE [layer kinds]): the MoE and the dense layer's ``kinds``, or the ``mean`` layer's for every layer
+    when the layers are alike (``kinds`` empty)."""
+    if not kinds:
+        return ((mean, layers),)
+    moe, dense_layer = kinds
+    return ((moe, layers - dense), (dense_layer, dense))
 
 
 @slot_init
@@ -639,6 +706,17 @@ class StageCosts:
     # it crosses: stage b to b + 1, then (the last entry) the last stage to the first, the interleaved schedule's
     # next chunk; () with one stage
     boundary_hidden_s: tuple[float, ...] = ()  # the part of each the sender's next chunk hides (``pp_comm_overlap``)
+    layer_kinds: tuple[LayerCosts, ...] = ()  # with dense_layers: an MoE layer's figures and a dense layer's
+    chunk_dense: tuple[tuple[int, ...], ...] = ()  # dense layers of each stage's chunks (with layer_kinds)
+
+    def kinds(self, layers: int, dense: int = 0) -> tuple[tuple[LayerCosts | StageCosts, int], ...]:
+        """``layers`` layers of which ``dense`` are dense leading layers as (per-layer figures, count) by kind
+        (:func:`by_kind` of these costs)."""
+        return by_kind(self, self.layer_kinds, layers, dense)
+
+    def stage_dense(self, stage: int | None) -> int:
+        """Dense leading layers on ``stage`` (None: the last, which the closed form's alike stages stand for)."""
+        return sum(self.chunk_dense[-1 if stage is None else stage]) if self.chunk_dense else 0
 
     def send_s(self, stage: int, chunk: int, virtual_stages: int, *, forward: bool) -> float:
         """The exposed send that ends a pass of ``chunk`` on ``stage``, on the boundary it crosses
@@ -663,15 +741,8 @@ class StageCosts:
         return (self.pass_sends_s(stage, virtual_stages, forward=True)
                 + self.pass_sends_s(stage, virtual_stages, forward=False))
 
-    @property
-    def layer_comm_fwd_s(self) -> float:
-        """One layer's forward link time: TP collectives, exposed CP exchange, EP all-to-alls."""
-        return self.layer_tp_fwd_s + self.layer_cp_fwd_s + self.layer_ep_fwd_s
-
-    @property
-    def layer_comm_bwd_s(self) -> float:
-        """One layer's backward link time (:attr:`layer_comm_fwd_s`'s counterpart)."""
-        return self.layer_tp_bwd_s + self.layer_cp_bwd_s + self.layer_ep_bwd_s
+    layer_comm_fwd_s = LayerCosts.layer_comm_fwd_s  # the (mean) layer's link time, as each kind's
+    layer_comm_bwd_s = LayerCosts.layer_comm_bwd_s
 
     @property
     def dp_exposed_s(self) -> float:
@@ -683,9 +754,10 @@ class StageCosts:
         """One micro-batch on a stage of ``layers`` layers over its ``virtual_stages`` chunks: compute,
         recompute, TP, the ``2 v`` pipeline transfers (:meth:`stage_sends_s` of ``stage``), exposed offload; the
         last stage adds the logits and loss."""
-        n = layers
-        return (n * (self.layer_fwd_s + self.layer_bwd_s) + n * self.layer_recompute_s
-                + n * (self.layer_comm_fwd_s + self.layer_comm_bwd_s) + self.stage_sends_s(stage, virtual_stages)
+        kinds = self.kinds(layers, self.stage_dense(stage))
+        return (sum(n * (x.layer_fwd_s + x.layer_bwd_s) + n * x.layer_recompute_s
+                    + n * (x.layer_comm_fwd_s + x.layer_comm_bwd_s) for x, n in kinds)
+                + self.stage_sends_s(stage, virtual_stages)
                 + self.offload_fwd_s + self.offload_bwd_s + self.fsdp_fwd_s + self.fsdp_bwd_s
                 + (self.last_fwd_s + self.last_bwd_s + self.last_fsdp_s if last else 0.0))
 
@@ -699,16 +771,16 @@ class StageCosts:
         compute (with the logits and loss on the last stage), recompute, TP, PP (``stage``'s sends,
         :meth:`stage_sends_s`), offload with the optimizer state's round trip, CP and EP. Both the closed form and
         the per-rank schedule report these for the pacing stage."""
-        n, m = layers, micro_batches
+        m, kinds = micro_batches, self.kinds(layers, self.stage_dense(stage))
         last_extra = self.last_fwd_s + self.last_bwd_s if last else 0.0
-        return dict(compute_s=m * (n * (self.layer_fwd_s + self.layer_bwd_s) + last_extra),
-                    recompute_s=m * (n * self.layer_recompute_s),
-                    tp_comm_s=m * (n * (self.layer_tp_fwd_s + self.layer_tp_bwd_s)),
+        return dict(compute_s=m * (sum(n * (x.layer_fwd_s + x.layer_bwd_s) for x, n in kinds) + last_extra),
+                    recompute_s=m * sum(n * x.layer_recompute_s for x, n in kinds),
+                    tp_comm_s=m * sum(n * (x.layer_tp_fwd_s + x.layer_tp_bwd_s) for x, n in kinds),
                     pp_comm_s=m * self.stage_sends_s(stage, virtual_stages),
                     fsdp_comm_s=m * (self.fsdp_fwd_s + self.fsdp_bwd_s + (self.last_fsdp_s if last else 0.0)),
                     offload_s=m * (self.offload_fwd_s + self.offload_bwd_s) + self.offload_step_s,
-                    cp_comm_s=m * (n * (self.layer_cp_fwd_s + self.layer_cp_bwd_s)),
-                    ep_comm_s=m * (n * (self.layer_ep_fwd_s + self.layer_ep_bwd_s)))
+                    cp_comm_s=m * sum(n * (x.layer_cp_fwd_s + x.layer_cp_bwd_s) for x, n in kinds),
+                    ep_comm_s=m * sum(n * (x.layer_ep_fwd_s + x.layer_ep_bwd_s) for x, n in kinds))
 
     def iteration_parts(self, micro_batches: int, virtual_stages: int) -> dict[str, float]:
         """The steady-state parts of an evenly split iteration: the last stage's :meth:`stage_parts`."""
@@ -771,6 +843,30 @@ def _ring_weights(spec: TransformerSpec) -> tuple[float, float, float]:
     return ring, row, rings
 
 
+def gemm_peak_flops_per_s(cluster: Cluster, key: str) -> float:
+    """The peak a linear layer's GEMM at precision ``key`` is priced against on ``cluster``'s GPU, before the
+    curve: the datasheet peak, times ``fp8_fraction`` in fp8 and, for bf16/fp16 on a curve with
+    ``bf16_over_fp8``, the fp8 one times that ratio.
+
+    NOTE [bf16 from fp8]: a preset's ``fp8_fraction`` is fitted on its chip's published FP8 runs (the Llama rows
+    of ``validate-llm --family megatron-bridge-fp8``), so what a linear layer's fp8 GEMM sustains in such a run
+    is measured; no fitting source publishes a dense bf16 run on these GPUs (``docs/llm.md`` "Megatron-Bridge
+    MoE"). What the chip's bf16 GEMMs reach against its fp8 GEMMs is a property of its tensor cores that the
+    Maximum Achievable Matmul FLOPS table measures (stas00/ml-engineering 744d01e,
+    ``compute/accelerator/README.md``: at its best shape GB200 runs bf16 at 0.504 of its fp8 rate, B200 0.508,
+    B300 0.528, H100 0.566). With ``bf16_over_fp8`` the linear layers' bf16 GEMMs (dense and routed experts)
+    run at the fitted fp8 rate times that ratio: whatever keeps a training run's fp8 GEMMs below the best
+    shape's rate is taken to slow its bf16 GEMMs alike. The attention core and the logits stay on the bf16 curve,
+    priced as in fp8 runs, where the fit saw them (``python -m benchmarks.bench_bf16_rule`` measures the
+    alternatives that move them too)."""
+    dev, curve = cluster.device, cluster.gemm_efficiency
+    if key == "fp8":
+        return dev.flops_per_s("fp8") * curve.fp8_fraction
+    if key in ("bf16", "fp16") and curve.bf16_over_fp8 is not None:
+        return dev.flops_per_s("fp8") * curve.fp8_fraction * curve.bf16_over_fp8
+    return dev.flops_per_s(key)
+
+
 def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: Precision) -> _LayerCompute:
     """:class:`_LayerCompute` of ``spec`` at ``prec`` under ``e``'s micro-batch, TP, CP, EP, capacity factor,
     attention kernel, kernel fusion and fp8 scaling on ``cluster``'s GPU (NOTE [time model])."""
@@ -778,7 +874,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     modules = e.recompute_modules if e.recompute == "selective" else ()
     key = ("layer", spec, prec, e.micro_batch, e.tp, e.cp, e.sequence_parallel, e.attention, e.fused_kernels,
            e.rope_kernels, e.capacity_factor, type(e.capacity_factor), e.ep, e.ep_dispatcher, e.fp8_scaling, op,
-           modules, e.tp_comm_overlap, e.moe_router_graph)
+           modules, e.tp_comm_overlap, e.moe_router_graph, e.attention_kernel)
     got = cluster.model_memo.get(key)
     if got is not None:
         return got  # type: ignore[return-value]
@@ -787,7 +883,7 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     hbm_per_s = dev.effective_hbm_bytes_per_s
     curve = cluster.gemm_efficiency
     efficiency = curve.at(spec.hidden / e.tp, tokens=b * spec.seq_len / e.cp)
-    gemm_peak = dev.flops_per_s(prec.gemm_peak) * (curve.fp8_fraction if prec.fp8 else 1.0)
+    gemm_peak = gemm_peak_flops_per_s(cluster, prec.gemm_peak)
     gemm_rate = gemm_peak * efficiency
     # the routed experts' grouped GEMMs, each over its own expert's tokens and at its own narrowest dimension
     # (NOTE [expert parallelism])
@@ -819,6 +915,13 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
     else:
         core_fwd = ew["scores"] / hbm_per_s
         core_bwd = 2 * core_fwd
+    if e.attention_kernel is not None:  # NOTE [attention kernel build]
+        kernel = cluster.attention_kernel(e.attention_kernel)
+        assert kernel is not None  # cluster_rejection names an unknown build first
+        kf, kb = kernel.scale(spec.seq_len)
+        core_bwd = kb * (attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd) \
+            - attention_bwd_flops_ratio(e.attention) * kf * attn_f
+        attn_f, core_fwd = kf * attn_f, kf * core_fwd
     cast_fwd = cast_bwd = 0.0
     if prec.fp8:
         cast = fp8_cast_bytes_per_layer(spec, b, tp=e.tp, cp=e.cp, scaling=e.fp8_scaling, sp=e.sequence_parallel,
@@ -873,40 +976,25 @@ def _checked(spec: TransformerSpec, e: Execution, cluster: Cluster, precision: s
 
 def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures) -> StageCosts:
     """:func:`stage_costs` of an execution :func:`_checked` passed, at ``prec``, from its figures ``fig``."""
-    tp_stride, _pp_stride, _cp_stride, _ep_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)
     offload_bytes_per_s = _offload_bytes_per_s(cluster, e.gpus)
     spec = fig.spec
     b = e.micro_batch
     lc = _layer_compute(spec, e, cluster, prec)
-    gemm_f, attn_f, core_fwd, layer_fwd, layer_bwd = lc.gemm_s, lc.attention_s, lc.core_fwd_s, lc.fwd_s, lc.bwd_s
+    attn_f, core_fwd = lc.attention_s, lc.core_fwd_s
     hbm_per_s, gemm_bwd_ratio = lc.hbm_per_s, lc.gemm_bwd_ratio
     shares = fig.shares
     full = shares.recomputed  # the mean layer of a chunk under partial recompute (NOTE [partial recompute and offload])
-    if e.recompute == "full":
-        layer_recompute = full * layer_fwd
-    elif e.recompute == OP_RECOMPUTE:  # NOTE [op-level selective recompute]: checkpoint stops before the last add
-        layer_recompute = lc.op_recompute_s
-    elif e.recompute == "selective":  # NOTE [recompute modules]
-        layer_recompute = (attn_f + core_fwd if e.recomputes_attention else 0.0) + lc.op_recompute_s
-    else:
-        layer_recompute = 0.0
-    cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)
-    ep_fwd, ep_bwd = ep_all_to_all_s(spec, e, cluster)
-    ep_hidden = a2a_overlap_hidden_s(e, (ep_fwd, ep_bwd), (layer_fwd, layer_bwd + layer_recompute))
-    ep_fwd, ep_bwd = ep_fwd - ep_hidden[0], ep_bwd - ep_hidden[1]
+    mean = _layer_costs(spec, e, cluster, prec, full)
+    layer_fwd, layer_bwd, layer_recompute = mean.layer_fwd_s, mean.layer_bwd_s, mean.layer_recompute_s
+    kinds = spec.layer_kinds()
+    layer_kinds = () if kinds is None else tuple(_layer_costs(k, e, cluster, prec, full) for k in kinds)
+    chunk_dense = dense_chunk_layers(fig.chunks, spec.dense_layers) if layer_kinds else ()
+
+    def chunk_kinds(stage: int, ch: int) -> tuple[tuple[LayerCosts, int], ...]:
+        """The chunk's layers by kind (NOTE [layer kinds])."""
+        return by_kind(mean, layer_kinds, fig.chunks[stage][ch], chunk_dense[stage][ch] if chunk_dense else 0)
 
     act_bytes = spec.bytes_per_element * b * spec.seq_len / e.cp * spec.hidden
-    tp_one = _tp_allreduce_s(cluster, e.tp, tp_stride, e.sequence_parallel, act_bytes)
-    tp_fwd, tp_bwd_plain, tp_bwd_full = 2 * tp_one, 2 * tp_one, 4 * tp_one
-    hide_fwd = hide_bwd = 0.0
-    if e.tp_comm_overlap:
-        # each collective overlaps the GEMM it pairs with (userbuffers): hidden up to those GEMMs' time
-        ub = lc.overlapped_s
-        tp_fwd = max(0.0, tp_fwd - ub)
-        tp_bwd_plain = max(0.0, tp_bwd_plain - gemm_bwd_ratio * ub)
-        tp_bwd_full = max(0.0, tp_bwd_full - gemm_bwd_ratio * ub - ub)
-        hide_fwd, hide_bwd = ub, gemm_bwd_ratio * ub + full * ub
-    tp_bwd = full * tp_bwd_full + (1.0 - full) * tp_bwd_plain if full else tp_bwd_plain
 
     split_layers, n_layers = fig.split_layers, fig.n_layers
     chunks = fig.chunks
@@ -915,7 +1003,8 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
     sends = _boundary_p2p_s(cluster, e, p2p_bytes)
     hidden = (0.0,) * len(sends)
     if e.pp_comm_overlap:  # each send runs while the next chunk computes: exposed past the smallest chunk's forward
-        smallest = min(n for row in chunks for n in row) * layer_fwd
+        smallest = min(sum(n * x.layer_fwd_s for x, n in chunk_kinds(st, ch))
+                       for st, row in enumerate(chunks) for ch in range(len(row)))
         hidden = tuple(min(t, smallest) for t in sends)
     # the slowest boundary's send (of those the schedule crosses: the last stage's to the first with virtual
     # stages) is what a pass with no peer holds; every send's where the boundaries' are the same
@@ -977,8 +1066,8 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         dp_full = _dp_reduce_s(cluster, groups, prec.element_bytes)
     hidden_by = 0.0
     if e.dp_overlap:  # the first stage's last backward pass (NOTE [overlapped reduction])
-        first = chunks[0][0]
-        hidden_by = (first * (layer_bwd + layer_recompute + tp_bwd + cp.bwd_exposed_s + ep_bwd)
+        hidden_by = (sum(n * (x.layer_bwd_s + x.layer_recompute_s + x.layer_tp_bwd_s + x.layer_cp_bwd_s
+                              + x.layer_ep_bwd_s) for x, n in chunk_kinds(0, 0))
                      + (fsdp_bwd / e.virtual_stages if e.zero >= 3 else 0.0)
                      + (p2p if e.pp > 1 else 0.0)
                      + (gemm_bwd_ratio * logits + 2 * loss if e.pp == 1 and e.virtual_stages == 1 else 0.0))
@@ -1000,16 +1089,53 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         out, back = tier_bytes_per_s(cluster, e.offload_tier, e.gpus)
         offload_step = prec.optimizer_bytes * opt_params * (1 / out + 1 / back)
     return StageCosts(
-        layers_per_stage=n_layers, layer_fwd_s=layer_fwd, layer_bwd_s=layer_bwd,
-        layer_recompute_s=layer_recompute, layer_tp_fwd_s=tp_fwd, layer_tp_bwd_s=tp_bwd, p2p_s=p2p,
+        layers_per_stage=n_layers, **mean._asdict(), p2p_s=p2p,
         last_fwd_s=logits + loss, last_bwd_s=gemm_bwd_ratio * logits + 2 * loss, offload_fwd_s=off_fwd,
         offload_bwd_s=off_bwd, fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd, last_fsdp_s=last_fsdp,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, dp_tail_s=dp_tail, optimizer_s=optimizer,
-        offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunks,
-        layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s, layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd,
-        layer_ep_hidden_fwd_s=ep_hidden[0], layer_ep_hidden_bwd_s=ep_hidden[1], recomputed_share=full,
-        layer_attention_fwd_s=attn_f + core_fwd, layer_tp_hide_fwd_s=hide_fwd, layer_tp_hide_bwd_s=hide_bwd,
-        p2p_hidden_s=p2p_hidden, boundary_p2p_s=boundary, boundary_hidden_s=hidden)
+        offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunks, recomputed_share=full,
+        p2p_hidden_s=p2p_hidden, boundary_p2p_s=boundary, boundary_hidden_s=hidden, layer_kinds=layer_kinds,
+        chunk_dense=chunk_dense)
+
+
+def _layer_costs(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: Precision, full: float) -> LayerCosts:
+    """The :class:`LayerCosts` of ``spec``'s (mean) layer under ``e`` at ``prec`` on ``cluster``, ``full`` the
+    share of the layers fully recomputed (NOTE [time model])."""
+    tp_stride = group_strides(e.tp, e.cp, e.dp, e.pp, e.ep)[0]
+    lc = _layer_compute(spec, e, cluster, prec)
+    attn_f, core_fwd, layer_fwd, layer_bwd = lc.attention_s, lc.core_fwd_s, lc.fwd_s, lc.bwd_s
+    gemm_bwd_ratio = lc.gemm_bwd_ratio
+    if e.recompute == "full":
+        layer_recompute = full * layer_fwd
+    elif e.recompute == OP_RECOMPUTE:  # NOTE [op-level selective recompute]: checkpoint stops before the last add
+        layer_recompute = lc.op_recompute_s
+    elif e.recompute == "selective":  # NOTE [recompute modules]
+        layer_recompute = (attn_f + core_fwd if e.recomputes_attention else 0.0) + lc.op_recompute_s
+    else:
+        layer_recompute = 0.0
+    cp = cp_exchange(spec, e, cluster, attention_fwd_s=attn_f + core_fwd)
+    ep_fwd, ep_bwd = ep_all_to_all_s(spec, e, cluster)
+    ep_hidden = a2a_overlap_hidden_s(e, (ep_fwd, ep_bwd), (layer_fwd, layer_bwd + layer_recompute))
+    ep_fwd, ep_bwd = ep_fwd - ep_hidden[0], ep_bwd - ep_hidden[1]
+
+    act_bytes = spec.bytes_per_element * e.micro_batch * spec.seq_len / e.cp * spec.hidden
+    tp_one = _tp_allreduce_s(cluster, e.tp, tp_stride, e.sequence_parallel, act_bytes)
+    tp_fwd, tp_bwd_plain, tp_bwd_full = 2 * tp_one, 2 * tp_one, 4 * tp_one
+    hide_fwd = hide_bwd = 0.0
+    if e.tp_comm_overlap:
+        # each collective overlaps the GEMM it pairs with (userbuffers): hidden up to those GEMMs' time
+        ub = lc.overlapped_s
+        tp_fwd = max(0.0, tp_fwd - ub)
+        tp_bwd_plain = max(0.0, tp_bwd_plain - gemm_bwd_ratio * ub)
+        tp_bwd_full = max(0.0, tp_bwd_full - gemm_bwd_ratio * ub - ub)
+        hide_fwd, hide_bwd = ub, gemm_bwd_ratio * ub + full * ub
+    tp_bwd = full * tp_bwd_full + (1.0 - full) * tp_bwd_plain if full else tp_bwd_plain
+    return LayerCosts(
+        layer_fwd_s=layer_fwd, layer_bwd_s=layer_bwd, layer_recompute_s=layer_recompute, layer_tp_fwd_s=tp_fwd,
+        layer_tp_bwd_s=tp_bwd, layer_cp_fwd_s=cp.fwd_exposed_s, layer_cp_bwd_s=cp.bwd_exposed_s,
+        layer_ep_fwd_s=ep_fwd, layer_ep_bwd_s=ep_bwd, layer_ep_hidden_fwd_s=ep_hidden[0],
+        layer_ep_hidden_bwd_s=ep_hidden[1], layer_attention_fwd_s=attn_f + core_fwd, layer_tp_hide_fwd_s=hide_fwd,
+        layer_tp_hide_bwd_s=hide_bwd)
 
 
 def _at_precision(spec: TransformerSpec, prec: Precision) -> TransformerSpec:
@@ -1107,8 +1233,10 @@ def llm_step(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, m
     e = execution
     prec, fig = _checked(spec, e, cluster, precision)
     c = _stage_costs(e, cluster, prec, fig)
-    # chunks of one stage differ when the embedding or the loss counts as a layer or a layout names them
-    if _uneven(c.stage_layers) or len({n for row in c.chunk_layers for n in row}) > 1:
+    # chunks of one stage differ when the embedding or the loss counts as a layer or a layout names them, and
+    # stages differ where some hold dense leading layers (NOTE [layer kinds])
+    if (_uneven(c.stage_layers) or len({n for row in c.chunk_layers for n in row}) > 1
+            or len({n for row in c.chunk_dense for n in row}) > 1):
         # An uneven split: the slowest stage sets the pace, but how long the others fill, drain and hold it
         # up depends on where it sits, so the schedule itself is the closed form (O(dp p m v) ops).
         from mcdla.sim.llm_ranks import ranks_step

@@ -312,7 +312,8 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
                         dp_tail = zero3_step_collectives(e, cluster, zero3, r, after_backward=True)
                     else:
                         dp_colls = gradient_collectives(e, cluster, traffic, r)
-                    exchanges = {n: pass_exchanges(e, cluster, c, traffic, r, n) for n in sizes}
+                    exchanges = {(n, dense): pass_exchanges(e, cluster, c, traffic, r, n, dense)
+                                 for n, dense in set(zip(c.chunk_layers[s], _chunk_dense(c, s), strict=True))}
                     fsdp = fsdp_ops(e, cluster, zero3, r, collectives=every) if zero3 is not None else None
                     weights_from = (nvme.of(device(r))[0],) if nvme is not None else pool
                     ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, weights_from, colls, dp_colls, exchanges,
@@ -353,10 +354,16 @@ def _receives(s: int, p: int, m: int, v: int) -> list[tuple[int, str]]:
     return got
 
 
+def _chunk_dense(c: StageCosts, stage: int) -> tuple[int, ...]:
+    """Dense leading layers of each of ``stage``'s chunks (0s when the layers are alike, NOTE [layer kinds] in
+    :mod:`mcdla.sim.llm`)."""
+    return c.chunk_dense[stage] if c.chunk_dense else (0,) * len(c.chunk_layers[stage])
+
+
 def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v: int, c: StageCosts,
               e: Execution, traffic: RankTraffic, pool: Sequence[str], weights_from: Sequence[str],
               colls: dict[tuple[int, bool], list[tuple[Collective, float]]], dp_colls: list[Collective] | None,
-              exchanges: dict[int, tuple[PassExchange, PassExchange]], fsdp: FsdpOps | None, *,
+              exchanges: dict[tuple[int, int], tuple[PassExchange, PassExchange]], fsdp: FsdpOps | None, *,
               peer: Callable[[int], int], dp_tail: Sequence[Collective] = ()) -> list[Op]:
     """The ops of rank ``r`` on stage ``s`` up to its optimizer step (NOTE [LLM lowering]); ``peer(stage)``: the
     same TP x CP slot there; ``weights_from``: the memories offloaded weights are fetched from; ``colls``: the TP
@@ -372,18 +379,19 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
     in_flight: list[str] = []  # pp_comm_overlap: sends still running; a chunk waits for those two chunks back
     for forward, mb, ch in order:
         tag = _tag(forward, mb, ch)
-        n = c.chunk_layers[s][ch]
+        n, dense = c.chunk_layers[s][ch], _chunk_dense(c, s)[ch]
+        kinds = c.kinds(n, dense)
         share = n / c.layers_per_stage  # of the (largest) stage's copies
         last_chunk = s == p - 1 and ch == v - 1
         dst = _links(s, p, v, forward, ch)[1]
         waits = tuple(w for w in (b.last, *b.copies, recv_of.get(tag), *in_flight[:-1]) if w)
         in_flight = in_flight[-1:]
         chunk_colls = colls[(n, forward)]
-        exchange = exchanges[n][0 if forward else 1]
-        layer_s = c.layer_fwd_s if forward else c.layer_bwd_s + c.layer_recompute_s
+        exchange = exchanges[(n, dense)][0 if forward else 1]
+        layers_s = sum(k * (x.layer_fwd_s if forward else x.layer_bwd_s + x.layer_recompute_s) for x, k in kinds)
         other_s = (c.last_fwd_s if forward else c.last_bwd_s) if last_chunk else 0.0
         latencies = sum(lat for _coll, lat in chunk_colls)  # the other calls' latencies
-        hide_s = n * (c.layer_tp_hide_fwd_s if forward else c.layer_tp_hide_bwd_s)
+        hide_s = sum(k * (x.layer_tp_hide_fwd_s if forward else x.layer_tp_hide_bwd_s) for x, k in kinds)
         overlapped = hide_s > 0 and fsdp is None and bool(chunk_colls)
         # ring attention moved out of the layers into the ring steps
         other_s += (0.0 if overlapped else latencies) + exchange.compute_s
@@ -395,12 +403,14 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
                                  waits=tuple(waits)))
             for i, (coll, _latency_s) in enumerate(chunk_colls):
                 done = b.add(CollectiveOp(name=f"tp{i}-{tag}", stream="tp-overlap", collective=coll, waits=(done,)))
-            compute = b.add(Compute(name=f"compute-{tag}", seconds=n * layer_s + other_s - hide_s,
+            compute = b.add(Compute(name=f"compute-{tag}", seconds=layers_s + other_s - hide_s,
                                     waits=(gemms, done)))
             chunk_colls = []
         elif fsdp is None:
-            compute = b.add(Compute(name=f"compute-{tag}", seconds=n * layer_s + other_s, waits=tuple(waits)))
-        else:  # a negative rest (the ring's attention) comes off the layers
+            compute = b.add(Compute(name=f"compute-{tag}", seconds=layers_s + other_s, waits=tuple(waits)))
+        else:  # a negative rest (the ring's attention) comes off the layers, each the chunk's mean layer
+            layer_s = layers_s / n if c.layer_kinds else (c.layer_fwd_s if forward
+                                                            else c.layer_bwd_s + c.layer_recompute_s)
             spread = min(0.0, other_s) / n
             compute = fsdp_chunk(b.ops, tag, waits, n, layer_s + spread, max(0.0, other_s), fsdp,
                                  backward=not forward)

@@ -117,9 +117,10 @@ class PassExchange:
 
 
 def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankTraffic, rank: int, layers: int,
-                   ) -> tuple[PassExchange, PassExchange]:
-    """The forward and backward :class:`PassExchange` of a chunk of ``layers`` layers on ``rank``
-    (NOTE [CP and EP lowering])."""
+                   dense: int = 0) -> tuple[PassExchange, PassExchange]:
+    """The forward and backward :class:`PassExchange` of a chunk of ``layers`` layers on ``rank``, ``dense`` of
+    them dense leading layers (NOTE [CP and EP lowering]; the all-to-alls on the MoE layers only where the costs
+    price each kind of layer, NOTE [layer kinds] in :mod:`mcdla.sim.llm`)."""
     layout = ParallelDims.of(e)
     n, recomputes = layers, e.recomputes_attention
     fwd: list[tuple[Collective, float]] = []
@@ -142,15 +143,20 @@ def pass_exchanges(e: Execution, cluster: Cluster, c: StageCosts, traffic: RankT
             fwd += batched_collectives(("all-gather",), gathered, n, group, dims)
             bwd += batched_collectives(("all-gather",), gathered, n * (2 if recomputes else 1), group, dims)
             bwd += batched_collectives(("reduce-scatter",), gathered, n, group, dims)
+    kinds = c.kinds(n, dense)
     if hybridep_priced(e, cluster):  # HybridEP's dispatch and combine, at its measured rate: the pass's time
-        overlap_f, overlap_b = overlap_f - n * c.layer_ep_fwd_s, overlap_b - n * c.layer_ep_bwd_s
+        overlap_f -= sum(k * x.layer_ep_fwd_s for x, k in kinds)
+        overlap_b -= sum(k * x.layer_ep_bwd_s for x, k in kinds)
     elif e.ep > 1:
         group, dims = layout.group("ep", rank), cluster.group_dims(e.ep, layout.stride("ep"))
-        per_layer_b, share = 4 if e.recompute == "full" else 2, traffic.moe_layer_share
-        fwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, 2 * n * share, group, dims)
-        bwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, per_layer_b * n * share, group, dims)
+        per_layer_b = 4 if e.recompute == "full" else 2
+        # MoE layers of the chunk: its own where each kind is priced apart, else the mean layer's share of them
+        moe = n - dense if c.layer_kinds else n * traffic.moe_layer_share
+        fwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, 2 * moe, group, dims)
+        bwd += batched_collectives(("all-to-all",), traffic.all_to_all_bytes, per_layer_b * moe, group, dims)
         # what moe_a2a_overlap's combined steps hide behind the other micro-batch's compute (NOTE [EP overlap])
-        overlap_f, overlap_b = overlap_f + n * c.layer_ep_hidden_fwd_s, overlap_b + n * c.layer_ep_hidden_bwd_s
+        overlap_f += sum(k * x.layer_ep_hidden_fwd_s for x, k in kinds)
+        overlap_b += sum(k * x.layer_ep_hidden_bwd_s for x, k in kinds)
     return (PassExchange(compute_s=sum(lat for _c, lat in fwd) - overlap_f, ring=ring_f,
                          collectives=tuple(coll for coll, _lat in fwd)),
             PassExchange(compute_s=sum(lat for _c, lat in bwd) - overlap_b, ring=ring_b,

@@ -44,6 +44,7 @@ from mcdla.errors import ConfigError, brief
 from mcdla.hardware.cluster import Cluster
 from mcdla.sim.llm import DEFAULT_PRECISION, LlmStep, StageCosts, pacing_stage_parts, stage_costs, step_record
 from mcdla.workload.execution import Execution
+from mcdla.workload.layer_counts import dense_chunk_layers
 from mcdla.workload.parallel_dims import ParallelDims
 from mcdla.workload.transformer import TransformerSpec
 
@@ -171,22 +172,25 @@ class RanksResult:
 
 
 def _chunk_durations(c: StageCosts, e: Execution, chunks: Sequence[Sequence[int]], factor: Sequence[float],
-                     ) -> tuple[list[list[float]], list[list[float]]]:
+                     dense: Sequence[Sequence[int]] = ()) -> tuple[list[list[float]], list[list[float]]]:
     """Forward and backward durations per stage and chunk for one replica (module docstring); ``chunks``:
-    the layers of each stage's chunks."""
+    the layers of each stage's chunks, ``dense`` how many of them are dense leading layers (() for none), each
+    kind of layer at its own figures (:meth:`StageCosts.kinds`)."""
     p, v = e.pp, e.virtual_stages
     fwd, bwd = [], []
     for s in range(p):
         k = factor[s]
         f_row, b_row = [], []
         for ch in range(v):
-            n = chunks[s][ch]
+            kinds = c.kinds(chunks[s][ch], dense[s][ch] if dense else 0)
             last = s == p - 1 and ch == v - 1
-            f_row.append(k * (n * c.layer_fwd_s + (c.last_fwd_s if last else 0.0)) + n * c.layer_comm_fwd_s
+            f_row.append(k * (sum(n * x.layer_fwd_s for x, n in kinds) + (c.last_fwd_s if last else 0.0))
+                         + sum(n * x.layer_comm_fwd_s for x, n in kinds)
                          + c.send_s(s, ch, v, forward=True) + (c.offload_fwd_s + c.fsdp_fwd_s) / v
                          + (c.last_fsdp_s if last else 0.0))
-            b_row.append(k * (n * (c.layer_bwd_s + c.layer_recompute_s) + (c.last_bwd_s if last else 0.0))
-                         + n * c.layer_comm_bwd_s + c.send_s(s, ch, v, forward=False)
+            b_row.append(k * (sum(n * (x.layer_bwd_s + x.layer_recompute_s) for x, n in kinds)
+                              + (c.last_bwd_s if last else 0.0))
+                         + sum(n * x.layer_comm_bwd_s for x, n in kinds) + c.send_s(s, ch, v, forward=False)
                          + (c.offload_bwd_s + c.fsdp_bwd_s) / v)
         fwd.append(f_row)
         bwd.append(b_row)
@@ -199,7 +203,7 @@ def pipeline_s(c: StageCosts, e: Execution, *, stretch_s: float = 0.0) -> float:
     form's link floor, spread evenly over its ``2 v`` passes): the closed form of a pipeline whose boundaries'
     sends differ where no expression in the stage times is exact (NOTE [pipeline sends] in :mod:`mcdla.sim.llm`).
     O(p m v)."""
-    fwd, bwd = _chunk_durations(c, e, c.chunk_layers, [1.0] * e.pp)
+    fwd, bwd = _chunk_durations(c, e, c.chunk_layers, [1.0] * e.pp, c.chunk_dense)
     extra = stretch_s / (2 * e.virtual_stages)
     if extra:
         fwd = [[t + extra for t in row] for row in fwd]
@@ -238,6 +242,8 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
         raise ConfigError(f"layers_per_stage: got {brief(layers_per_stage)}; must be {p} integers summing to "
                           f"{spec.layers}, each a positive multiple of virtual_stages={v}")
     chunks = [[n // v] * v for n in layers] if layers_per_stage is not None else c.chunk_layers
+    dense = (dense_chunk_layers(tuple(tuple(row) for row in chunks), spec.dense_layers)
+             if layers_per_stage is not None and c.chunk_dense else c.chunk_dense)
 
     def group(s: int, d: int) -> list[int]:
         """The TP x CP ranks of stage ``s`` in replica ``d``."""
@@ -246,7 +252,7 @@ def simulate_ranks(spec: TransformerSpec, execution: Execution, cluster: Cluster
     factor = [[max(slowdown.get(r, 1.0) for r in group(s, d)) for s in range(p)] for d in range(e.dp)]
     pipelines: list[PipelineSchedule] = []
     for d in range(e.dp):
-        fwd, bwd = _chunk_durations(c, e, chunks, factor[d])
+        fwd, bwd = _chunk_durations(c, e, chunks, factor[d], dense)
         pipelines.append(schedule_pipeline(fwd, bwd, e.micro_batches, transit_s=c.boundary_hidden_s or c.p2p_hidden_s))
     # The DP reduction of stage s waits for the slowest replica's last backward of that stage.
     if c.dp_full_s > 0 or c.dp_tail_s > 0:

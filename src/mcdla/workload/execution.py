@@ -137,6 +137,10 @@ class Execution(HashOnce):
             (Megatron-Core ``cuda_graph_scope`` ``moe_router`` and ``moe_preprocess``): one graph launch each
             way per MoE layer instead of their kernels' launches (NOTE [expert parallelism] in
             :mod:`mcdla.sim.llm_moe`).
+        attention_kernel: the attention kernel build the run used, one the system measures
+            (``node.attention_kernels``, e.g. ``cudnn-9.13.1``): the attention core's forward and backward take
+            that build's measured times over the model's own pricing (NOTE [attention kernel build] in
+            :mod:`mcdla.sim.llm`); None: the model's pricing.
         moe_a2a_overlap: Megatron-Core's EP communication overlap (``overlap_moe_expert_parallel_comm`` with
             ``delay_wgrad_compute``, Megatron-Bridge's ``moe_a2a_overlap``): the combined 1F1B schedule runs one
             micro-batch's forward beside another's backward, each one's all-to-alls hidden behind the other's
@@ -204,6 +208,7 @@ class Execution(HashOnce):
     pipeline_layout: str | None = None
     recompute_modules: tuple[str, ...] = ("core_attn",)
     moe_a2a_overlap: bool = False
+    attention_kernel: str | None = None
 
     __hash__ = hash_once  # a key of the model's memoised figures, hashed once (mcdla.workload.memo)
 
@@ -236,6 +241,10 @@ class Execution(HashOnce):
         if self.ep > 1 and self.tp > 1 and not self.sequence_parallel:
             raise ConfigError(f"execution.sequence_parallel: got false with tp={self.tp} and ep={self.ep}; "
                               "expert parallelism with tensor parallelism needs sequence parallelism (Megatron-Core)")
+        if self.attention_kernel is not None and (not isinstance(self.attention_kernel, str)
+                                                  or not self.attention_kernel.strip()):
+            raise ConfigError(f"execution.attention_kernel: got {brief(self.attention_kernel)}; must be the name of "
+                              "a measured attention kernel build of the system (node.attention_kernels) or null")
         if self.recompute not in _RECOMPUTE:
             raise ConfigError(f"execution.recompute: got {brief(self.recompute)}; must be one of {', '.join(_RECOMPUTE)}")
         self._check_recompute_modules()
@@ -623,6 +632,7 @@ class _ExecutionFile(BaseModel):
     recompute_modules: list[Literal["core_attn", "mla_up_proj", "moe_act", "layernorm"]] = Field(
         default=["core_attn"], min_length=1, max_length=len(RECOMPUTE_MODULES))
     moe_a2a_overlap: bool = False
+    attention_kernel: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 def _one_line(exc: ValidationError, source: str) -> str:

@@ -21,7 +21,7 @@ from mcdla.workload.execution import Execution, chunk_layers
 from mcdla.workload.transformer import TransformerSpec
 from mcdla.workload.memo import pure_cache
 
-__all__ = ["LayerShares", "layer_shares"]
+__all__ = ["LayerShares", "dense_chunk_layers", "layer_shares"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,3 +79,22 @@ def layer_shares(execution: Execution, spec: TransformerSpec) -> LayerShares:
     return LayerShares(recomputed=recomputed,
                        attention_recomputed=recomputed if full else float(e.recomputes_attention),
                        stored_inputs=stored, group=group, offloaded=offloaded)
+
+
+def dense_chunk_layers(chunks: tuple[tuple[int, ...], ...], dense_layers: int) -> tuple[tuple[int, ...], ...]:
+    """How many of each model chunk's layers (``chunks[stage][chunk]``, :func:`~mcdla.workload.execution.chunk_layers`)
+    are among the model's first ``dense_layers`` (DeepSeek's dense leading layers). Megatron-Core numbers the
+    layers in order over the virtual pipeline stages, chunk ``c`` of stage ``s`` the ``c * pp + s``-th, and
+    gives each chunk's layers the specs of their global numbers in the model's dense/MoE pattern
+    (Megatron-LM 0d8e0714, ``megatron/core/models/gpt/gpt_layer_specs.py`` ``get_gpt_decoder_block_spec``:
+    ``moe_layer_pattern`` sliced at ``get_transformer_layer_offset``, or at the layout's ``get_layer_id_list``)."""
+    pp = len(chunks)
+    v = len(chunks[0]) if chunks else 0
+    dense = [[0] * v for _ in range(pp)]
+    start = 0
+    for c in range(v):
+        for s in range(pp):
+            n = chunks[s][c]
+            dense[s][c] = min(n, max(0, dense_layers - start))
+            start += n
+    return tuple(tuple(row) for row in dense)

@@ -37,9 +37,10 @@ biases on Q, K and V only (``qkv_bias``, Qwen2), RMSNorm on each Q and K head (`
 ``shared_experts`` every token runs besides its ``top_k`` routed ones and ``dense_layers`` leading layers with
 a dense FFN of ``dense_ffn_hidden`` (DeepSeek), and DeepSeek's multi-head latent attention (:class:`MlaAttention`).
 Parameters are counted exactly for all of them. The per-layer FLOP and byte functions give the mean layer
-when ``dense_layers`` makes layers differ, so a model's totals are exact and a pipeline stage's are the mean
-layer's times its layers. Projection FLOPs are ``2 x tokens x`` the projection weights, which is the GPT
-count above for plain attention and MLA's down/up projections for MLA.
+when ``dense_layers`` makes layers differ, so a model's totals are exact; each kind's own layer is what they give
+for :meth:`TransformerSpec.layer_kinds`, with which the time model prices every model chunk by the dense and MoE
+layers it holds (NOTE [layer kinds] in :mod:`mcdla.sim.llm`). Projection FLOPs are ``2 x tokens x`` the
+projection weights, which is the GPT count above for plain attention and MLA's down/up projections for MLA.
 
 NOTE [layer GEMMs] The mean layer's linear layers by kind (:func:`layer_gemms`): the QKV projection (MLA's down
 and up projections), the output projection, the dense FFN's fc1 and fc2 (a dense model's, the leading dense
@@ -407,6 +408,18 @@ class TransformerSpec(HashOnce):
             return self.params()
         idle = (self.experts - self.top_k) * self.ffn_matrices * self.hidden * int(self.ffn_hidden)  # type: ignore[arg-type]
         return self.params() - self.moe_layers * idle
+
+    @pure_cache(64)
+    def layer_kinds(self) -> tuple[TransformerSpec, TransformerSpec] | None:
+        """With ``dense_layers``: the model whose every layer is one of the repeated MoE layers, and the dense
+        model whose every layer is one of the leading dense layers (one FFN of ``dense_ffn_hidden``), whose
+        per-layer functions give each kind's layer (NOTE [model families]); None when the layers are alike."""
+        if not self.dense_layers or self.experts == 1:
+            return None
+        moe = replace(self, dense_layers=0, dense_ffn_hidden=None)
+        dense = replace(self, experts=1, top_k=1, shared_experts=0, ffn_hidden=self.dense_ffn_hidden,
+                        dense_layers=0, dense_ffn_hidden=None)
+        return moe, dense
 
     def with_seq_len(self, seq_len: int) -> TransformerSpec:
         """The same model at another sequence length."""
