@@ -83,7 +83,7 @@ def test_bf16_over_fp8_needs_an_fp8_peak():
                            "node": {"gemm_efficiency": {"bf16_over_fp8": 0.5}}}, "test")
 
 
-@pytest.mark.parametrize("system", ["dgx-h100", "b200", "gb200-nvl72", "gb300-nvl72"])
+@pytest.mark.parametrize("system", ["dgx-h100", "gh200", "b200", "gb200-nvl72", "gb300-nvl72"])
 def test_preset_bf16_over_fp8_is_the_quoted_matmul_ratio(system):
     """Each preset's ratio is the quotient of the two measured TFLOP/s figures its source quotes, to 4 places."""
     import re
