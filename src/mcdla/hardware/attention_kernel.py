@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from mcdla.errors import ConfigError, HardwareError, brief
 
 __all__ = ["AttentionKernel"]
@@ -57,9 +59,4 @@ class AttentionKernel:
             span = f"{s[0]}" if len(s) == 1 else f"{s[0]} to {s[-1]}"
             raise ConfigError(f"execution.attention_kernel: got {brief(self.name)} at sequence {seq_len}; "
                               f"its times were measured at sequence {span} only")
-        for i in range(len(s) - 1):
-            if s[i] <= seq_len <= s[i + 1]:
-                w = (seq_len - s[i]) / (s[i + 1] - s[i])
-                return (self.fwd[i] + w * (self.fwd[i + 1] - self.fwd[i]),
-                        self.bwd[i] + w * (self.bwd[i + 1] - self.bwd[i]))
-        return self.fwd[0], self.bwd[0]
+        return float(np.interp(seq_len, s, self.fwd)), float(np.interp(seq_len, s, self.bwd))

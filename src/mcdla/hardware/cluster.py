@@ -567,7 +567,8 @@ def _cluster(spec: _ClusterSpec, where: str, device: Device) -> Cluster:
     kernels = tuple(AttentionKernel(name=name, seq_lens=tuple(k.seq_lens), fwd=tuple(k.fwd), bwd=tuple(k.bwd),
                                     source=k.source) for name, k in sorted(node.attention_kernels.items()))
     return Cluster(name=spec.name, description=spec.description, nodes=nodes, gpus_per_node=node.gpus, device=device,
-                   gemm_efficiency=gemm, dims=tuple(dims), attention_kernels=kernels, paths=paths, offload=_offload(spec.name, paths, pool_bytes),
+                   gemm_efficiency=gemm, dims=tuple(dims), attention_kernels=kernels, paths=paths,
+                   offload=_offload(spec.name, paths, pool_bytes),
                    _spec=spec, _where=where)
 
 

@@ -45,6 +45,9 @@ parallelism]) of ``dgx-h100``, ``b200``, ``gb200-nvl72`` and ``gb300-nvl72`` on 
 
 from __future__ import annotations
 
+import functools
+
+from mcdla.hardware.cluster import load_cluster
 from mcdla.report.llm_records import MeasuredRun
 from mcdla.workload.execution import Execution
 
@@ -61,15 +64,21 @@ _CUDNN_H100 = ("attention at the model's pricing (the 25.11 container's cuDNN 9.
                "Hopper)")
 
 
+@functools.cache
+def _measures_cudnn_25_11(system: str) -> bool:
+    """Whether the preset ``system`` carries the 25.11 container's cuDNN build (``node.attention_kernels``)."""
+    return load_cluster(system).attention_kernel(CUDNN_25_11) is not None
+
+
 def bridge_attention_kernel(system: str) -> dict[str, object]:
     """The execution field a Megatron-Bridge 25.11 row on ``system`` takes for its attention kernel: the
-    container's cuDNN build where the preset measures it, none on H100."""
-    return {} if system == "dgx-h100" else {"attention_kernel": CUDNN_25_11}
+    container's cuDNN build where the preset measures it (the Blackwell presets), none otherwise (H100)."""
+    return {"attention_kernel": CUDNN_25_11} if _measures_cudnn_25_11(system) else {}
 
 
 def bridge_attention_note(system: str) -> str:
     """The record's stated choice for its attention kernel (:func:`bridge_attention_kernel`)."""
-    return _CUDNN_H100 if system == "dgx-h100" else _CUDNN_CHOICE
+    return _CUDNN_CHOICE if _measures_cudnn_25_11(system) else _CUDNN_H100
 
 
 __all__ = ["TORCHTITAN_RUNS", "FMS_FSDP_RUNS", "BRIDGE_MOE_RUNS", "ZERO_OFFLOAD_RUNS", "ZO_TUTORIAL_ITERATIONS_MS",

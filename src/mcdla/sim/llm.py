@@ -13,10 +13,11 @@ NOTE [time model] (also ``docs/llm.md``):
   ``xV``) divided by ``tp * cp``, at ``peak * gemm_efficiency(h / tp, b s / cp)`` (the GEMMs at the precision's
   GEMM peak, times the curve's ``fp8_fraction`` in fp8, in bf16 the fp8 rate times ``bf16_over_fp8`` where the
   curve gives it, NOTE [bf16 from fp8]; the core and the logits at its other peak: NOTE [precision]; the routed
-  experts' grouped GEMMs at the curve's point for their own tokens per local expert, NOTE [expert parallelism]); memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and
-  softmax and its dropout with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``:
-  NOTE [flash attention] in :mod:`mcdla.workload.transformer`) at ``Device.effective_hbm_bytes_per_s``, plus fp8's casts
-  and, with ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
+  experts' grouped GEMMs at the curve's point for their own tokens per local expert, NOTE [expert parallelism]);
+  memory-bound elementwise kernels (norms, bias-dropout-add, activation function, and softmax and its dropout
+  with ``attention="materialized"``, the fused kernel's Q/K/V/O traffic with ``flash``: NOTE [flash attention]
+  in :mod:`mcdla.workload.transformer`) at ``Device.effective_hbm_bytes_per_s``, plus fp8's casts and, with
+  ``flash``, the softmax's exponentials at the device's ``exp_per_s``;
   backward costs twice the forward, the GEMMs' ``backward_ratio`` x theirs and FlashAttention's core 2.5x; an MoE
   layer's token permutations move as many bytes each way, and its grouped GEMMs wait for the host's per-expert
   launches (GEMM calls and fp8 quantizations) where those outlast them (NOTE [expert parallelism]).
@@ -919,8 +920,8 @@ def _layer_compute(spec: TransformerSpec, e: Execution, cluster: Cluster, prec: 
         kernel = cluster.attention_kernel(e.attention_kernel)
         assert kernel is not None  # cluster_rejection names an unknown build first
         kf, kb = kernel.scale(spec.seq_len)
-        core_bwd = kb * (attention_bwd_flops_ratio(e.attention) * attn_f + core_bwd) \
-            - attention_bwd_flops_ratio(e.attention) * kf * attn_f
+        ratio = attention_bwd_flops_ratio(e.attention)  # the backward's FLOPs over the forward's
+        core_bwd = kb * (ratio * attn_f + core_bwd) - ratio * kf * attn_f
         attn_f, core_fwd = kf * attn_f, kf * core_fwd
     cast_fwd = cast_bwd = 0.0
     if prec.fp8:

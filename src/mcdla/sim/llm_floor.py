@@ -210,13 +210,11 @@ def _phase_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
     (its layers' compute and TP, CP and EP communication, its pipeline transfers, the exposed offload)."""
     c, v = costs, execution.virtual_stages
     last = execution.pp - 1  # the stage the closed form's steady state runs
-    # the layers' link time: StageCosts.layer_comm_fwd_s and layer_comm_bwd_s, summed as they sum; each kind of
-    # layer at its own figures (NOTE [layer kinds] in mcdla.sim.llm)
+    # each kind of layer at its own figures (NOTE [layer kinds] in mcdla.sim.llm)
     kinds = c.kinds(c.layers_per_stage, c.stage_dense(last))
-    return {"forward": sum(n * (x.layer_fwd_s + (x.layer_tp_fwd_s + x.layer_cp_fwd_s + x.layer_ep_fwd_s))
-                           for x, n in kinds) + c.pass_sends_s(last, v, forward=True) + c.offload_fwd_s + c.fsdp_fwd_s,
-            "backward": sum(n * (x.layer_bwd_s + x.layer_recompute_s + (x.layer_tp_bwd_s + x.layer_cp_bwd_s
-                                                                       + x.layer_ep_bwd_s)) for x, n in kinds)
+    return {"forward": sum(n * (x.layer_fwd_s + x.layer_comm_fwd_s) for x, n in kinds)
+            + c.pass_sends_s(last, v, forward=True) + c.offload_fwd_s + c.fsdp_fwd_s,
+            "backward": sum(n * (x.layer_bwd_s + x.layer_recompute_s + x.layer_comm_bwd_s) for x, n in kinds)
             + c.pass_sends_s(last, v, forward=False) + c.offload_bwd_s + c.fsdp_bwd_s}
 
 
