@@ -409,10 +409,8 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
         elif fsdp is None:
             compute = b.add(Compute(name=f"compute-{tag}", seconds=layers_s + other_s, waits=tuple(waits)))
         else:  # a negative rest (the ring's attention) comes off the layers, each the chunk's mean layer
-            layer_s = layers_s / n if c.layer_kinds else (c.layer_fwd_s if forward
-                                                            else c.layer_bwd_s + c.layer_recompute_s)
             spread = min(0.0, other_s) / n
-            compute = fsdp_chunk(b.ops, tag, waits, n, layer_s + spread, max(0.0, other_s), fsdp,
+            compute = fsdp_chunk(b.ops, tag, waits, n, layers_s / n + spread, max(0.0, other_s), fsdp,
                                  backward=not forward)
         copies: list[str] = []
         moves: list[tuple[type[Offload] | type[Prefetch], float, Sequence[str], tuple[str, ...]]] = []

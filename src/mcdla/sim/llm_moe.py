@@ -97,7 +97,7 @@ from mcdla.sim.collective_models import collective_time
 from mcdla.workload.execution import Execution
 from mcdla.workload.layer_counts import layer_shares
 from mcdla.workload.parallel_dims import ParallelDims
-from mcdla.workload.transformer import TransformerSpec
+from mcdla.workload.transformer import TransformerSpec, layer_gemms
 from mcdla.workload.memo import pure_cache
 
 __all__ = ["FP8_ALIGN", "FP8_PADDING_LAUNCHES", "GROUPED_GEMM_CALLS", "HYBRIDEP_ALGBW", "HYBRIDEP_MIN_RANKS",
@@ -259,16 +259,13 @@ def permutation_bytes(spec: TransformerSpec, execution: Execution) -> float:
 
 def routed_expert_flops(spec: TransformerSpec, execution: Execution) -> float:
     """Forward FLOPs of one mean layer's routed expert GEMMs for a micro-batch (before the TP x CP split), with
-    each expert running ``capacity_factor`` times its mean load: ``C x top_k x ffn_matrices x 2 b s h f``
-    over the share of MoE layers; 0 for a dense model. The rest of
+    each expert running ``capacity_factor`` times its mean load: ``C x 2 b s`` times the weights of
+    :func:`~mcdla.workload.transformer.layer_gemms`' expert entries (``top_k x ffn_matrices x h f`` over the
+    share of MoE layers); 0 for a dense model. The rest of
     :func:`~mcdla.workload.transformer.layer_fwd_flops`' GEMMs (projections, router, shared experts, dense
     FFNs) is counted there at ``C = 1``."""
-    if spec.moe_layers == 0:
-        return 0.0
-    e = execution
-    routed = (spec.ffn_matrices * 2.0 * e.micro_batch * spec.seq_len * spec.hidden * spec.top_k
-              * int(spec.ffn_hidden) * spec.moe_layers / spec.layers)  # type: ignore[arg-type]
-    return e.capacity_factor * routed
+    weights = sum(g.weights for g in layer_gemms(spec) if g.name.startswith("expert_"))
+    return execution.capacity_factor * 2.0 * execution.micro_batch * spec.seq_len * weights
 
 
 def expert_gemm_width(spec: TransformerSpec, execution: Execution) -> float:
