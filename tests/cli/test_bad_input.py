@@ -139,12 +139,14 @@ def test_llm_predict_refuses_a_bad_execution_field_naming_it(run_cli, tmp_path, 
     ("sockets: {sustained_dram: {bandwidth: 0, source: t}}",
      ("node.sockets.sustained_dram.bandwidth: got 0B/s", "a physical figure")),
     ("sockets: {sustained_dram: 190GB/s}", ("node.sockets.sustained_dram: got '190GB/s'", "must be a mapping")),
+    ("sockets: {first_touch_copy: {bandwidth: -1GB/s, source: t}}",
+     ("node.sockets.first_touch_copy.bandwidth: got '-1GB/s'", "must be >= 0")),
     ("gemm_efficiency: {peak_fraction: 0.5, half_width: 150, fp8_tn_only: maybe, source: test}",
      ("node.gemm_efficiency.fp8_tn_only: got 'maybe'", "valid boolean")),
 ])
 def test_llm_predict_refuses_a_bad_cpu_adam_or_fp8_tn_only_naming_it(run_cli, tmp_path, node, needles) -> None:
-    """A system file laying a bad node.sockets.cpu_adam, node.sockets.sustained_dram or
-    gemm_efficiency.fp8_tn_only on a preset: one line
+    """A system file laying a bad node.sockets.cpu_adam, node.sockets.sustained_dram,
+    node.sockets.first_touch_copy or gemm_efficiency.fp8_tn_only on a preset: one line
     naming the file, the field and the value, exit 2."""
     system, record = tmp_path / "s.yaml", tmp_path / "e.json"
     system.write_text(f"format: mcdla-system/1\nextends: dgx-2-v100\nnode: {{{node}}}\n")

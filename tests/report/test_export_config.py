@@ -58,8 +58,8 @@ CASES = [
     (DENSE, Execution(gpus=8, tp=2, dp=4, zero=1, sequence_parallel=True, micro_batch=1, global_batch=32,
                       fp8_scaling="mxfp8"), "fp8"),
     (DENSE, Execution(gpus=4, dp=4, zero=2, micro_batch=1, global_batch=8, recompute="full", offload_activations=True,
-                      activation_offload_sync=True, offload_optimizer=True, cpu_optimizer=True,
-                      reduce_bucket_numel=200_000_000), "fp16"),
+                      activation_offload_sync=True, offload_first_touch=True, offload_optimizer=True,
+                      cpu_optimizer=True, reduce_bucket_numel=200_000_000), "fp16"),
 ]
 IDS = [f"{s.name}-tp{e.tp}pp{e.pp}v{e.virtual_stages}cp{e.cp}ep{e.ep}z{e.zero}-{e.recompute}-{p}" for s, e, p in CASES]
 
@@ -425,12 +425,13 @@ def test_op_level_recompute_is_torchtitans_op_policy_and_a_megatron_note():
 
 @pytest.mark.parametrize("exporter", ["megatron", "torchtitan"])
 def test_deepspeed_offload_details_are_notes(exporter):
-    """activation_offload_sync and ZeRO-Offload's per-bucket gradients are DeepSpeed's: neither framework has an
-    option for them, so both exports name them in a note, with the bucket size given."""
+    """activation_offload_sync, offload_first_touch and ZeRO-Offload's per-bucket gradients are DeepSpeed's:
+    neither framework has an option for them, so both exports name them in a note, with the bucket size given."""
     spec, e, precision = CASES[-1]
     export = megatron_file if exporter == "megatron" else torchtitan_toml
     text = export(e, spec, precision)
     assert "activation_offload_sync" in text and "reduce_bucket_numel 200000000" in text
+    assert "offload_first_touch" in text
     plain = Execution(gpus=4, dp=4, zero=2, micro_batch=1, global_batch=8)
     plain_text = export(plain, spec, precision)
-    assert "activation_offload_sync" not in plain_text and "reduce_bucket_numel" not in plain_text
+    assert all(n not in plain_text for n in ("activation_offload_sync", "offload_first_touch", "reduce_bucket_numel"))

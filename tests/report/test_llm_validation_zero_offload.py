@@ -30,6 +30,9 @@ SOCKET_DRAM, GPUS_PER_SOCKET, PCIE, PER_SWITCH = 6 * 21.33e9, 8, 16e9 * 0.8, 2
 CPU_ADAM_PARAMS_PER_S = 10e9 / 2.57
 # Azure HC-series (2 x Xeon Platinum 8168) performance page: "STREAM Triad | 190 GB/s", both sockets.
 SOCKET_SUSTAINED = 190e9 / 2
+# github.com/rapidsai/dask-cuda/issues/106: device-to-host copies into fresh host memory "at around 1.5-2.0 GB/s"
+# (a DGX-1), the midpoint.
+FIRST_TOUCH = (1.5e9 + 2.0e9) / 2
 
 
 def test_family_is_registered_and_in_all():
@@ -90,7 +93,8 @@ def test_run_is_valid_on_its_preset_and_charges_the_closed_forms():
     its exposed transfer the GPU's passes over the gradients (34 bytes per parameter at the HBM rate), the fp32
     gradients out (4 bytes, after the backward: no overlap_comm), the 16-bit
     parameters back (2 bytes) and the layers' checkpoints (batch x seq x hidden 2-byte elements each) out in the
-    forward and back in the backward, blocking (cpu_checkpointing), each over the GPU's own PCIe switch uplink."""
+    forward and back in the backward, blocking (cpu_checkpointing), each over the GPU's own PCIe switch uplink,
+    out at the host's first-touch rate (fresh CPU tensors every iteration), which is below the link's."""
     run = ZERO_OFFLOAD_RUNS[0]
     spec, cluster = preset(run.model), run_cluster(run, None)
     assert tier_rejection(run.execution, cluster) is None
@@ -101,7 +105,9 @@ def test_run_is_valid_on_its_preset_and_charges_the_closed_forms():
     # the GPU's passes before each gradient copy (DeepSpeed v0.3.0 copy_grads_in_partition: float64 norm 2 + 8 + 8,
     # overflow check 2 + 4 + 4, fp32 cast 2 + 4 bytes per parameter) at the V100's HBM rate x 0.8
     passes = ((2 + 8 + 8) + (2 + 4 + 4) + (2 + 4)) * p / (V100_HBM_BW * 0.8)
-    assert step.offload_s == pytest.approx(passes + (4 + 2) * p / PCIE + 2 * checkpoints / PCIE, rel=1e-9)
+    assert FIRST_TOUCH < PCIE
+    assert step.offload_s == pytest.approx(passes + (4 + 2) * p / PCIE + checkpoints / FIRST_TOUCH
+                                           + checkpoints / PCIE, rel=1e-9)
     assert step.iteration_s == pytest.approx(step.compute_s + step.recompute_s + step.optimizer_s + step.offload_s,
                                              rel=1e-6)
 

@@ -183,6 +183,7 @@ def _shared_socket_cluster(cpu_adam: float | None) -> Cluster:
                                   "gpu_link": {"kind": "pcie", "bandwidth": 10e9, "source": "test"}}
     if cpu_adam is not None:
         sockets["cpu_adam"] = {"params_per_s": cpu_adam, "source": "test"}
+    sockets["first_touch_copy"] = {"bandwidth": 2e9, "source": "test"}  # read only with offload_first_touch
     node = {"gpus": 4, "source": "test", "sockets": sockets,
             "gpu": {"peak_flops_per_s": {"bf16": 1e14}, "hbm": 80e9, "hbm_bandwidth": 2e12, "source": "test"},
             "gemm_efficiency": {"peak_fraction": 1.0, "half_width": 0.0, "source": "test"},
@@ -200,6 +201,8 @@ _JOB_STEP = [
     dict(gpus=2, dp=2, micro_batch=1, global_batch=4, zero=2, offload_tier="nvme"),
     dict(gpus=1, micro_batch=1, global_batch=2, recompute="full", offload_activations=True,
          activation_offload_sync=True),
+    dict(gpus=1, micro_batch=1, global_batch=2, recompute="full", offload_activations=True,
+         activation_offload_sync=True, offload_first_touch=True),
 ]
 
 
@@ -210,8 +213,8 @@ def test_cpu_optimizer_of_jobs_sharing_a_socket_on_the_engine_equal_the_analytic
     """ZeRO-Offload on jobs of 1, 2 and 4 GPUs of a node whose GPUs share one socket: the fp32 gradients going out
     beside the first stage's last backward (its head's with one stage) with dp_overlap and after the pipeline
     without, the socket's DRAM, drives and CPU-Adam rate shared by the job's GPUs alone, the blocking activation
-    copies: the engine's iteration equals the closed form to 1e-9, the transfers and the step a visible part of
-    it."""
+    copies (also into fresh pages at the host's first-touch rate, beside the link's copy): the engine's
+    iteration equals the closed form to 1e-9, the transfers and the step a visible part of it."""
     e = Execution(**fields, offload_optimizer=True, cpu_optimizer=True)  # type: ignore[arg-type]
     cluster = _shared_socket_cluster(cpu_adam)
     want = llm_step(_SPEC, e, cluster)

@@ -4,8 +4,9 @@ import pytest
 
 from mcdla.errors import ConfigError, HardwareError
 from mcdla.hardware.cluster import cluster_from_dict, load_cluster
-from mcdla.sim.llm import llm_step
-from mcdla.sim.llm_offload import grad_pass_bytes, gradient_passes_s, host_dram_bytes_per_s, nvme_bytes_per_s
+from mcdla.sim.llm import llm_step, stage_costs
+from mcdla.sim.llm_offload import (grad_pass_bytes, gradient_passes_s, host_dram_bytes_per_s, nvme_bytes_per_s,
+                                   tier_rejection)
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import TransformerSpec, layer_fwd_flops
 
@@ -17,7 +18,7 @@ NEAR = 1e-3  # hides of a transfer: at most ~2e-4 of the figures below, hence th
 
 
 def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12, cpu_adam=None, hbm=HBM, sustained=None,
-             sockets=1):
+             sockets=1, first_touch=None):
     node = {"gpus": GPUS, "source": "test",
             "gpu": {"peak_flops_per_s": {"bf16": peak}, "hbm": 80e9, "hbm_bandwidth": hbm, "source": "test"},
             "gemm_efficiency": {"peak_fraction": 1.0, "half_width": 0.0, "source": "test"},
@@ -29,6 +30,8 @@ def _cluster(peak=1e18, nvme=True, dram=DRAM, pool=1e12, drive=1e12, cpu_adam=No
         node["sockets"]["cpu_adam"] = {"params_per_s": cpu_adam, "source": "test"}
     if sustained is not None:
         node["sockets"]["sustained_dram"] = {"bandwidth": sustained, "source": "test"}
+    if first_touch is not None:
+        node["sockets"]["first_touch_copy"] = {"bandwidth": first_touch, "source": "test"}
     if nvme:
         node["nvme"] = {"drives": 2, "capacity": drive, "read_bandwidth": READ, "write_bandwidth": WRITE,
                         "source": "test"}
@@ -239,6 +242,8 @@ def test_bad_bucket_and_cpu_adam_figures_are_refused_naming_the_field():
         _cluster(cpu_adam=0)
     with pytest.raises(HardwareError, match=r"sustained_dram.bandwidth: got 0"):
         _cluster(sustained=0)
+    with pytest.raises(HardwareError, match=r"first_touch_copy.bandwidth: got 0"):
+        _cluster(first_touch=0)
 
 
 def test_synchronous_activation_offload_is_exposed_whole():
@@ -268,3 +273,45 @@ def test_a_job_smaller_than_the_node_shares_the_pool_and_drives_among_its_own_gp
     state = 12 * SMALL.params() / 2  # the rank's shard
     assert llm_step(SMALL, e, _cluster(drive=state * 2 / 2 * 1.01)).fits  # 2 drives over the job's 2 GPUs
     assert not llm_step(SMALL, e, _cluster(drive=state * 2 / 2 * 0.99)).fits
+
+
+@pytest.mark.parametrize("first_touch", [LINK / 5, LINK * 5])
+def test_first_touch_copies_go_at_the_slower_of_the_link_and_the_host(first_touch):
+    """offload_first_touch: each forward's checkpoint copies land in fresh pageable pages, so they take the
+    slower of the link and the host's first-touch rate (NOTE [first-touch copies]); the copies back are at the
+    link. Synchronous copies: the whole difference shows, per micro-batch the stage's checkpoints
+    (b s h 2-byte elements per layer) times 1 / min(link, rate) - 1 / link."""
+    fields = dict(recompute="full", offload_activations=True, cpu_optimizer=True, activation_offload_sync=True)
+    c = _cluster(peak=1e12, first_touch=first_touch)
+    fresh = llm_step(SMALL, _execution(**fields, offload_first_touch=True), c)
+    reused = llm_step(SMALL, _execution(**fields), c)
+    checkpoints = SMALL.layers * 2 * 1024 * SMALL.hidden  # micro-batch 1, seq 1024
+    extra = checkpoints / min(LINK, first_touch) - checkpoints / LINK
+    assert fresh.offload_s - reused.offload_s == pytest.approx(2 * extra, rel=NEAR, abs=1e-12)  # 2 micro-batches
+    assert (extra > 0) == (first_touch < LINK)
+
+
+def test_overlapped_first_touch_copies_show_past_the_forward():
+    """Overlapped copies (no activation_offload_sync) hide behind the forward's compute: with first-touch pages
+    only what the slower copies outlast the forward by shows, ``max(0, bytes / rate - forward)`` per
+    micro-batch, where the link's copies hid whole."""
+    fields = dict(recompute="full", offload_activations=True, cpu_optimizer=True)
+    rate = LINK / 20
+    c = _cluster(peak=1e13, first_touch=rate)
+    fresh = llm_step(SMALL, _execution(**fields, offload_first_touch=True), c)
+    reused = llm_step(SMALL, _execution(**fields), c)
+    checkpoints = SMALL.layers * 2 * 1024 * SMALL.hidden
+    costs = stage_costs(SMALL, _execution(**fields, offload_first_touch=True), c)
+    forward = costs.layers_per_stage * costs.layer_fwd_s
+    assert checkpoints / LINK < forward < checkpoints / rate  # hidden at the link, not at the host's rate
+    assert fresh.offload_s - reused.offload_s == pytest.approx(2 * (checkpoints / rate - forward), rel=NEAR)
+
+
+def test_first_touch_needs_offloaded_activations_a_host_pool_and_the_hosts_rate():
+    with pytest.raises(ConfigError, match="execution.offload_first_touch: got true with offload_activations=false"):
+        _execution(offload_first_touch=True)
+    e = _execution(recompute="full", offload_activations=True, offload_first_touch=True)
+    with pytest.raises(ConfigError, match="execution.offload_first_touch: got true; t gives no "
+                                          "node.sockets.first_touch_copy rate"):
+        llm_step(SMALL, e, _cluster())
+    assert tier_rejection(e, _cluster(first_touch=1e9)) is None

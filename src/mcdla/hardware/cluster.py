@@ -241,6 +241,15 @@ class Cluster:
             return None
         return sockets.sustained_dram.bandwidth / sockets.count
 
+    @property
+    def first_touch_copy_bytes_per_s(self) -> float | None:
+        """The measured rate of a device-to-host copy into never-touched pageable host memory
+        (``node.sockets.first_touch_copy``; one copying thread's, whatever the job's GPUs), None without it."""
+        sockets = self._spec.node.sockets if self._spec is not None else None
+        if sockets is None or sockets.first_touch_copy is None:
+            return None
+        return sockets.first_touch_copy.bandwidth
+
     def dim(self, name: str) -> FabricDim:
         """The dimension called ``name``; one-line HardwareError listing the names otherwise."""
         for d in self.dims:

@@ -122,13 +122,24 @@ class _CpuAdamSpec(_Spec):
     source: str
 
 
-class _SustainedDramSpec(_Spec):
-    """The host DRAM bandwidth a streaming kernel sustains over all the node's sockets' cores (measured, bytes/s)."""
+class _MeasuredRateSpec(_Spec):
+    """A measured host rate in bytes/s and where it was measured."""
 
     bandwidth: _Quantity
     source: str
 
     _bw = bandwidth_validator("bandwidth", allow_inf=False)
+
+
+class _SustainedDramSpec(_MeasuredRateSpec):
+    """The host DRAM bandwidth a streaming kernel sustains over all the node's sockets' cores (measured, bytes/s)."""
+
+
+class _FirstTouchCopySpec(_MeasuredRateSpec):
+    """A device-to-host copy into pageable host memory the process has never touched, end to end (measured,
+    bytes/s): the driver stages it through pinned buffers and the host thread copying out of them faults in each
+    destination page (zeroed by the kernel) as it goes, so the host, not the link, sets the rate. One copying
+    thread's figure: it does not divide among the node's GPUs."""
 
 
 class _SocketsSpec(_Spec):
@@ -139,6 +150,7 @@ class _SocketsSpec(_Spec):
     pcie_switch: _PcieSwitchSpec | None = None
     cpu_adam: _CpuAdamSpec | None = None
     sustained_dram: _SustainedDramSpec | None = None
+    first_touch_copy: _FirstTouchCopySpec | None = None
     source: str
 
 

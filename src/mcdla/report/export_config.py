@@ -121,6 +121,9 @@ def _offload_notes(e: Execution, expressed_optimizer: bool) -> list[str]:
     if e.activation_offload_sync:
         notes.append("activation_offload_sync: DeepSpeed's cpu_checkpointing copies, each waited for on the "
                      "compute stream")
+    if e.offload_first_touch:
+        notes.append("offload_first_touch: the forward's checkpoint copies land in fresh pageable host pages "
+                     "(DeepSpeed v0.3.0's cpu_checkpointing), at the host's first-touch rate")
     if e.cpu_optimizer and e.zero < 3:
         notes.append(f"reduce_bucket_numel {e.reduce_bucket_numel}: DeepSpeed's ZeRO-Offload frees each gradient "
                      "once its bucket is copied to the host, keeping one bucket (two with dp_overlap) on the GPU")

@@ -156,7 +156,8 @@ from mcdla.sim.llm_moe import (ParamGroup, a2a_overlap_hidden_s, all_to_all_byte
                                expert_gemm_width, fp8_padding_bytes, grouped_gemm_issue_s, permutation_bytes,
                                rank_param_groups, routed_expert_flops,
                                source_permute_bytes, tokens_per_local_expert)
-from mcdla.sim.llm_offload import ADAM_TRAFFIC_BYTES, cpu_optimizer_step, tier_bytes_per_s, tier_rejection
+from mcdla.sim.llm_offload import (ADAM_TRAFFIC_BYTES, activation_out_bytes_per_s, cpu_optimizer_step,
+                                   tier_bytes_per_s, tier_rejection)
 from mcdla.workload.execution import Execution, check_execution, chunk_layers, stage_layers
 from mcdla.workload.layer_counts import LayerShares, dense_chunk_layers, layer_shares
 from mcdla.workload.op_recompute import OP_RECOMPUTE, op_recomputed_gemm_flops
@@ -1019,16 +1020,17 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
 
     off_fwd = off_bwd = 0.0
     act_stage, groups = fig.act_stage, fig.groups
-    if e.offload_activations and e.activation_offload_sync:  # each copy waits on the compute stream: exposed whole
+    if e.offload_activations:  # back at the link's rate, out at it or the host's first-touch one
         move = shares.offloaded * act_stage / offload_bytes_per_s
-        off_fwd += move
-        off_bwd += move
-    elif e.offload_activations:  # what the compute does not hide: max(0.0, x) as x if x > 0.0 else 0.0
-        move = shares.offloaded * act_stage / offload_bytes_per_s
-        exposed_move = move - n_layers * layer_fwd
-        off_fwd += exposed_move if exposed_move > 0.0 else 0.0
-        exposed_move = move - n_layers * (layer_bwd + layer_recompute)
-        off_bwd += exposed_move if exposed_move > 0.0 else 0.0
+        move_out = shares.offloaded * act_stage / activation_out_bytes_per_s(e, cluster, offload_bytes_per_s)
+        if e.activation_offload_sync:  # each copy waits on the compute stream: exposed whole
+            off_fwd += move_out
+            off_bwd += move
+        else:  # what the compute does not hide: max(0.0, x) as x if x > 0.0 else 0.0
+            exposed_move = move_out - n_layers * layer_fwd
+            off_fwd += exposed_move if exposed_move > 0.0 else 0.0
+            exposed_move = move - n_layers * (layer_bwd + layer_recompute)
+            off_bwd += exposed_move if exposed_move > 0.0 else 0.0
     if e.offload_weights:  # under ZeRO-3 each rank fetches its shard, the all-gathers bring the rest
         stored = _offloaded_weight_params(spec, e, groups, n_layers)
         move = prec.element_bytes * stored / tier_bytes_per_s(cluster, e.offload_tier, e.gpus)[1]

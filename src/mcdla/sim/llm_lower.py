@@ -33,7 +33,8 @@ NOTE [LLM lowering]
   recomputation), ``2 n`` collectives (``4 n`` with full recomputation) and the gradient sent back.
 * Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
   while its backward runs (with ``activation_offload_sync`` after it, and the rank's next chunk waits for them:
-  DeepSpeed's blocking copies); with ``offload_weights`` the chunk's weights are fetched for each forward and
+  DeepSpeed's blocking copies; with ``offload_first_touch`` each forward copy has a host op beside it, the
+  host's first-touch time, and ends with the later of the two); with ``offload_weights`` the chunk's weights are fetched for each forward and
   each backward; each copy is spread evenly over the GPU's pool memories (one flow per memory). The chunk's send
   starts when its collectives end, sharing the links with copies still in flight (a DGX H100 GPU's PCIe
   carries both its offload and its NIC's traffic); the rank's next chunk waits for the copies, so what the
@@ -317,7 +318,8 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
                     fsdp = fsdp_ops(e, cluster, zero3, r, collectives=every) if zero3 is not None else None
                     weights_from = (nvme.of(device(r))[0],) if nvme is not None else pool
                     ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, weights_from, colls, dp_colls, exchanges,
-                                    fsdp, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d), dp_tail=dp_tail)
+                                    fsdp, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d), dp_tail=dp_tail,
+                                    first_touch=cluster.first_touch_copy_bytes_per_s if e.offload_first_touch else None)
                     ops += step_ops(e, cluster, system, device(r), pool, tail=ops[-1].name,
                                     last_backward=_last_backward_waits(ops), optimizer_bytes=traffic.optimizer_bytes,
                                     optimizer_s=c.optimizer_s, precision=precision, nvme=nvme)
@@ -364,12 +366,15 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
               e: Execution, traffic: RankTraffic, pool: Sequence[str], weights_from: Sequence[str],
               colls: dict[tuple[int, bool], list[tuple[Collective, float]]], dp_colls: list[Collective] | None,
               exchanges: dict[tuple[int, int], tuple[PassExchange, PassExchange]], fsdp: FsdpOps | None, *,
-              peer: Callable[[int], int], dp_tail: Sequence[Collective] = ()) -> list[Op]:
+              peer: Callable[[int], int], dp_tail: Sequence[Collective] = (),
+              first_touch: float | None = None) -> list[Op]:
     """The ops of rank ``r`` on stage ``s`` up to its optimizer step (NOTE [LLM lowering]); ``peer(stage)``: the
     same TP x CP slot there; ``weights_from``: the memories offloaded weights are fetched from; ``colls``: the TP
     collectives of a chunk of ``n`` layers by ``(n, forward)``; ``dp_colls``: the data-parallel reduction as
     collectives, or None to run its closed-form exposed time; ``exchanges``: the CP and EP work of a forward and a
-    backward pass of ``n`` layers (NOTE [CP and EP lowering]); ``fsdp``: ZeRO-3's per-layer ops, or None."""
+    backward pass of ``n`` layers (NOTE [CP and EP lowering]); ``fsdp``: ZeRO-3's per-layer ops, or None;
+    ``first_touch``: the host's first-touch copy rate the forward's activation copies also wait on (NOTE
+    [first-touch copies] in :mod:`mcdla.sim.llm_offload`), or None."""
     b = _RankBuilder(r)
     recv_of: dict[str, str] = {}
     last_backward = next((mb, ch) for forward, mb, ch in reversed(order) if not forward)
@@ -424,6 +429,9 @@ def _rank_ops(r: int, order: Sequence[tuple[bool, int, int]], s: int, p: int, v:
                 copies.append(b.add(kind(name=f"{kind.__name__.lower()}{j}-{mem}-{tag}", memory=mem,
                                          nbytes=nbytes / len(memories), stream=f"{kind.__name__.lower()}{j}-{mem}",
                                          waits=after)))
+            if kind is Offload and first_touch is not None:  # the host faulting its pages in beside the copy
+                copies.append(b.add(Compute(name=f"first-touch-{tag}", stream="first-touch",
+                                            seconds=nbytes / first_touch, waits=after)))
         done = compute
         for op in exchange.ops(tag, compute):
             done = b.add(op)

@@ -36,6 +36,22 @@ offload runs it (``deepspeed/runtime/zero/stage2.py`` at v0.3.0, ``stage_1_and_2
   overlapped chunk by chunk with the CPU's Adam, so the step takes the longer of the two.
 * ``delayed_param_update`` (DPU, ZeRO-Offload sec. 5): the CPU step and the parameters' return overlap the
   next iteration's forward and backward; only what exceeds them is exposed.
+
+NOTE [first-touch copies]: a device-to-host copy into pageable memory goes through the driver's pinned staging
+buffers, the host thread copying each chunk out while the next one's DMA runs (N. Wilt, *The CUDA Handbook*,
+sec. 6.2, "pageable memcpy"), so it takes the slower of the link and that thread. Where the destination pages
+are new to the process (a fresh anonymous mapping, as every CPU tensor above glibc's mmap threshold is), the
+thread also faults in and zeroes each 4 KiB page as it writes it, and the host sets the rate: dask-cuda
+measured a 1 GiB device-to-host copy into an untouched NumPy array at 0.548 s (1.96 GB/s) against 0.100 s into
+the same array with its pages written first, on a GV100 workstation (github.com/rapidsai/dask-cuda/pull/98),
+and its device-to-host path at 1.5-2.0 GB/s, "the major bottleneck is host memory allocation", on a DGX-1
+(github.com/rapidsai/dask-cuda/issues/106). DeepSpeed v0.3.0's ``cpu_checkpointing`` copies each checkpoint with
+a blocking ``copy_`` into a CPU tensor ``new_empty`` allocates every iteration
+(``runtime/activation_checkpointing/checkpointing.py``; later versions write one byte per page first, "the
+pages need to be populated during the cudaMemcpy time which increases the data copy time"), so with
+``offload_first_touch`` the forward's copies go at ``min(link, node.sockets.first_touch_copy)``
+(:func:`activation_out_bytes_per_s`); the engine runs the host's share as its own op beside each copy, which
+ends with the later of the two. The copies back read pages already touched, at the link's rate.
 """
 
 from __future__ import annotations
@@ -46,7 +62,7 @@ from mcdla.hardware.cluster import Cluster
 from mcdla.workload.execution import Execution
 
 __all__ = ["ADAM_TRAFFIC_BYTES", "GRAD_BYTES", "MASTER_GRAD_BYTES", "OPTIMIZER_BYTES", "UNSCALE_BYTES",
-           "WEIGHT_BYTES", "CpuOptimizerStep", "cpu_adam_params_per_s", "cpu_adam_s", "cpu_optimizer_step",
+           "WEIGHT_BYTES", "CpuOptimizerStep", "activation_out_bytes_per_s", "cpu_adam_params_per_s", "cpu_adam_s", "cpu_optimizer_step",
            "grad_pass_bytes", "gradient_passes_s", "host_dram_bytes_per_s", "nvme_bytes_per_s", "tier_bytes_per_s",
            "tier_rejection"]
 
@@ -126,7 +142,21 @@ def tier_rejection(execution: Execution, cluster: Cluster) -> str | None:
                 "CPU's Adam")
     if e.offload_tier == "nvme" and cluster.nvme is None:
         return f"execution.offload_tier: got 'nvme'; {cluster.name} has no node.nvme drives"
+    if e.offload_first_touch and host_dram_bytes_per_s(cluster) is None:
+        return (f"execution.offload_first_touch: got true; the pool of {cluster.name} has no host memory to "
+                "fault pages in")
+    if e.offload_first_touch and cluster.first_touch_copy_bytes_per_s is None:
+        return (f"execution.offload_first_touch: got true; {cluster.name} gives no node.sockets.first_touch_copy "
+                "rate")
     return None
+
+
+def activation_out_bytes_per_s(execution: Execution, cluster: Cluster, link_bytes_per_s: float) -> float:
+    """The rate of the forward's activation copies to the pool over a link of ``link_bytes_per_s``: the link's,
+    or with ``offload_first_touch`` the slower of it and the host's first-touch rate (NOTE [first-touch
+    copies])."""
+    rate = cluster.first_touch_copy_bytes_per_s if execution.offload_first_touch else None
+    return link_bytes_per_s if rate is None else min(link_bytes_per_s, rate)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

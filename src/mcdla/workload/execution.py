@@ -133,6 +133,12 @@ class Execution(HashOnce):
             (DeepSpeed's ``cpu_checkpointing``: ``copy_`` into a pageable CPU tensor and back,
             ``runtime/activation_checkpointing/checkpointing.py``): exposed whole, where Megatron-Core's
             offloading overlaps the compute (false).
+        offload_first_touch: with ``offload_activations``, each forward's copies to the pool land in pageable host
+            pages the process has not touched before (DeepSpeed v0.3.0's ``cpu_checkpointing`` allocates its CPU
+            tensors with ``new_empty`` every iteration; later versions write each page first): each such copy takes
+            the slower of the link and the host's first-touch rate (``node.sockets.first_touch_copy``), the host
+            thread faulting in every destination page as it copies out of the driver's staging buffers (NOTE
+            [first-touch copies] in :mod:`mcdla.sim.llm_offload`).
         moe_router_graph: the pre-MLP norm, the router and the MoE dispatcher's preprocess captured in a CUDA graph
             (Megatron-Core ``cuda_graph_scope`` ``moe_router`` and ``moe_preprocess``): one graph launch each
             way per MoE layer instead of their kernels' launches (NOTE [expert parallelism] in
@@ -204,6 +210,7 @@ class Execution(HashOnce):
     optimizer_kernels: Literal["fused", "foreach"] = "fused"
     reduce_bucket_numel: int = 500_000_000
     activation_offload_sync: bool = False
+    offload_first_touch: bool = False
     moe_router_graph: bool = False
     pipeline_layout: str | None = None
     recompute_modules: tuple[str, ...] = ("core_attn",)
@@ -221,7 +228,7 @@ class Execution(HashOnce):
                      "dp_overlap", "tp_comm_overlap", "pp_comm_overlap", "cpu_optimizer", "delayed_param_update",
                      "account_for_embedding_in_pipeline_split",
                      "account_for_loss_in_pipeline_split", "fused_kernels", "activation_offload_sync",
-                     "moe_router_graph", "moe_a2a_overlap"):
+                     "offload_first_touch", "moe_router_graph", "moe_a2a_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"execution.{name}: got {brief(getattr(self, name))}; must be true or false")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
@@ -334,6 +341,9 @@ class Execution(HashOnce):
         if self.activation_offload_sync and not self.offload_activations:
             raise ConfigError("execution.activation_offload_sync: got true with offload_activations=false; it says "
                               "how the activations go to the pool, set offload_activations")
+        if self.offload_first_touch and not self.offload_activations:
+            raise ConfigError("execution.offload_first_touch: got true with offload_activations=false; it says "
+                              "where the activations' copies land, set offload_activations")
         if self.delayed_param_update and not self.cpu_optimizer:
             raise ConfigError("execution.delayed_param_update: got true with cpu_optimizer=false; the delayed "
                               "update overlaps the CPU's Adam step, set cpu_optimizer")
@@ -627,6 +637,7 @@ class _ExecutionFile(BaseModel):
     optimizer_kernels: Literal["fused", "foreach"] = "fused"
     reduce_bucket_numel: int = Field(default=500_000_000, ge=1, le=_MAX_COUNT)
     activation_offload_sync: bool = False
+    offload_first_touch: bool = False
     moe_router_graph: bool = False
     pipeline_layout: str | None = Field(default=None, min_length=1, max_length=10_000)
     recompute_modules: list[Literal["core_attn", "mla_up_proj", "moe_act", "layernorm"]] = Field(
