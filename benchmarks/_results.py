@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 from datetime import date
@@ -34,3 +35,18 @@ def markdown_table(header: tuple[str, ...] | list[str], rows: list[tuple[str, ..
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell.strip() for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def bench_parser(doc: str | None, **kwargs: str) -> argparse.ArgumentParser:
+    """A benchmark's command line: described by its docstring's first line, with ``--no-record`` (print the
+    table, leave RESULTS.md alone)."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None, **kwargs)
+    parser.add_argument("--no-record", action="store_true", help="Print only; leave RESULTS.md alone.")
+    return parser
+
+
+def report(args: argparse.Namespace, name: str, title: str, command: str, text: str) -> None:
+    """Print ``text`` and, unless ``--no-record`` was given, record it as benchmark ``name``'s section."""
+    print(text)
+    if not args.no_record:
+        record(name, title, command, text)

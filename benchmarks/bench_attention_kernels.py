@@ -21,12 +21,11 @@ own attention pricing instead (the field removed). Run::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from typing import NamedTuple
 
 import mcdla.sim.llm as llm
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from mcdla.hardware import load_cluster
 from mcdla.report.llm_validation import FAMILIES, MeasuredRun, summary, validate_llm
 from mcdla.workload.execution import Execution
@@ -158,17 +157,14 @@ def kernel_table() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-record", action="store_true", help="print only")
+    parser = bench_parser(__doc__)
     parser.add_argument("--rows", action="store_true", help="also the Bridge rows with the model's own attention pricing")
     args = parser.parse_args()
     text = ("Model over measured (ratio < 1: the model is faster than the kernel):\n\n" + kernel_table())
     if args.rows:
         text += "\n\n" + _rows_table()
-    print(text)
-    if not args.no_record:
-        record("attention-kernels", "The attention core against cuDNN's published SDPA times",
-               ".venv/bin/python -m benchmarks.bench_attention_kernels" + (" --rows" if args.rows else ""), text)
+    report(args, "attention-kernels", "The attention core against cuDNN's published SDPA times",
+           ".venv/bin/python -m benchmarks.bench_attention_kernels" + (" --rows" if args.rows else ""), text)
 
 
 if __name__ == "__main__":

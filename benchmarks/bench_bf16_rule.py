@@ -45,7 +45,6 @@ fraction on ``dgx-h100`` beside the bf16 ``peak_fraction`` fitted on bf16 H100 r
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import functools
@@ -55,7 +54,7 @@ from typing import Any
 from unittest import mock
 
 import mcdla.sim.llm as llm_module
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from benchmarks.bench_fp8_loo import CHIP, GRID, MOE_FAMILY, fit
 from benchmarks.bench_fp8_loo import FAMILY as FP8_FAMILY
 from mcdla.hardware.cluster import Cluster, load_cluster
@@ -237,14 +236,11 @@ def _table(out: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-record", action="store_true", help="Print only; leave RESULTS.md alone.")
+    parser = bench_parser(__doc__)
     args = parser.parse_args(argv)
     text = _table(run_all())
-    print(text)
-    if not args.no_record:
-        record("bf16-rule", "The bf16 GEMM rule (bf16_over_fp8) against its alternatives",
-               ".venv/bin/python -m benchmarks.bench_bf16_rule", text)
+    report(args, "bf16-rule", "The bf16 GEMM rule (bf16_over_fp8) against its alternatives",
+           ".venv/bin/python -m benchmarks.bench_bf16_rule", text)
 
 
 if __name__ == "__main__":

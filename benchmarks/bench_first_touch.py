@@ -16,7 +16,6 @@ pinned memory.
 
 from __future__ import annotations
 
-import argparse
 import mmap
 import statistics
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 
 CHECKPOINT_BYTES = 10 * 1024 * 4096 * 2
 """One checkpoint of DeepSpeed's ZeRO-Offload tutorial run (batch 10 x sequence 1024 x hidden 4096, fp16)."""
@@ -106,21 +105,18 @@ def table(rows: list[tuple[str, list[float], list[float]]], size: int, buffers: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--size", type=int, default=CHECKPOINT_BYTES, help="bytes per buffer (default: one "
                         "checkpoint of DeepSpeed's ZeRO-Offload tutorial run, 83.9 MB)")
     parser.add_argument("--buffers", type=int, default=8, help="buffers per pass (default 8)")
     parser.add_argument("--repeats", type=int, default=5, help="passes, each into new mappings (default 5)")
-    parser.add_argument("--no-record", action="store_true", help="Print only; leave RESULTS.md alone.")
     args = parser.parse_args(argv)
     if args.size < mmap.PAGESIZE or args.buffers < 1 or args.repeats < 1:
         parser.error(f"--size must be at least one page ({mmap.PAGESIZE} bytes), --buffers and --repeats at least "
                      f"1; got --size {args.size} --buffers {args.buffers} --repeats {args.repeats}")
     text = table(measure(args.size, args.buffers, args.repeats), args.size, args.buffers)
-    print(text)
-    if not args.no_record:
-        record("first-touch", "A host's first-touch copy rate (node.sockets.first_touch_copy)",
-               ".venv/bin/python -m benchmarks.bench_first_touch", text)
+    report(args, "first-touch", "A host's first-touch copy rate (node.sockets.first_touch_copy)",
+           ".venv/bin/python -m benchmarks.bench_first_touch", text)
 
 
 if __name__ == "__main__":

@@ -25,14 +25,13 @@ as above. Run::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from mcdla.hardware.cluster import Cluster
 from mcdla.report.llm_validation import FAMILIES, MeasuredRun, run_cluster
 from mcdla.sim.llm import llm_step
@@ -195,14 +194,11 @@ def _sweep_table(out: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-record", action="store_true", help="Print only; leave RESULTS.md alone.")
+    parser = bench_parser(__doc__)
     args = parser.parse_args(argv)
     text = _table(run_all())
-    print(text)
-    if not args.no_record:
-        record("fp8-loo", "Leave-one-out cross-validation of the fp8 GEMM fraction (megatron-bridge-fp8)",
-               ".venv/bin/python -m benchmarks.bench_fp8_loo", text)
+    report(args, "fp8-loo", "Leave-one-out cross-validation of the fp8 GEMM fraction (megatron-bridge-fp8)",
+           ".venv/bin/python -m benchmarks.bench_fp8_loo", text)
 
 
 if __name__ == "__main__":

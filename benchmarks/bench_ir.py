@@ -19,12 +19,11 @@ Run from the repository root::
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from mcdla.hardware import FabricDim, LinkKind, load_cluster
 from mcdla.hardware.model import System
 from mcdla.hardware.topology import Topology
@@ -151,8 +150,7 @@ def program_rows(micro_batches: int) -> tuple[list[tuple[str, ...]], str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-record", action="store_true", help="print only; do not update RESULTS.md")
+    parser = bench_parser(__doc__)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--micro-batches", type=int, default=16)
     args = parser.parse_args(argv)
@@ -164,9 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                            "contention ms", "rate solves"), rows)
     text = (f"{coll}\n\n{prog}\n\nContention split by link class: {split}. `execute` runs the programs twice "
             "(shared fabric, then idle for the contention baseline).")
-    print(text)
-    if not args.no_record:
-        record("ir-executor", "Program IR executor: collective flow evaluation and a 1,024-GPU program", COMMAND, text)
+    report(args, "ir-executor", "Program IR executor: collective flow evaluation and a 1,024-GPU program", COMMAND, text)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,9 @@ engine's figure is the median of ``--repeats`` runs, the analytical one the mean
 
 from __future__ import annotations
 
-import argparse
 
 from benchmarks._engine_timing import time_engine
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from mcdla.hardware.cluster import load_cluster
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
@@ -21,8 +20,7 @@ HEADER = ("execution", "engine s", "analytical us", "ratio", "ranks simulated", 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--no-record", action="store_true", help="print only; do not record in RESULTS.md")
+    parser = bench_parser(__doc__)
     parser.add_argument("--global-batch", type=int, default=1536, help="sequences per iteration")
     parser.add_argument("--repeats", type=int, default=3, help="engine runs; the median is reported")
     args = parser.parse_args(argv)
@@ -36,10 +34,8 @@ def main(argv: list[str] | None = None) -> None:
              f"{analytical_s * 1e6:.0f}", f"{engine_s / analytical_s:.3g}", str(run.ranks_simulated),
              f"{run.iteration_s:.4f}", f"{analytical.iteration_s:.4f}", f"{run.contention_s:.4f}")]
     text = markdown_table(HEADER, rows) + f"\n\nEngine runs (CPU s): {', '.join(f'{x:.2f}' for x in samples)}."
-    print(text)
-    if not args.no_record:
-        record("llm-engine", "Engine mode: GPT-3 175B on 1,024 DGX H100 GPUs (one core)",
-               COMMAND + (f" --global-batch {args.global_batch}" if args.global_batch != 1536 else ""), text)
+    report(args, "llm-engine", "Engine mode: GPT-3 175B on 1,024 DGX H100 GPUs (one core)",
+           COMMAND + (f" --global-batch {args.global_batch}" if args.global_batch != 1536 else ""), text)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,9 @@ share the GPU's x16 with the offload).
 
 from __future__ import annotations
 
-import argparse
 
 from benchmarks._engine_timing import time_engine
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from mcdla.hardware.cluster import load_cluster
 from mcdla.report.llm_validation import ZERO3_SC21_RUNS
 from mcdla.workload.execution import Execution
@@ -25,8 +24,7 @@ HEADER = ("record", "engine s", "analytical us", "ratio", "ranks simulated", "en
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--no-record", action="store_true", help="print only; do not record in RESULTS.md")
+    parser = bench_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=3, help="engine runs per record; the median is reported")
     args = parser.parse_args(argv)
     sc21 = ZERO3_SC21_RUNS[0]
@@ -46,9 +44,7 @@ def main(argv: list[str] | None = None) -> None:
                      str(run.ranks_simulated), f"{run.iteration_s:.4f}", f"{analytical.iteration_s:.4f}",
                      f"{run.iteration_s / analytical.iteration_s:.4f}", f"{run.contention_s:.4f}"))
     text = markdown_table(HEADER, rows)
-    print(text)
-    if not args.no_record:
-        record("llm-engine-zero", "Engine mode on ZeRO-3/FSDP records (one core)", COMMAND, text)
+    report(args, "llm-engine-zero", "Engine mode on ZeRO-3/FSDP records (one core)", COMMAND, text)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,10 @@ GPUs in-process and projects the time of 90,000 configurations.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.plan.llm_search import enumerate_executions, evaluate_executions
 from mcdla.sim import llm_floor_drain
@@ -100,20 +99,17 @@ def run(calls: int) -> tuple[list[tuple[str, ...]], str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--calls", type=int, default=2000, help="evaluations per timing sample")
-    parser.add_argument("--no-record", action="store_true", help="print only; do not record in RESULTS.md")
     args = parser.parse_args(argv)
     rows, summary = run(args.calls)
     text = markdown_table(HEADER, rows) + "\n\n" + summary
-    print(text)
-    if not args.no_record:
-        record("llm-eval", "Analytical LLM evaluation per preset and a 90,000-configuration search (one core)",
-               COMMAND, text + "\n\nCPU time of one process (`time.process_time`), median of 5 samples per "
-               "cell. Every call starts without the floor's memo of recent drains (a search never asks an "
-               "execution twice). Baseline (same run): also the group -> fabric-dimension memo and the time "
-               "model's per-cluster memo (`Cluster.model_memo`: collectives, pipeline sends, layer compute; the "
-               "floor's path table kept) emptied before each call.")
+    report(args, "llm-eval", "Analytical LLM evaluation per preset and a 90,000-configuration search (one core)",
+           COMMAND, text + "\n\nCPU time of one process (`time.process_time`), median of 5 samples per "
+           "cell. Every call starts without the floor's memo of recent drains (a search never asks an "
+           "execution twice). Baseline (same run): also the group -> fabric-dimension memo and the time "
+           "model's per-cluster memo (`Cluster.model_memo`: collectives, pipeline sends, layer compute; the "
+           "floor's path table kept) emptied before each call.")
 
 
 if __name__ == "__main__":

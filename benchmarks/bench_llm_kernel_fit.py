@@ -18,14 +18,13 @@ test_llm_validation_families.py -k fitted``, ``docs/llm.md`` "Megatron-Bridge FP
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import math
 import statistics
 from typing import Any
 
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from mcdla.hardware.cluster import Cluster
 from mcdla.report.llm_validation import FAMILIES, MeasuredRun, run_cluster
 from mcdla.sim.llm import llm_step
@@ -98,14 +97,11 @@ def _table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-record", action="store_true", help="Print only; leave RESULTS.md alone.")
+    parser = bench_parser(__doc__)
     args = parser.parse_args(argv)
     text = _table(fit())
-    print(text)
-    if not args.no_record:
-        record("llm-kernel-fit", "LLM kernel-time fit and validation error per family",
-               ".venv/bin/python -m benchmarks.bench_llm_kernel_fit", text)
+    report(args, "llm-kernel-fit", "LLM kernel-time fit and validation error per family",
+           ".venv/bin/python -m benchmarks.bench_llm_kernel_fit", text)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,10 @@ whether the MoE family identifies a token term the dense families tolerate. Run:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from mcdla.report.llm_validation import FAMILIES, run_cluster
 from mcdla.sim.llm import llm_step
 from mcdla.workload.transformer import preset
@@ -54,14 +53,11 @@ def _table(result: dict[float, dict[str, list[float]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-record", action="store_true", help="Print only; leave RESULTS.md alone.")
+    parser = bench_parser(__doc__)
     args = parser.parse_args(argv)
     text = _table(sweep())
-    print(text)
-    if not args.no_record:
-        record("moe-half-tokens", "GEMM token term against the MoE family (half_tokens sweep, every family)",
-               ".venv/bin/python -m benchmarks.bench_moe_half_tokens", text)
+    report(args, "moe-half-tokens", "GEMM token term against the MoE family (half_tokens sweep, every family)",
+           ".venv/bin/python -m benchmarks.bench_moe_half_tokens", text)
 
 
 if __name__ == "__main__":

@@ -34,9 +34,8 @@ Four checks, the first three on the rows Megatron-Core's ``MoEAlltoAllTokenDispa
 
 from __future__ import annotations
 
-import argparse
 
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from mcdla.hardware.cluster import Cluster, cluster_from_dict
 from mcdla.report.llm_records import MeasuredRun
 from mcdla.report.llm_validation import run_cluster
@@ -296,14 +295,11 @@ def report() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-record", action="store_true", help="Print only; leave RESULTS.md alone.")
+    parser = bench_parser(__doc__)
     args = parser.parse_args(argv)
     text = report()
-    print(text)
-    if not args.no_record:
-        record("moe-host-models", "Host models of the MoE family's alltoall rows (measured, not adopted)",
-               ".venv/bin/python -m benchmarks.bench_moe_host_models", text)
+    report(args, "moe-host-models", "Host models of the MoE family's alltoall rows (measured, not adopted)",
+           ".venv/bin/python -m benchmarks.bench_moe_host_models", text)
 
 
 if __name__ == "__main__":

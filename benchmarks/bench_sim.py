@@ -13,13 +13,12 @@ Workloads: a synthetic 500-layer chain, plus the zoo when ``mcdla.workload.zoo``
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from collections.abc import Callable
 
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from mcdla.hardware import load_system
 from mcdla.sim import evaluate_plan, pool_link, simulate
 from mcdla.workload.model import Layer, LayerKind, Workload
@@ -88,17 +87,14 @@ HEADER = ("workload", "layers", "system", "parallel", "iterations/s", "ms/iterat
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--budget-s", type=float, default=0.5, help="timing budget per simulation (s)")
-    parser.add_argument("--no-record", action="store_true", help="print only; do not record in RESULTS.md")
     args = parser.parse_args(argv)
     rows = run(args.budget_s)
     text = markdown_table(HEADER, rows)
-    print(text)
-    if not args.no_record:
-        record("sim-speed", "Simulator speed", COMMAND,
-               "Offload-everything plans; ratio = 8-device simulate / single-device evaluate_plan of the same "
-               "workload and plan, measured interleaved in the same run.\n\n" + text)
+    report(args, "sim-speed", "Simulator speed", COMMAND,
+           "Offload-everything plans; ratio = 8-device simulate / single-device evaluate_plan of the same "
+           "workload and plan, measured interleaved in the same run.\n\n" + text)
 
 
 if __name__ == "__main__":

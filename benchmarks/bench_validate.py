@@ -14,7 +14,6 @@ The machine is shared: with ``--wait-quiet S`` (default 300) the run first waits
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import statistics
@@ -23,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks._results import bench_parser
 
 MODELS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "MLP": ("mlp", 512, {"in_features": 1024, "width": 1024, "depth": 6}),
@@ -96,7 +97,7 @@ def record(text: str, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--budgets", default=",".join(BUDGETS))
     parser.add_argument("--planner", default=None)
@@ -108,7 +109,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pool-dir", default=None)
     parser.add_argument("--wait-quiet", type=float, default=300.0)
     parser.add_argument("--quiet-load", type=float, default=0.5)
-    parser.add_argument("--no-record", action="store_true", help="print only; do not update benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
 
     from mcdla.report.validate import validate

@@ -15,7 +15,6 @@ average to drop below ``--quiet-load``; every run records the load it started un
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shlex
 import statistics
@@ -23,7 +22,7 @@ import sys
 import tempfile
 from typing import Any
 
-from benchmarks._results import markdown_table, record
+from benchmarks._results import bench_parser, markdown_table, report
 from benchmarks.bench_validate import _wait_quiet
 
 CASES: tuple[tuple[str, int, int, str, str], ...] = (  # label, width, depth, pool ("file": a temporary dir), plan
@@ -54,12 +53,11 @@ def _plan(resolved: Any, kind: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--wait-quiet", type=float, default=0.0)
     parser.add_argument("--quiet-load", type=float, default=1.0)
-    parser.add_argument("--no-record", action="store_true", help="print only; do not update benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
 
     from mcdla.profile.resolve import resolve_model
@@ -103,9 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         f"disturbed {statistics.median(fastest):.1%} (max {max(fastest):.1%}).",
     ])
     print()
-    print(text)
-    if not args.no_record:
-        record("bench_validate_states", "`mcdla validate --states`: the six cases", command.strip(), text)
+    report(args, "bench_validate_states", "`mcdla validate --states`: the six cases", command.strip(), text)
 
 
 if __name__ == "__main__":
