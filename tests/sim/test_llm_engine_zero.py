@@ -203,6 +203,8 @@ _JOB_STEP = [
          activation_offload_sync=True),
     dict(gpus=1, micro_batch=1, global_batch=2, recompute="full", offload_activations=True,
          activation_offload_sync=True, offload_first_touch=True),
+    dict(gpus=2, dp=2, micro_batch=1, global_batch=4, zero=2, recompute="full", offload_activations=True,
+         offload_first_touch=True),
 ]
 
 
@@ -213,8 +215,9 @@ def test_cpu_optimizer_of_jobs_sharing_a_socket_on_the_engine_equal_the_analytic
     """ZeRO-Offload on jobs of 1, 2 and 4 GPUs of a node whose GPUs share one socket: the fp32 gradients going out
     beside the first stage's last backward (its head's with one stage) with dp_overlap and after the pipeline
     without, the socket's DRAM, drives and CPU-Adam rate shared by the job's GPUs alone, the blocking activation
-    copies (also into fresh pages at the host's first-touch rate, beside the link's copy): the engine's
-    iteration equals the closed form to 1e-9, the transfers and the step a visible part of it."""
+    copies, or overlapped ones outlasting the passes, logits and loss included (into fresh pages at the host's
+    first-touch rate, beside the link's copy): the engine's iteration equals the closed form to 1e-9, the
+    transfers and the step a visible part of it."""
     e = Execution(**fields, offload_optimizer=True, cpu_optimizer=True)  # type: ignore[arg-type]
     cluster = _shared_socket_cluster(cpu_adam)
     want = llm_step(_SPEC, e, cluster)

@@ -28,8 +28,8 @@ def test_fair_drain_by_hand_on_a_dgx_h100_socket() -> None:
     307.2 / 8 = 38.4 GB/s each until the (smaller) weights are in, then the activations go alone at the x16's
     51.2 GB/s while the DDR5 has room to spare; the busiest resource's bytes over its capacity (the x16's
     activations) is less. In the backward both come in through the x16, which binds. The engine's copies end
-    there; the floor is each phase's larger of that and its closed-form time, and the analytical iteration is
-    at least the engine's."""
+    there; the floor is each phase's larger of that and its closed-form time (with the single stage's logits and
+    loss, taken off again), and the analytical iteration is at least the engine's."""
     spec, cluster = preset("mixtral-8x7b"), load_cluster("dgx-h100").for_gpus(16)
     e = Execution(gpus=16, tp=1, pp=1, dp=16, ep=8, micro_batch=2, global_batch=64, offload_activations=True,
                   offload_weights=True)
@@ -40,8 +40,11 @@ def test_fair_drain_by_hand_on_a_dgx_h100_socket() -> None:
     fwd_copies = weights / share + (act - weights) / pcie
     assert fwd_copies > act / pcie  # fairness leaves the DDR5 idle: more than the busiest resource needs
     bwd_copies = (act + weights) / pcie
-    forward = max(n * (c.layer_fwd_s + c.layer_comm_fwd_s) + c.offload_fwd_s, fwd_copies)
-    backward = max(n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_comm_bwd_s) + c.offload_bwd_s, bwd_copies)
+    # one stage: the copies also run beside its logits and loss, which the floor takes off again
+    forward = max(n * (c.layer_fwd_s + c.layer_comm_fwd_s) + c.offload_fwd_s + c.last_fwd_s,
+                  fwd_copies) - c.last_fwd_s
+    backward = max(n * (c.layer_bwd_s + c.layer_recompute_s + c.layer_comm_bwd_s) + c.offload_bwd_s + c.last_bwd_s,
+                   bwd_copies) - c.last_bwd_s
     assert link_floor_s(e, cluster, c, t) == pytest.approx(forward + backward, rel=1e-12)
 
     lowered = lower(spec, e, cluster)

@@ -292,9 +292,9 @@ def test_first_touch_copies_go_at_the_slower_of_the_link_and_the_host(first_touc
 
 
 def test_overlapped_first_touch_copies_show_past_the_forward():
-    """Overlapped copies (no activation_offload_sync) hide behind the forward's compute: with first-touch pages
-    only what the slower copies outlast the forward by shows, ``max(0, bytes / rate - forward)`` per
-    micro-batch, where the link's copies hid whole."""
+    """Overlapped copies (no activation_offload_sync) hide behind the forward's compute, on a single stage its
+    logits and loss too: with first-touch pages only what the slower copies outlast that forward by shows,
+    ``max(0, bytes / rate - forward)`` per micro-batch, where the link's copies hid whole."""
     fields = dict(recompute="full", offload_activations=True, cpu_optimizer=True)
     rate = LINK / 20
     c = _cluster(peak=1e13, first_touch=rate)
@@ -302,7 +302,8 @@ def test_overlapped_first_touch_copies_show_past_the_forward():
     reused = llm_step(SMALL, _execution(**fields), c)
     checkpoints = SMALL.layers * 2 * 1024 * SMALL.hidden
     costs = stage_costs(SMALL, _execution(**fields, offload_first_touch=True), c)
-    forward = costs.layers_per_stage * costs.layer_fwd_s
+    forward = costs.layers_per_stage * costs.layer_fwd_s + costs.last_fwd_s
+    assert costs.last_fwd_s > 0
     assert checkpoints / LINK < forward < checkpoints / rate  # hidden at the link, not at the host's rate
     assert fresh.offload_s - reused.offload_s == pytest.approx(2 * (checkpoints / rate - forward), rel=NEAR)
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from mcdla.errors import ConfigError
-from mcdla.sim.llm import llm_step, rank_traffic
+from mcdla.sim.llm import llm_step, rank_traffic, stage_costs
 from mcdla.workload.execution import Execution, check_execution, execution_from_dict
 from mcdla.workload.transformer import TransformerSpec, hardware_flops_per_iteration
 
@@ -70,7 +70,8 @@ def test_uniform_groups_store_one_input_per_group_and_recompute_every_layer(llm_
 @pytest.mark.parametrize("n", [0, 3, 8])
 def test_partial_activation_offload_by_hand(n, llm_cluster):
     """Offloading the first N of 8 layers (one GPU, one chunk) moves N layers' activations off the device, and over a
-    slow link exposes what the 8 layers' forward (backward) does not hide of their transfer."""
+    slow link exposes what the 8 layers' forward (backward), with the single stage's loss, does not hide of their
+    transfer."""
     bw = 2e9
     base = dict(gpus=1, micro_batch=1, global_batch=2, attention="materialized")
     keep = llm_step(SPEC, Execution(**base), _cluster(llm_cluster, offload=bw))
@@ -80,7 +81,9 @@ def test_partial_activation_offload_by_hand(n, llm_cluster):
     assert keep.device_bytes - got.device_bytes == pytest.approx(n * PLAIN, rel=1e-12)
     fwd = 8 * LAYER_FLOPS / (PEAK * EFF)
     move = n * PLAIN / bw
-    exposed = max(0.0, move - fwd) + max(0.0, move - 2 * fwd)
+    head = stage_costs(SPEC, Execution(**base, offload_activations=True, offload_num_layers=n),
+                       _cluster(llm_cluster, offload=bw))
+    exposed = max(0.0, move - fwd - head.last_fwd_s) + max(0.0, move - 2 * fwd - head.last_bwd_s)
     assert got.offload_s == pytest.approx(2 * exposed, rel=1e-9, abs=1e-15)
     if n == 8:  # all layers: the same as offloading every layer's activations without a count
         every = llm_step(SPEC, Execution(**base, offload_activations=True), _cluster(llm_cluster, offload=bw))

@@ -1020,6 +1020,9 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
 
     off_fwd = off_bwd = 0.0
     act_stage, groups = fig.act_stage, fig.groups
+    # overlapped copies run beside the stage's pass, on a single stage its logits and loss too (the last of
+    # several stages is charged as the others: higher there by at most its logits' time)
+    head_fwd, head_bwd = (logits + loss, gemm_bwd_ratio * logits + 2 * loss) if e.pp == 1 else (0.0, 0.0)
     if e.offload_activations:  # back at the link's rate, out at it or the host's first-touch one
         move = shares.offloaded * act_stage / offload_bytes_per_s
         move_out = shares.offloaded * act_stage / activation_out_bytes_per_s(e, cluster, offload_bytes_per_s)
@@ -1027,15 +1030,15 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
             off_fwd += move_out
             off_bwd += move
         else:  # what the compute does not hide: max(0.0, x) as x if x > 0.0 else 0.0
-            exposed_move = move_out - n_layers * layer_fwd
+            exposed_move = move_out - n_layers * layer_fwd - head_fwd
             off_fwd += exposed_move if exposed_move > 0.0 else 0.0
-            exposed_move = move - n_layers * (layer_bwd + layer_recompute)
+            exposed_move = move - n_layers * (layer_bwd + layer_recompute) - head_bwd
             off_bwd += exposed_move if exposed_move > 0.0 else 0.0
     if e.offload_weights:  # under ZeRO-3 each rank fetches its shard, the all-gathers bring the rest
         stored = _offloaded_weight_params(spec, e, groups, n_layers)
         move = prec.element_bytes * stored / tier_bytes_per_s(cluster, e.offload_tier, e.gpus)[1]
-        off_fwd += max(0.0, move - n_layers * layer_fwd)
-        off_bwd += max(0.0, move - n_layers * layer_bwd)
+        off_fwd += max(0.0, move - n_layers * layer_fwd - head_fwd)
+        off_bwd += max(0.0, move - n_layers * layer_bwd - head_bwd)
 
     fsdp_fwd = fsdp_bwd = last_fsdp = dp_tail = 0.0
     if e.zero >= 3:

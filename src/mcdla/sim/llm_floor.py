@@ -33,8 +33,9 @@ Per micro-batch and phase (forward, backward), one GPU of a stage moves, each wa
 Each class's bytes one way are one flow; the phase's flows start together and drain max-min fairly (NOTE [fair
 drain]). Each phase takes the larger of its drain and the closed form's time for it, the latter plus what the
 copies slow ZeRO-3's collectives (their end with the copies less their end without: the layers wait for
-them); :func:`mcdla.sim.llm.llm_step` stretches a stage's micro-batch to the sum and counts the stretch as
-exposed offload.
+them); on a single stage that time includes its logits and loss, which the copies also run beside (the
+engine's chunk holds them), and is taken off the floor again; :func:`mcdla.sim.llm.llm_step` stretches a
+stage's micro-batch to the sum and counts the stretch as exposed offload.
 
 The data-parallel reduction runs once per iteration. Overlapped with the last backward (``dp_overlap``), it shares
 that backward's resources: its bytes (per fabric dimension of each reduction group, :func:`reduction_bytes`;
@@ -218,6 +219,15 @@ def _phase_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
             + c.pass_sends_s(last, v, forward=False) + c.offload_bwd_s + c.fsdp_bwd_s}
 
 
+def _single_stage_head_s(execution: Execution, costs: StageCosts) -> dict[str, float]:
+    """The logits' and loss's time of each phase on a single stage, which the copies also run beside (the phase's
+    floor is taken with it, then it is taken off again: the closed form adds it after the floor); 0 with several
+    stages, whose closed form charges the last stage's copies as the others'."""
+    if execution.pp > 1:
+        return {"forward": 0.0, "backward": 0.0}
+    return {"forward": costs.last_fwd_s, "backward": costs.last_bwd_s}
+
+
 def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
                  zero3: Zero3Traffic | None = None) -> float:
     """One micro-batch on one stage with no shared resource priced as idle: each phase (forward, backward) takes
@@ -226,7 +236,8 @@ def link_floor_s(execution: Execution, cluster: Cluster, costs: StageCosts, traf
     phase_s = _phase_s(execution, costs)
     flows = _phase_flows(execution, cluster, costs, traffic, zero3)
     table = _table(cluster, execution.gpus)
-    return sum(_phase_floor_s(table, phase_s[phase], flows[phase]) for phase in phase_s)
+    head = _single_stage_head_s(execution, costs)
+    return sum(_phase_floor_s(table, phase_s[phase], flows[phase], head_s=head[phase]) for phase in phase_s)
 
 
 def _phase_flows(execution: Execution, cluster: Cluster, costs: StageCosts, traffic: RankTraffic,
@@ -241,17 +252,20 @@ def _phase_flows(execution: Execution, cluster: Cluster, costs: StageCosts, traf
 
 
 def _phase_floor_s(table: _PathTable, phase_s: float, flows: dict[tuple[str, str, int], Flow],
-                   ends: dict[tuple[str, str, int], float] | None = None, *, zero3: bool = True) -> float:
+                   ends: dict[tuple[str, str, int], float] | None = None, *, zero3: bool = True,
+                   head_s: float = 0.0) -> float:
     """A phase's floor: its flows drained fairly on ``table`` (``ends``, where the caller drained them already),
     and its closed-form time ``phase_s`` plus what the copies slow ZeRO-3's collectives, which the layers wait for
-    (NOTE [link floor]); ``zero3=False``: no ZeRO-3 flows among them (none looked for)."""
+    (NOTE [link floor]); ``zero3=False``: no ZeRO-3 flows among them (none looked for); ``head_s``: the single
+    stage's logits and loss the flows also run beside, taken off the floor again."""
     if ends is None:
         ends = _drain_ends(table, flows)
     slowed = 0.0
     if zero3 and any(key[0] == "fsdp" for key in flows) and any(key[1] == "offload" for key in flows):
         alone = _drain_ends(table, {key: flow for key, flow in flows.items() if key[1] != "offload"})
         slowed = max(0.0, *(ends[key] - alone[key] for key in flows if key[0] == "fsdp"))
-    return max(phase_s + slowed, max(ends.values()) if ends else 0.0)
+    drained = max(ends.values()) if ends else 0.0
+    return drained - head_s if drained > phase_s + head_s + slowed else phase_s + slowed
 
 
 def reduction_bytes(execution: Execution, cluster: Cluster, traffic: RankTraffic,
@@ -525,9 +539,11 @@ def link_floors(execution: Execution, cluster: Cluster, costs: StageCosts, traff
     stage = 0.0
     if offloads:
         floors = []  # the forward's and the backward's, summed as sum() sums
+        head = _single_stage_head_s(e, costs)
         for phase, seconds in phase_s.items():
             ends = drained[phase] = _drain_ends(table, flows[phase])
-            floors.append(_phase_floor_s(table, seconds, flows[phase], ends, zero3=zero3 is not None))
+            floors.append(_phase_floor_s(table, seconds, flows[phase], ends, zero3=zero3 is not None,
+                                         head_s=head[phase]))
         stage = sum(floors)
     dp_exposed = last_backward = 0.0
     if e.dp_overlap and e.dp * e.cp > 1:
