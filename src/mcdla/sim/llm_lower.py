@@ -34,8 +34,8 @@ NOTE [LLM lowering]
 * Offload: with ``offload_activations`` the chunk's activations go out while its forward runs and come back
   while its backward runs (with ``activation_offload_sync`` after it, and the rank's next chunk waits for them:
   DeepSpeed's blocking copies; with ``offload_first_touch`` each forward copy has a host op beside it, the
-  host's first-touch time, and ends with the later of the two); with ``offload_weights`` the chunk's weights are fetched for each forward and
-  each backward; each copy is spread evenly over the GPU's pool memories (one flow per memory). The chunk's send
+  host's first-touch time, and ends with the later of the two); with ``offload_weights`` the chunk's weights
+  are fetched for each forward and each backward; each copy is spread evenly over the GPU's pool memories (one flow per memory). The chunk's send
   starts when its collectives end, sharing the links with copies still in flight (a DGX H100 GPU's PCIe
   carries both its offload and its NIC's traffic); the rank's next chunk waits for the copies, so what the
   compute and the collectives do not hide is exposed.

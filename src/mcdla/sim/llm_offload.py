@@ -62,9 +62,9 @@ from mcdla.hardware.cluster import Cluster
 from mcdla.workload.execution import Execution
 
 __all__ = ["ADAM_TRAFFIC_BYTES", "GRAD_BYTES", "MASTER_GRAD_BYTES", "OPTIMIZER_BYTES", "UNSCALE_BYTES",
-           "WEIGHT_BYTES", "CpuOptimizerStep", "activation_out_bytes_per_s", "cpu_adam_params_per_s", "cpu_adam_s", "cpu_optimizer_step",
-           "grad_pass_bytes", "gradient_passes_s", "host_dram_bytes_per_s", "nvme_bytes_per_s", "tier_bytes_per_s",
-           "tier_rejection"]
+           "WEIGHT_BYTES", "CpuOptimizerStep", "activation_out_bytes_per_s", "cpu_adam_params_per_s", "cpu_adam_s",
+           "cpu_optimizer_step", "grad_pass_bytes", "gradient_passes_s", "host_dram_bytes_per_s", "nvme_bytes_per_s",
+           "tier_bytes_per_s", "tier_rejection"]
 
 # Adam with mixed precision, per parameter: fp16/bf16 weight and gradient, fp32 master weight, momentum and
 # variance (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 bytes).
