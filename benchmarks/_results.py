@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
@@ -45,8 +46,15 @@ def bench_parser(doc: str | None, **kwargs: str) -> argparse.ArgumentParser:
     return parser
 
 
-def report(args: argparse.Namespace, name: str, title: str, command: str, text: str) -> None:
+def print_and_record(args: argparse.Namespace, name: str, title: str, command: str, text: str) -> None:
     """Print ``text`` and, unless ``--no-record`` was given, record it as benchmark ``name``'s section."""
     print(text)
     if not args.no_record:
         record(name, title, command, text)
+
+
+def run_table(argv: list[str] | None, doc: str | None, name: str, title: str, command: str,
+              table: Callable[[], str]) -> None:
+    """The whole ``main()`` of a benchmark whose only option is ``--no-record``: parse ``argv``, build the table,
+    print and record it."""
+    print_and_record(bench_parser(doc).parse_args(argv), name, title, command, table())

@@ -25,7 +25,7 @@ import dataclasses
 from typing import NamedTuple
 
 import mcdla.sim.llm as llm
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import bench_parser, markdown_table, print_and_record
 from mcdla.hardware import load_cluster
 from mcdla.report.llm_validation import FAMILIES, MeasuredRun, summary, validate_llm
 from mcdla.workload.execution import Execution
@@ -163,8 +163,8 @@ def main() -> None:
     text = ("Model over measured (ratio < 1: the model is faster than the kernel):\n\n" + kernel_table())
     if args.rows:
         text += "\n\n" + _rows_table()
-    report(args, "attention-kernels", "The attention core against cuDNN's published SDPA times",
-           ".venv/bin/python -m benchmarks.bench_attention_kernels" + (" --rows" if args.rows else ""), text)
+    print_and_record(args, "attention-kernels", "The attention core against cuDNN's published SDPA times",
+                     ".venv/bin/python -m benchmarks.bench_attention_kernels" + (" --rows" if args.rows else ""), text)
 
 
 if __name__ == "__main__":

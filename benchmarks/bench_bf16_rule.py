@@ -54,7 +54,7 @@ from typing import Any
 from unittest import mock
 
 import mcdla.sim.llm as llm_module
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import markdown_table, run_table
 from benchmarks.bench_fp8_loo import CHIP, GRID, MOE_FAMILY, fit
 from benchmarks.bench_fp8_loo import FAMILY as FP8_FAMILY
 from mcdla.hardware.cluster import Cluster, load_cluster
@@ -236,11 +236,8 @@ def _table(out: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = bench_parser(__doc__)
-    args = parser.parse_args(argv)
-    text = _table(run_all())
-    report(args, "bf16-rule", "The bf16 GEMM rule (bf16_over_fp8) against its alternatives",
-           ".venv/bin/python -m benchmarks.bench_bf16_rule", text)
+    run_table(argv, __doc__, "bf16-rule", "The bf16 GEMM rule (bf16_over_fp8) against its alternatives",
+              ".venv/bin/python -m benchmarks.bench_bf16_rule", lambda: _table(run_all()))
 
 
 if __name__ == "__main__":

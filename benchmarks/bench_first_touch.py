@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import bench_parser, markdown_table, print_and_record
 
 CHECKPOINT_BYTES = 10 * 1024 * 4096 * 2
 """One checkpoint of DeepSpeed's ZeRO-Offload tutorial run (batch 10 x sequence 1024 x hidden 4096, fp16)."""
@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--size must be at least one page ({mmap.PAGESIZE} bytes), --buffers and --repeats at least "
                      f"1; got --size {args.size} --buffers {args.buffers} --repeats {args.repeats}")
     text = table(measure(args.size, args.buffers, args.repeats), args.size, args.buffers)
-    report(args, "first-touch", "A host's first-touch copy rate (node.sockets.first_touch_copy)",
-           ".venv/bin/python -m benchmarks.bench_first_touch", text)
+    print_and_record(args, "first-touch", "A host's first-touch copy rate (node.sockets.first_touch_copy)",
+                     ".venv/bin/python -m benchmarks.bench_first_touch", text)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import markdown_table, run_table
 from mcdla.hardware.cluster import Cluster
 from mcdla.report.llm_validation import FAMILIES, MeasuredRun, run_cluster
 from mcdla.sim.llm import llm_step
@@ -194,11 +194,8 @@ def _sweep_table(out: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = bench_parser(__doc__)
-    args = parser.parse_args(argv)
-    text = _table(run_all())
-    report(args, "fp8-loo", "Leave-one-out cross-validation of the fp8 GEMM fraction (megatron-bridge-fp8)",
-           ".venv/bin/python -m benchmarks.bench_fp8_loo", text)
+    run_table(argv, __doc__, "fp8-loo", "Leave-one-out cross-validation of the fp8 GEMM fraction (megatron-bridge-fp8)",
+              ".venv/bin/python -m benchmarks.bench_fp8_loo", lambda: _table(run_all()))
 
 
 if __name__ == "__main__":

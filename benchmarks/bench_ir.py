@@ -23,7 +23,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import bench_parser, markdown_table, print_and_record
 from mcdla.hardware import FabricDim, LinkKind, load_cluster
 from mcdla.hardware.model import System
 from mcdla.hardware.topology import Topology
@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
                            "contention ms", "rate solves"), rows)
     text = (f"{coll}\n\n{prog}\n\nContention split by link class: {split}. `execute` runs the programs twice "
             "(shared fabric, then idle for the contention baseline).")
-    report(args, "ir-executor", "Program IR executor: collective flow evaluation and a 1,024-GPU program", COMMAND, text)
+    print_and_record(args, "ir-executor", "Program IR executor: collective flow evaluation and a 1,024-GPU program",
+                     COMMAND, text)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,8 @@ engine's figure is the median of ``--repeats`` runs, the analytical one the mean
 
 from __future__ import annotations
 
-
 from benchmarks._engine_timing import time_engine
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import bench_parser, markdown_table, print_and_record
 from mcdla.hardware.cluster import load_cluster
 from mcdla.workload.execution import Execution
 from mcdla.workload.transformer import preset
@@ -34,8 +33,8 @@ def main(argv: list[str] | None = None) -> None:
              f"{analytical_s * 1e6:.0f}", f"{engine_s / analytical_s:.3g}", str(run.ranks_simulated),
              f"{run.iteration_s:.4f}", f"{analytical.iteration_s:.4f}", f"{run.contention_s:.4f}")]
     text = markdown_table(HEADER, rows) + f"\n\nEngine runs (CPU s): {', '.join(f'{x:.2f}' for x in samples)}."
-    report(args, "llm-engine", "Engine mode: GPT-3 175B on 1,024 DGX H100 GPUs (one core)",
-           COMMAND + (f" --global-batch {args.global_batch}" if args.global_batch != 1536 else ""), text)
+    print_and_record(args, "llm-engine", "Engine mode: GPT-3 175B on 1,024 DGX H100 GPUs (one core)",
+                     COMMAND + (f" --global-batch {args.global_batch}" if args.global_batch != 1536 else ""), text)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,8 @@ share the GPU's x16 with the offload).
 
 from __future__ import annotations
 
-
 from benchmarks._engine_timing import time_engine
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import bench_parser, markdown_table, print_and_record
 from mcdla.hardware.cluster import load_cluster
 from mcdla.report.llm_validation import ZERO3_SC21_RUNS
 from mcdla.workload.execution import Execution
@@ -44,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
                      str(run.ranks_simulated), f"{run.iteration_s:.4f}", f"{analytical.iteration_s:.4f}",
                      f"{run.iteration_s / analytical.iteration_s:.4f}", f"{run.contention_s:.4f}"))
     text = markdown_table(HEADER, rows)
-    report(args, "llm-engine-zero", "Engine mode on ZeRO-3/FSDP records (one core)", COMMAND, text)
+    print_and_record(args, "llm-engine-zero", "Engine mode on ZeRO-3/FSDP records (one core)", COMMAND, text)
 
 
 if __name__ == "__main__":

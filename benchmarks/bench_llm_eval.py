@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import bench_parser, markdown_table, print_and_record
 from mcdla.hardware.cluster import Cluster, load_cluster
 from mcdla.plan.llm_search import enumerate_executions, evaluate_executions
 from mcdla.sim import llm_floor_drain
@@ -104,12 +104,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     rows, summary = run(args.calls)
     text = markdown_table(HEADER, rows) + "\n\n" + summary
-    report(args, "llm-eval", "Analytical LLM evaluation per preset and a 90,000-configuration search (one core)",
-           COMMAND, text + "\n\nCPU time of one process (`time.process_time`), median of 5 samples per "
-           "cell. Every call starts without the floor's memo of recent drains (a search never asks an "
-           "execution twice). Baseline (same run): also the group -> fabric-dimension memo and the time "
-           "model's per-cluster memo (`Cluster.model_memo`: collectives, pipeline sends, layer compute; the "
-           "floor's path table kept) emptied before each call.")
+    print_and_record(args, "llm-eval",
+                     "Analytical LLM evaluation per preset and a 90,000-configuration search (one core)", COMMAND, text + "\n\nCPU time of one process (`time.process_time`), median of 5 samples per "
+                     "cell. Every call starts without the floor's memo of recent drains (a search never asks an "
+                     "execution twice). Baseline (same run): also the group -> fabric-dimension memo and the time "
+                     "model's per-cluster memo (`Cluster.model_memo`: collectives, pipeline sends, layer compute; the "
+                     "floor's path table kept) emptied before each call.")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import math
 import statistics
 from typing import Any
 
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import markdown_table, run_table
 from mcdla.hardware.cluster import Cluster
 from mcdla.report.llm_validation import FAMILIES, MeasuredRun, run_cluster
 from mcdla.sim.llm import llm_step
@@ -97,11 +97,8 @@ def _table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = bench_parser(__doc__)
-    args = parser.parse_args(argv)
-    text = _table(fit())
-    report(args, "llm-kernel-fit", "LLM kernel-time fit and validation error per family",
-           ".venv/bin/python -m benchmarks.bench_llm_kernel_fit", text)
+    run_table(argv, __doc__, "llm-kernel-fit", "LLM kernel-time fit and validation error per family",
+              ".venv/bin/python -m benchmarks.bench_llm_kernel_fit", lambda: _table(fit()))
 
 
 if __name__ == "__main__":

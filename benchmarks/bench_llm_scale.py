@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import bench_parser, markdown_table, print_and_record
 from mcdla.hardware.cluster import load_cluster
 from mcdla.sim.llm import llm_step
 from mcdla.workload.execution import Execution
@@ -61,12 +61,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=1.0, help="timing budget per case and mode (s)")
     args = parser.parse_args(argv)
     text = markdown_table(HEADER, run(args.budget_s))
-    report(args, "llm-scale", "LLM iteration at scale: fast path and per-rank engine (GPT-3 175B)", COMMAND,
-           "Seconds per evaluation, median, in-process on this machine (the target: <= 1 s at "
-           "1,024 GPUs and <= 5 s at 16,384). Fast path = closed form over one rank per pipeline role; "
-           "ranks = every replica's 1F1B / interleaved schedule (`sim/llm_ranks.py`), the reference the "
-           "fast path is tested equal to (`tests/sim/test_llm_ranks.py`). DGX A100 figures, TP8 PP16, "
-           "selective recompute + SP, micro-batch 1.\n\n" + text)
+    print_and_record(args, "llm-scale", "LLM iteration at scale: fast path and per-rank engine (GPT-3 175B)", COMMAND,
+                     "Seconds per evaluation, median, in-process on this machine (the target: <= 1 s at "
+                     "1,024 GPUs and <= 5 s at 16,384). Fast path = closed form over one rank per pipeline role; "
+                     "ranks = every replica's 1F1B / interleaved schedule (`sim/llm_ranks.py`), the reference the "
+                     "fast path is tested equal to (`tests/sim/test_llm_ranks.py`). DGX A100 figures, TP8 PP16, "
+                     "selective recompute + SP, micro-batch 1.\n\n" + text)
 
 
 if __name__ == "__main__":

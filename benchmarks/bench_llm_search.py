@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import bench_parser, markdown_table, print_and_record
 from mcdla.hardware.cluster import load_cluster
 from mcdla.plan.llm_search import enumerate_executions, evaluate_executions, rank_rows
 from mcdla.workload.transformer import preset
@@ -66,15 +66,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-serial", action="store_true", help="skip the in-process baseline")
     args = parser.parse_args(argv)
     text = markdown_table(HEADER, run(not args.no_serial))
-    report(args, "llm-search", "Configuration search (`mcdla search`, GPT-3 175B on DGX H100)", COMMAND,
-           "Every valid execution (TP <= 8 dividing the heads, PP x virtual stages dividing the 96 layers, "
-           "DP the rest, micro-batches dividing the per-replica batch of a global batch of 1536, SP on/off, "
-           "ZeRO 0-3, recompute none/selective/full, offload of activations/weights/optimizer to host DDR5 "
-           "on/off), evaluated with the fast `llm_step` on the preset's fabric; fit = device bytes <= 80 GB "
-           "HBM and offloaded bytes <= the host pool per GPU. Wall seconds on this machine (shared with "
-           "other jobs; the pool spawns its workers, start-up included). Serial and pool rows are "
-           f"identical. {NOTE}The same search from the command line: `{CLI}` (table, `--json`, `--out "
-           "results.csv`, `--ray`).\n\n" + text)
+    print_and_record(args, "llm-search", "Configuration search (`mcdla search`, GPT-3 175B on DGX H100)", COMMAND,
+                     "Every valid execution (TP <= 8 dividing the heads, PP x virtual stages dividing the 96 layers, "
+                     "DP the rest, micro-batches dividing the per-replica batch of a global batch of 1536, SP on/off, "
+                     "ZeRO 0-3, recompute none/selective/full, offload of activations/weights/optimizer to host DDR5 "
+                     "on/off), evaluated with the fast `llm_step` on the preset's fabric; fit = device bytes <= 80 GB "
+                     "HBM and offloaded bytes <= the host pool per GPU. Wall seconds on this machine (shared with "
+                     "other jobs; the pool spawns its workers, start-up included). Serial and pool rows are "
+                     f"identical. {NOTE}The same search from the command line: `{CLI}` (table, `--json`, `--out "
+                     "results.csv`, `--ray`).\n\n" + text)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import markdown_table, run_table
 from mcdla.report.llm_validation import FAMILIES, run_cluster
 from mcdla.sim.llm import llm_step
 from mcdla.workload.transformer import preset
@@ -53,11 +53,8 @@ def _table(result: dict[float, dict[str, list[float]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = bench_parser(__doc__)
-    args = parser.parse_args(argv)
-    text = _table(sweep())
-    report(args, "moe-half-tokens", "GEMM token term against the MoE family (half_tokens sweep, every family)",
-           ".venv/bin/python -m benchmarks.bench_moe_half_tokens", text)
+    run_table(argv, __doc__, "moe-half-tokens",
+              "GEMM token term against the MoE family (half_tokens sweep, every family)", ".venv/bin/python -m benchmarks.bench_moe_half_tokens", lambda: _table(sweep()))
 
 
 if __name__ == "__main__":

@@ -34,8 +34,7 @@ Four checks, the first three on the rows Megatron-Core's ``MoEAlltoAllTokenDispa
 
 from __future__ import annotations
 
-
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import markdown_table, run_table
 from mcdla.hardware.cluster import Cluster, cluster_from_dict
 from mcdla.report.llm_records import MeasuredRun
 from mcdla.report.llm_validation import run_cluster
@@ -295,11 +294,9 @@ def report() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = bench_parser(__doc__)
-    args = parser.parse_args(argv)
-    text = report()
-    report(args, "moe-host-models", "Host models of the MoE family's alltoall rows (measured, not adopted)",
-           ".venv/bin/python -m benchmarks.bench_moe_host_models", text)
+    run_table(argv, __doc__, "moe-host-models",
+              "Host models of the MoE family's alltoall rows (measured, not adopted)",
+              ".venv/bin/python -m benchmarks.bench_moe_host_models", report)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import bench_parser, markdown_table, print_and_record
 from mcdla.hardware import load_system
 from mcdla.sim import evaluate_plan, pool_link, simulate
 from mcdla.workload.model import Layer, LayerKind, Workload
@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     rows = run(args.budget_s)
     text = markdown_table(HEADER, rows)
-    report(args, "sim-speed", "Simulator speed", COMMAND,
-           "Offload-everything plans; ratio = 8-device simulate / single-device evaluate_plan of the same "
-           "workload and plan, measured interleaved in the same run.\n\n" + text)
+    print_and_record(args, "sim-speed", "Simulator speed", COMMAND,
+                     "Offload-everything plans; ratio = 8-device simulate / single-device evaluate_plan of the same "
+                     "workload and plan, measured interleaved in the same run.\n\n" + text)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from typing import Any
 
-from benchmarks._results import bench_parser, markdown_table, report
+from benchmarks._results import bench_parser, markdown_table, print_and_record
 from benchmarks.bench_validate import _wait_quiet
 
 CASES: tuple[tuple[str, int, int, str, str], ...] = (  # label, width, depth, pool ("file": a temporary dir), plan
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         f"disturbed {statistics.median(fastest):.1%} (max {max(fastest):.1%}).",
     ])
     print()
-    report(args, "bench_validate_states", "`mcdla validate --states`: the six cases", command.strip(), text)
+    print_and_record(args, "bench_validate_states", "`mcdla validate --states`: the six cases", command.strip(), text)
 
 
 if __name__ == "__main__":

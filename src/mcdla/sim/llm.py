@@ -1001,6 +1001,9 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
     split_layers, n_layers = fig.split_layers, fig.n_layers
     chunks = fig.chunks
     logits, loss = lc.logits_s, lc.loss_s
+    last_fwd, last_bwd = logits + loss, gemm_bwd_ratio * logits + 2 * loss  # the last stage's head, each pass
+    # a single stage's pass holds its head: what runs beside that pass (copies, gradients out) hides behind it too
+    head_fwd, head_bwd = (last_fwd, last_bwd) if e.pp == 1 else (0.0, 0.0)
     p2p_bytes = act_bytes / e.tp
     sends = _boundary_p2p_s(cluster, e, p2p_bytes)
     hidden = (0.0,) * len(sends)
@@ -1020,9 +1023,8 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
 
     off_fwd = off_bwd = 0.0
     act_stage, groups = fig.act_stage, fig.groups
-    # overlapped copies run beside the stage's pass, on a single stage its logits and loss too (the last of
-    # several stages is charged as the others: higher there by at most its logits' time)
-    head_fwd, head_bwd = (logits + loss, gemm_bwd_ratio * logits + 2 * loss) if e.pp == 1 else (0.0, 0.0)
+    # overlapped copies run beside the stage's pass, its head's on a single stage (the last of several stages is
+    # charged as the others: higher there by at most its head's time)
     if e.offload_activations:  # back at the link's rate, out at it or the host's first-touch one
         move = shares.offloaded * act_stage / offload_bytes_per_s
         move_out = shares.offloaded * act_stage / activation_out_bytes_per_s(e, cluster, offload_bytes_per_s)
@@ -1048,7 +1050,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         # a CP ring's steps take the attention out of the layers the gathers hide behind, the last chunk's
         # logits and loss giving theirs up first: the first stage's chunks are priced (the only one's with one
         # stage), the last stage's differs by last_fsdp_s
-        logits_fb = (logits + loss, gemm_bwd_ratio * logits + 2 * loss)
+        logits_fb = (last_fwd, last_bwd)
         ring = e.cp > 1 and e.cp_comm == "p2p"
 
         def exposed(moved: tuple[float, float]) -> tuple[float, float]:
@@ -1076,7 +1078,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
                               + x.layer_ep_bwd_s) for x, n in chunk_kinds(0, 0))
                      + (fsdp_bwd / e.virtual_stages if e.zero >= 3 else 0.0)
                      + (p2p if e.pp > 1 else 0.0)
-                     + (gemm_bwd_ratio * logits + 2 * loss if e.pp == 1 and e.virtual_stages == 1 else 0.0))
+                     + head_bwd)
 
     opt_params = fig.params[e.zero >= 1]
     offload_step = 0.0
@@ -1084,7 +1086,6 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
                   else _ADAM_TRAFFIC_BYTES)  # NOTE [foreach optimizer]
     optimizer = opt_params * adam_bytes / hbm_per_s
     if e.cpu_optimizer:  # the gradients leave beside the first stage's last backward, its head's with one stage
-        head_bwd = gemm_bwd_ratio * logits + 2 * loss if e.pp == 1 and e.virtual_stages == 1 else 0.0
         cpu = cpu_optimizer_step(e, cluster, opt_params,
                                  last_backward_s=n_layers * (layer_bwd + layer_recompute) + head_bwd,
                                  iteration_compute_s=e.micro_batches * n_layers * (layer_fwd + layer_bwd
@@ -1096,7 +1097,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
         offload_step = prec.optimizer_bytes * opt_params * (1 / out + 1 / back)
     return StageCosts(
         layers_per_stage=n_layers, **mean._asdict(), p2p_s=p2p,
-        last_fwd_s=logits + loss, last_bwd_s=gemm_bwd_ratio * logits + 2 * loss, offload_fwd_s=off_fwd,
+        last_fwd_s=last_fwd, last_bwd_s=last_bwd, offload_fwd_s=off_fwd,
         offload_bwd_s=off_bwd, fsdp_fwd_s=fsdp_fwd, fsdp_bwd_s=fsdp_bwd, last_fsdp_s=last_fsdp,
         dp_full_s=dp_full, dp_hidden_s=hidden_by, dp_tail_s=dp_tail, optimizer_s=optimizer,
         offload_step_s=offload_step, stage_layers=split_layers, chunk_layers=chunks, recomputed_share=full,

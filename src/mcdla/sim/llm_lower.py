@@ -76,6 +76,7 @@ from mcdla.sim.llm_lower_cpep import (PassExchange, batched_collectives, gradien
                                       replica_unit)
 from mcdla.sim.llm_lower_zero import (FsdpOps, NvmeMemories, fsdp_chunk, fsdp_ops, nvme_rejection, step_ops, uses_nvme,
                                       with_nvme, zero3_step_collectives)
+from mcdla.sim.llm_offload import first_touch_bytes_per_s
 from mcdla.sim.llm_ranks import pipeline_order
 from mcdla.workload.execution import Execution
 from mcdla.workload.parallel_dims import ParallelDims
@@ -319,7 +320,7 @@ def lower(spec: TransformerSpec, execution: Execution, cluster: Cluster, *, prec
                     weights_from = (nvme.of(device(r))[0],) if nvme is not None else pool
                     ops = _rank_ops(r, order, s, p, v, c, e, traffic, pool, weights_from, colls, dp_colls, exchanges,
                                     fsdp, peer=lambda s2, t=t, x=x, d=d: rank(t, x, s2, d), dp_tail=dp_tail,
-                                    first_touch=cluster.first_touch_copy_bytes_per_s if e.offload_first_touch else None)
+                                    first_touch=first_touch_bytes_per_s(e, cluster))
                     ops += step_ops(e, cluster, system, device(r), pool, tail=ops[-1].name,
                                     last_backward=_last_backward_waits(ops), optimizer_bytes=traffic.optimizer_bytes,
                                     optimizer_s=c.optimizer_s, precision=precision, nvme=nvme)

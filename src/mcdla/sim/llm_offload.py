@@ -63,8 +63,8 @@ from mcdla.workload.execution import Execution
 
 __all__ = ["ADAM_TRAFFIC_BYTES", "GRAD_BYTES", "MASTER_GRAD_BYTES", "OPTIMIZER_BYTES", "UNSCALE_BYTES",
            "WEIGHT_BYTES", "CpuOptimizerStep", "activation_out_bytes_per_s", "cpu_adam_params_per_s", "cpu_adam_s",
-           "cpu_optimizer_step", "grad_pass_bytes", "gradient_passes_s", "host_dram_bytes_per_s", "nvme_bytes_per_s",
-           "tier_bytes_per_s", "tier_rejection"]
+           "cpu_optimizer_step", "first_touch_bytes_per_s", "grad_pass_bytes", "gradient_passes_s",
+           "host_dram_bytes_per_s", "nvme_bytes_per_s", "tier_bytes_per_s", "tier_rejection"]
 
 # Adam with mixed precision, per parameter: fp16/bf16 weight and gradient, fp32 master weight, momentum and
 # variance (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: 2 + 2 + 12 bytes).
@@ -151,11 +151,16 @@ def tier_rejection(execution: Execution, cluster: Cluster) -> str | None:
     return None
 
 
+def first_touch_bytes_per_s(execution: Execution, cluster: Cluster) -> float | None:
+    """The host's first-touch rate the forward's activation copies are also bound by (NOTE [first-touch
+    copies]), None without ``offload_first_touch``."""
+    return cluster.first_touch_copy_bytes_per_s if execution.offload_first_touch else None
+
+
 def activation_out_bytes_per_s(execution: Execution, cluster: Cluster, link_bytes_per_s: float) -> float:
     """The rate of the forward's activation copies to the pool over a link of ``link_bytes_per_s``: the link's,
-    or with ``offload_first_touch`` the slower of it and the host's first-touch rate (NOTE [first-touch
-    copies])."""
-    rate = cluster.first_touch_copy_bytes_per_s if execution.offload_first_touch else None
+    or the slower of it and :func:`first_touch_bytes_per_s`."""
+    rate = first_touch_bytes_per_s(execution, cluster)
     return link_bytes_per_s if rate is None else min(link_bytes_per_s, rate)
 
 
