@@ -13,8 +13,9 @@ class itself is unchanged). Both need CUDA (OffloadActivations takes ``torch.cud
 built; CPUOffloadOptimizer asserts CUDA or XPU); without it their rows say so.
 
 Memory: each step's peak resident set over the resident set before it (``VmHWM`` after ``clear_refs`` 5, with
-glibc's mmap threshold pinned at 64 KiB so that freed activations go back to the system at once), the
-median over the measured steps, and the memory saved against the plain step's. The host tier's pool keeps its
+glibc's mmap threshold pinned at 64 KiB so that freed activations go back to the system at once, and the
+garbage collector run before the step and paused in it, so that no earlier garbage is freed under the step's
+peak), the median over the measured steps, and the memory saved against the plain step's. The host tier's pool keeps its
 free buffers between steps (resident before the step starts), so they count as that step's memory. On a CPU-only machine a copy
 into host memory (save_on_cpu, the host tier, torchtune) frees nothing by construction, so only the file tier
 saves memory there (``bench_runtime_rss`` measures it on a step of more than 2 GB).
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import logging
 import statistics
 import sys
@@ -147,13 +149,19 @@ def run(args: argparse.Namespace, directory: str
     for i in range(args.repeats + 2):
         for name, ctx in modes.items():
             model.zero_grad()
-            before = _reset_peak() - (_pooled_bytes(host.pool) if name == "mcdla host tier" else 0)
-            t0 = time.perf_counter()
-            with ctx():
-                loss = model(x * 1.0).square().mean()
-                loss.backward()
-            if name.startswith("mcdla"):
-                (host if "host" in name else disk).synchronize()
+            # garbage the collector would free mid-step lowers the resident set under the step's own peak
+            gc.collect()
+            gc.disable()
+            try:
+                before = _reset_peak() - (_pooled_bytes(host.pool) if name == "mcdla host tier" else 0)
+                t0 = time.perf_counter()
+                with ctx():
+                    loss = model(x * 1.0).square().mean()
+                    loss.backward()
+                if name.startswith("mcdla"):
+                    (host if "host" in name else disk).synchronize()
+            finally:
+                gc.enable()
             if i >= 2:
                 times[name].append(time.perf_counter() - t0)
                 growth[name].append(_rss_bytes("VmHWM") - before)
