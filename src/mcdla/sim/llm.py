@@ -1024,7 +1024,7 @@ def _stage_costs(e: Execution, cluster: Cluster, prec: Precision, fig: _Figures)
     off_fwd = off_bwd = 0.0
     act_stage, groups = fig.act_stage, fig.groups
     # overlapped copies run beside the stage's pass, its head's on a single stage (the last of several stages is
-    # charged as the others: higher there by at most its head's time)
+    # charged as the others; where the copies are exposed the engine is below: docs/llm.md, "memory per rank")
     if e.offload_activations:  # back at the link's rate, out at it or the host's first-touch one
         move = shares.offloaded * act_stage / offload_bytes_per_s
         move_out = shares.offloaded * act_stage / activation_out_bytes_per_s(e, cluster, offload_bytes_per_s)

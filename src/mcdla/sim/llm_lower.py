@@ -55,7 +55,8 @@ NOTE [LLM lowering]
 
 On an idle fabric the programs take the per-rank schedule's time (:func:`mcdla.sim.llm_ranks.simulate_ranks`)
 whenever the offload is hidden by the compute; an exposed offload is shorter here, since the TP collectives
-also hide it. Contention is what sharing adds (NOTE [contention accounting] in :mod:`mcdla.sim.ir_engine`).
+also hide it and, with several stages, the send and the last stage's logits and loss too, and a pass sends its
+output before its copies end (only the rank waits for them; ``docs/llm.md``, "memory per rank"). Contention is what sharing adds (NOTE [contention accounting] in :mod:`mcdla.sim.ir_engine`).
 """
 
 from __future__ import annotations
