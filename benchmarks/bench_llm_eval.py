@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     rows, summary = run(args.calls)
     text = markdown_table(HEADER, rows) + "\n\n" + summary
     print_and_record(args, "llm-eval",
-                     "Analytical LLM evaluation per preset and a 90,000-configuration search (one core)", COMMAND, text + "\n\nCPU time of one process (`time.process_time`), median of 5 samples per "
+                     "Analytical LLM evaluation per preset and a 90,000-configuration search (one core)", COMMAND,
+                     text + "\n\nCPU time of one process (`time.process_time`), median of 5 samples per "
                      "cell. Every call starts without the floor's memo of recent drains (a search never asks an "
                      "execution twice). Baseline (same run): also the group -> fabric-dimension memo and the time "
                      "model's per-cluster memo (`Cluster.model_memo`: collectives, pipeline sends, layer compute; the "

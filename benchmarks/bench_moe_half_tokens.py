@@ -54,7 +54,8 @@ def _table(result: dict[float, dict[str, list[float]]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     run_table(argv, __doc__, "moe-half-tokens",
-              "GEMM token term against the MoE family (half_tokens sweep, every family)", ".venv/bin/python -m benchmarks.bench_moe_half_tokens", lambda: _table(sweep()))
+              "GEMM token term against the MoE family (half_tokens sweep, every family)",
+              ".venv/bin/python -m benchmarks.bench_moe_half_tokens", lambda: _table(sweep()))
 
 
 if __name__ == "__main__":

@@ -15,10 +15,10 @@ built; CPUOffloadOptimizer asserts CUDA or XPU); without it their rows say so.
 Memory: each step's peak resident set over the resident set before it (``VmHWM`` after ``clear_refs`` 5, with
 glibc's mmap threshold pinned at 64 KiB so that freed activations go back to the system at once, and the
 garbage collector run before the step and paused in it, so that no earlier garbage is freed under the step's
-peak), the median over the measured steps, and the memory saved against the plain step's. The host tier's pool keeps its
-free buffers between steps (resident before the step starts), so they count as that step's memory. On a CPU-only machine a copy
-into host memory (save_on_cpu, the host tier, torchtune) frees nothing by construction, so only the file tier
-saves memory there (``bench_runtime_rss`` measures it on a step of more than 2 GB).
+peak), the median over the measured steps, and the memory saved against the plain step's. The host tier's pool
+keeps its free buffers between steps (resident before the step starts), so they count as that step's memory. On a
+CPU-only machine a copy into host memory (save_on_cpu, the host tier, torchtune) frees nothing by construction, so
+only the file tier saves memory there (``bench_runtime_rss`` measures it on a step of more than 2 GB).
 
     .venv/bin/python -m benchmarks.bench_runtime_offload_compare [--extra-path /tmp/tt] [--repeats 8] [--write]
 """

@@ -35,8 +35,8 @@ NOTE [LLM lowering]
   while its backward runs (with ``activation_offload_sync`` after it, and the rank's next chunk waits for them:
   DeepSpeed's blocking copies; with ``offload_first_touch`` each forward copy has a host op beside it, the
   host's first-touch time, and ends with the later of the two); with ``offload_weights`` the chunk's weights
-  are fetched for each forward and each backward; each copy is spread evenly over the GPU's pool memories (one flow per memory). The chunk's send
-  starts when its collectives end, sharing the links with copies still in flight (a DGX H100 GPU's PCIe
+  are fetched for each forward and each backward; each copy is spread evenly over the GPU's pool memories
+  (one flow per memory). The chunk's send starts when its collectives end, sharing the links with copies still in flight (a DGX H100 GPU's PCIe
   carries both its offload and its NIC's traffic); the rank's next chunk waits for the copies, so what the
   compute and the collectives do not hide is exposed.
 * Where Megatron has no peer (the last chunk's forward on the last stage, the first chunk's backward on stage
@@ -56,7 +56,8 @@ NOTE [LLM lowering]
 On an idle fabric the programs take the per-rank schedule's time (:func:`mcdla.sim.llm_ranks.simulate_ranks`)
 whenever the offload is hidden by the compute; an exposed offload is shorter here, since the TP collectives
 also hide it and, with several stages, the send and the last stage's logits and loss too, and a pass sends its
-output before its copies end (only the rank waits for them; ``docs/llm.md``, "memory per rank"). Contention is what sharing adds (NOTE [contention accounting] in :mod:`mcdla.sim.ir_engine`).
+output before its copies end (only the rank waits for them; ``docs/llm.md``, "memory per rank"). Contention is
+what sharing adds (NOTE [contention accounting] in :mod:`mcdla.sim.ir_engine`).
 """
 
 from __future__ import annotations
